@@ -1,0 +1,52 @@
+# attnlab — two commands: `make demo` and `make test`. Each sets up .venv when it is missing.
+#
+# TORCH_SPEC chooses the PyTorch to install. Where no NVIDIA GPU is present we pin the CPU build
+# that lies on this class of machine's disk; with a GPU any torch>=2.4 (a CUDA build) is taken.
+# Override it, e.g. `make test TORCH_SPEC='torch==2.5.1'`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HAS_NVIDIA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAS_NVIDIA),yes)
+TORCH_SPEC ?= torch>=2.4
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+CHROMIUM ?= /usr/bin/chromium
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench browser clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Debian's Chromium drives the HTML viewer's browser tests (Playwright cannot download a browser here).
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi; }
+
+demo: setup
+	$(BIN)/attnlab demo
+
+test: setup browser
+	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/attnlab bench
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

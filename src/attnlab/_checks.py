@@ -1,0 +1,63 @@
+"""Argument checks shared by the public entry points.
+
+Every check raises a ``ValueError`` or ``TypeError`` that names the argument and says what was
+expected and what was got, so that bad input never travels deep into torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    """``(2, 8, 5)`` — a shape as users write it (``torch.Size`` prints noisily)."""
+    dims = tuple(int(d) for d in shape)
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_floating(name: str, value: torch.Tensor) -> None:
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def check_probability(name: str, value: object) -> float:
+    """A dropout-like probability in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        options = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def broadcast_or_raise(name: str, shape: Sequence[int], target: Sequence[int], legend: str) -> None:
+    """Raise unless ``shape`` broadcasts to ``target`` (without growing the target)."""
+    ok = len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(tuple(shape)), reversed(tuple(target)))
+    )
+    if not ok:
+        raise ValueError(
+            f"{name} has shape {shape_str(shape)} but must broadcast to {legend} = {shape_str(target)}"
+        )

@@ -1,0 +1,268 @@
+"""Scaled dot-product attention — the functional core, with interchangeable backends.
+
+Vaswani et al. (2017), §3.2.1:
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
+
+``M`` is the mask: a boolean mask hides keys (``True = may attend``), a floating mask is added to
+the scores. Causal masking is aligned bottom-right (see :mod:`attnlab.nn.masks`).
+
+Backends (all give the same numbers within the float tolerance of their dtype):
+
+* ``"math"`` — the explicit equation, materialises the ``T_q × T_k`` weights; the readable reference.
+* ``"sdpa"`` — PyTorch's fused ``scaled_dot_product_attention`` (flash / memory-efficient kernels).
+* ``"blockwise"`` — online softmax over key blocks in pure PyTorch (Milakov & Gimelshein 2018;
+  Dao et al. 2022): memory ``O(T · block)``, key blocks hidden by the causal mask are skipped, and
+  the backward pass recomputes the weights block by block instead of storing them.
+* ``"auto"`` — ``"math"`` when the weights are asked for (it computes them anyway), else ``"sdpa"``.
+
+Conventions every backend keeps:
+
+* a query row that may attend to no key gives an output row of zeros, a weight row of zeros and
+  zero gradients — never NaN;
+* NaN or inf stored in keys/values that *no* query may see (padding) never reaches the output;
+* ``is_causal=True`` together with an explicit ``mask``: both apply — a key is visible only where
+  the mask allows it **and** it is not in the future (PyTorch's own function refuses the pair);
+* ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from attnlab._checks import (
+    broadcast_or_raise,
+    check_choice,
+    check_floating,
+    check_probability,
+    check_tensor,
+    shape_str,
+)
+from attnlab.nn.masks import is_masked_bias
+
+__all__ = ["BACKENDS", "Masking", "scaled_dot_product_attention"]
+
+Backend = Literal["auto", "math", "sdpa", "blockwise"]
+BACKENDS: tuple[str, ...] = ("auto", "math", "sdpa", "blockwise")
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Masks after validation, in the one form every backend reads.
+
+    Attributes:
+        allowed: boolean, ``True = may attend``, broadcastable to ``(..., H, T_q, T_k)``; ``None``
+            when every key is allowed (apart from the causal rule).
+        bias: a finite additive bias in the query's dtype, or ``None``. Hidden entries of a
+            floating mask have moved into ``allowed``.
+        causal_offset: ``T_k - T_q`` when causal (query ``i`` sees ``j <= i + offset``), else ``None``.
+    """
+
+    allowed: torch.Tensor | None
+    bias: torch.Tensor | None
+    causal_offset: int | None
+
+    def visible(self, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
+        """``allowed`` and the causal rule together, as one boolean mask (or ``None``)."""
+        vis = self.allowed
+        if self.causal_offset is not None:
+            i = torch.arange(t_q, device=device)[:, None]
+            j = torch.arange(t_k, device=device)[None, :]
+            causal = j <= i + self.causal_offset
+            vis = causal if vis is None else vis & causal
+        return vis
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    backend: Backend = "auto",
+    need_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention, ``softmax(Q Kᵀ · scale + M) V``.
+
+    Args:
+        query: the queries.
+        key: the keys; ``H`` must be a multiple of ``H_kv`` (grouped-query attention; ``H_kv = 1``
+            is multi-query attention). Query head ``h`` reads key/value head ``h // (H // H_kv)``.
+        value: the values.
+        mask: ``None``, a boolean mask (``True = may attend``) or a floating additive bias, either
+            broadcastable to ``(..., H, T_q, T_k)``. Integer and uint8 masks are refused.
+        is_causal: hide future keys, aligned bottom-right (query ``i`` sees ``j <= i + T_k - T_q``).
+            Combines with ``mask``: a key must pass both.
+        dropout_p: dropout probability on the attention weights, in ``[0, 1)``. Applied whenever it
+            is non-zero (pass ``0.0`` in evaluation, as ``nn.Module`` callers do with ``self.training``).
+        scale: the score scale; default ``1 / √D``.
+        backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"blockwise"`` (see the module docstring).
+        need_weights: also return the attention weights (softmax probabilities, before dropout).
+
+    Returns:
+        ``output``, or ``(output, weights)`` when ``need_weights`` is true.
+
+    Shape:
+        - query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``
+          with the same leading dims ``...`` (e.g. a batch ``B``)
+        - mask broadcastable to ``(..., H, T_q, T_k)``
+        - output ``(..., H, T_q, D_v)``; weights ``(..., H, T_q, T_k)``
+
+        ``H``: query heads, ``H_kv``: key/value heads, ``T_q``/``T_k``: query/key lengths,
+        ``D``: head dimension of queries and keys, ``D_v``: head dimension of values.
+
+    Example:
+        >>> q = torch.randn(2, 8, 5, 64); k = v = torch.randn(2, 2, 7, 64)   # GQA: 8 heads over 2
+        >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
+        >>> out.shape, w.shape
+        (torch.Size([2, 8, 5, 64]), torch.Size([2, 8, 5, 7]))
+    """
+    check_choice("backend", backend, BACKENDS)
+    dropout_p = check_probability("dropout_p", dropout_p)
+    _check_qkv(query, key, value)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    scale = float(scale)
+
+    masking = _normalize_mask(query, key, mask, is_causal)
+    if backend == "auto":
+        backend = "math" if need_weights else "sdpa"
+
+    empty_rows = _empty_rows(masking, query.shape[-2], key.shape[-2], query.device)
+    if empty_rows is not None:
+        # Rows that may see no key: let them see every key, so that no backend meets an all -inf
+        # row (NaN forward *and* backward), then zero them below. Their upstream gradient is zero,
+        # so they add nothing to the gradients of keys and values.
+        vis = masking.visible(query.shape[-2], key.shape[-2], query.device)
+        assert vis is not None  # empty rows only exist under some mask
+        masking = Masking(vis | empty_rows, masking.bias, None)
+    if masking.allowed is not None:
+        key, value = _hide_unseen_keys(masking.allowed, key, value)
+
+    from attnlab.nn.backends import run_backend
+
+    out, weights = run_backend(backend, query, key, value, masking, scale, dropout_p, need_weights)
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+    if need_weights:
+        assert weights is not None
+        return out, weights
+    return out
+
+
+def _check_qkv(query: object, key: object, value: object) -> None:
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    v = check_tensor("value", value)
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        check_floating(name, t)
+        if t.dim() < 3:
+            raise ValueError(f"{name} must have shape (..., H, T, D) with at least 3 dims, got {shape_str(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"query, key and value must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"query, key and value must be on one device, got {q.device}, {k.device} and {v.device}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(
+            f"query, key and value must have the same rank, got shapes {shape_str(q.shape)}, "
+            f"{shape_str(k.shape)} and {shape_str(v.shape)}"
+        )
+    if q.shape[:-3] != k.shape[:-3] or k.shape[:-3] != v.shape[:-3]:
+        raise ValueError(
+            f"query, key and value must share leading (batch) dims, got {shape_str(q.shape[:-3])}, "
+            f"{shape_str(k.shape[:-3])} and {shape_str(v.shape[:-3])}"
+        )
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.shape[-1] <= 0:
+            raise ValueError(f"{name} head dimension must be positive, got {t.shape[-1]}")
+        if t.shape[-2] <= 0:
+            raise ValueError(f"{name} sequence length must be positive, got {t.shape[-2]}")
+        if t.shape[-3] <= 0:
+            raise ValueError(f"{name} must have at least one head, got {t.shape[-3]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same heads and length (H_kv, T_k), got "
+            f"{shape_str(k.shape[-3:-1])} and {shape_str(v.shape[-3:-1])}"
+        )
+    h, h_kv = q.shape[-3], k.shape[-3]
+    if h % h_kv != 0:
+        raise ValueError(f"query heads H = {h} must be a multiple of key/value heads H_kv = {h_kv}")
+
+
+def _normalize_mask(
+    query: torch.Tensor, key: torch.Tensor, mask: object, is_causal: bool
+) -> Masking:
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    causal_offset = t_k - t_q if is_causal else None
+    if mask is None:
+        return Masking(None, None, causal_offset)
+    mask = check_tensor("mask", mask)
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(
+            f"mask must be bool (True = may attend) or floating (additive), got dtype {mask.dtype}"
+        )
+    if mask.device != query.device:
+        raise ValueError(f"mask must be on the query's device {query.device}, got {mask.device}")
+    target = (*query.shape[:-1], t_k)
+    broadcast_or_raise("mask", mask.shape, target, "(..., H, T_q, T_k)")
+    if mask.dtype == torch.bool:
+        return Masking(mask, None, causal_offset)
+    hidden = is_masked_bias(mask)
+    bias = mask.masked_fill(hidden, 0.0).to(query.dtype)
+    return Masking(~hidden, bias, causal_offset)
+
+
+def _empty_rows(
+    masking: Masking, t_q: int, t_k: int, device: torch.device
+) -> torch.Tensor | None:
+    """Boolean ``(..., T_q, 1)``: rows that may attend to no key, or ``None`` if there are none.
+
+    Computed without a ``T_q × T_k`` tensor beyond the mask itself: a row has a key iff its first
+    allowed key is not in the future.
+    """
+    offset = masking.causal_offset
+    allowed = masking.allowed
+    if allowed is None:
+        if offset is None or offset >= 0:
+            return None
+        return torch.arange(t_q, device=device)[:, None] + offset < 0  # T_q > T_k: top rows
+    if offset is None:
+        empty = ~allowed.any(dim=-1, keepdim=True)
+    else:
+        # the first allowed key of each row (argmax returns the first maximum); t_k when none
+        first = allowed.to(torch.uint8).argmax(dim=-1, keepdim=True)
+        first = first.masked_fill(~allowed.any(dim=-1, keepdim=True), t_k)
+        rows = torch.arange(allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device)
+        empty = first > rows[:, None] + offset
+    if not bool(empty.any()):
+        return None
+    return empty
+
+
+def _hide_unseen_keys(
+    allowed: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN)."""
+    seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
+    if bool(seen.all()):
+        return key, value
+    h, h_kv = allowed.shape[-3] if allowed.dim() >= 3 else 1, key.shape[-3]
+    if h not in (1, h_kv):  # query heads → their key/value head: seen by any head of the group
+        seen = seen.unflatten(-2, (h_kv, h // h_kv)).any(dim=-2)
+    seen = seen.unsqueeze(-1)
+    zero = torch.zeros((), dtype=key.dtype, device=key.device)
+    return torch.where(seen, key, zero), torch.where(seen, value, zero)

@@ -1,0 +1,45 @@
+"""The ``"math"`` backend: the attention equation written out, weights materialised."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.nn.attention import Masking
+from attnlab.nn.backends._common import compute_dtype, repeat_kv
+
+
+def math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masking: Masking,
+    scale: float,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``softmax(Q Kᵀ · scale + bias, hidden → −∞) · V`` with explicit ``(..., H, T_q, T_k)`` weights.
+
+    Shape:
+        query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``
+        → output ``(..., H, T_q, D_v)``, weights ``(..., H, T_q, T_k)``.
+    """
+    groups = query.shape[-3] // key.shape[-3]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    t_q, t_k = query.shape[-2], key.shape[-2]
+
+    # S = Q Kᵀ · scale + B                                          (..., H, T_q, T_k)
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if masking.bias is not None:
+        scores = scores + masking.bias
+    visible = masking.visible(t_q, t_k, query.device)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+
+    # P = softmax(S) along the keys (in fp32 for half types)
+    weights = torch.softmax(scores, dim=-1, dtype=compute_dtype(query.dtype)).to(query.dtype)
+
+    # O = dropout(P) V                                              (..., H, T_q, D_v)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(dropped, value)
+    return out, (weights if need_weights else None)

@@ -1,0 +1,68 @@
+"""The ``"sdpa"`` backend: PyTorch's fused ``scaled_dot_product_attention``.
+
+Two things PyTorch does differently from attnlab, and how they are bridged:
+
+* its ``is_causal`` is aligned top-left; it is passed through only when ``T_q == T_k`` (where the two
+  alignments agree) — otherwise the bottom-right causal mask is built explicitly;
+* grouped-query heads use ``enable_gqa`` where this torch has it, else keys/values are repeated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.nn.attention import Masking
+from attnlab.nn.backends._common import repeat_kv
+
+# enable_gqa arrived in torch 2.5; the fused function is a builtin without a Python signature
+_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def sdpa_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masking: Masking,
+    scale: float,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    With ``need_weights`` the weights are computed by the math backend (no fused kernel returns
+    them); the output still comes from the fused kernel.
+
+    Shape:
+        as :func:`attnlab.nn.backends.math.math_attention`.
+    """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    is_causal = False
+    attn_mask: torch.Tensor | None
+    if masking.allowed is None and masking.bias is None and masking.causal_offset in (None, 0):
+        attn_mask, is_causal = None, masking.causal_offset == 0
+    else:
+        visible = masking.visible(t_q, t_k, query.device)
+        if masking.bias is None:
+            attn_mask = visible
+        elif visible is None:
+            attn_mask = masking.bias
+        else:
+            attn_mask = masking.bias.masked_fill(~visible, float("-inf"))
+
+    groups = query.shape[-3] // key.shape[-3]
+    kwargs: dict[str, object] = {}
+    if groups > 1 and _HAS_GQA:
+        kwargs["enable_gqa"] = True
+    else:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+        scale=scale, **kwargs,
+    )
+    weights = None
+    if need_weights:
+        from attnlab.nn.backends.math import math_attention
+
+        _, weights = math_attention(query, key, value, masking, scale, 0.0, True)
+    return out, weights

@@ -1,0 +1,172 @@
+"""Masks: the one place where attention masks are built.
+
+The convention everywhere in attnlab (and in ``torch.nn.functional.scaled_dot_product_attention``):
+
+* a **boolean** mask means ``True = may attend``;
+* a **floating** mask is an additive bias on the scores (``-inf`` or the dtype's minimum hides a key);
+* masks broadcast to ``(B, H, T_q, T_k)``.
+
+Causal masks are aligned **bottom-right**: with ``T_q != T_k`` query ``i`` sees keys
+``j <= i + (T_k - T_q)``, so the queries are the *last* ``T_q`` positions of the key sequence —
+exactly the situation of a decoding step with a KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab._checks import check_positive_int, check_tensor, shape_str
+
+__all__ = [
+    "causal_mask",
+    "combine",
+    "from_key_padding_mask",
+    "is_masked_bias",
+    "padding_mask",
+    "to_additive",
+]
+
+
+def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Keys that are real tokens (not padding).
+
+    Args:
+        tokens: integer token ids.
+        pad_id: the padding id.
+
+    Returns:
+        A boolean mask, ``True`` where ``tokens != pad_id``.
+
+    Shape:
+        tokens ``(B, T)`` → mask ``(B, 1, 1, T)`` (broadcasts over heads and queries).
+
+    Example:
+        >>> padding_mask(torch.tensor([[5, 6, 0]]), pad_id=0).squeeze()
+        tensor([ True,  True, False])
+    """
+    check_tensor("tokens", tokens)
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape (B, T), got {shape_str(tokens.shape)}")
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(
+    q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The look-ahead mask, aligned bottom-right.
+
+    ``mask[i, j] = j <= i + (k_len - q_len)``.
+
+    Args:
+        q_len: number of queries ``T_q``.
+        k_len: number of keys ``T_k`` (default ``q_len``).
+        device: where to build it.
+
+    Shape:
+        ``(T_q, T_k)`` boolean.
+
+    Example:
+        >>> causal_mask(2, 4).int()
+        tensor([[1, 1, 1, 0],
+                [1, 1, 1, 1]], dtype=torch.int32)
+    """
+    check_positive_int("q_len", q_len)
+    k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
+    i = torch.arange(q_len, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    return j <= i + (k_len - q_len)
+
+
+def is_masked_bias(bias: torch.Tensor) -> torch.Tensor:
+    """Where an additive bias hides a key: ``-inf``, or at most the dtype's (finite) minimum."""
+    return bias <= torch.finfo(bias.dtype).min
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A boolean mask as an additive bias: ``0`` where allowed, ``finfo(dtype).min`` where hidden.
+
+    The minimum is finite and representable in ``dtype`` (never ``-1e9``, which overflows fp16), and
+    attnlab's attention treats it exactly like ``-inf``: a row hidden everywhere gives zeros.
+    A floating mask is returned cast to ``dtype``; an already hidden entry stays hidden.
+
+    Shape:
+        any; the result has the shape of ``mask``.
+    """
+    check_tensor("mask", mask)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
+    low = torch.finfo(dtype).min
+    if mask.dtype == torch.bool:
+        zeros = torch.zeros((), dtype=dtype, device=mask.device)
+        return zeros.masked_fill(~mask, low).expand(mask.shape).clone()
+    if mask.is_floating_point():
+        hidden = is_masked_bias(mask)
+        return mask.to(dtype).clamp(min=low).masked_fill(hidden, low)
+    raise TypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
+
+
+def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine masks so that a key is visible only where **every** mask allows it.
+
+    Booleans are and-ed; if any mask is floating the result is an additive bias (booleans are
+    converted with :func:`to_additive`, biases are added). ``None`` entries are skipped; with no mask
+    at all the result is ``None``.
+
+    Shape:
+        the broadcast of the inputs' shapes.
+
+    Example:
+        >>> tokens = torch.tensor([[7, 8, 0]])
+        >>> m = combine(padding_mask(tokens, 0), causal_mask(3))  # (1, 1, 3, 3)
+    """
+    present = [m for m in masks if m is not None]
+    for k, m in enumerate(present):
+        check_tensor(f"masks[{k}]", m)
+        if not (m.dtype == torch.bool or m.is_floating_point()):
+            raise TypeError(f"masks[{k}] must be bool or floating, got dtype {m.dtype}")
+    if not present:
+        return None
+    try:
+        shape = torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        shapes = ", ".join(shape_str(m.shape) for m in present)
+        raise ValueError(f"masks do not broadcast together: {shapes}") from None
+    floats = [m for m in present if m.is_floating_point()]
+    if not floats:
+        out = present[0]
+        for m in present[1:]:
+            out = out & m
+        return out.expand(shape)
+    dtype = torch.promote_types(*(m.dtype for m in floats)) if len(floats) > 1 else floats[0].dtype
+    out = torch.zeros(shape, dtype=dtype, device=present[0].device)
+    hidden = torch.zeros(shape, dtype=torch.bool, device=out.device)
+    for m in present:
+        if m.dtype == torch.bool:
+            hidden = hidden | ~m
+        else:
+            hidden = hidden | is_masked_bias(m)
+            out = out + m.to(dtype)
+    return out.masked_fill(hidden, torch.finfo(dtype).min)
+
+
+def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """Convert PyTorch ``nn.MultiheadAttention``'s ``key_padding_mask`` (``True = ignore``).
+
+    A boolean mask is inverted to attnlab's polarity (``True = may attend``); a floating one is
+    already an additive bias and is only reshaped.
+
+    Shape:
+        ``(B, T_k)`` → ``(B, 1, 1, T_k)``.
+    """
+    check_tensor("key_padding_mask", key_padding_mask)
+    if key_padding_mask.dim() != 2:
+        raise ValueError(
+            f"key_padding_mask must have shape (B, T_k), got {shape_str(key_padding_mask.shape)}"
+        )
+    if key_padding_mask.dtype == torch.bool:
+        return ~key_padding_mask[:, None, None, :]
+    if key_padding_mask.is_floating_point():
+        return key_padding_mask[:, None, None, :]
+    raise TypeError(f"key_padding_mask must be bool or floating, got dtype {key_padding_mask.dtype}")
