@@ -3,9 +3,30 @@
 The public API; everything else is reachable through the subpackages.
 """
 
+from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.nn import masks
 from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "masks", "scaled_dot_product_attention"]
+__all__ = [
+    "KVCache",
+    "LearnedPositionalEmbedding",
+    "ModelCache",
+    "MultiHeadAttention",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "__version__",
+    "alibi_bias",
+    "alibi_slopes",
+    "masks",
+    "scaled_dot_product_attention",
+]

@@ -1,0 +1,69 @@
+"""The ``attnlab`` command line.
+
+Each command lives in its own module of this package and exposes ``register(subparsers)``, which
+adds its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and returning
+an exit code). Errors a user can cause end as one line on stderr and exit code 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["CLIError", "main"]
+
+# command modules, in the order `attnlab --help` lists them
+COMMANDS = ("demo", "train", "generate", "translate", "view", "inspect", "plot", "flops", "bench")
+
+
+class CLIError(Exception):
+    """An error to report as one line (``attnlab: error: …``) with a non-zero exit."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # one line, not argparse's usage block
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="attnlab",
+        description="Transformer attention from the equations up: train, generate, look inside.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"attnlab.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"attnlab.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write("attnlab: interrupted\n")
+        return 130
+    except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError,
+            UnicodeDecodeError, NotADirectoryError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, UnicodeDecodeError):
+            message = f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        sys.stderr.write(f"attnlab: error: {message}\n")
+        return 2

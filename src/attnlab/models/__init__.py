@@ -1,0 +1,1 @@
+"""Models: the encoder-decoder Transformer and the GPT-2 decoder."""

@@ -1,0 +1,32 @@
+"""Hook points: named identity modules where activations can be captured (after TransformerLens).
+
+A :class:`HookPoint` returns its input unchanged, so inspection never changes what forward
+computes. Modules that can produce something expensive only for an observer (attention weights)
+ask ``hook.active`` first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["HookPoint"]
+
+
+class HookPoint(nn.Module):
+    """An identity module: ``hook(x) is x``. Register forward hooks on it to see ``x``.
+
+    Example:
+        >>> hp = HookPoint()
+        >>> seen = []
+        >>> handle = hp.register_forward_hook(lambda mod, args, out: seen.append(out))
+        >>> _ = hp(torch.ones(2)); handle.remove()
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is listening (a forward hook is registered)."""
+        return bool(self._forward_hooks) or bool(self._forward_pre_hooks)

@@ -1,0 +1,259 @@
+"""Multi-head attention (Vaswani et al. 2017, §3.2.2), with grouped- and multi-query heads.
+
+    MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+With ``num_kv_heads < num_heads`` (Ainslie et al. 2023, GQA) groups of query heads share one
+key/value head; ``num_kv_heads = 1`` is multi-query attention (Shazeer 2019).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab._checks import check_choice, check_positive_int, check_probability, check_tensor, shape_str
+from attnlab.nn.attention import BACKENDS, Backend, scaled_dot_product_attention
+from attnlab.nn.hooks import HookPoint
+
+if TYPE_CHECKING:
+    from attnlab.decoding.cache import KVCache
+    from attnlab.nn.positional import RotaryEmbedding
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self- or cross-attention.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads ``H_kv`` (default ``num_heads``); ``num_heads`` must be a
+            multiple of it.
+        dropout: dropout on the attention weights while training. Default ``0.0``.
+        bias: whether the projections have biases. Default ``True``.
+        backend: attention backend, see :func:`attnlab.scaled_dot_product_attention`. Default ``"auto"``.
+        rotary: a :class:`~attnlab.nn.positional.RotaryEmbedding` applied to queries and keys, or
+            ``None``.
+
+    The query, key and value projections live in one matrix ``in_proj_weight`` (as in
+    ``torch.nn.MultiheadAttention``), so self-attention projects with one matmul.
+
+    Shape:
+        - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)`` (default: the query)
+        - mask broadcastable to ``(B, H, T_q, T_k)``, ``True = may attend``, or additive float
+        - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)`` (per head, not averaged)
+
+    Example:
+        >>> mha = MultiHeadAttention(64, num_heads=8, num_kv_heads=2)
+        >>> x = torch.randn(2, 10, 64)
+        >>> mha(x, is_causal=True).shape
+        torch.Size([2, 10, 64])
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: Backend = "auto",
+        rotary: RotaryEmbedding | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} must be divisible by num_heads = {num_heads}")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads = {num_heads} must be a multiple of num_kv_heads = {num_kv_heads}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.d_head = d_model // num_heads
+        self.dropout = check_probability("dropout", dropout)
+        self.backend: Backend = check_choice("backend", backend, BACKENDS)  # type: ignore[assignment]
+        self.rotary = rotary
+        self._build_projections(bias, device, dtype)
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_weights = HookPoint()  # (B, H, T_q, T_k), computed only when something listens
+        self.hook_z = HookPoint()  # per-head outputs, (B, H, T_q, d_head)
+
+    # -- projections (subclasses may store them under other names, e.g. GPT-2's c_attn/c_proj) --
+
+    def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
+        kv = self.num_kv_heads * self.d_head
+        self.in_proj_weight = nn.Parameter(torch.empty(self.d_model + 2 * kv, self.d_model, device=device, dtype=dtype))  # type: ignore[arg-type]
+        self.in_proj_bias = (
+            nn.Parameter(torch.zeros(self.d_model + 2 * kv, device=device, dtype=dtype))  # type: ignore[arg-type]
+            if bias
+            else None
+        )
+        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias, device=device, dtype=dtype)  # type: ignore[arg-type]
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if bias:
+            nn.init.zeros_(self.out_proj.bias)
+
+    def project_qkv(
+        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``Q = x W^Q``, ``K = y W^K``, ``V = y W^V`` (``key is None``: self-attention, one matmul).
+
+        Returns ``(q, k, v)`` with the heads still merged in the last dim; ``k``/``v`` are ``None``
+        when only the query was asked for (``key is None and value is None`` with ``query_only``).
+        """
+        w, b = self.in_proj_weight, self.in_proj_bias
+        d, kv = self.d_model, self.num_kv_heads * self.d_head
+        if key is None:
+            q, k, v = F.linear(query, w, b).split([d, kv, kv], dim=-1)
+            return q, k, v
+        q = F.linear(query, w[:d], None if b is None else b[:d])
+        k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
+        v = F.linear(value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :])
+        return q, k, v
+
+    def project_out(self, x: torch.Tensor) -> torch.Tensor:
+        """``Concat(heads) W^O``."""
+        return self.out_proj(x)
+
+    # -- forward --
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when ``key`` is ``None``).
+
+        Args:
+            query: ``(B, T_q, d_model)``.
+            key: ``(B, T_k, d_model)`` or ``None`` for self-attention.
+            value: ``(B, T_k, d_model)``; default ``key``.
+            mask: boolean (``True = may attend``) or additive float, broadcastable to
+                ``(B, H, T_q, T_k)``; ``T_k`` includes cached positions.
+            is_causal: bottom-right causal masking (works across a KV cache).
+            need_weights: also return the per-head weights ``(B, H, T_q, T_k)``.
+            cache: a :class:`~attnlab.decoding.cache.KVCache`. Self-attention appends the new
+                keys/values to it; a static (cross-attention) cache is filled on first use and
+                reused afterwards.
+            positions: position ids ``(B, T_q)`` or ``(T_q,)`` for rotary embeddings; default
+                ``cache.length + arange(T_q)``.
+
+        Returns:
+            ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+        """
+        self._check_input("query", query)
+        cross = key is not None and key is not query
+        if cross:
+            self._check_input("key", key)
+            if value is not None:
+                self._check_input("value", value)
+                if value.shape[:2] != key.shape[:2]:  # type: ignore[union-attr]
+                    raise ValueError(
+                        f"key and value must have the same (B, T_k), got {shape_str(key.shape[:2])} "  # type: ignore[union-attr]
+                        f"and {shape_str(value.shape[:2])}"
+                    )
+            if key.shape[0] != query.shape[0]:  # type: ignore[union-attr]
+                raise ValueError(f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}")  # type: ignore[union-attr]
+        b, t_q, _ = query.shape
+        past = cache.length if cache is not None and not cache.static else 0
+
+        reuse = cross and cache is not None and cache.static
+        if reuse:
+            q, k, v = self.project_qkv(query, query, query)[0], None, None
+        else:
+            q, k, v = self.project_qkv(query, key if cross else None, value if cross else None)
+        q = self.hook_q(q.unflatten(-1, (self.num_heads, self.d_head)).transpose(1, 2))  # (B, H, T_q, d_head)
+        if k is not None and v is not None:
+            k = k.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
+            v = v.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)
+        if self.rotary is not None and not cross:
+            pos = positions if positions is not None else torch.arange(past, past + t_q, device=q.device)
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        if cache is not None:
+            if cross:
+                k, v = (cache.keys, cache.values) if cache.static else cache.set_static(k, v)  # type: ignore[arg-type]
+            else:
+                k, v = cache.append(k, v)  # type: ignore[arg-type]
+        k, v = self.hook_k(k), self.hook_v(v)
+
+        want_weights = need_weights or self.hook_weights.active
+        result = scaled_dot_product_attention(
+            q, k, v, mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+            need_weights=want_weights,
+        )
+        if want_weights:
+            z, weights = result  # type: ignore[misc]
+            weights = self.hook_weights(weights)
+        else:
+            z, weights = result, None  # type: ignore[assignment]
+        z = self.hook_z(z)
+        out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))  # (B, T_q, d_model)
+        if need_weights:
+            return out, weights  # type: ignore[return-value]
+        return out
+
+    def _check_input(self, name: str, x: object) -> None:
+        x = check_tensor(name, x)
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}")
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "auto") -> MultiHeadAttention:
+        """The same layer with the weights of a ``torch.nn.MultiheadAttention``.
+
+        The PyTorch module must be ``batch_first=True`` with equal query/key/value widths and
+        without ``add_bias_kv``/``add_zero_attn``. Its masks convert with
+        :func:`attnlab.masks.from_key_padding_mask` (``True = ignore`` becomes ``True = attend``)
+        and ``~attn_mask`` for a boolean ``attn_mask``.
+
+        Example:
+            >>> ref = nn.MultiheadAttention(32, 4, batch_first=True)
+            >>> mha = MultiHeadAttention.from_torch(ref)
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if not module.batch_first:
+            raise ValueError("module must have batch_first=True (attnlab is batch first), got batch_first=False")
+        if not module._qkv_same_embed_dim:
+            raise ValueError("module must have kdim == vdim == embed_dim to map onto one in_proj_weight")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("module must not use add_bias_kv or add_zero_attn")
+        p = module.in_proj_weight
+        new = cls(
+            module.embed_dim,
+            module.num_heads,
+            dropout=module.dropout,
+            bias=module.in_proj_bias is not None,
+            backend=backend,
+            device=p.device,
+            dtype=p.dtype,
+        )
+        with torch.no_grad():
+            new.in_proj_weight.copy_(module.in_proj_weight)
+            if new.in_proj_bias is not None:
+                new.in_proj_bias.copy_(module.in_proj_bias)
+            new.out_proj.weight.copy_(module.out_proj.weight)
+            if new.out_proj.bias is not None:
+                new.out_proj.bias.copy_(module.out_proj.bias)
+        return new

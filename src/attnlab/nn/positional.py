@@ -1,0 +1,194 @@
+"""Positional encodings: sinusoidal, learned, rotary (RoPE) and ALiBi.
+
+Attention itself is permutation-equivariant; these tell it where tokens are.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnlab._checks import check_positive_int, check_tensor, shape_str
+
+__all__ = [
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "alibi_bias",
+    "alibi_slopes",
+    "sinusoidal_table",
+]
+
+
+def sinusoidal_table(max_len: int, d_model: int, *, base: float = 10000.0) -> torch.Tensor:
+    """Vaswani et al. (2017), §3.5:
+
+        PE(pos, 2i)   = sin(pos / base^{2i / d_model})
+        PE(pos, 2i+1) = cos(pos / base^{2i / d_model})
+
+    Shape:
+        ``(max_len, d_model)``; an odd ``d_model`` drops the last cosine column.
+    """
+    check_positive_int("max_len", max_len)
+    check_positive_int("d_model", d_model)
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(d/2),)
+    angle = pos * inv_freq  # (max_len, ceil(d/2))
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal table to embeddings (no parameters).
+
+    Args:
+        d_model: embedding width.
+        max_len: longest sequence. Default 5000.
+
+    Shape:
+        x ``(B, T, d_model)`` → ``(B, T, d_model)``; ``positions`` ``(T,)`` or ``(B, T)`` (default
+        ``offset + arange(T)``).
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.max_len = max_len
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        pos = _positions(x.shape[1], offset, positions, self.max_len, x.device)
+        return x + self.table[pos].to(x.dtype)
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """A learned vector per position (GPT-2's ``wpe``).
+
+    Shape:
+        ``positions`` ``(T,)`` or ``(B, T)`` → ``(..., T, d_model)``.
+    """
+
+    def __init__(self, max_len: int, d_model: int, **kwargs: object) -> None:
+        super().__init__(max_len, d_model, **kwargs)  # type: ignore[arg-type]
+        self.max_len = max_len
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        _check_range(positions, self.max_len)
+        return super().forward(positions)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021, RoFormer §3.4).
+
+    Pairs of dimensions ``(x_{2i}, x_{2i+1})`` of each query and key are rotated by the angle
+    ``pos · θ_i`` with ``θ_i = base^{-2i/d}``:
+
+        (x'_{2i}, x'_{2i+1}) = (x_{2i} cos pos·θ_i − x_{2i+1} sin pos·θ_i,
+                                x_{2i} sin pos·θ_i + x_{2i+1} cos pos·θ_i)
+
+    so ``q_m · k_n`` depends on positions only through ``m − n``.
+
+    Args:
+        d_head: head dimension (even).
+        max_len: longest sequence; positions must be below it. Default 4096.
+        base: ``θ`` base. Default 10000.
+
+    Shape:
+        x ``(B, H, T, d_head)``; positions ``(T,)`` or ``(B, T)`` → ``(B, H, T, d_head)``.
+    """
+
+    def __init__(self, d_head: int, max_len: int = 4096, base: float = 10000.0) -> None:
+        super().__init__()
+        check_positive_int("d_head", d_head)
+        if d_head % 2:
+            raise ValueError(f"d_head must be even for rotary embeddings, got {d_head}")
+        self.d_head = d_head
+        self.max_len = check_positive_int("max_len", max_len)
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        angle = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d/2)
+        self.register_buffer("cos", angle.cos().float(), persistent=False)
+        self.register_buffer("sin", angle.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x)
+        if x.shape[-1] != self.d_head:
+            raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
+        _check_range(positions, self.max_len)
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): broadcast over heads
+        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., d/2, 2)
+        return out.flatten(-2).to(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022, §3): a geometric sequence starting at
+    ``2^{-8/n}`` with ratio ``2^{-8/n}``; for a head count that is not a power of two, the slopes of
+    the next lower power of two followed by every other slope of the next higher one.
+
+    Shape:
+        ``(num_heads,)``.
+    """
+    check_positive_int("num_heads", num_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        low = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(low) + power_of_two(2 * low)[0::2][: num_heads - low]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(
+    num_heads: int,
+    q_len: int,
+    k_len: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """ALiBi additive bias ``−m_h · (i' − j)``, where ``i' = i + T_k − T_q`` is the query's absolute
+    position (bottom-right aligned, like the causal mask). Future keys get a positive bias; combine
+    with ``is_causal=True`` to hide them.
+
+    Shape:
+        ``(num_heads, T_q, T_k)`` — broadcasts over the batch as ``(B, H, T_q, T_k)`` masks do.
+    """
+    check_positive_int("q_len", q_len)
+    k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
+    slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=device)[None, :]
+    distance = (i - j).to(torch.float32)  # (T_q, T_k)
+    return (-slopes[:, None, None] * distance).to(dtype)
+
+
+def _positions(
+    t: int, offset: int, positions: torch.Tensor | None, max_len: int, device: torch.device
+) -> torch.Tensor:
+    if positions is None:
+        positions = torch.arange(offset, offset + t, device=device)
+    _check_range(positions, max_len)
+    return positions
+
+
+def _check_range(positions: torch.Tensor, max_len: int) -> None:
+    check_tensor("positions", positions)
+    if positions.is_floating_point():
+        raise TypeError(f"positions must be integer ids, got dtype {positions.dtype}")
+    if positions.dim() not in (1, 2):
+        raise ValueError(f"positions must have shape (T,) or (B, T), got {shape_str(positions.shape)}")
+    if positions.numel() and (int(positions.max()) >= max_len or int(positions.min()) < 0):
+        raise ValueError(
+            f"positions must lie in [0, {max_len}) (the position table's length, max_len = {max_len}), "
+            f"got values up to {int(positions.max())}"
+        )
