@@ -3,7 +3,12 @@
 The public API; everything else is reachable through the subpackages.
 """
 
+from attnlab import inspect
 from attnlab.decoding.cache import KVCache, ModelCache
+from attnlab.decoding.generate import generate
+from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.models.gpt import GPT
+from attnlab.models.transformer import Transformer
 from attnlab.nn import masks
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.multihead import MultiHeadAttention
@@ -18,15 +23,21 @@ from attnlab.nn.positional import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GPT",
+    "GPTConfig",
     "KVCache",
     "LearnedPositionalEmbedding",
     "ModelCache",
     "MultiHeadAttention",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "Transformer",
+    "TransformerConfig",
     "__version__",
     "alibi_bias",
     "alibi_slopes",
+    "generate",
+    "inspect",
     "masks",
     "scaled_dot_product_attention",
 ]

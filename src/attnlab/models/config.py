@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any, TypeVar
 
-__all__ = ["config_from_dict", "config_to_dict"]
+__all__ = ["GPTConfig", "config_from_dict", "config_to_dict"]
 
 C = TypeVar("C")
 
@@ -33,4 +33,207 @@ def dumps(config: object) -> str:
 # --- TransformerConfig (encoder-decoder) goes below this line ---
 
 
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Configuration of :class:`attnlab.Transformer`, the encoder-decoder of Vaswani et al. (2017).
+
+    Defaults are the paper's base model (§3, Table 3): ``d_model = 512``, 6 + 6 layers, 8 heads,
+    ``d_ff = 2048``, dropout 0.1, label smoothing 0.1 (§5.4), post-norm residuals (§3.1), and a
+    shared vocabulary of about 37000 tokens (§5.1).
+
+    Args:
+        src_vocab_size: source token ids. Default 37000.
+        tgt_vocab_size: target token ids. Default 37000.
+        d_model: model width; must be divisible by ``num_heads``. Default 512.
+        num_heads: attention heads ``H``. Default 8.
+        num_kv_heads: key/value heads ``H_kv`` (grouped-query attention); ``None`` means ``num_heads``.
+        num_encoder_layers: encoder layers ``N``. Default 6.
+        num_decoder_layers: decoder layers ``N``. Default 6.
+        d_ff: feed-forward inner width (§3.3). Default 2048.
+        dropout: residual dropout, also on embeddings + positions (§5.4). Default 0.1.
+        attention_dropout: dropout on attention weights. Default 0.0.
+        activation: feed-forward activation, ``"relu"`` (the paper) or ``"gelu"``.
+        norm_first: pre-norm residuals instead of the paper's post-norm. Default False.
+        layer_norm_eps: LayerNorm ``eps``. Default 1e-5.
+        label_smoothing: ``ε_ls`` of the training loss (§5.4). Default 0.1.
+        share_embeddings: one embedding matrix for source and target (needs equal vocab sizes).
+        tie_output: the output projection reuses the target embedding matrix (§3.4). Default True.
+        max_len: longest source or target sequence (the sinusoidal table's length). Default 1024.
+        pad_id: padding id (ignored by the loss, hidden by the masks). Default 0.
+        bos_id: target start id. Default 1.
+        eos_id: end-of-sequence id. Default 2.
+        backend: attention backend (see :func:`attnlab.scaled_dot_product_attention`). Default "auto".
+
+    Example:
+        >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=64,
+        ...                         num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=128)
+    """
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: str = "relu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-5
+    label_smoothing: float = 0.1
+    share_embeddings: bool = False
+    tie_output: bool = True
+    max_len: int = 1024
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        from attnlab._checks import check_choice, check_positive_int, check_probability
+        from attnlab.nn.attention import BACKENDS
+
+        for name in (
+            "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_encoder_layers",
+            "num_decoder_layers", "d_ff", "max_len",
+        ):  # fmt: skip
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model = {self.d_model} must be divisible by num_heads = {self.num_heads}"
+            )
+        if self.num_kv_heads is not None:
+            check_positive_int("num_kv_heads", self.num_kv_heads)
+            if self.num_heads % self.num_kv_heads != 0:
+                raise ValueError(
+                    f"num_heads = {self.num_heads} must be a multiple of "
+                    f"num_kv_heads = {self.num_kv_heads}"
+                )
+        check_probability("dropout", self.dropout)
+        check_probability("attention_dropout", self.attention_dropout)
+        check_probability("label_smoothing", self.label_smoothing)
+        check_choice("activation", self.activation, ("relu", "gelu"))
+        check_choice("backend", self.backend, BACKENDS)
+        for name in ("norm_first", "share_embeddings", "tie_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+            raise ValueError(f"layer_norm_eps must be a positive float, got {eps!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if not 0 <= value < self.tgt_vocab_size:
+                raise ValueError(
+                    f"{name} must lie in [0, tgt_vocab_size = {self.tgt_vocab_size}), got {value}"
+                )
+        if self.pad_id >= self.src_vocab_size:
+            raise ValueError(
+                f"pad_id must lie in [0, src_vocab_size = {self.src_vocab_size}), got {self.pad_id}"
+            )
+        for name in ("bos_id", "eos_id"):
+            if getattr(self, name) == self.pad_id:
+                raise ValueError(
+                    f"{name} must differ from pad_id (padding is masked and ignored by the loss), "
+                    f"got {name} = pad_id = {self.pad_id}"
+                )
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                f"share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+
+    @property
+    def d_head(self) -> int:
+        """Head dimension ``d_model / num_heads``."""
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads actually used (``num_kv_heads`` or ``num_heads``)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+
 # --- GPTConfig goes below this line ---
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Configuration of :class:`attnlab.GPT`, a GPT-2 style decoder (Radford et al. 2019).
+
+    Defaults are GPT-2 small (124M parameters).
+
+    Args:
+        vocab_size: number of token ids. Default 50257.
+        n_positions: longest sequence (the learned position table's length; also the limit for
+            rope and alibi). Default 1024.
+        n_embd: model width ``d_model``. Default 768.
+        n_layer: number of blocks. Default 12.
+        n_head: query heads ``H``; must divide ``n_embd``. Default 12.
+        num_kv_heads: key/value heads ``H_kv`` (grouped-query attention); ``None`` means ``n_head``.
+        positions: ``"learned"`` (GPT-2's ``wpe``), ``"rope"`` (rotary) or ``"alibi"`` (linear biases).
+        dropout: dropout on embeddings, attention weights and residual branches. Default 0.0.
+        gradient_checkpointing: recompute each block's activations in the backward pass while
+            training (less memory, about one more forward of compute). Default False.
+        layer_norm_epsilon: LayerNorm ``eps``. Default 1e-5.
+        bias: biases in the linear layers and LayerNorms. Default True (GPT-2).
+        backend: attention backend (see :func:`attnlab.scaled_dot_product_attention`). Default "auto".
+        rope_base: base ``θ`` of the rotary frequencies (``positions="rope"`` only). Default 10000.
+    """
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    num_kv_heads: int | None = None
+    positions: str = "learned"
+    dropout: float = 0.0
+    gradient_checkpointing: bool = False
+    layer_norm_epsilon: float = 1e-5
+    bias: bool = True
+    backend: str = "auto"
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        from attnlab._checks import check_choice, check_positive_int, check_probability
+        from attnlab.nn.attention import BACKENDS
+
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            check_positive_int(name, getattr(self, name))
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd = {self.n_embd} must be divisible by n_head = {self.n_head}")
+        if self.num_kv_heads is not None:
+            check_positive_int("num_kv_heads", self.num_kv_heads)
+            if self.n_head % self.num_kv_heads != 0:
+                raise ValueError(
+                    f"n_head = {self.n_head} must be a multiple of num_kv_heads = {self.num_kv_heads}"
+                )
+        check_choice("positions", self.positions, ("learned", "rope", "alibi"))
+        if self.positions == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"positions='rope' needs an even head dimension n_embd / n_head, "
+                f"got {self.n_embd} / {self.n_head} = {self.n_embd // self.n_head}"
+            )
+        check_probability("dropout", self.dropout)
+        for name in ("gradient_checkpointing", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        for name in ("layer_norm_epsilon", "rope_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive float, got {value!r}")
+        check_choice("backend", self.backend, BACKENDS)
+
+    @property
+    def d_head(self) -> int:
+        """Head dimension ``n_embd / n_head``."""
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads actually used (``num_kv_heads`` or ``n_head``)."""
+        return self.n_head if self.num_kv_heads is None else self.num_kv_heads

@@ -192,14 +192,21 @@ class MultiHeadAttention(nn.Module):
                 k, v = (cache.keys, cache.values) if cache.static else cache.set_static(k, v)  # type: ignore[arg-type]
             else:
                 k, v = cache.append(k, v)  # type: ignore[arg-type]
+            if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
+                k, v = k.to(q.dtype), v.to(q.dtype)  # type: ignore[union-attr]
         k, v = self.hook_k(k), self.hook_v(v)
 
         want_weights = need_weights or self.hook_weights.active
+        backend = self.backend
+        if backend == "auto" and not need_weights:
+            # an observer (a hook on hook_weights) must not change what forward computes: keep the
+            # kernel "auto" picks when no weights are wanted; it returns exact weights as well
+            backend = "sdpa"
         result = scaled_dot_product_attention(
             q, k, v, mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend,
+            backend=backend,
             need_weights=want_weights,
         )
         if want_weights:

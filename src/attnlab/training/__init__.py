@@ -1,1 +1,68 @@
-"""attnlab.training"""
+"""attnlab.training — schedules, losses, the trainer, checkpoints and multi-process training.
+
+- :class:`NoamLR`, :class:`WarmupCosineLR` (``schedules``)
+- :func:`label_smoothed_cross_entropy`, :func:`token_loss`, :class:`TokenLoss` (``losses``)
+- :class:`Trainer`, :class:`TrainConfig`, :class:`BatchSource`, :class:`IndexedBatches`
+  (``trainer``); :class:`~attnlab.training.progress.RichProgress` (``progress``)
+- :func:`save_checkpoint`, :func:`load_config`, :func:`load_model_weights`,
+  :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``)
+- :func:`init_distributed`, :func:`shard_batch` (``distributed``)
+- :class:`Task`, :class:`TaskSetup`, :func:`register_task` (``tasks_registry``)
+"""
+
+from attnlab.training.checkpoint import (
+    CheckpointError,
+    load_config,
+    load_model_weights,
+    load_training_state,
+    read_checkpoint_file,
+    resolve_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from attnlab.training.distributed import DistInfo, init_distributed, shard_batch
+from attnlab.training.losses import TokenLoss, label_smoothed_cross_entropy, token_loss
+from attnlab.training.rng import get_rng_state, seed_everything, set_rng_state
+from attnlab.training.schedules import NoamLR, WarmupCosineLR
+from attnlab.training.tasks_registry import Task, TaskSetup, register_task
+from attnlab.training.trainer import (
+    BatchSource,
+    IndexedBatches,
+    StepMetrics,
+    TrainConfig,
+    Trainer,
+    TrainerCallback,
+    TrainResult,
+)
+
+__all__ = [
+    "BatchSource",
+    "CheckpointError",
+    "DistInfo",
+    "IndexedBatches",
+    "NoamLR",
+    "StepMetrics",
+    "Task",
+    "TaskSetup",
+    "TokenLoss",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainerCallback",
+    "WarmupCosineLR",
+    "get_rng_state",
+    "init_distributed",
+    "label_smoothed_cross_entropy",
+    "load_config",
+    "load_model_weights",
+    "load_training_state",
+    "read_checkpoint_file",
+    "register_task",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "seed_everything",
+    "set_rng_state",
+    "shard_batch",
+    "token_loss",
+    "verify_checkpoint",
+]

@@ -1,0 +1,183 @@
+"""``attnlab train TASK --out DIR --steps N --seed S [--resume] [task options]``.
+
+The generic driver: it seeds the generators, lets the task (see
+:mod:`attnlab.training.tasks_registry`) build model, data and optimizer, and runs the
+:class:`~attnlab.training.trainer.Trainer` with a rich progress bar. ``--steps`` is the total
+number of optimizer steps: ``--resume --steps 40`` on a run stopped at 20 trains 20 more. Ctrl-C
+saves a checkpoint and exits with code 130. Under ``torchrun --nproc_per_node N`` it trains with
+DistributedDataParallel on the same global batch; rank 0 writes and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
+from attnlab.training.distributed import cleanup_distributed, init_distributed
+from attnlab.training.progress import RichProgress
+from attnlab.training.rng import seed_everything
+from attnlab.training.tasks_registry import available_tasks, get_task
+from attnlab.training.trainer import METRICS_FILE, Trainer, TrainConfig
+
+# options of the driver that are not part of the run's configuration
+_COMMON_UNSAVED = ("out", "steps", "resume", "eval_every", "save_every", "keep_last", "device")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {value}")
+    return value
+
+
+def _clip(text: str) -> float | None:
+    if text.lower() in ("none", "0", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}")
+    return value
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every task shares."""
+    g = p.add_argument_group("training")
+    g.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl)")
+    g.add_argument("--steps", type=_non_negative_int, required=True,
+                   help="total number of optimizer steps (a resumed run continues up to it)")
+    g.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    g.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="micro-batches per optimizer step (default 1)")
+    g.add_argument("--clip", type=_clip, default=1.0,
+                   help="clip the gradient norm to this ('none' to disable; default 1.0)")
+    g.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    g.add_argument("--eval-every", type=_non_negative_int, default=0,
+                   help="evaluate every N steps (0: at the end only)")
+    g.add_argument("--save-every", type=_non_negative_int, default=0,
+                   help="checkpoint every N steps (0: at the end only)")
+    g.add_argument("--keep-last", type=_positive_int, default=2,
+                   help="checkpoints to keep (default 2)")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model on a task (resumable; torchrun-ready)",
+                       description=__doc__.splitlines()[0] if __doc__ else None)
+    tasks = p.add_subparsers(dest="task", metavar="TASK", parser_class=type(p))
+    tasks.required = True
+    for name, task in available_tasks().items():
+        tp = tasks.add_parser(name, help=task.help, description=task.help)
+        add_common_arguments(tp)
+        before = {a.dest for a in tp._actions}
+        task.add_arguments(tp)
+        task_dests = [a.dest for a in tp._actions if a.dest not in before and a.dest != "help"]
+        tp.set_defaults(func=run, _task_dests=task_dests)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
+    """What ``config.json`` holds besides ``"train"`` (see tasks_registry)."""
+    task_args = {"seed": args.seed}
+    for dest in getattr(args, "_task_dests", []):
+        task_args[dest] = _jsonable(getattr(args, dest))
+    return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}
+
+
+def run(args: argparse.Namespace) -> int:
+    task = get_task(args.task)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out must be a folder, got the file {out}")
+    has_ckpt = bool(list_checkpoints(out)) or (out / "checkpoints" / "latest").exists()
+    if args.resume:
+        resolve_checkpoint(out)  # one-line error when there is nothing to resume
+    elif has_ckpt:
+        raise ValueError(
+            f"{out} already holds a checkpoint; pass --resume to continue it or choose another --out"
+        )
+    dist = init_distributed(args.device)
+    console = Console(stderr=True)
+    try:
+        seed_everything(args.seed)
+        setup = task.build(args, dist.device)
+        config = TrainConfig(
+            steps=args.steps,
+            grad_accum=args.grad_accum,
+            clip=args.clip,
+            bf16=args.bf16,
+            eval_every=args.eval_every,
+            save_every=args.save_every,
+            keep_last=args.keep_last,
+        )
+        progress = RichProgress(console, description=args.task)
+        trainer = Trainer(
+            setup.model,
+            make_optimizer=setup.make_optimizer,
+            batches=setup.batches,
+            loss_fn=setup.loss_fn,
+            config=config,
+            run_dir=out,
+            run_config=run_config_of(args, setup.model_config),
+            files=setup.files,
+            evaluate=setup.evaluate,
+            callbacks=[progress],
+            dist=dist,
+        )
+        if args.resume:
+            done = trainer.resume()
+            if done > args.steps:
+                raise ValueError(
+                    f"--steps must be at least the {done} steps the checkpoint has done, "
+                    f"got {args.steps}"
+                )
+        elif dist.is_main and (out / METRICS_FILE).exists():
+            (out / METRICS_FILE).unlink()  # left by a run killed before its first checkpoint
+        result = trainer.fit()
+        if not dist.is_main:
+            return 130 if result.interrupted else 0
+        if result.interrupted:
+            console.print(
+                f"interrupted at step {result.step}; checkpoint saved to {result.checkpoint}; "
+                f"continue with --resume"
+            )
+            return 130
+        if result.losses:
+            console.print(f"step {result.step}: loss {result.losses[-1]:.4f}")
+        if result.eval_metrics:
+            text = "  ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
+            console.print(f"evaluation: {text}")
+        console.print(f"checkpoint: {result.checkpoint}")
+        if setup.report is not None:
+            setup.report(trainer.model, out, Console())
+        return 0
+    finally:
+        cleanup_distributed()

@@ -1,0 +1,66 @@
+"""Parallel corpora: a source file and a target file, one sentence a line, line ``i`` ↔ line ``i``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.data.text import read_text_file
+
+__all__ = ["ParallelCorpus", "read_parallel"]
+
+
+@dataclass(frozen=True)
+class ParallelCorpus:
+    """Aligned sentence pairs.
+
+    Attributes:
+        src: source sentences.
+        tgt: target sentences, ``tgt[i]`` translates ``src[i]``.
+    """
+
+    src: list[str]
+    tgt: list[str]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _lines(text: str) -> list[str]:
+    # one sentence a line; a final newline does not start another sentence
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r").strip() for line in lines]
+
+
+def read_parallel(
+    src_path: str | Path, tgt_path: str | Path, *, what: str = "parallel"
+) -> ParallelCorpus:
+    """Read two aligned UTF-8 files.
+
+    Pairs where either side is blank are dropped (both sides, so the alignment stays).
+
+    Args:
+        src_path: the source-language file.
+        tgt_path: the target-language file.
+        what: how error messages name the pair (``"train"``, ``"dev"``…).
+
+    Returns:
+        A :class:`ParallelCorpus`.
+
+    Raises:
+        ValueError: either file is missing, empty or not UTF-8, or the files have different line
+            counts (the message names both files and both counts).
+    """
+    src_lines = _lines(read_text_file(src_path, what=f"{what} source file"))
+    tgt_lines = _lines(read_text_file(tgt_path, what=f"{what} target file"))
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"{what} files have different line counts: {src_path} has {len(src_lines)} lines, "
+            f"{tgt_path} has {len(tgt_lines)}"
+        )
+    pairs = [(s, t) for s, t in zip(src_lines, tgt_lines) if s and t]
+    if not pairs:
+        raise ValueError(f"{what} files hold no non-blank sentence pair: {src_path}, {tgt_path}")
+    return ParallelCorpus(src=[s for s, _ in pairs], tgt=[t for _, t in pairs])

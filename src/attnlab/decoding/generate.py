@@ -1,0 +1,335 @@
+"""``attnlab.generate``: autoregressive decoding for both model families.
+
+Decoding factorises the output distribution left to right,
+
+    p(y | x) = Π_t p(y_t | x, y_{<t}),
+
+and picks ``y_t`` one token at a time: the most likely one (greedy), a draw from the (filtered)
+distribution (sampling), or the continuation of the ``K`` best partial outputs (beam search). A
+preallocated KV cache (:mod:`attnlab.decoding.cache`) keeps the keys and values of past positions,
+so each step processes only the new token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from attnlab._checks import check_choice, check_positive_int, check_tensor, shape_str
+from attnlab.decoding.beam import beam_search
+from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
+from attnlab.decoding.strategies import greedy_choice, sample_choice
+
+__all__ = ["STRATEGIES", "generate"]
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    strategy: str = "greedy",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
+    early_stopping: bool = True,
+    eos_token_id: int | Sequence[int] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    pad_token_id: int | None = None,
+    fast: bool = True,
+) -> torch.Tensor:
+    """Generate tokens with a KV cache, from a decoder-only or an encoder-decoder model.
+
+    **Decoder-only** (:class:`attnlab.GPT`): ``input_ids`` is the prompt; the result is the prompt
+    followed by the new tokens. Batched prompts of different lengths are left-padded and come with
+    an ``attention_mask`` (0 = padding); positions are counted from each row's first real token.
+
+    **Encoder-decoder** (:class:`attnlab.Transformer`, detected by its ``encode`` method):
+    ``input_ids`` is the source; it is encoded once and the target is decoded from
+    ``config.bos_id``. The result is the target ids, ``<bos>`` first.
+
+    Rows that stop (on a token of ``eos_token_id``) are padded with ``pad_token_id`` afterwards;
+    generation ends when every row has stopped or after ``max_new_tokens``. The model is put in
+    eval mode for the call (dropout off) and restored afterwards.
+
+    Args:
+        model: a GPT-like model (``forward(input_ids, attention_mask, *, cache)``, ``new_cache``,
+            ``config.vocab_size``, ``config.n_positions``) or a Transformer-like one (``encode``,
+            ``decode``, ``new_cache``, ``config.src_vocab_size``/``tgt_vocab_size``/``max_len``/
+            ``pad_id``/``bos_id``/``eos_id``).
+        input_ids: ``(B, T)`` integer token ids: the prompt, or the source.
+        max_new_tokens: the most tokens to generate (positive).
+        strategy: ``"greedy"`` (argmax), ``"sample"`` or ``"beam"``. Default ``"greedy"``.
+        temperature: sampling temperature ``τ > 0`` (``"sample"``). Default 1.0.
+        top_k: sample among the ``k`` most likely tokens only (``"sample"``). Default ``None``.
+        top_p: sample from the nucleus of probability mass ``p`` (``"sample"``). Default ``None``.
+        generator: a ``torch.Generator`` for reproducible sampling. Default the global RNG.
+        num_beams: beams ``K`` for ``"beam"``. Default 4.
+        length_penalty: ``α`` in the beam score ``log p / n^α``. Default 1.0.
+        early_stopping: beam search stops a row once it has ``num_beams`` finished hypotheses
+            (``True``) or once none of its live ones can win (``False``). Default ``True``.
+        eos_token_id: stop token id, or several. Default ``None`` for a decoder-only model (run
+            ``max_new_tokens``), ``config.eos_id`` for an encoder-decoder.
+        attention_mask: ``(B, T)`` 0/1 (or bool), 1 = real token; zeros only on the left
+            (decoder-only) — for an encoder-decoder it marks the real source tokens (default
+            ``input_ids != pad_id``).
+        pad_token_id: fills rows after they stop. Default ``config.pad_id`` for an encoder-decoder;
+            for a decoder-only model the first EOS id, else 0.
+        fast: for a GPT with learned positions and no hooks, run the one-token steps through
+            :class:`attnlab.decoding.fast.FastDecoder` (decode-time weight layout, same tokens).
+            Default ``True``.
+
+    Returns:
+        token ids ``(B, T + n)`` for a decoder-only model, ``(B, 1 + n)`` for an encoder-decoder,
+        where ``n <= max_new_tokens`` is the number of steps run.
+
+    Raises:
+        ValueError: the prompt plus ``max_new_tokens`` would not fit the model's position table
+            (the message names the limit), a token id is outside the vocabulary, or an argument
+            is out of range (the message names it). TypeError: wrong argument types.
+
+    Shape:
+        - input_ids, attention_mask: ``(B, T)``
+        - output: ``(B, T + n)`` (decoder-only) or ``(B, 1 + n)`` (encoder-decoder)
+
+    Example:
+        >>> model = GPT(GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
+        >>> prompt = torch.randint(0, 100, (2, 5))
+        >>> generate(model, prompt, max_new_tokens=8).shape
+        torch.Size([2, 13])
+    """
+    seq2seq = hasattr(model, "encode")
+    ids = _check_input_ids(input_ids)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    check_choice("strategy", strategy, STRATEGIES)
+    _check_sampling(temperature, top_k, top_p, generator)
+    check_positive_int("num_beams", num_beams)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+        raise TypeError(f"length_penalty must be a float, got {type(length_penalty).__name__}")
+    if not isinstance(early_stopping, bool):
+        raise TypeError(f"early_stopping must be a bool, got {type(early_stopping).__name__}")
+    cfg = model.config
+    out_vocab = cfg.tgt_vocab_size if seq2seq else cfg.vocab_size
+    in_vocab, in_vocab_name = (
+        (cfg.src_vocab_size, "src_vocab_size") if seq2seq else (cfg.vocab_size, "vocab_size")
+    )
+    _check_range(ids, in_vocab, in_vocab_name)
+    _check_length(cfg, ids.shape[1], max_new_tokens, seq2seq)
+    if eos_token_id is None and seq2seq:
+        eos_token_id = cfg.eos_id
+    eos = _check_token_list("eos_token_id", eos_token_id, out_vocab)
+    if pad_token_id is None:
+        pad_token_id = cfg.pad_id if seq2seq else (eos[0] if eos else 0)
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+        raise TypeError(f"pad_token_id must be an int, got {type(pad_token_id).__name__}")
+    _check_token_list("pad_token_id", pad_token_id, out_vocab)
+    mask = _check_attention_mask(attention_mask, ids, left_padded=not seq2seq)
+    if mask is not None and not seq2seq and bool(mask.all()):
+        mask = None  # nothing is padded: the plain causal path
+
+    was_training = model.training
+    model.eval()
+    try:
+        n_rows = ids.shape[0] * (num_beams if strategy == "beam" else 1)
+        expand = num_beams if strategy == "beam" else 1
+        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, fast)
+        if strategy == "beam":
+            best = beam_search(
+                stepper,
+                batch=ids.shape[0],
+                num_beams=num_beams,
+                max_new_tokens=max_new_tokens,
+                eos_token_ids=eos,
+                pad_token_id=pad_token_id,
+                length_penalty=float(length_penalty),
+                early_stopping=early_stopping,
+            )
+            longest = max(len(seq) for seq in best)
+            new = torch.full((ids.shape[0], longest), pad_token_id, dtype=torch.long)
+            for b, seq in enumerate(best):
+                new[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            new = new.to(ids.device)
+        else:
+            new = _sequential(
+                stepper,
+                n_rows,
+                max_new_tokens,
+                eos,
+                pad_token_id,
+                sample=strategy == "sample",
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=generator,
+            )
+    finally:
+        model.train(was_training)
+    prefix = ids.new_full((ids.shape[0], 1), cfg.bos_id) if seq2seq else ids
+    return torch.cat([prefix, new], dim=1)
+
+
+def _sequential(
+    stepper: Stepper,
+    n_rows: int,
+    max_new_tokens: int,
+    eos: list[int],
+    pad_token_id: int,
+    *,
+    sample: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Greedy or sampled decoding: one token per row per step. Returns ``(N, n)``."""
+    logits = stepper.prefill()  # (N, V)
+    device = logits.device
+    eos_t = torch.tensor(eos, dtype=torch.long, device=device)
+    finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    tokens: list[torch.Tensor] = []
+    for step in range(max_new_tokens):
+        if sample:
+            nxt = sample_choice(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
+        else:
+            nxt = greedy_choice(logits)
+        if eos:
+            nxt = nxt.masked_fill(finished, pad_token_id)
+            finished |= torch.isin(nxt, eos_t)
+        tokens.append(nxt)
+        if step == max_new_tokens - 1 or (eos and bool(finished.all())):
+            break
+        logits = stepper.step(nxt)
+    return torch.stack(tokens, dim=1)
+
+
+def _make_stepper(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    max_new_tokens: int,
+    expand: int,
+    seq2seq: bool,
+    fast: bool,
+) -> Stepper:
+    if expand > 1:  # beam search: row b·K + k is beam k of prompt b
+        ids = ids.repeat_interleave(expand, dim=0)
+        mask = None if mask is None else mask.repeat_interleave(expand, dim=0)
+    if seq2seq:
+        return Seq2SeqStepper(model, ids, mask, 1 + max_new_tokens)
+    step_fn = None
+    if fast:
+        from attnlab.decoding.fast import FastDecoder
+
+        if FastDecoder.supports(model):
+            step_fn = FastDecoder.for_model(model)
+    return CausalStepper(model, ids, mask, ids.shape[1] + max_new_tokens, step_fn)
+
+
+# -- argument checks --
+
+
+def _check_input_ids(input_ids: object) -> torch.Tensor:
+    ids = check_tensor("input_ids", input_ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (B, T) with B, T >= 1, got {shape_str(ids.shape)}")
+    return ids.long()
+
+
+def _check_range(ids: torch.Tensor, vocab: int, name: str) -> None:
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        bad = hi if hi >= vocab else lo
+        raise ValueError(f"input_ids must lie in [0, {name} = {vocab}), got token id {bad}")
+
+
+def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:
+    if seq2seq:
+        limit = cfg.max_len
+        if t > limit:
+            raise ValueError(
+                f"input_ids has {t} source tokens, longer than the model's position table "
+                f"max_len = {limit}"
+            )
+        if 1 + max_new_tokens > limit:
+            raise ValueError(
+                f"<bos> + max_new_tokens = {1 + max_new_tokens} target positions exceed the model's "
+                f"position table max_len = {limit}; lower max_new_tokens to at most {limit - 1}"
+            )
+        return
+    limit = cfg.n_positions
+    if t + max_new_tokens > limit:
+        raise ValueError(
+            f"input_ids length {t} + max_new_tokens {max_new_tokens} = {t + max_new_tokens} "
+            f"positions exceed the model's position table n_positions = {limit}"
+        )
+
+
+def _check_sampling(
+    temperature: object, top_k: object, top_p: object, generator: object
+) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+            raise TypeError(f"top_p must be a float in (0, 1], got {type(top_p).__name__}")
+        if not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+
+
+def _check_token_list(name: str, value: object, vocab: int) -> list[int]:
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int or a list of ints, got {value!r}")
+        if not 0 <= v < vocab:
+            raise ValueError(f"{name} must lie in [0, vocab_size = {vocab}), got {v}")
+    return items
+
+
+def _check_attention_mask(
+    mask: object, ids: torch.Tensor, *, left_padded: bool
+) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    m = check_tensor("attention_mask", mask)
+    if m.shape != ids.shape:
+        raise ValueError(
+            f"attention_mask must have the shape of input_ids {shape_str(ids.shape)}, "
+            f"got {shape_str(m.shape)}"
+        )
+    if m.is_floating_point() or m.is_complex():
+        raise TypeError(f"attention_mask must be 0/1 integers or bool, got dtype {m.dtype}")
+    if m.dtype != torch.bool and bool(((m != 0) & (m != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    m = m.long()
+    if not bool(m.any(dim=1).all()):
+        raise ValueError("attention_mask has a row with no real token (all zeros)")
+    if left_padded and bool((m[:, 1:] < m[:, :-1]).any()):
+        raise ValueError(
+            "attention_mask must be left-padded (zeros only before the first 1 of each row) for a "
+            "decoder-only model; got a 0 after a 1"
+        )
+    return m

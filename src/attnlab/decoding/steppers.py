@@ -1,0 +1,126 @@
+"""Steppers: one interface over both model families for the decoding loops.
+
+A stepper owns the KV cache of one generation call. :meth:`prefill` runs the prompt (decoder-only)
+or encodes the source and feeds ``<bos>`` (encoder-decoder) and returns the next-token logits;
+:meth:`step` feeds one new token per row and returns the logits after it; :meth:`reorder` selects
+rows (beam search).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from attnlab.nn import masks
+
+__all__ = ["CausalStepper", "Seq2SeqStepper", "Stepper"]
+
+
+class Stepper(Protocol):
+    """What the decoding loops need from a model."""
+
+    def prefill(self) -> torch.Tensor:
+        """Logits ``(N, V)`` of the next token after the prompt."""
+        ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` ``(N,)``; return the logits ``(N, V)`` of the token after them."""
+        ...
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Row ``n`` becomes old row ``index[n]`` (cache and masks)."""
+        ...
+
+
+class CausalStepper:
+    """A decoder-only model (:class:`attnlab.GPT` protocol) with a preallocated KV cache.
+
+    Args:
+        model: has ``forward(input_ids, attention_mask, *, cache)`` and ``new_cache``.
+        input_ids: prompt ``(N, T)``, left-padded when ``attention_mask`` has zeros.
+        attention_mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
+        capacity: cache size, ``T + max_new_tokens``.
+        step_fn: optional fast one-token step ``(tokens (N, 1), mask | None, cache) -> logits (N, V)``
+            used instead of ``model.forward`` after the prompt (see :mod:`attnlab.decoding.fast`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        capacity: int,
+        step_fn: Any = None,
+    ) -> None:
+        n, t = input_ids.shape
+        self.model = model
+        self.input_ids = input_ids
+        self.cache = model.new_cache(n, capacity, device=input_ids.device)
+        self.length = t
+        self.mask: torch.Tensor | None = None
+        if attention_mask is not None:
+            # preallocated: the mask of past + new tokens is a prefix view at every step
+            self.mask = torch.ones(n, capacity, dtype=torch.long, device=input_ids.device)
+            self.mask[:, :t] = attention_mask
+        self.step_fn = step_fn
+
+    def _visible(self) -> torch.Tensor | None:
+        return None if self.mask is None else self.mask[:, : self.length]
+
+    def prefill(self) -> torch.Tensor:
+        out = self.model(self.input_ids, attention_mask=self._visible(), cache=self.cache)
+        return out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.length += 1
+        if self.step_fn is not None:
+            return self.step_fn(tokens[:, None], self._visible(), self.cache)
+        out = self.model(tokens[:, None], attention_mask=self._visible(), cache=self.cache)
+        return out.logits[:, -1]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.cache.reorder(index)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
+
+
+class Seq2SeqStepper:
+    """An encoder-decoder model (:class:`attnlab.Transformer` protocol): encode once, then decode
+    from ``<bos>`` with a KV cache (the cross-attention keys/values are computed on the first step).
+
+    Args:
+        model: has ``encode``, ``decode`` and ``new_cache``, and ``config.pad_id`` / ``bos_id``.
+        src: source ids ``(N, S)``.
+        src_mask: ``(N, S)`` 0/1 (1 = real token), or ``None`` for ``src != pad_id``.
+        capacity: target positions, ``1 + max_new_tokens``.
+    """
+
+    def __init__(
+        self, model: Any, src: torch.Tensor, src_mask: torch.Tensor | None, capacity: int
+    ) -> None:
+        cfg = model.config
+        n, s = src.shape
+        self.model = model
+        if src_mask is None:
+            self.src_mask = masks.padding_mask(src, cfg.pad_id)  # (N, 1, 1, S), True = attend
+        else:
+            self.src_mask = src_mask.bool()[:, None, None, :]
+        self.memory = model.encode(src, self.src_mask)  # (N, S, d_model)
+        self.cache = model.new_cache(n, capacity, device=src.device, src_len=s)
+        self.bos = torch.full((n, 1), cfg.bos_id, dtype=torch.long, device=src.device)
+
+    def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = self.model.decode(tokens, self.memory, src_mask=self.src_mask, cache=self.cache)
+        return out.logits[:, -1]
+
+    def prefill(self) -> torch.Tensor:
+        return self._decode(self.bos)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._decode(tokens[:, None])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.cache.reorder(index)
+        self.memory = self.memory.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)

@@ -1,0 +1,241 @@
+"""Capture attention weights (and other hook-point activations) while a model runs.
+
+Every attention layer of attnlab is a :class:`~attnlab.nn.multihead.MultiHeadAttention` with a
+``hook_weights`` :class:`~attnlab.nn.hooks.HookPoint`. The layer asks its backend for the exact
+softmax weights only while something listens there, so capturing registers forward hooks on those
+points, runs the model, and removes the hooks again — also when the forward raises. The forward
+result is the same with and without capture (the layer keeps the kernel it would use anyway).
+
+    with attnlab.inspect.capture(model) as cache:
+        out = model(input_ids)
+    cache.attentions["transformer.h.0.attn"]        # (B, H, T_q, T_k)
+
+Weights are named by the path of their attention module in ``model.named_modules()``, e.g.
+``"transformer.h.3.attn"`` (GPT), ``"encoder.layers.0.self_attn"``,
+``"decoder.layers.1.cross_attn"`` (encoder-decoder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.nn.hooks import HookPoint
+from attnlab.nn.multihead import MultiHeadAttention
+
+__all__ = ["ActivationCache", "attention_modules", "capture", "run_with_cache"]
+
+
+@dataclass
+class ActivationCache:
+    """What one capture recorded.
+
+    Attributes:
+        attentions: module path → attention weights ``(B, H, T_q, T_k)`` of the latest call, in
+            the order the layers first ran.
+        kinds: module path → ``"self"`` or ``"cross"`` attention.
+        history: module path → the weights of every call (one per decoding step with a KV cache).
+        activations: hook-point path → the latest output of other hook points asked for with
+            ``hooks=`` (e.g. ``"transformer.h.0.attn.hook_q"``).
+    """
+
+    attentions: dict[str, torch.Tensor] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    history: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    activations: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """``cache[path]``: the attention weights of one layer, else a captured activation."""
+        if name in self.attentions:
+            return self.attentions[name]
+        if name in self.activations:
+            return self.activations[name]
+        known = ", ".join(list(self.attentions)[:6]) or "nothing was captured"
+        raise KeyError(f"no attention layer or hook point named {name!r}; captured: {known}")
+
+    def __len__(self) -> int:
+        return len(self.attentions)
+
+    def names(self, kind: str | None = None) -> list[str]:
+        """The captured layers (``kind``: ``"self"``, ``"cross"`` or ``None`` for all)."""
+        if kind not in (None, "self", "cross"):
+            raise ValueError(f"kind must be 'self', 'cross' or None, got {kind!r}")
+        return [n for n in self.attentions if kind is None or self.kinds.get(n) == kind]
+
+    def layers_heads(self, kind: str | None = None) -> list[tuple[str, int]]:
+        """Every ``(layer path, head index)`` pair, layers in execution order."""
+        return [(n, h) for n in self.names(kind) for h in range(self.attentions[n].shape[1])]
+
+    def stack(self, kind: str | None = None) -> torch.Tensor:
+        """The weights of all layers of one kind, stacked: ``(L, B, H, T_q, T_k)``.
+
+        Raises:
+            ValueError: the layers' weights have different shapes (e.g. self- and cross-attention
+                mixed with ``kind=None`` and different source/target lengths).
+        """
+        names = self.names(kind)
+        if not names:
+            raise ValueError(f"no attention weights of kind {kind!r} were captured")
+        shapes = {tuple(self.attentions[n].shape) for n in names}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"cannot stack weights of different shapes {sorted(shapes)}; pass kind='self' or 'cross'"
+            )
+        return torch.stack([self.attentions[n] for n in names])
+
+    def head(self, name: str, head: int, batch: int = 0) -> torch.Tensor:
+        """One head's weights ``(T_q, T_k)``."""
+        w = self[name]
+        if not 0 <= head < w.shape[1]:
+            raise ValueError(f"head must lie in [0, {w.shape[1]}) for {name!r}, got {head}")
+        if not 0 <= batch < w.shape[0]:
+            raise ValueError(f"batch must lie in [0, {w.shape[0]}), got {batch}")
+        return w[batch, head]
+
+
+def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
+    """The attention layers of ``model`` by module path (``""`` when ``model`` is one)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+
+
+def _is_cross(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """MultiHeadAttention.forward(query, key=None, …): cross-attention when key is not the query."""
+    query = args[0] if args else kwargs.get("query")
+    key = args[1] if len(args) > 1 else kwargs.get("key")
+    return key is not None and key is not query
+
+
+@contextmanager
+def capture(
+    model: nn.Module,
+    *,
+    names: Sequence[str] | Callable[[str], bool] | None = None,
+    hooks: Sequence[str] = (),
+    detach: bool = True,
+    device: torch.device | str | None = None,
+) -> Iterator[ActivationCache]:
+    """Record attention weights while ``model`` runs inside the ``with`` block.
+
+    Args:
+        model: any module containing :class:`~attnlab.nn.multihead.MultiHeadAttention` layers
+            (``attnlab.GPT``, ``attnlab.Transformer``, a GPT-2 loaded with ``GPT.from_hf``, or a
+            single attention layer).
+        names: which layers to record: module paths (exact, or a prefix such as ``"decoder."``),
+            or a predicate on the path. Default all.
+        hooks: other hook points of the selected layers to record too, by attribute name
+            (``"hook_q"``, ``"hook_k"``, ``"hook_v"``, ``"hook_z"``).
+        detach: store detached tensors (default); ``False`` keeps them in the autograd graph.
+        device: move the stored tensors there (e.g. ``"cpu"``); default leave them in place.
+
+    Yields:
+        An :class:`ActivationCache`, filled while the block runs.
+
+    Raises:
+        ValueError: ``model`` has no attention layer, or ``names`` selects none.
+
+    Example:
+        >>> model = attnlab.GPT(attnlab.GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=100))
+        >>> with capture(model) as cache:
+        ...     out = model(torch.randint(0, 100, (1, 8)))
+        >>> cache.attentions["transformer.h.1.attn"].shape
+        torch.Size([1, 4, 8, 8])
+    """
+    modules = attention_modules(model)
+    if not modules:
+        raise ValueError(
+            f"model ({type(model).__name__}) has no MultiHeadAttention layer to capture"
+        )
+    selected = {n: m for n, m in modules.items() if _selected(n, names)}
+    if not selected:
+        raise ValueError(
+            f"names selects no attention layer; the model has {', '.join(list(modules)[:8])}"
+        )
+    for hook_name in hooks:
+        if not isinstance(getattr(next(iter(selected.values())), hook_name, None), HookPoint):
+            raise ValueError(
+                f"hooks must name hook points of the attention layers, got {hook_name!r}"
+            )
+
+    cache = ActivationCache()
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if detach:
+            t = t.detach()
+        return t if device is None else t.to(device)
+
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    try:
+        for name, module in selected.items():
+
+            def pre(
+                mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
+            ) -> None:
+                cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
+
+            def on_weights(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
+                w = keep(out)
+                cache.attentions[name] = w  # a dict keeps the first call's position
+                cache.history.setdefault(name, []).append(w)
+
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(module.hook_weights.register_forward_hook(on_weights))
+            for hook_name in hooks:
+                path = f"{name}.{hook_name}" if name else hook_name
+
+                def on_act(mod: nn.Module, args: Any, out: torch.Tensor, path: str = path) -> None:
+                    cache.activations[path] = keep(out)
+
+                handles.append(getattr(module, hook_name).register_forward_hook(on_act))
+        yield cache
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _selected(name: str, names: Sequence[str] | Callable[[str], bool] | None) -> bool:
+    if names is None:
+        return True
+    if callable(names):
+        return bool(names(name))
+    if isinstance(names, str):
+        names = [names]
+    return any(
+        name == n or (n.endswith(".") and name.startswith(n)) or name.startswith(n + ".")
+        for n in names
+    )
+
+
+def run_with_cache(
+    model: nn.Module,
+    *args: Any,
+    names: Sequence[str] | Callable[[str], bool] | None = None,
+    hooks: Sequence[str] = (),
+    **kwargs: Any,
+) -> tuple[Any, ActivationCache]:
+    """Run ``model(*args, **kwargs)`` once while capturing; returns ``(output, cache)``.
+
+    Args:
+        model: as for :func:`capture`.
+        *args: positional arguments of the model's forward.
+        names: which layers to record (see :func:`capture`).
+        hooks: other hook points to record (see :func:`capture`).
+        **kwargs: keyword arguments of the model's forward.
+
+    Returns:
+        The model's output, unchanged by the capture, and the :class:`ActivationCache`.
+
+    Example:
+        >>> out, cache = run_with_cache(model, input_ids)
+        >>> list(cache.attentions)[:2]
+        ['transformer.h.0.attn', 'transformer.h.1.attn']
+    """
+    with capture(model, names=names, hooks=hooks) as cache:
+        out = model(*args, **kwargs)
+    return out, cache

@@ -1,0 +1,221 @@
+"""Attention statistics for long sequences, without the ``T_q × T_k`` weight matrix.
+
+For one query row with scores ``s_j = q·k_j · scale + b_j`` and weights ``p_j = softmax(s)_j``:
+
+    LSE         = log Σ_j e^{s_j}
+    max weight  = max_j p_j = e^{max_j s_j − LSE}
+    entropy     = −Σ_j p_j log p_j = LSE − Σ_j p_j s_j
+                = LSE − scale · q·(Σ_j p_j k_j) − Σ_j p_j b_j
+
+The last line is why no score needs to be kept: ``Σ_j p_j k_j`` is an attention output with the
+keys as values. Everything is accumulated over key blocks with the online-softmax recurrence
+(Milakov & Gimelshein 2018; the forward of FlashAttention), keeping per row the running maximum
+``m``, the normaliser ``l = Σ e^{s_j − m}`` and ``u = Σ e^{s_j − m} k_j``:
+
+    m' = max(m, rowmax(S_b)),   α = e^{m − m'}
+    l' = α · l + Σ_b e^{s_j − m'}
+    u' = α · u + Σ_b e^{s_j − m'} k_j        (one matmul with [K_b, 1] also yields Σ_b e^{s_j − m'})
+
+and at the end ``LSE = m + log l``, ``max weight = e^{m − LSE} = 1 / l`` and
+``entropy = log l − (scale · q·u / l + Σ p_j b_j − m)`` (taken relative to ``m``, which keeps
+the cancellation small).
+
+Only a ``query chunk × key block`` tile of scores exists at any time, so memory grows as
+``O(T)``, not ``O(T²)``: at ``T = 16384`` with 12 heads the tiles take a few tens of MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab._checks import check_floating, check_positive_int, check_tensor, shape_str
+from attnlab.nn.attention import _normalize_mask
+from attnlab.nn.backends._common import compute_dtype
+
+__all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats"]
+
+# elements of one score tile (all batch dims and heads together): 2^22 fp32 values = 16 MiB
+TILE_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class AttentionStats:
+    """Per query row statistics of the attention weights ``softmax(Q Kᵀ · scale + M)``.
+
+    Attributes:
+        entropy: ``−Σ_j p_j log p_j`` in nats; ``0`` for a row that may see no key.
+        max_weight: ``max_j p_j``; ``0`` for a row that may see no key.
+        logsumexp: ``log Σ_j e^{s_j}`` over the visible keys; ``−inf`` for a row that may see no key.
+
+    Shape:
+        each ``(..., H, T_q)``, in fp32 for half-precision inputs (fp64 stays fp64).
+    """
+
+    entropy: torch.Tensor
+    max_weight: torch.Tensor
+    logsumexp: torch.Tensor
+
+    @property
+    def effective_keys(self) -> torch.Tensor:
+        """``e^{entropy}``: how many keys a row spreads its weight over (1 = one key)."""
+        return torch.exp(self.entropy)
+
+
+@torch.no_grad()
+def attention_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_size: int = 512,
+) -> AttentionStats:
+    """Entropy, maximum weight and log-sum-exp of every attention row, computed blockwise.
+
+    Equivalent to computing ``P = softmax(Q Kᵀ · scale + M)`` as
+    :func:`attnlab.scaled_dot_product_attention` does (same masks, same bottom-right causal rule,
+    grouped-query heads) and reducing each row — but ``P`` is never formed: keys are visited in
+    blocks of ``block_size`` and queries in chunks that keep one score tile near
+    :data:`TILE_ELEMENTS` values. Key blocks hidden by the causal mask are skipped. Not
+    differentiable (runs under ``torch.no_grad``).
+
+    Args:
+        query: the queries.
+        key: the keys; ``H`` must be a multiple of ``H_kv``.
+        mask: ``None``, boolean (``True = may attend``) or an additive float bias, broadcastable
+            to ``(..., H, T_q, T_k)``.
+        is_causal: hide future keys, aligned bottom-right (query ``i`` sees ``j <= i + T_k − T_q``).
+        scale: the score scale; default ``1 / √D``.
+        block_size: keys per block. Default ``512``.
+
+    Returns:
+        An :class:`AttentionStats`.
+
+    Shape:
+        - query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``
+        - mask broadcastable to ``(..., H, T_q, T_k)``
+        - every statistic ``(..., H, T_q)``
+
+    Example:
+        >>> q, k = torch.randn(1, 12, 4096, 64), torch.randn(1, 12, 4096, 64)
+        >>> stats = attention_stats(q, k, is_causal=True)
+        >>> stats.entropy.shape
+        torch.Size([1, 12, 4096])
+    """
+    _check_inputs(query, key)
+    block_size = check_positive_int("block_size", block_size)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    masking = _normalize_mask(query, key, mask, is_causal)
+
+    lead, h, t_q, d = query.shape[:-3], query.shape[-3], query.shape[-2], query.shape[-1]
+    h_kv, t_k = key.shape[-3], key.shape[-2]
+    groups = h // h_kv
+    acc = compute_dtype(query.dtype)
+    # grouped heads without copying keys: (..., H_kv, G, T_q, D) against (..., H_kv, 1, T_k, D)
+    q = query.unflatten(-3, (h_kv, groups))
+    k = key.unsqueeze(-3)
+    allowed = _grouped(masking.allowed, query.shape, t_k, h_kv, groups)
+    bias = _grouped(masking.bias, query.shape, t_k, h_kv, groups)
+
+    rows_per_tile = TILE_ELEMENTS // max(1, query[..., 0, 0].numel() * min(block_size, t_k))
+    q_chunk = max(1, min(t_q, rows_per_tile))
+    q = q.to(acc) * scale  # the scale folded into the queries            (..., H_kv, G, T_q, D)
+    # [K, 1]: one matmul gives Σ e^{s−m'} k_j and Σ e^{s−m'}       (..., H_kv, 1, T_k, D + 1)
+    k_acc = k.to(acc)
+    k_aug = torch.cat([k_acc, k.new_ones((*k.shape[:-1], 1), dtype=acc)], dim=-1)
+    shape = (*lead, h_kv, groups, t_q)
+    m = torch.full(shape, float("-inf"), dtype=acc, device=query.device)
+    u = torch.zeros((*shape, d + 1), dtype=acc, device=query.device)  # [Σ e k_j, l]
+    eb = torch.zeros(shape, dtype=acc, device=query.device) if bias is not None else None
+    for i0 in range(0, t_q, q_chunk):
+        i1 = min(t_q, i0 + q_chunk)
+        q_c = q[..., i0:i1, :]
+        # keys this chunk may see under the causal rule end before k_end
+        k_end = t_k if masking.causal_offset is None else min(t_k, i1 + masking.causal_offset)
+        for j0 in range(0, max(k_end, 0), block_size):
+            j1 = min(k_end, j0 + block_size)
+            # S_b = (scale · Q_c) K_bᵀ + B_b, hidden entries at −∞     (..., H_kv, G, rows, keys)
+            s = torch.matmul(q_c, k_acc[..., j0:j1, :].transpose(-2, -1))
+            if bias is not None:
+                s = s + bias[..., i0:i1, j0:j1]
+            vis = None if allowed is None else allowed[..., i0:i1, j0:j1]
+            if masking.causal_offset is not None and j1 - 1 > i0 + masking.causal_offset:
+                i = torch.arange(i0, i1, device=query.device)[:, None]
+                j = torch.arange(j0, j1, device=query.device)[None, :]
+                causal = j <= i + masking.causal_offset
+                vis = causal if vis is None else vis & causal
+            if vis is not None:
+                s = s.masked_fill_(~vis, float("-inf"))
+            m_old = m[..., i0:i1]
+            m_new = torch.maximum(m_old, s.amax(dim=-1))
+            m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows with no key yet
+            alpha = torch.exp(m_old - m_safe).unsqueeze(-1)  # e^{m − m'}
+            e = s.sub_(m_safe.unsqueeze(-1)).exp_()  # e^{s_j − m'}, 0 where hidden
+            u[..., i0:i1, :] = alpha * u[..., i0:i1, :] + torch.matmul(e, k_aug[..., j0:j1, :])
+            if eb is not None and bias is not None:
+                b = bias[..., i0:i1, j0:j1].to(acc).masked_fill(e == 0, 0.0)  # no 0 · (−big)
+                eb[..., i0:i1] = alpha[..., 0] * eb[..., i0:i1] + (e * b).sum(dim=-1)
+            m[..., i0:i1] = m_new
+
+    norm = u[..., d]  # l
+    # E[s] − m = scale · q·u / l + Σ p_j b_j − m
+    moment = (q.unsqueeze(-2) @ u[..., :d].unsqueeze(-1))[..., 0, 0]
+    if eb is not None:
+        moment = moment + eb
+    empty = norm == 0
+    l_safe = norm.masked_fill(empty, 1.0)
+    lse = (m + torch.log(l_safe)).masked_fill(empty, float("-inf"))
+    max_weight = (1.0 / l_safe).masked_fill(empty, 0.0)
+    entropy = torch.log(l_safe) - (moment / l_safe - m.masked_fill(empty, 0.0))
+    entropy = entropy.masked_fill(empty, 0.0).clamp_min_(0.0)
+    return AttentionStats(
+        entropy=entropy.flatten(-3, -2),
+        max_weight=max_weight.flatten(-3, -2),
+        logsumexp=lse.flatten(-3, -2),
+    )
+
+
+def _grouped(
+    t: torch.Tensor | None, q_shape: torch.Size, t_k: int, h_kv: int, groups: int
+) -> torch.Tensor | None:
+    """A mask broadcastable to ``(..., H, T_q, T_k)`` as a view ``(..., H_kv, G, T_q, T_k)``."""
+    if t is None:
+        return None
+    full = t.expand(*q_shape[:-1], t_k)  # a view: no copy
+    return full.unflatten(-3, (h_kv, groups))
+
+
+def _check_inputs(query: object, key: object) -> None:
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    for name, t in (("query", q), ("key", k)):
+        check_floating(name, t)
+        if t.dim() < 3 or 0 in t.shape[-3:]:
+            raise ValueError(
+                f"{name} must have shape (..., H, T, D) with H, T, D > 0, got {shape_str(t.shape)}"
+            )
+    if q.dtype != k.dtype:
+        raise TypeError(f"query and key must share a dtype, got {q.dtype} and {k.dtype}")
+    if q.device != k.device:
+        raise ValueError(f"query and key must be on one device, got {q.device} and {k.device}")
+    if q.dim() != k.dim() or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"query and key must share leading (batch) dims, got shapes {shape_str(q.shape)} "
+            f"and {shape_str(k.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}"
+        )
+    if q.shape[-3] % k.shape[-3] != 0:
+        raise ValueError(
+            f"query heads H = {q.shape[-3]} must be a multiple of key heads H_kv = {k.shape[-3]}"
+        )

@@ -1,0 +1,448 @@
+"""GPT-2: a decoder-only Transformer language model (Radford et al. 2019).
+
+Read top to bottom in the order the data flows:
+
+    tokens ─► wte + wpe ─► n_layer × Block(pre-norm attention, pre-norm MLP) ─► ln_f ─► lm_head
+
+The parameter names are GPT-2's (``transformer.wte``, ``transformer.h.{i}.attn.c_attn``, …), so
+Hugging Face weights map one-to-one (see :mod:`attnlab.models.hf`); ``lm_head`` shares its weight
+with ``wte``. Beyond GPT-2: grouped-query attention (``num_kv_heads``), rotary or ALiBi positions,
+gradient checkpointing, and a preallocated KV cache for decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.decoding.cache import KVCache, ModelCache
+from attnlab.models.config import GPTConfig
+from attnlab.models.outputs import CausalLMOutput
+from attnlab.nn import masks
+from attnlab.nn.hooks import HookPoint
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel
+
+__all__ = ["GPT", "GPTBlock", "GPTMLP", "GPTSelfAttention"]
+
+IGNORE_INDEX = -100
+
+
+class GPTSelfAttention(MultiHeadAttention):
+    """Causal self-attention with GPT-2's fused projections ``c_attn`` and ``c_proj``.
+
+    A :class:`~attnlab.nn.multihead.MultiHeadAttention` (hooks, KV cache, GQA and rotary work as
+    there) whose weights are stored as GPT-2 stores them:
+
+        [Q | K | V] = x W_attn + b_attn          (c_attn: d_model → d_model + 2 · H_kv · d_head)
+        out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Shape:
+        as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+    """
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+        super().__init__(
+            config.n_embd,
+            config.n_head,
+            num_kv_heads=config.num_kv_heads,
+            dropout=config.dropout,
+            bias=config.bias,
+            backend=config.backend,  # type: ignore[arg-type]
+            rotary=rotary,
+        )
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
+        kv = self.num_kv_heads * self.d_head
+        factory = {"device": device, "dtype": dtype}
+        self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)  # type: ignore[arg-type]
+        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)  # type: ignore[arg-type]
+
+    def project_qkv(
+        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        d, kv = self.d_model, self.num_kv_heads * self.d_head
+        if key is None:  # self-attention: one matmul
+            q, k, v = self.c_attn(query).split([d, kv, kv], dim=-1)  # (B, T, d) (B, T, kv) (B, T, kv)
+            return q, k, v
+        w, b = self.c_attn.weight, self.c_attn.bias
+        q = F.linear(query, w[:d], None if b is None else b[:d])
+        k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
+        v = F.linear(value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :])
+        return q, k, v
+
+    def project_out(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resid_dropout(self.c_proj(x))
+
+
+class GPTMLP(nn.Module):
+    """The position-wise feed-forward network of GPT-2, with the tanh approximation of GELU
+    (Hendrycks & Gimpel 2016), GPT-2's ``gelu_new``.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`; the hidden width is
+            ``4 · n_embd``.
+
+    Shape:
+        ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj,
+        # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))
+        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4 · n_embd)
+        return self.dropout(self.c_proj(h))
+
+
+class GPTBlock(nn.Module):
+    """One pre-norm decoder block (GPT-2, §2.3):
+
+        x = x + Attention(LN_1(x))
+        x = x + MLP(LN_2(x))
+
+    Hook points: ``hook_resid_pre``, ``hook_attn_out``, ``hook_mlp_out``, ``hook_resid_post``
+    (and those of ``attn``: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_weights``, ``hook_z``).
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Shape:
+        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``.
+    """
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        eps = config.layer_norm_epsilon
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.attn = GPTSelfAttention(config, rotary)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.mlp = GPTMLP(config)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        a = self.attn(self.ln_1(x), mask=mask, is_causal=True, cache=cache, positions=positions)
+        x = x + self.hook_attn_out(a)
+        x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
+        return self.hook_resid_post(x)
+
+
+class GPT(nn.Module):
+    """A GPT-2 style decoder-only language model.
+
+    Args:
+        config: a :class:`~attnlab.models.config.GPTConfig` (default GPT-2 small, 124M).
+
+    Weights are initialised as GPT-2's: normal with std 0.02, and std ``0.02 / √(2 · n_layer)``
+    for the projections that write into the residual stream (``c_proj``), so the stream's variance
+    does not grow with depth (Radford et al. 2019, §2.3).
+
+    Shape:
+        - input_ids ``(B, T)`` integer token ids in ``[0, vocab_size)``
+        - attention_mask ``(B, T_past + T)``, 1/True for real tokens, 0/False for (left) padding
+        - logits ``(B, T, vocab_size)``
+
+    Example:
+        >>> model = GPT(GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
+        >>> ids = torch.randint(0, 100, (2, 10))
+        >>> out = model(ids, labels=ids)
+        >>> out.logits.shape, out.loss.shape
+        (torch.Size([2, 10, 100]), torch.Size([]))
+    """
+
+    def __init__(self, config: GPTConfig | None = None) -> None:
+        super().__init__()
+        config = GPTConfig() if config is None else config
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.gradient_checkpointing = config.gradient_checkpointing
+        rotary = (
+            RotaryEmbedding(config.d_head, max_len=config.n_positions, base=config.rope_base)
+            if config.positions == "rope"
+            else None
+        )
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
+        if config.positions == "learned":
+            modules["wpe"] = LearnedPositionalEmbedding(config.n_positions, config.n_embd)
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList(GPTBlock(config, rotary) for _ in range(config.n_layer))
+        modules["ln_f"] = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
+        self.apply(self._init_weights)
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=residual_std)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # -- forward --
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: ModelCache | None = None,
+    ) -> CausalLMOutput:
+        """Next-token logits (and the loss when ``labels`` are given).
+
+        Args:
+            input_ids: token ids ``(B, T)``; with a ``cache``, only the new tokens.
+            attention_mask: ``(B, T_past + T)``, 1/True = real token, 0/False = padding (bool or
+                integer). Padding keys are hidden, and the position ids are derived from it
+                (``cumsum − 1``, clamped at 0) so that left padding does not shift positions.
+            labels: ``(B, T)`` targets, usually ``input_ids``; shifted inside (token ``t`` predicts
+                ``labels[t + 1]``); ``-100`` is ignored.
+            position_ids: ``(B, T)`` or ``(T,)``; overrides the ones derived from the mask.
+            cache: a :class:`~attnlab.decoding.cache.ModelCache` from :meth:`new_cache`; the new
+                keys/values are appended to it.
+
+        Returns:
+            :class:`~attnlab.models.outputs.CausalLMOutput` with ``logits`` ``(B, T, vocab_size)``,
+            ``loss`` (mean cross-entropy, fp32) when ``labels`` are given, and ``cache``.
+
+        Raises:
+            ValueError: the input is longer than ``n_positions``, a token id is outside
+                ``[0, vocab_size)``, or shapes disagree. TypeError: wrong dtypes.
+        """
+        cfg = self.config
+        b, t = self._check_input_ids(input_ids)
+        past = self._check_cache(cache, b)
+        if past + t > cfg.n_positions:
+            raise ValueError(
+                f"input_ids has {t} tokens after {past} cached ones ({past + t} positions), longer than "
+                f"the position table: n_positions = {cfg.n_positions}"
+            )
+        keep = self._check_attention_mask(attention_mask, b, past + t)
+        padding, positions = None, None
+        if keep is not None and not bool(keep.all()):
+            padding = masks.from_key_padding_mask(~keep)  # (B, 1, 1, T_past + T), True = attend
+            # left padding: a token's position counts only the real tokens before it
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if position_ids is not None:
+            positions = self._check_position_ids(position_ids, b, t)
+        if positions is None and cfg.positions != "alibi":
+            positions = torch.arange(past, past + t, device=input_ids.device)  # (T,)
+
+        x = self.transformer.wte(input_ids)  # (B, T, n_embd)
+        if cfg.positions == "learned":
+            x = x + self.transformer.wpe(positions)  # (B, T, n_embd) or (T, n_embd), broadcast
+        x = self.transformer.drop(x)
+
+        mask: torch.Tensor | None = padding
+        if cfg.positions == "alibi":
+            # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
+            bias = alibi_bias(cfg.n_head, t, past + t, device=x.device)  # (H, T, T_past + T)
+            mask = masks.combine(bias, padding)
+        rope_positions = positions if cfg.positions == "rope" else None
+
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for i, block in enumerate(self.transformer.h):
+            layer_cache = None if cache is None else cache.layers[i]
+            if checkpointing and layer_cache is None:
+                x = checkpoint(block, x, mask, None, rope_positions, use_reentrant=False)
+            else:
+                x = block(x, mask, layer_cache, rope_positions)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss(logits, labels)
+        return CausalLMOutput(logits=logits, loss=loss, cache=cache)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Next-token cross-entropy, in fp32:
+
+            L = −(1/N) Σ_{t : y_{t+1} ≠ −100} log softmax(logits_t)[y_{t+1}]
+
+        Args:
+            logits: ``(B, T, vocab_size)``.
+            labels: ``(B, T)``; shifted here, ``-100`` ignored.
+
+        Returns:
+            the mean loss, a scalar (NaN when every label is ignored, as in PyTorch).
+        """
+        check_tensor("labels", labels)
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(
+                f"labels must have the shape of input_ids (B, T) = {shape_str(logits.shape[:2])}, "
+                f"got {shape_str(labels.shape)}"
+            )
+        if labels.is_floating_point() or labels.dtype == torch.bool:
+            raise TypeError(f"labels must be integer token ids, got dtype {labels.dtype}")
+        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T): y_{t+1}
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
+        )
+
+    # -- decoding --
+
+    def new_cache(
+        self,
+        batch: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> ModelCache:
+        """An empty KV cache for decoding: one :class:`~attnlab.decoding.cache.KVCache` per block.
+
+        Args:
+            batch: batch size ``B``.
+            capacity: the most positions it holds (prompt + new tokens).
+            dtype: default the autocast dtype when autocast is on for the model's device, else
+                the parameters' dtype.
+            device: default the parameters' device.
+
+        Returns:
+            a :class:`~attnlab.decoding.cache.ModelCache` holding
+            ``2 · n_layer · B · H_kv · capacity · d_head`` numbers.
+        """
+        check_positive_int("batch", batch)
+        check_positive_int("capacity", capacity)
+        p = self.transformer.wte.weight
+        device = p.device if device is None else torch.device(device)
+        if dtype is None:
+            dtype = p.dtype
+            if torch.is_autocast_enabled(device.type):
+                dtype = torch.get_autocast_dtype(device.type)
+        cfg = self.config
+        layers = [
+            KVCache(batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=device)
+            for _ in range(cfg.n_layer)
+        ]
+        return ModelCache(layers)
+
+    # -- Hugging Face interop --
+
+    @classmethod
+    def from_hf(cls, model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
+        """A GPT with the weights of a ``transformers.GPT2LMHeadModel``, or of one saved in a local
+        directory (never downloaded). See :func:`attnlab.models.hf.from_hf`."""
+        from attnlab.models.hf import from_hf
+
+        return from_hf(model_or_directory)
+
+    def to_hf(self, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
+        """This model's weights in a ``transformers.GPT2LMHeadModel``. See
+        :func:`attnlab.models.hf.to_hf`."""
+        from attnlab.models.hf import to_hf
+
+        return to_hf(self, attn_implementation=attn_implementation)
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        """Number of parameters (the tied ``lm_head`` counted once); optionally without the
+        position and token embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.transformer.wte.weight.numel()
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
+        return n
+
+    # -- checks --
+
+    def _check_input_ids(self, input_ids: object) -> tuple[int, int]:
+        ids = check_tensor("input_ids", input_ids)
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {shape_str(ids.shape)}")
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = hi if hi >= self.config.vocab_size else lo
+                raise ValueError(
+                    f"input_ids must lie in [0, vocab_size = {self.config.vocab_size}), got token id {bad}"
+                )
+        return ids.shape[0], ids.shape[1]
+
+    def _check_cache(self, cache: object, batch: int) -> int:
+        if cache is None:
+            return 0
+        if not isinstance(cache, ModelCache):
+            raise TypeError(f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}")
+        if len(cache.layers) != self.config.n_layer:
+            raise ValueError(
+                f"cache has {len(cache.layers)} layers, the model n_layer = {self.config.n_layer}"
+            )
+        if cache.layers[0].k.shape[0] != batch:
+            raise ValueError(
+                f"cache was made for batch {cache.layers[0].k.shape[0]}, input_ids has batch {batch}"
+            )
+        return cache.length
+
+    @staticmethod
+    def _check_attention_mask(mask: object, batch: int, total: int) -> torch.Tensor | None:
+        if mask is None:
+            return None
+        mask = check_tensor("attention_mask", mask)
+        if mask.is_floating_point() or mask.is_complex():
+            raise TypeError(
+                f"attention_mask must be 0/1 integers or bool (1 = real token), got dtype {mask.dtype}"
+            )
+        if mask.shape != (batch, total):
+            raise ValueError(
+                f"attention_mask must have shape (B, T_past + T) = ({batch}, {total}), "
+                f"got {shape_str(mask.shape)}"
+            )
+        return mask.bool()
+
+    @staticmethod
+    def _check_position_ids(position_ids: object, batch: int, t: int) -> torch.Tensor:
+        pos = check_tensor("position_ids", position_ids)
+        if pos.is_floating_point() or pos.dtype == torch.bool:
+            raise TypeError(f"position_ids must be integers, got dtype {pos.dtype}")
+        if pos.dim() == 2 and pos.shape[0] == 1:
+            pos = pos[0]
+        if not (pos.shape == (t,) or pos.shape == (batch, t)):
+            raise ValueError(
+                f"position_ids must have shape (B, T) = ({batch}, {t}) or (T,) = ({t},), "
+                f"got {shape_str(pos.shape)}"
+            )
+        return pos

@@ -1,0 +1,171 @@
+"""Hugging Face GPT-2 interop: weights in and out of ``transformers.GPT2LMHeadModel``.
+
+The parameter names are the same on both sides; only the layout of the linear layers differs.
+Hugging Face's GPT-2 uses ``Conv1D`` (``y = x W + b`` with ``W`` of shape ``(in, out)``) where
+attnlab uses ``nn.Linear`` (``y = x Wᵀ + b``, ``W`` of shape ``(out, in)``), so the weights of
+``c_attn``, ``c_proj`` and ``c_fc`` are transposed on the way in and out.
+
+``transformers`` is imported only when these functions are called; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnlab.models.config import GPTConfig
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attnlab.models.gpt import GPT
+
+__all__ = ["config_from_hf", "config_to_hf", "from_hf", "to_hf"]
+
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
+    """The :class:`~attnlab.models.config.GPTConfig` of a ``transformers.GPT2Config``.
+
+    Raises:
+        ValueError: for GPT-2 options attnlab does not implement (another activation, ``n_inner``
+            other than ``4 · n_embd``, unscaled or layer-scaled attention, cross-attention).
+    """
+    act = hf_config.activation_function
+    if act not in _GELU_TANH:
+        raise ValueError(f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}")
+    n_inner = getattr(hf_config, "n_inner", None)
+    if n_inner is not None and n_inner != 4 * hf_config.n_embd:
+        raise ValueError(f"n_inner must be None or 4 * n_embd = {4 * hf_config.n_embd}, got {n_inner}")
+    if not hf_config.scale_attn_weights or hf_config.scale_attn_by_inverse_layer_idx:
+        raise ValueError(
+            "scale_attn_weights must be True and scale_attn_by_inverse_layer_idx False "
+            f"(scores scaled by 1/sqrt(d_head)), got {hf_config.scale_attn_weights} and "
+            f"{hf_config.scale_attn_by_inverse_layer_idx}"
+        )
+    if getattr(hf_config, "add_cross_attention", False):
+        raise ValueError("add_cross_attention must be False: attnlab's GPT is decoder-only")
+    return GPTConfig(
+        vocab_size=hf_config.vocab_size,
+        n_positions=hf_config.n_positions,
+        n_embd=hf_config.n_embd,
+        n_layer=hf_config.n_layer,
+        n_head=hf_config.n_head,
+        dropout=float(hf_config.resid_pdrop),
+        layer_norm_epsilon=float(hf_config.layer_norm_epsilon),
+    )
+
+
+def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT2Config:
+    """A ``transformers.GPT2Config`` for a :class:`~attnlab.models.config.GPTConfig`.
+
+    Raises:
+        ValueError: for options GPT-2 does not have (grouped-query heads, rope/alibi, no biases).
+    """
+    from transformers import GPT2Config
+
+    if config.kv_heads != config.n_head:
+        raise ValueError(
+            f"num_kv_heads must be None or n_head = {config.n_head} for GPT-2, got {config.num_kv_heads}"
+        )
+    if config.positions != "learned":
+        raise ValueError(f"positions must be 'learned' for GPT-2, got {config.positions!r}")
+    if not config.bias:
+        raise ValueError("bias must be True for GPT-2, got False")
+    special = min(50256, config.vocab_size - 1)  # GPT-2's <|endoftext|>, inside a small vocabulary
+    return GPT2Config(
+        vocab_size=config.vocab_size,
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        activation_function="gelu_new",
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        bos_token_id=special,
+        eos_token_id=special,
+        attn_implementation=attn_implementation,
+    )
+
+
+def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
+    """A :class:`~attnlab.GPT` with the weights of a Hugging Face GPT-2.
+
+    Args:
+        model_or_directory: a ``transformers.GPT2LMHeadModel``, or a local directory written by
+            its ``save_pretrained`` (loaded with ``local_files_only=True``; never the Hub).
+
+    Returns:
+        the model on the same device, in the same dtype, in eval mode (like ``from_pretrained``).
+
+    Example:
+        >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4))
+        >>> gpt = GPT.from_hf(hf)
+    """
+    from transformers import GPT2LMHeadModel
+
+    from attnlab.models.gpt import GPT
+
+    if isinstance(model_or_directory, (str, Path)):
+        path = Path(model_or_directory)
+        if not path.is_dir():
+            raise ValueError(
+                f"model_or_directory must be a GPT2LMHeadModel or a local directory, got {str(path)!r} "
+                "(not a directory; attnlab never downloads from the Hub)"
+            )
+        model_or_directory = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
+    if not isinstance(model_or_directory, GPT2LMHeadModel):
+        raise TypeError(
+            "model_or_directory must be a transformers.GPT2LMHeadModel or a directory path, "
+            f"got {type(model_or_directory).__name__}"
+        )
+    hf = model_or_directory
+    config = config_from_hf(hf.config)
+    with torch.device("meta"):  # no random init: every parameter is replaced below
+        gpt = GPT(config)
+    state = {}
+    with torch.no_grad():
+        for name, tensor in hf.state_dict().items():
+            if name.endswith((".attn.bias", ".attn.masked_bias")):
+                continue  # causal-mask buffers of older transformers versions
+            t = tensor.t() if name.endswith(_CONV1D) else tensor
+            state[name] = t.clone(memory_format=torch.contiguous_format)
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    gpt.load_state_dict(state, strict=True, assign=True)
+    gpt.lm_head.weight = gpt.transformer.wte.weight  # assign=True made two Parameters: tie again
+    return gpt.train(hf.training)
+
+
+def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
+    """A ``transformers.GPT2LMHeadModel`` with the weights of a :class:`~attnlab.GPT`.
+
+    Args:
+        gpt: the model; it must be GPT-2 shaped (learned positions, biases, ``num_kv_heads``
+            equal to ``n_head``).
+        attn_implementation: Hugging Face's attention (``"sdpa"`` or ``"eager"``).
+
+    Returns:
+        the Hugging Face model on the same device and dtype, in the same train/eval mode.
+    """
+    from transformers import GPT2LMHeadModel
+
+    hf_config = config_to_hf(gpt.config, attn_implementation=attn_implementation)
+    ref = gpt.transformer.wte.weight
+    hf = GPT2LMHeadModel(hf_config).to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        state = {
+            name: (t.t() if name.endswith(_CONV1D) else t).contiguous()
+            for name, t in gpt.state_dict().items()
+        }
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith((".attn.bias", ".attn.masked_bias"))]
+    if missing or unexpected:
+        raise ValueError(f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}")
+    hf.tie_weights()
+    return hf.train(gpt.training)

@@ -1,0 +1,391 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017, "Attention Is All You Need").
+
+Read top to bottom in the order the data flows:
+
+    source tokens ─► embed·√d_model + PE ─► N × EncoderLayer ─► memory
+    target tokens ─► embed·√d_model + PE ─► N × DecoderLayer(memory) ─► linear ─► logits
+
+The padding masks and the look-ahead rule come from ``config.pad_id`` when none are given. With a
+KV cache, :meth:`Transformer.decode` takes only the new target tokens; their positions start at
+``cache.length``, the self-attention caches grow, and the cross-attention caches are filled with the
+projected memory on the first step and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.decoding.cache import KVCache, ModelCache
+from attnlab.models.config import TransformerConfig
+from attnlab.models.outputs import Seq2SeqOutput
+from attnlab.nn import masks
+from attnlab.nn.hooks import HookPoint
+from attnlab.nn.layers import DecoderLayer, EncoderLayer
+from attnlab.nn.positional import SinusoidalPositionalEncoding
+
+__all__ = ["Seq2SeqCache", "Transformer", "TransformerDecoder", "TransformerEncoder"]
+
+
+class Seq2SeqCache(ModelCache):
+    """A decoder's :class:`~attnlab.decoding.cache.ModelCache` that also remembers the target
+    tokens seen so far (for their padding mask) and the source mask given on the first step.
+
+    Attributes:
+        layers: one growing self-attention :class:`KVCache` per decoder layer.
+        cross: one static cross-attention :class:`KVCache` per decoder layer.
+        tokens: ``(B, capacity)`` target ids so far (``pad_id`` beyond ``length``).
+        src_mask: the source mask of the first decode step, reused when a later step passes none.
+    """
+
+    def __init__(self, layers: list[KVCache], cross: list[KVCache], tokens: torch.Tensor) -> None:
+        super().__init__(layers, cross)
+        self.tokens = tokens
+        self.src_mask: torch.Tensor | None = None
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows everywhere (beam search): row ``b`` becomes old row ``index[b]``."""
+        super().reorder(index)
+        self.tokens = self.tokens.index_select(0, index)
+        if self.src_mask is not None and self.src_mask.shape[0] > 1:
+            self.src_mask = self.src_mask.index_select(0, index)
+
+
+class TransformerEncoder(nn.Module):
+    """The encoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
+
+    Shape:
+        x ``(B, S, d_model)``, mask broadcastable to ``(B, H, S, S)`` → ``(B, S, d_model)``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                c.d_model, c.num_heads, c.d_ff,
+                num_kv_heads=c.num_kv_heads, dropout=c.dropout,
+                attention_dropout=c.attention_dropout, activation=c.activation,  # type: ignore[arg-type]
+                norm_first=c.norm_first, layer_norm_eps=c.layer_norm_eps, backend=c.backend,  # type: ignore[arg-type]
+            )
+            for _ in range(c.num_encoder_layers)
+        )  # fmt: skip
+        self.norm: nn.Module = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class TransformerDecoder(nn.Module):
+    """The decoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
+
+    Shape:
+        x ``(B, T, d_model)``, memory ``(B, S, d_model)`` → ``(B, T, d_model)``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                c.d_model, c.num_heads, c.d_ff,
+                num_kv_heads=c.num_kv_heads, dropout=c.dropout,
+                attention_dropout=c.attention_dropout, activation=c.activation,  # type: ignore[arg-type]
+                norm_first=c.norm_first, layer_norm_eps=c.layer_norm_eps, backend=c.backend,  # type: ignore[arg-type]
+            )
+            for _ in range(c.num_decoder_layers)
+        )  # fmt: skip
+        self.norm: nn.Module = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        *,
+        self_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        cache: ModelCache | None = None,
+    ) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                memory,
+                self_mask=self_mask,
+                is_causal=True,
+                memory_mask=memory_mask,
+                self_cache=None if cache is None else cache.layers[i],
+                cross_cache=None if cache is None or cache.cross is None else cache.cross[i],
+            )
+        return self.norm(x)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer (Vaswani et al. 2017).
+
+    * §3.1 encoder and decoder stacks, post-norm (the paper) or pre-norm (``norm_first``);
+    * §3.3 position-wise feed-forward networks;
+    * §3.4 embeddings multiplied by ``√d_model``; optionally one matrix shared by the source and
+      target embeddings (``share_embeddings``) and by the pre-softmax projection (``tie_output``);
+    * §3.5 sinusoidal positional encodings, then dropout (§5.4);
+    * §5.4 label-smoothed cross-entropy when targets are given.
+
+    Args:
+        config: a :class:`~attnlab.models.config.TransformerConfig`.
+
+    Shape:
+        - src ``(B, S)``, tgt_in / targets ``(B, T)`` integer ids
+        - memory ``(B, S, d_model)``; logits ``(B, T, tgt_vocab_size)``
+        - src_mask broadcastable to ``(B, H, ·, S)``; default ``masks.padding_mask(src, pad_id)``
+          ``(B, 1, 1, S)``
+
+    Hook points:
+        ``hook_src_embed``, ``hook_tgt_embed`` (embeddings + positions after dropout),
+        ``hook_memory`` (encoder output), and those of every layer, e.g.
+        ``decoder.layers.0.cross_attn.hook_weights``.
+
+    Example:
+        >>> cfg = TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, num_heads=4,
+        ...                         num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
+        >>> model = Transformer(cfg)
+        >>> src = torch.randint(3, 50, (2, 7)); tgt = torch.randint(3, 50, (2, 5))
+        >>> out = model(src, tgt[:, :-1], targets=tgt[:, 1:])
+        >>> out.logits.shape, out.loss.shape
+        (torch.Size([2, 4, 50]), torch.Size([]))
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        self.config = config
+        c = config
+        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
+        self.tgt_embed = (
+            self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model)
+        )
+        self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)
+        self.dropout = nn.Dropout(c.dropout)
+        self.encoder = TransformerEncoder(c)
+        self.decoder = TransformerDecoder(c)
+        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.hook_src_embed = HookPoint()
+        self.hook_tgt_embed = HookPoint()
+        self.hook_memory = HookPoint()
+        # Embeddings ~ N(0, 1/d_model), so that embed·√d_model has unit variance, like the PE.
+        nn.init.normal_(self.src_embed.weight, std=c.d_model**-0.5)
+        nn.init.normal_(self.tgt_embed.weight, std=c.d_model**-0.5)
+        if c.tie_output:
+            self.lm_head.weight = self.tgt_embed.weight
+        else:
+            nn.init.xavier_uniform_(self.lm_head.weight)
+
+    # -- embeddings --
+
+    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, offset: int) -> torch.Tensor:
+        # §3.4, §3.5: x = Dropout(Embedding(tokens) · √d_model + PE(offset + t))
+        x = table(tokens) * math.sqrt(self.config.d_model)  # (B, T, d_model)
+        return self.dropout(self.positions(x, offset=offset))
+
+    # -- encoder --
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the encoder.
+
+        Args:
+            src: source ids ``(B, S)``.
+            src_mask: mask over source keys, ``True = may attend``; default
+                ``masks.padding_mask(src, pad_id)``.
+
+        Returns:
+            memory ``(B, S, d_model)``. Rows at padded positions are computed but never read
+            when the same ``src_mask`` is passed to :meth:`decode`.
+        """
+        _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
+        if src_mask is None:
+            src_mask = masks.padding_mask(src, self.config.pad_id)
+        x = self.hook_src_embed(self._embed(src, self.src_embed, 0))
+        return self.hook_memory(self.encoder(x, src_mask))
+
+    # -- decoder --
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        *,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        cache: ModelCache | None = None,
+    ) -> Seq2SeqOutput:
+        """Run the decoder on target tokens given the encoder memory.
+
+        Args:
+            tgt: target ids ``(B, T)``; with a cache only the new tokens (positions
+                ``cache.length …``).
+            memory: encoder output ``(B, S, d_model)``.
+            src_mask: mask over memory positions, e.g. ``masks.padding_mask(src, pad_id)``. Without
+                one every memory position is visible — pass it when the source is padded. With a
+                cache it is remembered from the first step.
+            tgt_mask: mask over target keys (past + new), broadcastable to
+                ``(B, H, T, T_past + T)``; default the padding mask of the target ids from
+                ``pad_id``. The look-ahead rule always applies on top (bottom-right aligned).
+            cache: from :meth:`new_cache`; self-attention caches grow by ``T``, cross-attention
+                caches are filled on the first step.
+
+        Returns:
+            :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
+            and ``cache``.
+        """
+        c = self.config
+        _check_tokens("tgt", tgt, c.tgt_vocab_size, "tgt_vocab_size")
+        check_tensor("memory", memory)
+        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[2] != c.d_model:
+            raise ValueError(
+                f"memory must have shape (B, S, d_model) = ({tgt.shape[0]}, S, {c.d_model}), "
+                f"got {shape_str(memory.shape)}"
+            )
+        past, t = 0, tgt.shape[1]
+        key_tokens = tgt
+        if cache is not None:
+            past = cache.length
+            if past + t > cache.capacity:
+                raise ValueError(
+                    f"KV cache capacity exceeded: it holds {past} of {cache.capacity} positions "
+                    f"and {t} more were added; make the cache larger (max_length)"
+                )
+            if isinstance(cache, Seq2SeqCache):
+                if cache.tokens.shape[0] != tgt.shape[0]:
+                    raise ValueError(
+                        f"tgt has batch {tgt.shape[0]} but the cache was made for batch "
+                        f"{cache.tokens.shape[0]}"
+                    )
+                cache.tokens[:, past : past + t] = tgt
+                key_tokens = cache.tokens[:, : past + t]
+                if src_mask is None:
+                    src_mask = cache.src_mask
+                else:
+                    cache.src_mask = src_mask
+        if tgt_mask is None and (cache is None or isinstance(cache, Seq2SeqCache)):
+            tgt_mask = masks.padding_mask(key_tokens, c.pad_id)  # (B, 1, 1, T_past + T)
+        x = self.hook_tgt_embed(self._embed(tgt, self.tgt_embed, past))
+        x = self.decoder(x, memory, self_mask=tgt_mask, memory_mask=src_mask, cache=cache)
+        return Seq2SeqOutput(logits=self.lm_head(x), cache=cache)  # (B, T, tgt_vocab_size)
+
+    # -- training forward --
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        *,
+        targets: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+    ) -> Seq2SeqOutput:
+        """Encode ``src``, decode ``tgt_in`` (teacher forcing) and, with ``targets``, the loss.
+
+        §5.4, label smoothing ``ε_ls``: the target distribution puts ``1 − ε_ls`` on the true
+        token and spreads ``ε_ls`` uniformly over the vocabulary,
+
+            loss = mean over non-pad targets of  −Σ_v q(v) log softmax(logits)_v
+
+        (``F.cross_entropy(label_smoothing=ε_ls, ignore_index=pad_id)``).
+
+        Args:
+            src: source ids ``(B, S)``.
+            tgt_in: decoder input ids ``(B, T)`` (``<bos> y_1 … y_{T-1}``).
+            targets: ids to predict ``(B, T)`` (``y_1 … y_T``); ``pad_id`` entries are ignored.
+            src_mask: default ``masks.padding_mask(src, pad_id)``.
+            tgt_mask: default ``masks.padding_mask(tgt_in, pad_id)`` (plus the look-ahead rule).
+
+        Returns:
+            :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
+            and ``loss`` (a scalar) when targets are given.
+        """
+        if src_mask is None:
+            _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
+            src_mask = masks.padding_mask(src, self.config.pad_id)
+        memory = self.encode(src, src_mask)
+        out = self.decode(tgt_in, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        if targets is not None:
+            check_tensor("targets", targets)
+            if targets.shape != tgt_in.shape:
+                raise ValueError(
+                    f"targets must have the shape of tgt_in {shape_str(tgt_in.shape)}, "
+                    f"got {shape_str(targets.shape)}"
+                )
+            out.loss = F.cross_entropy(
+                out.logits.flatten(0, 1).float(),
+                targets.flatten(),
+                ignore_index=self.config.pad_id,
+                label_smoothing=self.config.label_smoothing,
+            )
+        return out
+
+    # -- KV cache --
+
+    def new_cache(
+        self,
+        batch: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        src_len: int | None = None,
+    ) -> Seq2SeqCache:
+        """A preallocated decoder cache.
+
+        Args:
+            batch: batch size ``B``.
+            capacity: the most target positions it holds.
+            dtype: default the autocast dtype when autocast is on, else the parameters' dtype.
+            device: default the parameters' device.
+            src_len: capacity of the cross-attention caches; default ``config.max_len``.
+
+        Returns:
+            a :class:`Seq2SeqCache` with one self-attention and one cross-attention
+            :class:`~attnlab.decoding.cache.KVCache` per decoder layer.
+        """
+        check_positive_int("batch", batch)
+        check_positive_int("capacity", capacity)
+        c = self.config
+        src_len = c.max_len if src_len is None else check_positive_int("src_len", src_len)
+        param = self.lm_head.weight
+        device = param.device if device is None else torch.device(device)
+        if dtype is None:
+            autocast = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type) if autocast else param.dtype
+        kw = dict(dtype=dtype, device=device)
+        layers = [
+            KVCache(batch, c.kv_heads, capacity, c.d_head, **kw)  # type: ignore[arg-type]
+            for _ in range(c.num_decoder_layers)
+        ]
+        cross = [
+            KVCache(batch, c.kv_heads, src_len, c.d_head, **kw)  # type: ignore[arg-type]
+            for _ in range(c.num_decoder_layers)
+        ]
+        tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)
+        return Seq2SeqCache(layers, cross, tokens)
+
+
+def _check_tokens(name: str, tokens: object, vocab_size: int, vocab_name: str) -> None:
+    t = check_tensor(name, tokens)
+    if t.dim() != 2 or t.shape[1] == 0:
+        raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {shape_str(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+    if t.numel() and (int(t.max()) >= vocab_size or int(t.min()) < 0):
+        raise ValueError(
+            f"{name} ids must lie in [0, {vocab_name} = {vocab_size}), "
+            f"got values in [{int(t.min())}, {int(t.max())}]"
+        )

@@ -1,0 +1,435 @@
+"""Checkpoints: one directory per saved step, written atomically, validated when loaded.
+
+Layout of a run folder::
+
+    RUN/
+      metrics.jsonl                 (the trainer's log)
+      checkpoints/
+        latest                      text file naming the newest checkpoint, e.g. "step-00000040"
+        step-00000020/
+        step-00000040/
+          config.json               the run's configuration (any JSON object; see below)
+          model.safetensors         the model's parameters and buffers
+          training_state.json       step, scheduler, optimizer hyper-parameters, RNG states,
+                                    data position … (everything that is not a tensor)
+          training_state.safetensors   the tensors of the training state (optimizer moments, …)
+          <files>                   opaque files of the task, e.g. tokenizer.json
+          manifest.json             size and SHA-256 of every file above, written last
+
+Saving writes everything into a temporary sibling (``checkpoints/.tmp-…``), fsyncs every file
+and the directory, renames it into place and only then replaces the ``latest`` pointer (written
+to ``latest.tmp``, fsynced, ``os.replace``d). A process killed at any moment therefore leaves the
+previous checkpoint and a ``latest`` that names a complete directory. Old checkpoints beyond
+``keep_last`` are deleted after the pointer moved.
+
+Loading goes through :func:`resolve_checkpoint` (a run folder, its ``checkpoints`` folder or one
+checkpoint directory are all accepted), and :func:`verify_checkpoint` checks every file against
+the manifest, so a truncated or corrupted checkpoint gives one :class:`CheckpointError` line.
+Tensors are read only with ``safetensors`` (never pickle).
+
+The training state is a nested tree of dicts (any hashable JSON-able keys), lists, tuples,
+numbers, strings, ``None``, numpy arrays and tensors; :func:`save_checkpoint` stores the tensors
+in ``training_state.safetensors`` and the rest in JSON, and :func:`load_training_state` rebuilds
+the same tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+__all__ = [
+    "CheckpointError",
+    "list_checkpoints",
+    "load_config",
+    "load_model_weights",
+    "load_training_state",
+    "read_checkpoint_file",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MANIFEST = "manifest.json"
+CONFIG = "config.json"
+MODEL = "model.safetensors"
+STATE_JSON = "training_state.json"
+STATE_TENSORS = "training_state.safetensors"
+FORMAT = "attnlab-checkpoint"
+_RESERVED = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST}
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupted or does not fit the model."""
+
+
+# --------------------------------------------------------------------------- tree <-> JSON
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A JSON-able tree; tensors are moved into ``tensors`` and referenced by key."""
+    if isinstance(obj, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[_encode(k, tensors), _encode(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(
+        f"training state must hold dicts, lists, tuples, numbers, strings, arrays or tensors, "
+        f"got {type(obj).__name__}"
+    )
+
+
+def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__ndarray__" in obj:
+            return np.asarray(obj["__ndarray__"], dtype=obj["dtype"])
+        if "__tuple__" in obj:
+            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+        if "__items__" in obj:
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
+        return {k: _decode(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_name(name: str) -> str:
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts or not p.parts or name in _RESERVED:
+        raise ValueError(
+            f"files keys must be relative file names inside the checkpoint other than "
+            f"{sorted(_RESERVED)}, got {name!r}"
+        )
+    return name
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    return True
+
+
+def _remove_stale_temporaries(root: Path) -> None:
+    """Delete ``.tmp-*`` folders left by processes that died mid-save."""
+    for p in root.glob(".tmp-*"):
+        m = re.search(r"-pid(\d+)$", p.name)
+        if m is None or not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def step_dir_name(step: int) -> str:
+    """``step-00000040`` — the name of the checkpoint of ``step``."""
+    return f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The checkpoint directories of a run folder as ``(step, path)``, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    model: torch.nn.Module,
+    config: Mapping[str, Any],
+    training_state: Mapping[str, Any] | None = None,
+    files: Mapping[str, str | bytes | os.PathLike[str]] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Save one checkpoint atomically into ``run_dir/checkpoints/step-NNNNNNNN``.
+
+    Args:
+        run_dir: the run folder (created if missing).
+        step: the number of optimizer steps done (>= 0).
+        model: the model whose ``state_dict`` goes to ``model.safetensors`` (shared/tied tensors
+            are stored once, as ``safetensors.torch.save_model`` does).
+        config: a JSON-able mapping written to ``config.json``.
+        training_state: a tree of dicts/lists/numbers/strings/tensors (see module docstring), or
+            ``None`` for a weights-only checkpoint.
+        files: opaque files of the task (e.g. the tokenizer): name -> ``str`` (written as UTF-8),
+            ``bytes``, or a path to copy.
+        keep_last: keep only this many newest checkpoints (``None`` keeps all).
+
+    Returns:
+        The path of the checkpoint directory. If a checkpoint of this step already exists, it is
+        kept as it is (a step's state is determined by the run) and its path returned.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(root)
+    final = root / step_dir_name(step)
+    if final.exists():
+        logger.info("checkpoint %s exists; keeping it", final)
+        _write_latest(root, final.name)
+        return final
+    tmp = root / f".tmp-{final.name}-pid{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        _write_bytes(tmp / CONFIG, json.dumps(dict(config), indent=2, sort_keys=True).encode())
+        save_model(model, str(tmp / MODEL), metadata={"format": "pt"})
+        if training_state is not None:
+            tensors: dict[str, torch.Tensor] = {}
+            tree = _encode(dict(training_state), tensors)
+            save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": "pt"})
+            _write_bytes(tmp / STATE_JSON, json.dumps(tree).encode())
+        for name, content in (files or {}).items():
+            target = tmp / _check_name(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str):
+                _write_bytes(target, content.encode("utf-8"))
+            elif isinstance(content, bytes):
+                _write_bytes(target, content)
+            else:
+                shutil.copyfile(content, target)
+        entries = {}
+        for p in sorted(tmp.rglob("*")):
+            if p.is_file():
+                _fsync_file(p)
+                entries[p.relative_to(tmp).as_posix()] = {
+                    "size": p.stat().st_size,
+                    "sha256": _sha256(p),
+                }
+        manifest = {"format": FORMAT, "version": 1, "step": step, "files": entries}
+        _write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
+            _fsync_dir(d)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_latest(root, final.name)
+    if keep_last is not None:
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f"{LATEST}.tmp"
+    _write_bytes(tmp, (name + "\n").encode())
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint directory meant by ``path``.
+
+    Args:
+        path: a checkpoint directory, a run folder, or a run's ``checkpoints`` folder (the
+            ``latest`` pointer is followed; without it, the newest ``step-*`` directory).
+
+    Returns:
+        The checkpoint directory (not yet verified; see :func:`verify_checkpoint`).
+
+    Raises:
+        CheckpointError: when no checkpoint is found there.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"no checkpoint at {p}: the path does not exist")
+    if (p / MANIFEST).exists() or (p / MODEL).exists():
+        return p
+    root = p if (p / LATEST).exists() or p.name == CHECKPOINTS else p / CHECKPOINTS
+    latest = root / LATEST
+    if latest.is_file():
+        name = latest.read_text(encoding="utf-8", errors="replace").strip()
+        if not _STEP_DIR.match(name) or not (root / name).is_dir():
+            raise CheckpointError(
+                f"checkpoint pointer {latest} names {name!r}, which is not a checkpoint directory"
+            )
+        return root / name
+    found = list_checkpoints(root.parent)
+    if found:
+        return found[-1][1]
+    raise CheckpointError(f"no checkpoint in {p} (expected {CHECKPOINTS}/{LATEST} or a checkpoint)")
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """Check every file of a checkpoint against its manifest (presence, size, SHA-256).
+
+    Args:
+        path: anything :func:`resolve_checkpoint` accepts.
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        CheckpointError: one line naming the first problem (missing, truncated or corrupted file).
+    """
+    ckpt = resolve_checkpoint(path)
+    mpath = ckpt / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT or not isinstance(files, dict):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint {ckpt} is corrupted: {MANIFEST} is unreadable") from None
+    for name, entry in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {ckpt} is incomplete: {name} is missing")
+        size = f.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointError(
+                f"checkpoint {ckpt} is truncated or corrupted: {name} has {size} bytes, "
+                f"expected {entry['size']}"
+            )
+        if _sha256(f) != entry["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {ckpt} is corrupted: {name} does not match its SHA-256 checksum"
+            )
+    return ckpt
+
+
+def load_config(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint (verified first unless ``verify=False``)."""
+    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    try:
+        return json.loads((ckpt / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt}: cannot read {CONFIG} ({exc})") from None
+
+
+def read_checkpoint_file(path: str | os.PathLike[str], name: str) -> bytes:
+    """The bytes of a task file saved with ``files={name: ...}`` (e.g. the tokenizer)."""
+    ckpt = resolve_checkpoint(path)
+    f = ckpt / _check_name(name)
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {ckpt} has no file {name!r}")
+    return f.read_bytes()
+
+
+def load_model_weights(
+    path: str | os.PathLike[str], model: torch.nn.Module, *, strict: bool = True, verify: bool = True
+) -> Path:
+    """Load ``model.safetensors`` into ``model`` (in place).
+
+    Args:
+        path: anything :func:`resolve_checkpoint` accepts.
+        model: a model built from the checkpoint's config.
+        strict: missing or unexpected keys are an error. Default: True.
+        verify: check the manifest first. Default: True.
+
+    Returns:
+        The checkpoint directory.
+    """
+    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    try:
+        missing, unexpected = load_model(model, str(ckpt / MODEL), strict=False)
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint {ckpt}: cannot load {MODEL} ({msg})") from None
+    if strict and (missing or unexpected):
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    return ckpt
+
+
+def load_training_state(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+    """The training state tree saved by :func:`save_checkpoint` (tensors on the CPU)."""
+    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    if not (ckpt / STATE_JSON).is_file():
+        raise CheckpointError(f"checkpoint {ckpt} holds weights only (no {STATE_JSON})")
+    try:
+        tensors = load_file(str(ckpt / STATE_TENSORS))
+        tree = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8"))
+        return _decode(tree, tensors)
+    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint {ckpt}: cannot read the training state ({msg})") from None

@@ -1,0 +1,649 @@
+"""One training loop for every task.
+
+A :class:`Trainer` takes
+
+- ``model``: any ``nn.Module``;
+- ``make_optimizer(model) -> optimizer`` or ``(optimizer, scheduler or None)``;
+- ``batches``: a :class:`BatchSource` — ``next_batch()`` returns the next *global* batch, and
+  ``state_dict()`` / ``load_state_dict()`` save and restore its position (JSON-able values and
+  tensors, e.g. a ``torch.Generator`` state). It must be synchronous and deterministic: after
+  ``load_state_dict(s)`` it returns exactly the batches it returned after ``s`` was taken.
+  :class:`IndexedBatches` turns a function ``index -> batch`` into one;
+- ``loss_fn(model, batch) -> TokenLoss | Tensor``: called with the (possibly
+  DistributedDataParallel-wrapped) model, so it must *call* the model (its ``forward``). Returning
+  a :class:`~attnlab.training.losses.TokenLoss` (mean + number of positions) weights
+  micro-batches and ranks by token count, so gradient accumulation and N processes give the
+  gradient of the whole global batch; a plain tensor counts as one unit;
+- a :class:`TrainConfig`, a run folder, the run's configuration (written to ``config.json``),
+  optional task files (the tokenizer) and an optional ``evaluate(model) -> {name: value}``.
+
+Each optimizer step: ``grad_accum`` micro-batches (each rank keeps its slice of every global
+batch), backward in bf16 autocast when asked, gradients scaled to the token-weighted mean, clipped
+to ``clip``, optimizer and scheduler step. Every step appends a line to ``metrics.jsonl`` in the
+run folder (``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
+"elapsed"}``), evaluation lines (``{"kind": "eval", "step", ...}``) every ``eval_every`` steps and
+at the end, and a checkpoint every ``save_every`` steps and at the end (see
+:mod:`attnlab.training.checkpoint`). Evaluation runs under ``torch.no_grad`` in eval mode with the
+random states saved and restored around it, so evaluating never changes the training trajectory.
+
+SIGINT (Ctrl-C) and SIGTERM during :meth:`Trainer.fit` finish the current step, save a
+checkpoint and return a :class:`TrainResult` with ``interrupted=True``; a second Ctrl-C aborts at
+once. :meth:`Trainer.resume` restores a run — model, optimizer, scheduler, step, RNG states and
+data position — so that on the CPU the continued run is bit-identical to one that never stopped;
+it refuses (``ValueError``, nothing written) when the run configuration differs from the saved one.
+
+Progress display is a callback (:class:`TrainerCallback`); the command line uses
+:class:`attnlab.training.progress.RichProgress`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from attnlab.training.checkpoint import (
+    load_config,
+    load_model_weights,
+    load_training_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from attnlab.training.distributed import DistInfo, all_reduce_sum, barrier, shard_batch
+from attnlab.training.losses import TokenLoss
+from attnlab.training.rng import get_rng_state, set_rng_state
+
+__all__ = [
+    "BatchSource",
+    "IndexedBatches",
+    "StepMetrics",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainerCallback",
+    "config_difference",
+]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """Where batches come from, with a position that checkpoints can save and restore."""
+
+    def next_batch(self) -> Any:
+        """The next global batch (a tensor or a dict/tuple/dataclass of tensors)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (JSON-able values and tensors)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go back to a position returned by :meth:`state_dict`."""
+        ...
+
+
+class IndexedBatches:
+    """A :class:`BatchSource` from a function of the batch index (0, 1, 2, …).
+
+    Args:
+        make_batch: ``index -> batch``; must be deterministic (derive any randomness from the
+            index, e.g. ``torch.Generator().manual_seed(seed * 1_000_003 + index)``).
+        start: the first index. Default: 0.
+    """
+
+    def __init__(self, make_batch: Callable[[int], Any], start: int = 0) -> None:
+        self.make_batch = make_batch
+        self.index = int(start)
+
+    def next_batch(self) -> Any:
+        batch = self.make_batch(self.index)
+        self.index += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"index": self.index}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.index = int(state["index"])
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (what to train is the task's business).
+
+    Args:
+        steps: total number of optimizer steps of the run (a resumed run continues up to it).
+        grad_accum: micro-batches per optimizer step. Default: 1.
+        clip: clip the gradient's global L2 norm to this (``None``: no clipping). Default: 1.0.
+        bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``. Default: False.
+        eval_every: evaluate every this many steps (0: only at the end). Default: 0.
+        save_every: checkpoint every this many steps (0: only at the end). Default: 0.
+        keep_last: how many checkpoints to keep. Default: 2.
+        log_every: write a train line to ``metrics.jsonl`` every this many steps. Default: 1.
+        eval_at_end: evaluate after the last step. Default: True.
+    """
+
+    steps: int
+    grad_accum: int = 1
+    clip: float | None = 1.0
+    bf16: bool = False
+    eval_every: int = 0
+    save_every: int = 0
+    keep_last: int = 2
+    log_every: int = 1
+    eval_at_end: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "eval_every", "save_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+        for name in ("grad_accum", "keep_last", "log_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.clip is not None and (
+            isinstance(self.clip, bool)
+            or not isinstance(self.clip, (int, float))
+            or not self.clip > 0
+        ):
+            raise ValueError(f"clip must be a positive float or None, got {self.clip!r}")
+
+    def trajectory(self) -> dict[str, Any]:
+        """The fields that change what is computed (saved in ``config.json`` and compared on resume)."""
+        return {"grad_accum": self.grad_accum, "clip": self.clip, "bf16": self.bf16}
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step did.
+
+    Attributes:
+        step: steps done so far (1 after the first step).
+        total_steps: the run's ``TrainConfig.steps``.
+        loss: token-weighted mean training loss of the step (over all ranks).
+        lr: learning rate used by the step (first parameter group).
+        grad_norm: global gradient L2 norm before clipping.
+        tokens: tokens (loss positions) of the step over all ranks.
+        tokens_per_s: tokens per second of the step.
+        elapsed: seconds since :meth:`Trainer.fit` started.
+    """
+
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens: float
+    tokens_per_s: float
+    elapsed: float
+
+
+@dataclass
+class TrainResult:
+    """The end of :meth:`Trainer.fit`.
+
+    Attributes:
+        step: steps done in total.
+        interrupted: stopped early by SIGINT/SIGTERM or :meth:`Trainer.request_stop`.
+        losses: the training loss of each step run by this call.
+        checkpoint: the last checkpoint written (``None`` on ranks other than 0).
+        eval_metrics: the last evaluation, if any.
+        elapsed: seconds.
+    """
+
+    step: int
+    interrupted: bool
+    losses: list[float]
+    checkpoint: Path | None
+    eval_metrics: dict[str, float] | None
+    elapsed: float
+
+
+class TrainerCallback:
+    """Hooks for display; override what you need (all run on rank 0 only)."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Before the first step of :meth:`Trainer.fit`."""
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        """After every optimizer step."""
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        """After every evaluation."""
+
+    def on_save(self, step: int, path: Path) -> None:
+        """After every checkpoint."""
+
+    def on_end(self, result: TrainResult) -> None:
+        """When :meth:`Trainer.fit` returns (also when interrupted)."""
+
+
+def config_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
+    """The first difference between two JSON trees as ``"key: A (saved) vs B (now)"``, or None."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in saved:
+                return f"{name}: absent in the checkpoint vs {current[key]!r} now"
+            if key not in current:
+                return f"{name}: {saved[key]!r} in the checkpoint vs absent now"
+            diff = config_difference(saved[key], current[key], name)
+            if diff:
+                return diff
+        return None
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        for i, (a, b) in enumerate(zip(saved, current)):
+            diff = config_difference(a, b, f"{prefix}[{i}]")
+            if diff:
+                return diff
+        return None
+    if saved != current:
+        return f"{prefix or 'config'}: {saved!r} in the checkpoint vs {current!r} now"
+    return None
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(
+            batch, **{f.name: _to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch)}
+        )
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        batch = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for v in batch:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def _json_ready(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Round-trip through JSON so that tuples and lists compare equal to what is saved."""
+    return json.loads(json.dumps(dict(config)))
+
+
+class Trainer:
+    """The training loop (see the module docstring for the protocol of its arguments).
+
+    Args:
+        model: the model (moved to ``dist.device``; wrapped in DDP when distributed).
+        make_optimizer: ``model -> optimizer`` or ``model -> (optimizer, scheduler | None)``.
+        batches: a :class:`BatchSource` of global batches.
+        loss_fn: ``(model, batch) -> TokenLoss | Tensor``.
+        config: a :class:`TrainConfig`.
+        run_dir: the run folder (checkpoints, ``metrics.jsonl``).
+        run_config: the run's configuration, a JSON-able mapping (e.g. ``{"task": ..., "args":
+            ..., "model": ...}``); ``config.json`` holds it plus ``"train":
+            config.trajectory()``. Resuming with a different one is an error.
+        files: task files stored in every checkpoint (name -> str / bytes / path).
+        evaluate: ``model -> {name: float}``, run on rank 0 with the unwrapped model.
+        callbacks: :class:`TrainerCallback` objects (rank 0 only).
+        dist: the process's :class:`DistInfo` (default: one CPU process).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        make_optimizer: Callable[[nn.Module], Any],
+        batches: BatchSource,
+        loss_fn: Callable[[nn.Module, Any], TokenLoss | torch.Tensor],
+        config: TrainConfig,
+        run_dir: str | os.PathLike[str],
+        run_config: Mapping[str, Any] | None = None,
+        files: Mapping[str, str | bytes | os.PathLike[str]] | None = None,
+        evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
+        callbacks: Sequence[TrainerCallback] = (),
+        dist: DistInfo | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        for name in ("next_batch", "state_dict", "load_state_dict"):
+            if not callable(getattr(batches, name, None)):
+                raise TypeError(
+                    f"batches must provide next_batch/state_dict/load_state_dict, "
+                    f"got {type(batches).__name__} without {name}"
+                )
+        self.dist = dist or DistInfo()
+        self.model = model.to(self.dist.device)
+        self.batches = batches
+        self.loss_fn = loss_fn
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.files = dict(files or {})
+        self.evaluate = evaluate
+        self.callbacks = list(callbacks) if self.dist.is_main else []
+        self.run_config = _json_ready(
+            {**dict(run_config or {}), "train": config.trajectory()}
+        )
+        made = make_optimizer(self.model)
+        if isinstance(made, tuple):
+            self.optimizer, self.scheduler = made
+        else:
+            self.optimizer, self.scheduler = made, None
+        if not isinstance(self.optimizer, Optimizer):
+            raise TypeError(
+                f"make_optimizer must return an Optimizer (or (Optimizer, scheduler)), "
+                f"got {type(self.optimizer).__name__}"
+            )
+        if self.scheduler is not None and not isinstance(self.scheduler, LRScheduler):
+            raise TypeError(
+                f"the scheduler must be a torch LRScheduler, got {type(self.scheduler).__name__}"
+            )
+        self.forward_model: nn.Module = self.model
+        if self.dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
+        self.step = 0
+        self.last_checkpoint: Path | None = None
+        self._saved_step: int | None = None
+        self._evaluated_step: int | None = None
+        self._stop = False
+        self._interrupts = 0
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training state that a checkpoint stores (besides the model)."""
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "data": self.batches.state_dict(),
+            "rng": get_rng_state(),
+        }
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0; other ranks wait). Returns its path."""
+        path = None
+        if self.dist.is_main:
+            path = save_checkpoint(
+                self.run_dir,
+                step=self.step,
+                model=self.model,
+                config=self.run_config,
+                training_state=self.state_dict(),
+                files=self.files,
+                keep_last=self.config.keep_last,
+            )
+            self.last_checkpoint = path
+            for cb in self.callbacks:
+                cb.on_save(self.step, path)
+        self._saved_step = self.step
+        barrier()
+        return path
+
+    def resume(self, path: str | os.PathLike[str] | None = None) -> int:
+        """Restore the run from a checkpoint (default: the latest one of ``run_dir``).
+
+        Args:
+            path: a checkpoint, or a run folder.
+
+        Returns:
+            The step reached by the checkpoint.
+
+        Raises:
+            CheckpointError: no valid checkpoint (one line).
+            ValueError: the checkpoint's configuration differs from this run's.
+        """
+        ckpt = verify_checkpoint(resolve_checkpoint(path or self.run_dir))
+        saved = load_config(ckpt, verify=False)
+        diff = config_difference(saved, self.run_config)
+        if diff:
+            raise ValueError(
+                f"cannot resume {ckpt} with a different configuration ({diff}); "
+                f"nothing was changed"
+            )
+        load_model_weights(ckpt, self.model, verify=False)
+        state = load_training_state(ckpt, verify=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.batches.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self._saved_step = self.step
+        self.last_checkpoint = ckpt
+        if self.dist.is_main:
+            self._truncate_metrics(self.step)
+        barrier()
+        return self.step
+
+    # ------------------------------------------------------------------ metrics
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    def _log(self, record: Mapping[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(record)) + "\n")
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines past ``step`` (written after the checkpoint we resume from)."""
+        if not self.metrics_path.exists():
+            return
+        keep = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                if int(json.loads(line).get("step", 0)) <= step:
+                    keep.append(line)
+            except (ValueError, AttributeError):
+                continue
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+        os.replace(tmp, self.metrics_path)
+
+    # ------------------------------------------------------------------ stopping
+
+    def request_stop(self) -> None:
+        """Stop after the current step (saving a checkpoint), as Ctrl-C does."""
+        self._stop = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1 and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        logger.warning("stopping after this step and saving a checkpoint (Ctrl-C again aborts)")
+        self._stop = True
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in old:
+            signal.signal(s, self._on_signal)
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ------------------------------------------------------------------ loop
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if not self.config.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
+
+    def run_evaluation(self) -> dict[str, float] | None:
+        """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards)."""
+        if self.evaluate is None:
+            return None
+        metrics: dict[str, float] | None = None
+        if self.dist.is_main:
+            rng = get_rng_state()
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with torch.no_grad():
+                    metrics = {k: float(v) for k, v in dict(self.evaluate(self.model)).items()}
+            finally:
+                self.model.train(was_training)
+                set_rng_state(rng)
+            self._log({"kind": "eval", "step": self.step, **metrics})
+            for cb in self.callbacks:
+                cb.on_eval(self.step, metrics)
+        self._evaluated_step = self.step
+        barrier()
+        return metrics
+
+    def _train_step(self) -> tuple[float, float, float, bool]:
+        """One optimizer step. Returns (loss, grad_norm, tokens, stop requested on any rank)."""
+        cfg = self.config
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        weight = 0.0
+        tokens = 0.0
+        for micro in range(cfg.grad_accum):
+            batch = self.batches.next_batch()
+            local = _to_device(shard_batch(batch, self.dist.rank, self.dist.world_size), self.dist.device)
+            sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
+            ctx = contextlib.nullcontext() if sync else self.forward_model.no_sync()  # type: ignore[operator]
+            with ctx:
+                with self._autocast():
+                    out = self.loss_fn(self.forward_model, local)
+                if isinstance(out, TokenLoss):
+                    loss, count = out.loss, float(out.count)
+                    n_tok = count
+                elif isinstance(out, torch.Tensor):
+                    loss, count = out, 1.0
+                    first = _first_tensor(local)
+                    n_tok = float(first.numel()) if first is not None else 1.0
+                else:
+                    raise TypeError(
+                        f"loss_fn must return a TokenLoss or a tensor, got {type(out).__name__}"
+                    )
+                # Σ_micro count · mean  — normalised below by the global count
+                (loss.float() * count).backward()
+            loss_sum += loss.detach().double().cpu() * count
+            weight += count
+            tokens += n_tok
+        totals = torch.tensor(
+            [float(loss_sum), weight, tokens, float(self._stop)], dtype=torch.float64
+        )
+        totals = all_reduce_sum(totals)
+        g_loss, g_weight, g_tokens, g_stop = totals.tolist()
+        # DDP averages gradients over ranks, so grad = (1/W) Σ count·∇mean; rescale to the
+        # token-weighted mean over the global batch: ∇ = W / Σcount · grad
+        scale = self.dist.world_size / max(g_weight, 1e-12)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        if cfg.clip is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
+        else:
+            grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+            norm = float(torch.stack(grads).norm()) if grads else 0.0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return g_loss / max(g_weight, 1e-12), norm, g_tokens, g_stop > 0
+
+    def fit(self) -> TrainResult:
+        """Train up to ``config.steps`` (from the current step; see :meth:`resume`).
+
+        Returns:
+            A :class:`TrainResult`.
+        """
+        cfg = self.config
+        self._stop = False
+        self._interrupts = 0
+        losses: list[float] = []
+        eval_metrics: dict[str, float] | None = None
+        start = time.perf_counter()
+        self.model.train()
+        for cb in self.callbacks:
+            cb.on_start(self)
+        stopped = False
+        with self._signals():
+            while self.step < cfg.steps:
+                lr = float(self.optimizer.param_groups[0]["lr"])
+                t0 = time.perf_counter()
+                loss, norm, tokens, stop = self._train_step()
+                self.step += 1
+                dt = max(time.perf_counter() - t0, 1e-9)
+                losses.append(loss)
+                if not math.isfinite(loss):
+                    logger.warning("step %d: the loss is %s", self.step, loss)
+                m = StepMetrics(
+                    step=self.step,
+                    total_steps=cfg.steps,
+                    loss=loss,
+                    lr=lr,
+                    grad_norm=norm,
+                    tokens=tokens,
+                    tokens_per_s=tokens / dt,
+                    elapsed=time.perf_counter() - start,
+                )
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    self._log({"kind": "train", **dataclasses.asdict(m)})
+                for cb in self.callbacks:
+                    cb.on_step(m)
+                if stop:
+                    stopped = True
+                    break
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    eval_metrics = self.run_evaluation() or eval_metrics
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+            if not stopped and cfg.eval_at_end and self._evaluated_step != self.step:
+                eval_metrics = self.run_evaluation() or eval_metrics
+            if self._saved_step != self.step or self.last_checkpoint is None:
+                self.save()
+        result = TrainResult(
+            step=self.step,
+            interrupted=stopped,
+            losses=losses,
+            checkpoint=self.last_checkpoint if self.dist.is_main else None,
+            eval_metrics=eval_metrics,
+            elapsed=time.perf_counter() - start,
+        )
+        for cb in self.callbacks:
+            cb.on_end(result)
+        return result
