@@ -153,12 +153,12 @@ def run(args: argparse.Namespace) -> int:
             dist=dist,
         )
         if args.resume:
-            done = trainer.resume()
-            if done > args.steps:
-                raise ValueError(
-                    f"--steps must be at least the {done} steps the checkpoint has done, "
-                    f"got {args.steps}"
-                )
+            try:
+                trainer.resume()
+            except ValueError as exc:
+                if str(exc).startswith("steps must be"):
+                    raise ValueError(f"--{exc}") from None
+                raise
         elif dist.is_main and (out / METRICS_FILE).exists():
             (out / METRICS_FILE).unlink()  # left by a run killed before its first checkpoint
         result = trainer.fit()

@@ -423,7 +423,8 @@ class Trainer:
 
         Raises:
             CheckpointError: no valid checkpoint (one line).
-            ValueError: the checkpoint's configuration differs from this run's.
+            ValueError: the checkpoint's configuration differs from this run's, or it has done
+                more than ``config.steps`` steps. Nothing is changed then.
         """
         ckpt = verify_checkpoint(resolve_checkpoint(path or self.run_dir))
         saved = load_config(ckpt, verify=False)
@@ -433,8 +434,13 @@ class Trainer:
                 f"cannot resume {ckpt} with a different configuration ({diff}); "
                 f"nothing was changed"
             )
-        load_model_weights(ckpt, self.model, verify=False)
         state = load_training_state(ckpt, verify=False)
+        if int(state["step"]) > self.config.steps:
+            raise ValueError(
+                f"steps must be at least the {int(state['step'])} steps the checkpoint has done, "
+                f"got {self.config.steps}"
+            )
+        load_model_weights(ckpt, self.model, verify=False)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -472,6 +478,8 @@ class Trainer:
                     keep.append(line)
             except (ValueError, AttributeError):
                 continue
+        if len(keep) == len(self.metrics_path.read_text(encoding="utf-8").splitlines()):
+            return
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
         os.replace(tmp, self.metrics_path)
@@ -625,7 +633,8 @@ class Trainer:
                     self._log({"kind": "train", **dataclasses.asdict(m)})
                 for cb in self.callbacks:
                     cb.on_step(m)
-                if stop:
+                # one process stops at once; several stop together at the next step's all-reduce
+                if stop or (self._stop and not self.dist.distributed):
                     stopped = True
                     break
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
