@@ -148,7 +148,9 @@ def table(shape: Shape, results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small config (seconds, not minutes)")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per model (default 5, quick 10)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="measured steps per model (default 5, quick 10)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
     parser.add_argument(
         "--precision", choices=["fp32", "bf16", "both"], default="both", help="default both"

@@ -97,7 +97,7 @@ def attention_ref(
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest absolute difference, in float64."""
-    return float((a.double() - b.double()).abs().max())
+    return float((a.detach().double() - b.detach().double()).abs().max())
 
 
 def assert_close_rule(

@@ -23,7 +23,6 @@ def test_seq2seq_batch_adds_bos_and_eos() -> None:
     assert b.src.tolist() == [[4, 5], [6, 0]]
     assert b.tgt_in.tolist() == [[2, 7, 8, 9], [2, 10, 0, 0]]
     assert b.targets.tolist() == [[7, 8, 9, 3], [10, 3, 0, 0]]
-    assert b.num_target_tokens == 6
 
 
 def test_bucket_batches_cover_every_index_once_within_budget() -> None:

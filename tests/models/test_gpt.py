@@ -39,7 +39,13 @@ def left_padded(batch: int = 3, t: int = 9, vocab: int = 61) -> tuple[torch.Tens
 
 def test_config_defaults_are_gpt2_small() -> None:
     cfg = al.GPTConfig()
-    assert (cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head) == (50257, 1024, 768, 12, 12)
+    assert (cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head) == (
+        50257,
+        1024,
+        768,
+        12,
+        12,
+    )
     assert cfg.layer_norm_epsilon == 1e-5 and cfg.positions == "learned" and cfg.bias
     assert config_from_dict(al.GPTConfig, config_to_dict(cfg)) == cfg
     with pytest.raises(dataclasses_frozen_error()):
@@ -68,7 +74,9 @@ def dataclasses_frozen_error() -> type[Exception]:
     ],
 )
 def test_config_validation(overrides: dict, error: type[Exception], words: str) -> None:
-    with pytest.raises(error, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        error, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         al.GPTConfig(**{**TINY, **overrides})
 
 
@@ -155,7 +163,9 @@ def test_all_ones_mask_equals_no_mask() -> None:
     model = tiny()
     ids = torch.randint(0, 61, (2, 6))
     torch.testing.assert_close(model(ids, torch.ones_like(ids)).logits, model(ids).logits)
-    torch.testing.assert_close(model(ids, torch.ones_like(ids, dtype=torch.bool)).logits, model(ids).logits)
+    torch.testing.assert_close(
+        model(ids, torch.ones_like(ids, dtype=torch.bool)).logits, model(ids).logits
+    )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -218,12 +228,16 @@ def test_rope_and_alibi_are_relative() -> None:
         torch.testing.assert_close(shifted, base, atol=1e-10, rtol=1e-10)
     learned = tiny().double()
     ids = torch.randint(0, 61, (1, 6))
-    assert not torch.allclose(learned(ids, position_ids=torch.arange(7, 13)).logits, learned(ids).logits)
+    assert not torch.allclose(
+        learned(ids, position_ids=torch.arange(7, 13)).logits, learned(ids).logits
+    )
 
 
 def test_alibi_matches_explicit_attention() -> None:
     """One ALiBi layer against the equation softmax(QKᵀ/√d − m_h (i − j) + causal) V, in float64."""
-    model = al.GPT(al.GPTConfig(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2, positions="alibi"))
+    model = al.GPT(
+        al.GPTConfig(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2, positions="alibi")
+    )
     model = model.double().eval()
     attn = model.transformer.h[0].attn
     seen: dict[str, torch.Tensor] = {}
@@ -246,8 +260,12 @@ def test_hooks_capture_without_changing_forward() -> None:
     before = model(ids).logits
     captured: list[torch.Tensor] = []
     handles = [
-        model.transformer.h[1].attn.hook_weights.register_forward_hook(lambda m, a, o: captured.append(o)),
-        model.transformer.h[0].hook_resid_post.register_forward_hook(lambda m, a, o: captured.append(o)),
+        model.transformer.h[1].attn.hook_weights.register_forward_hook(
+            lambda m, a, o: captured.append(o)
+        ),
+        model.transformer.h[0].hook_resid_post.register_forward_hook(
+            lambda m, a, o: captured.append(o)
+        ),
     ]
     after = model(ids).logits
     for h in handles:
@@ -347,17 +365,27 @@ def test_bad_inputs_raise_clear_errors() -> None:
         model(torch.tensor([[1, 61]]))
     with pytest.raises(ValueError, match="got token id -1"):
         model(torch.tensor([[1, -1]]))
-    with pytest.raises(TypeError, match="input_ids must be integer token ids, got dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"input_ids must be integer token ids, got dtype torch\.float32"
+    ):
         model(ids.float())
-    with pytest.raises(TypeError, match="input_ids must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"input_ids must be a torch\.Tensor, got list"):
         model([[1, 2]])
-    with pytest.raises(ValueError, match=r"input_ids must have shape \(B, T\) with T >= 1, got \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"input_ids must have shape \(B, T\) with T >= 1, got \(5,\)"
+    ):
         model(ids[0])
-    with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, T_past \+ T\) = \(2, 5\), got \(2, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"attention_mask must have shape \(B, T_past \+ T\) = \(2, 5\), got \(2, 4\)",
+    ):
         model(ids, torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="attention_mask must be 0/1 integers or bool"):
         model(ids, torch.ones(2, 5))
-    with pytest.raises(ValueError, match=r"labels must have the shape of input_ids \(B, T\) = \(2, 5\), got \(2, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"labels must have the shape of input_ids \(B, T\) = \(2, 5\), got \(2, 4\)",
+    ):
         model(ids, labels=ids[:, :4])
     with pytest.raises(ValueError, match=r"position_ids must have shape \(B, T\) = \(2, 5\)"):
         model(ids, position_ids=torch.arange(4))

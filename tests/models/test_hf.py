@@ -24,7 +24,9 @@ def hf_model(attn_implementation: str = "eager", **overrides: object) -> GPT2LMH
     """A random Hugging Face GPT-2; biases and LayerNorms randomised too (HF inits them to 0/1,
     which would hide a bias that is dropped or misplaced)."""
     kwargs = {"vocab_size": 97, "n_positions": 32, "n_embd": 32, "n_layer": 3, "n_head": 4}
-    kwargs.update(bos_token_id=0, eos_token_id=0, attn_implementation=attn_implementation, **overrides)
+    kwargs.update(
+        bos_token_id=0, eos_token_id=0, attn_implementation=attn_implementation, **overrides
+    )
     model = GPT2LMHeadModel(GPT2Config(**kwargs)).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -114,20 +116,30 @@ def test_round_trip_to_hf_and_back(tmp_path: Path) -> None:
     for (name, a), (_, b) in zip(gpt.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), name
     back_str = al.GPT.from_hf(str(tmp_path))
-    assert torch.equal(back_str.transformer.h[1].attn.c_attn.weight, gpt.transformer.h[1].attn.c_attn.weight)
+    assert torch.equal(
+        back_str.transformer.h[1].attn.c_attn.weight, gpt.transformer.h[1].attn.c_attn.weight
+    )
 
 
 def test_config_mapping() -> None:
     hf = hf_model(resid_pdrop=0.2, layer_norm_epsilon=1e-6)
     cfg = al.GPT.from_hf(hf).config
-    assert (cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head) == (97, 32, 32, 3, 4)
+    assert (cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head) == (
+        97,
+        32,
+        32,
+        3,
+        4,
+    )
     assert cfg.dropout == 0.2 and cfg.layer_norm_epsilon == 1e-6 and cfg.positions == "learned"
 
 
 def test_errors() -> None:
     with pytest.raises(ValueError, match="not a directory; attnlab never downloads"):
         al.GPT.from_hf("gpt2")
-    with pytest.raises(TypeError, match="must be a transformers.GPT2LMHeadModel or a directory path, got int"):
+    with pytest.raises(
+        TypeError, match=r"must be a transformers\.GPT2LMHeadModel or a directory path, got int"
+    ):
         al.GPT.from_hf(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="activation_function must be one of"):
         al.GPT.from_hf(hf_model(activation_function="relu"))
@@ -136,7 +148,9 @@ def test_errors() -> None:
     tiny = {"vocab_size": 97, "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 4}
     with pytest.raises(ValueError, match="positions must be 'learned' for GPT-2, got 'rope'"):
         al.GPT(al.GPTConfig(**tiny, positions="rope")).to_hf()
-    with pytest.raises(ValueError, match="num_kv_heads must be None or n_head = 4 for GPT-2, got 2"):
+    with pytest.raises(
+        ValueError, match="num_kv_heads must be None or n_head = 4 for GPT-2, got 2"
+    ):
         al.GPT(al.GPTConfig(**tiny, num_kv_heads=2)).to_hf()
 
 

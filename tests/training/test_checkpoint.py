@@ -45,7 +45,11 @@ def _state() -> dict:
     return {
         "step": 7,
         "optimizer": opt.state_dict(),  # int keys, 0-dim tensors, tuples (betas)
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        "rng": {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),  # noqa: NPY002
+            "torch": torch.get_rng_state(),
+        },
         "data": {"index": 3, "nested": [1.5, None, "x", (1, 2)], "inf": float("inf")},
     }
 
@@ -66,7 +70,11 @@ def test_round_trip(tmp_path: Path) -> None:
     model = Tied()
     state = _state()
     path = save_checkpoint(
-        tmp_path, step=7, model=model, config={"model": {"d": 4}}, training_state=state,
+        tmp_path,
+        step=7,
+        model=model,
+        config={"model": {"d": 4}},
+        training_state=state,
         files={"tokenizer.json": '{"a": 1}', "sub/vocab.bin": b"\x00\x01"},
     )
     assert path == tmp_path / "checkpoints" / "step-00000007"
@@ -118,7 +126,9 @@ def test_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ("pointer", "names 'step-00000099', which is not a checkpoint directory"),
     ],
 )
-def test_damaged_checkpoint_gives_one_clear_error(tmp_path: Path, damage: str, message: str) -> None:
+def test_damaged_checkpoint_gives_one_clear_error(
+    tmp_path: Path, damage: str, message: str
+) -> None:
     path = save_checkpoint(tmp_path, step=1, model=Tied(), config={"a": 1}, training_state=_state())
     if damage == "truncate":
         f = path / "model.safetensors"
@@ -136,7 +146,12 @@ def test_damaged_checkpoint_gives_one_clear_error(tmp_path: Path, damage: str, m
         (path / "manifest.json").write_text("{not json")
     else:
         (tmp_path / "checkpoints" / "latest").write_text("step-00000099\n")
-    for load in (verify_checkpoint, load_config, load_training_state, lambda p: load_model_weights(p, Tied())):
+    for load in (
+        verify_checkpoint,
+        load_config,
+        load_training_state,
+        lambda p: load_model_weights(p, Tied()),
+    ):
         with pytest.raises(CheckpointError, match=message) as info:
             load(tmp_path)
         assert "\n" not in str(info.value)
@@ -146,13 +161,13 @@ def test_truncated_tensor_file_without_manifest_check(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, step=1, model=Tied(), config={})
     f = path / "model.safetensors"
     f.write_bytes(f.read_bytes()[:20])
-    with pytest.raises(CheckpointError, match="cannot load model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"cannot load model\.safetensors"):
         load_model_weights(tmp_path, Tied(), verify=False)
 
 
 def test_wrong_model_is_a_clear_error(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, step=1, model=torch.nn.Linear(2, 3), config={})
-    with pytest.raises(CheckpointError, match="does not fit the model|cannot load"):
+    with pytest.raises(CheckpointError, match=r"does not fit the model|cannot load"):
         load_model_weights(tmp_path, torch.nn.Linear(4, 3))
 
 
@@ -161,7 +176,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
         save_checkpoint(tmp_path, step=-1, model=Tied(), config={})
     with pytest.raises(ValueError, match="files keys must be relative file names"):
         save_checkpoint(tmp_path, step=1, model=Tied(), config={}, files={"../x": "y"})
-    with pytest.raises(TypeError, match="training state must hold .* got object"):
+    with pytest.raises(TypeError, match=r"training state must hold .* got object"):
         save_checkpoint(tmp_path, step=1, model=Tied(), config={}, training_state={"x": object()})
     assert not list((tmp_path / "checkpoints").glob("step-*"))  # nothing half-written
     with pytest.raises(CheckpointError, match="the path does not exist"):
@@ -173,7 +188,9 @@ def test_bad_arguments(tmp_path: Path) -> None:
 N = 700  # a 700x700 float32 weight: ~2 MB per checkpoint
 
 
-def _save_loop(run_dir: str, start: int, pause_before_rename: bool, ready: mp.synchronize.Event) -> None:
+def _save_loop(
+    run_dir: str, start: int, pause_before_rename: bool, ready: mp.synchronize.Event
+) -> None:
     """Child: save checkpoints of increasing step forever; weights are filled with the step."""
     torch.set_num_threads(1)
     if pause_before_rename:
@@ -191,8 +208,12 @@ def _save_loop(run_dir: str, start: int, pause_before_rename: bool, ready: mp.sy
         with torch.no_grad():
             model.weight.fill_(float(step))
         save_checkpoint(
-            run_dir, step=step, model=model, config={"n": N},
-            training_state={"step": step, "m": torch.full((N,), float(step))}, keep_last=2,
+            run_dir,
+            step=step,
+            model=model,
+            config={"n": N},
+            training_state={"step": step, "m": torch.full((N,), float(step))},
+            keep_last=2,
         )
         if not pause_before_rename:
             ready.set()
@@ -219,7 +240,10 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path: Path) ->
     first = torch.nn.Linear(N, N, bias=False)
     torch.nn.init.zeros_(first.weight)
     save_checkpoint(
-        tmp_path, step=0, model=first, config={"n": N},
+        tmp_path,
+        step=0,
+        model=first,
+        config={"n": N},
         training_state={"step": 0, "m": torch.zeros(N)},
     )
     last = 0

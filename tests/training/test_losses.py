@@ -85,20 +85,30 @@ def test_reductions() -> None:
     logits = torch.randn(3, 4, 6)
     targets = torch.randint(1, 6, (3, 4))
     targets[0, 0] = PAD
-    none = label_smoothed_cross_entropy(logits, targets, smoothing=0.1, ignore_index=PAD, reduction="none")
+    none = label_smoothed_cross_entropy(
+        logits, targets, smoothing=0.1, ignore_index=PAD, reduction="none"
+    )
     assert none.shape == (3, 4) and float(none[0, 0]) == 0.0
-    total = label_smoothed_cross_entropy(logits, targets, smoothing=0.1, ignore_index=PAD, reduction="sum")
+    total = label_smoothed_cross_entropy(
+        logits, targets, smoothing=0.1, ignore_index=PAD, reduction="sum"
+    )
     assert torch.allclose(total, none.sum())
     mean = label_smoothed_cross_entropy(logits, targets, smoothing=0.1, ignore_index=PAD)
     assert torch.allclose(mean, total / 11)
 
 
 def test_bad_input() -> None:
-    with pytest.raises(ValueError, match=r"targets has shape \(3, 5\) but must be logits.shape\[:-1\] = \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"targets has shape \(3, 5\) but must be logits.shape\[:-1\] = \(3, 4\)"
+    ):
         label_smoothed_cross_entropy(torch.randn(3, 4, 6), torch.zeros(3, 5, dtype=torch.long))
-    with pytest.raises(TypeError, match="targets must hold integer class ids, got torch.float32"):
+    with pytest.raises(TypeError, match=r"targets must hold integer class ids, got torch\.float32"):
         label_smoothed_cross_entropy(torch.randn(3, 6), torch.zeros(3))
     with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\), got 1.5"):
-        label_smoothed_cross_entropy(torch.randn(3, 6), torch.zeros(3, dtype=torch.long), smoothing=1.5)
+        label_smoothed_cross_entropy(
+            torch.randn(3, 6), torch.zeros(3, dtype=torch.long), smoothing=1.5
+        )
     with pytest.raises(ValueError, match="reduction must be one of"):
-        label_smoothed_cross_entropy(torch.randn(3, 6), torch.zeros(3, dtype=torch.long), reduction="avg")
+        label_smoothed_cross_entropy(
+            torch.randn(3, 6), torch.zeros(3, dtype=torch.long), reduction="avg"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -30,7 +31,9 @@ def test_noam_counts_steps_from_one(d_model: int, warmup: int, factor: float) ->
     opt = _opt(groups=2)
     sched = NoamLR(opt, d_model, warmup_steps=warmup, factor=factor)
     # before any step: the rate of step 1, in every group
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([_noam(1, d_model, warmup, factor)] * 2, rel=1e-12)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx(
+        [_noam(1, d_model, warmup, factor)] * 2, rel=1e-12
+    )
     for k in range(1, 3 * warmup + 5):
         opt.step()
         sched.step()
@@ -75,8 +78,16 @@ def test_noam_state_dict_resumes_the_same_rates() -> None:
     [
         ({"d_model": 0}, ValueError, "d_model must be a positive int, got 0"),
         ({"d_model": 8.0}, TypeError, "d_model must be an int, got float"),
-        ({"d_model": 8, "warmup_steps": 0}, ValueError, "warmup_steps must be a positive int, got 0"),
-        ({"d_model": 8, "factor": -1.0}, ValueError, "factor must be a positive finite float, got -1.0"),
+        (
+            {"d_model": 8, "warmup_steps": 0},
+            ValueError,
+            "warmup_steps must be a positive int, got 0",
+        ),
+        (
+            {"d_model": 8, "factor": -1.0},
+            ValueError,
+            "factor must be a positive finite float, got -1.0",
+        ),
     ],
 )
 def test_noam_bad_arguments(kwargs: dict, exc: type, message: str) -> None:
@@ -99,7 +110,7 @@ def test_warmup_cosine_shape() -> None:
     mid = 6  # step 7
     p = (7 - 4) / 16
     assert rates[mid] == pytest.approx(0.05 + 0.45 * 0.5 * (1 + math.cos(math.pi * p)), rel=1e-12)
-    assert all(a >= b for a, b in zip(rates[3:], rates[4:]))
+    assert all(a >= b for a, b in itertools.pairwise(rates[3:]))
     assert rates[19:] == pytest.approx([0.05] * 6, rel=1e-12)
 
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.cli import main
-from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallback, token_loss
+from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallback
 from attnlab.training.checkpoint import load_training_state, resolve_checkpoint
 from attnlab.training.rng import seed_everything
 from attnlab.training.tasks_registry import register_task
@@ -57,7 +57,6 @@ def _assert_same(a: Trainer, b: Trainer) -> None:
         for name, v in sa["state"][k].items():
             assert torch.equal(v, sb["state"][k][name]), (k, name)
     assert a.scheduler.get_last_lr() == b.scheduler.get_last_lr()
-    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
 
 
 def _train_losses(run_dir: Path) -> list[float]:
@@ -111,27 +110,39 @@ def test_resume_with_a_different_config_changes_nothing(tmp_path: Path) -> None:
     _trainer(tmp_path, 2).fit()
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     other = _trainer(tmp_path, 4, clip=0.5)
-    with pytest.raises(ValueError, match=r"different configuration \(train.clip: 1.0 in the checkpoint vs 0.5 now\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"different configuration \(train.clip: 1.0 in the checkpoint vs 0.5 now\)",
+    ):
         other.resume()
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
     """Token-weighted: 2 micro-batches of 4 rows give the step of one batch of 8 rows."""
+
     def run(grad_accum: int, rows: int, out: Path) -> torch.nn.Module:
         seed_everything(0)
         model = TinyModel(dropout=0.0)
         src = TinyBatches(5, batch_size=8)
         batches = [src.next_batch() for _ in range(3)]
+
         def make(i: int) -> dict:
             b = batches[i // grad_accum]
             j = i % grad_accum
             return {k: v[j * rows : (j + 1) * rows] for k, v in b.items()}
-        trainer = Trainer(model, make_optimizer=make_optimizer, batches=IndexedBatches(make),
-                          loss_fn=tiny_loss, config=TrainConfig(steps=3, grad_accum=grad_accum, clip=None),
-                          run_dir=out)
+
+        trainer = Trainer(
+            model,
+            make_optimizer=make_optimizer,
+            batches=IndexedBatches(make),
+            loss_fn=tiny_loss,
+            config=TrainConfig(steps=3, grad_accum=grad_accum, clip=None),
+            run_dir=out,
+        )
         trainer.fit()
         return model
+
     a = run(1, 8, tmp_path / "a")
     b = run(2, 4, tmp_path / "b")
     for p, q in zip(a.parameters(), b.parameters()):
@@ -158,13 +169,25 @@ def test_train_config_validation() -> None:
     with pytest.raises(ValueError, match="clip must be a positive float or None, got -1"):
         TrainConfig(steps=1, clip=-1)
     with pytest.raises(TypeError, match="batches must provide next_batch"):
-        Trainer(TinyModel(), make_optimizer=make_optimizer, batches=[1, 2], loss_fn=tiny_loss,
-                config=TrainConfig(steps=1), run_dir="x")
+        Trainer(
+            TinyModel(),
+            make_optimizer=make_optimizer,
+            batches=[1, 2],
+            loss_fn=tiny_loss,
+            config=TrainConfig(steps=1),
+            run_dir="x",
+        )
 
 
 def test_loss_fn_must_return_a_loss(tmp_path: Path) -> None:
-    trainer = Trainer(TinyModel(), make_optimizer=make_optimizer, batches=TinyBatches(0),
-                      loss_fn=lambda m, b: 1.0, config=TrainConfig(steps=1), run_dir=tmp_path)
+    trainer = Trainer(
+        TinyModel(),
+        make_optimizer=make_optimizer,
+        batches=TinyBatches(0),
+        loss_fn=lambda m, b: 1.0,
+        config=TrainConfig(steps=1),
+        run_dir=tmp_path,
+    )
     with pytest.raises(TypeError, match="loss_fn must return a TokenLoss or a tensor, got float"):
         trainer.fit()
 
@@ -177,7 +200,9 @@ def _cli(*argv: str) -> int:
     return main(["train", "tiny", *argv])
 
 
-def test_cli_steps_is_the_total_and_resume_continues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_steps_is_the_total_and_resume_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _cli("--out", str(tmp_path / "a"), "--steps", "6", "--seed", "1") == 0
     assert _cli("--out", str(tmp_path / "b"), "--steps", "3", "--seed", "1") == 0
     assert _cli("--out", str(tmp_path / "b"), "--steps", "6", "--seed", "1", "--resume") == 0
@@ -196,11 +221,17 @@ def test_cli_steps_is_the_total_and_resume_continues(tmp_path: Path, capsys: pyt
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--steps", "8", "--resume", "--dim", "8"], "cannot resume .* with a different configuration "
-         r"\(args.dim: 16 in the checkpoint vs 8 now\); nothing was changed"),
+        (
+            ["--steps", "8", "--resume", "--dim", "8"],
+            "cannot resume .* with a different configuration "
+            r"\(args.dim: 16 in the checkpoint vs 8 now\); nothing was changed",
+        ),
         (["--steps", "8", "--resume", "--seed", "2"], r"args.seed: 1 in the checkpoint vs 2 now"),
         (["--steps", "8"], "already holds a checkpoint; pass --resume"),
-        (["--steps", "1", "--resume"], "--steps must be at least the 2 steps the checkpoint has done, got 1"),
+        (
+            ["--steps", "1", "--resume"],
+            "--steps must be at least the 2 steps the checkpoint has done, got 1",
+        ),
         (["--steps", "x"], "argument --steps: expected a non-negative int, got 'x'"),
         (["--steps", "3", "--bogus"], "unrecognized arguments: --bogus"),
     ],
@@ -212,7 +243,11 @@ def test_cli_errors_are_one_line_and_change_nothing(
     assert _cli("--out", str(out), "--steps", "2", "--seed", "1") == 0
     capsys.readouterr()
     before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*")}
-    args = ["--out", str(out), "--seed", "1", *argv] if "--seed" not in argv else ["--out", str(out), *argv]
+    args = (
+        ["--out", str(out), "--seed", "1", *argv]
+        if "--seed" not in argv
+        else ["--out", str(out), *argv]
+    )
     try:
         rc = _cli(*args)
     except SystemExit as exc:  # argparse errors
@@ -227,7 +262,9 @@ def test_cli_errors_are_one_line_and_change_nothing(
     assert {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*")} == before
 
 
-def test_cli_resume_from_corrupted_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_resume_from_corrupted_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _cli("--out", str(tmp_path), "--steps", "1") == 0
     f = resolve_checkpoint(tmp_path) / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-4])
@@ -249,8 +286,18 @@ def test_unknown_task_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     """A real SIGINT to a real ``attnlab train`` process."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(HERE / "_tiny_task.py"), "train", "tiny", "--out", str(out),
-           "--steps", "500", "--sleep", "0.05"]
+    cmd = [
+        sys.executable,
+        str(HERE / "_tiny_task.py"),
+        "train",
+        "tiny",
+        "--out",
+        str(out),
+        "--steps",
+        "500",
+        "--sleep",
+        "0.05",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -16,6 +16,7 @@ import math
 import sys
 
 import torch
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -23,6 +24,7 @@ from attnlab.cli import CLIError
 from attnlab.inspect.capture import ActivationCache, capture
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.loading import LoadedModel, load_model
+from attnlab.models.config import TransformerConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,20 +70,20 @@ def _run_model(loaded: LoadedModel, args: argparse.Namespace) -> ActivationCache
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
     ids = _encode(loaded, args.text, args.ids, "input")
     x = torch.tensor([ids], device=device)
-    limit = loaded.config.max_len if loaded.is_seq2seq else loaded.config.n_positions  # type: ignore[union-attr]
+    cfg = loaded.config
+    limit = cfg.max_len if isinstance(cfg, TransformerConfig) else cfg.n_positions
     if len(ids) > limit:
         raise CLIError(f"the input has {len(ids)} tokens, more than the model's limit of {limit}")
     with torch.no_grad():
-        if loaded.is_seq2seq:
-            cfg = loaded.config
+        if isinstance(cfg, TransformerConfig):
             if args.target is not None:
-                tgt = [cfg.bos_id, *_encode(loaded, args.target, None, "target")]  # type: ignore[union-attr]
+                tgt = [cfg.bos_id, *_encode(loaded, args.target, None, "target")]
                 y = torch.tensor([tgt[: cfg.max_len]], device=device)
             else:
                 from attnlab.decoding.generate import generate
 
                 steps = max(1, min(args.max_new_tokens, cfg.max_len - 1))
-                y = generate(model, x, max_new_tokens=steps, eos_token_id=cfg.eos_id)  # type: ignore[union-attr]
+                y = generate(model, x, max_new_tokens=steps, eos_token_id=cfg.eos_id)
             with capture(model, names=names) as cache:
                 model(x, y)
         else:
@@ -95,23 +97,28 @@ def _fmt(v: float, spec: str) -> str:
 
 
 def _table(report: HealthReport) -> Table:
-    t = Table(title="attention health per head", title_justify="left")
-    for col, justify in (
-        ("layer", "left"), ("kind", "left"), ("head", "right"), ("entropy (nats)", "right"),
-        ("min–max", "right"), ("max weight", "right"), ("row-sum err", "right"),
-        ("masked rows", "right"), ("NaN/inf", "right"), ("", "left"),
-    ):  # fmt: skip
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    t = Table(
+        title="attention health per head — entropy (nats): mean \\[min, max] over rows; max w: mean "
+        "largest weight; sum err: max |row sum − 1|; masked: rows that see no key",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    t.add_column("layer", no_wrap=True)
+    t.add_column("head", justify="right")
+    t.add_column("entropy", justify="right", no_wrap=True)
+    t.add_column("max w", justify="right")
+    t.add_column("sum err", justify="right", no_wrap=True)
+    t.add_column("masked", justify="right")
+    t.add_column("NaN/inf", justify="right")
+    t.add_column("", no_wrap=True)
     previous = None
     for h in report.heads:
         t.add_row(
             h.layer if h.layer != previous else "",
-            h.kind,
             str(h.head),
-            _fmt(h.entropy_mean, ".3f"),
-            f"{_fmt(h.entropy_min, '.2f')}–{_fmt(h.entropy_max, '.2f')}",
-            _fmt(h.max_weight_mean, ".3f"),
-            f"{h.row_sum_error:.1e}",
+            f"{_fmt(h.entropy_mean, '.2f')} [{_fmt(h.entropy_min, '.2f')}, {_fmt(h.entropy_max, '.2f')}]",
+            _fmt(h.max_weight_mean, ".2f"),
+            f"{h.row_sum_error:.0e}",
             f"{h.masked_rows}/{h.rows}",
             str(h.nonfinite),
             "[green]ok[/]" if h.ok else "[bold red]FAIL[/]",
@@ -129,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
         return 0 if report.ok else 1
-    console = Console()
+    # a pipe or a file gets a table wide enough for module paths (rich would assume 80 columns)
+    console = Console(width=None if sys.stdout.isatty() else 120)
     kind = "encoder-decoder" if loaded.is_seq2seq else "GPT"
     console.print(f"[bold]{loaded.path}[/] ({kind}, {len(cache.attentions)} attention layers)")
     console.print(_table(report))

@@ -22,7 +22,7 @@ from attnlab.training.distributed import cleanup_distributed, init_distributed
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
 from attnlab.training.tasks_registry import available_tasks, get_task
-from attnlab.training.trainer import METRICS_FILE, Trainer, TrainConfig
+from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer
 
 # options of the driver that are not part of the run's configuration
 _COMMON_UNSAVED = ("out", "steps", "resume", "eval_every", "save_every", "keep_last", "device")
@@ -54,7 +54,9 @@ def _clip(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a positive float or 'none', got {text!r}"
+        ) from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}")
     return value
@@ -64,27 +66,51 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     """The options every task shares."""
     g = p.add_argument_group("training")
     g.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl)")
-    g.add_argument("--steps", type=_non_negative_int, required=True,
-                   help="total number of optimizer steps (a resumed run continues up to it)")
+    g.add_argument(
+        "--steps",
+        type=_non_negative_int,
+        required=True,
+        help="total number of optimizer steps (a resumed run continues up to it)",
+    )
     g.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    g.add_argument("--grad-accum", type=_positive_int, default=1,
-                   help="micro-batches per optimizer step (default 1)")
-    g.add_argument("--clip", type=_clip, default=1.0,
-                   help="clip the gradient norm to this ('none' to disable; default 1.0)")
+    g.add_argument(
+        "--grad-accum",
+        type=_positive_int,
+        default=1,
+        help="micro-batches per optimizer step (default 1)",
+    )
+    g.add_argument(
+        "--clip",
+        type=_clip,
+        default=1.0,
+        help="clip the gradient norm to this ('none' to disable; default 1.0)",
+    )
     g.add_argument("--bf16", action="store_true", help="bf16 autocast")
-    g.add_argument("--eval-every", type=_non_negative_int, default=0,
-                   help="evaluate every N steps (0: at the end only)")
-    g.add_argument("--save-every", type=_non_negative_int, default=0,
-                   help="checkpoint every N steps (0: at the end only)")
-    g.add_argument("--keep-last", type=_positive_int, default=2,
-                   help="checkpoints to keep (default 2)")
+    g.add_argument(
+        "--eval-every",
+        type=_non_negative_int,
+        default=0,
+        help="evaluate every N steps (0: at the end only)",
+    )
+    g.add_argument(
+        "--save-every",
+        type=_non_negative_int,
+        default=0,
+        help="checkpoint every N steps (0: at the end only)",
+    )
+    g.add_argument(
+        "--keep-last", type=_positive_int, default=2, help="checkpoints to keep (default 2)"
+    )
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model on a task (resumable; torchrun-ready)",
-                       description=__doc__.splitlines()[0] if __doc__ else None)
+    p = sub.add_parser(
+        "train",
+        help="train a model on a task (resumable; torchrun-ready)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     tasks = p.add_subparsers(dest="task", metavar="TASK", parser_class=type(p))
     tasks.required = True
     for name, task in available_tasks().items():
@@ -170,14 +196,15 @@ def run(args: argparse.Namespace) -> int:
                 f"continue with --resume"
             )
             return 130
+        stdout = Console()
         if result.losses:
-            console.print(f"step {result.step}: loss {result.losses[-1]:.4f}")
+            stdout.print(f"step {result.step}: loss {result.losses[-1]:.4f}")
         if result.eval_metrics:
             text = "  ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
-            console.print(f"evaluation: {text}")
-        console.print(f"checkpoint: {result.checkpoint}")
+            stdout.print(f"evaluation: {text}")
+        stdout.print(f"checkpoint: {result.checkpoint}")
         if setup.report is not None:
-            setup.report(trainer.model, out, Console())
+            setup.report(trainer.model, out, stdout)
         return 0
     finally:
         cleanup_distributed()

@@ -60,13 +60,11 @@ class Seq2SeqBatch:
         tgt_in: ``(B, T)`` decoder input ``<bos> y_1 … y_n``.
         targets: ``(B, T)`` what each decoder position predicts ``y_1 … y_n <eos>``; padding is
             ``pad_id`` (the loss ignores it).
-        num_target_tokens: target tokens that are not padding.
     """
 
     src: torch.Tensor
     tgt_in: torch.Tensor
     targets: torch.Tensor
-    num_target_tokens: int
 
 
 def make_seq2seq_batch(
@@ -93,7 +91,6 @@ def make_seq2seq_batch(
         src=pad_batch(src, pad_id),
         tgt_in=pad_batch([[bos_id, *t] for t in tgt], pad_id),
         targets=pad_batch([[*t, eos_id] for t in tgt], pad_id),
-        num_target_tokens=sum(len(t) + 1 for t in tgt),
     )
 
 

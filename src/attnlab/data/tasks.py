@@ -109,7 +109,7 @@ class SequenceTask:
         >>> task = SequenceTask(SequenceTaskConfig("reverse", min_len=3, max_len=3), seed=0)
         >>> b = task.batch(0, batch_size=2)
         >>> b.src.shape, b.tgt_in.shape
-        (torch.Size([2, 3]), torch.Size([2, 4]))
+        (torch.Size([2, 4]), torch.Size([2, 4]))
     """
 
     def __init__(self, config: SequenceTaskConfig, seed: int = 0) -> None:
@@ -160,16 +160,25 @@ class SequenceTask:
         """The training batch of optimizer step ``step``; never holds a held-out string.
 
         Shape:
-            ``src (B, S)``, ``tgt_in``/``targets`` ``(B, T)``, ``S <= max_len``, ``T <= max_len + 1``.
+            ``src (B, S)``, ``tgt_in``/``targets`` ``(B, T)``, ``S, T <= max_len + 1`` (``<eos>``
+            ends the source, ``<bos>`` starts the decoder input and ``<eos>`` ends the targets).
         """
         src = self._draw(batch_size, step_generator(self.seed, step, _TRAIN_STREAM), False)
         return self.make_batch(src)
 
+    def model_input(self, src: Sequence[int]) -> list[int]:
+        """What the encoder reads: the string then ``<eos>``.
+
+        The end marker gives every position a landmark to measure its distance from the end,
+        which reversing needs (output ``i`` copies input ``n - 1 - i``).
+        """
+        return [*src, self.tokenizer.eos_id]  # type: ignore[list-item]
+
     def make_batch(self, src: Sequence[Sequence[int]]) -> Seq2SeqBatch:
-        """A teacher-forcing batch for the given sources and their correct targets."""
+        """A teacher-forcing batch for the given strings and their correct targets."""
         tok = self.tokenizer
         return make_seq2seq_batch(
-            src,
+            [self.model_input(s) for s in src],
             [self.target(s) for s in src],
             pad_id=tok.pad_id,  # type: ignore[arg-type]
             bos_id=tok.bos_id,  # type: ignore[arg-type]

@@ -325,6 +325,7 @@ def flops(
 
 def _geometry(config: object, num_kv_heads: int | None) -> dict[str, Any]:
     """The sizes the formulas need, from either config."""
+    geo: dict[str, Any]
     if isinstance(config, GPTConfig):
         geo = {
             "kind": "gpt", "d": config.n_embd, "h": config.n_head, "kv_heads": config.kv_heads,

@@ -79,11 +79,11 @@ def load_model(path: str | os.PathLike[str], *, device: str | torch.device = "cp
         raise FileNotFoundError(f"no such run or checkpoint folder: {p}")
     hf = _hf_gpt2_dir(p)
     if hf is not None:
-        model = GPT.from_hf(hf)
+        gpt = GPT.from_hf(hf)
         tokenizer = None
         if (hf / "tokenizer.json").is_file():
             tokenizer = tokenizer_from_json((hf / "tokenizer.json").read_text(encoding="utf-8"))
-        return LoadedModel(model.to(device).eval(), model.config, tokenizer, hf)
+        return LoadedModel(gpt.to(device).eval(), gpt.config, tokenizer, hf)
     ckpt = resolve_checkpoint(p)
     run_config = load_config(ckpt)
     model_dict = run_config.get("model") if isinstance(run_config, dict) else None

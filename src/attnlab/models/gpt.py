@@ -33,7 +33,7 @@ from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, a
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel
 
-__all__ = ["GPT", "GPTBlock", "GPTMLP", "GPTSelfAttention"]
+__all__ = ["GPT", "GPTMLP", "GPTBlock", "GPTSelfAttention"]
 
 IGNORE_INDEX = -100
 
@@ -78,12 +78,16 @@ class GPTSelfAttention(MultiHeadAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         d, kv = self.d_model, self.num_kv_heads * self.d_head
         if key is None:  # self-attention: one matmul
-            q, k, v = self.c_attn(query).split([d, kv, kv], dim=-1)  # (B, T, d) (B, T, kv) (B, T, kv)
+            q, k, v = self.c_attn(query).split(
+                [d, kv, kv], dim=-1
+            )  # (B, T, d) (B, T, kv) (B, T, kv)
             return q, k, v
         w, b = self.c_attn.weight, self.c_attn.bias
         q = F.linear(query, w[:d], None if b is None else b[:d])
         k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
-        v = F.linear(value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :])
+        v = F.linear(
+            value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :]
+        )
         return q, k, v
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,6 +162,30 @@ class GPTBlock(nn.Module):
         return self.hook_resid_post(x)
 
 
+class GPTTrunk(nn.Module):
+    """The modules of the decoder stack, under GPT-2's names (``transformer.*``): token embedding
+    ``wte``, position embedding ``wpe`` (learned positions only, else ``None``), embedding dropout
+    ``drop``, the blocks ``h`` and the final LayerNorm ``ln_f``. :class:`GPT` runs them in order.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a :class:`~attnlab.nn.positional.RotaryEmbedding` shared by all blocks, or ``None``.
+    """
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe: LearnedPositionalEmbedding | None = (
+            LearnedPositionalEmbedding(config.n_positions, config.n_embd)
+            if config.positions == "learned"
+            else None
+        )
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList(GPTBlock(config, rotary) for _ in range(config.n_layer))
+        eps = config.layer_norm_epsilon
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+
+
 class GPT(nn.Module):
     """A GPT-2 style decoder-only language model.
 
@@ -193,13 +221,7 @@ class GPT(nn.Module):
             if config.positions == "rope"
             else None
         )
-        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
-        if config.positions == "learned":
-            modules["wpe"] = LearnedPositionalEmbedding(config.n_positions, config.n_embd)
-        modules["drop"] = nn.Dropout(config.dropout)
-        modules["h"] = nn.ModuleList(GPTBlock(config, rotary) for _ in range(config.n_layer))
-        modules["ln_f"] = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
-        self.transformer = nn.ModuleDict(modules)
+        self.transformer = GPTTrunk(config, rotary)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
         self.apply(self._init_weights)
@@ -238,6 +260,7 @@ class GPT(nn.Module):
             labels: ``(B, T)`` targets, usually ``input_ids``; shifted inside (token ``t`` predicts
                 ``labels[t + 1]``); ``-100`` is ignored.
             position_ids: ``(B, T)`` or ``(T,)``; overrides the ones derived from the mask.
+                (ALiBi reads no position ids: its bias depends on distances ``i − j`` only.)
             cache: a :class:`~attnlab.decoding.cache.ModelCache` from :meth:`new_cache`; the new
                 keys/values are appended to it.
 
@@ -268,8 +291,9 @@ class GPT(nn.Module):
         if positions is None and cfg.positions != "alibi":
             positions = torch.arange(past, past + t, device=input_ids.device)  # (T,)
 
+        # h_0 = W_e[x_t] + W_p[pos_t]   (token embedding plus, for learned positions, position embedding)
         x = self.transformer.wte(input_ids)  # (B, T, n_embd)
-        if cfg.positions == "learned":
+        if self.transformer.wpe is not None:
             x = x + self.transformer.wpe(positions)  # (B, T, n_embd) or (T, n_embd), broadcast
         x = self.transformer.drop(x)
 
@@ -288,6 +312,7 @@ class GPT(nn.Module):
             else:
                 x = block(x, mask, layer_cache, rope_positions)
         x = self.transformer.ln_f(x)
+        # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         logits = self.lm_head(x)  # (B, T, vocab_size)
 
         loss = None
@@ -346,14 +371,14 @@ class GPT(nn.Module):
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
         p = self.transformer.wte.weight
-        device = p.device if device is None else torch.device(device)
+        where = p.device if device is None else torch.device(device)
         if dtype is None:
             dtype = p.dtype
-            if torch.is_autocast_enabled(device.type):
-                dtype = torch.get_autocast_dtype(device.type)
+            if torch.is_autocast_enabled(where.type):
+                dtype = torch.get_autocast_dtype(where.type)
         cfg = self.config
         layers = [
-            KVCache(batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=device)
+            KVCache(batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=where)
             for _ in range(cfg.n_layer)
         ]
         return ModelCache(layers)
@@ -381,7 +406,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             n -= self.transformer.wte.weight.numel()
-            if "wpe" in self.transformer:
+            if self.transformer.wpe is not None:
                 n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -392,7 +417,9 @@ class GPT(nn.Module):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {shape_str(ids.shape)}")
+            raise ValueError(
+                f"input_ids must have shape (B, T) with T >= 1, got {shape_str(ids.shape)}"
+            )
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -406,7 +433,9 @@ class GPT(nn.Module):
         if cache is None:
             return 0
         if not isinstance(cache, ModelCache):
-            raise TypeError(f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}")
+            raise TypeError(
+                f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}"
+            )
         if len(cache.layers) != self.config.n_layer:
             raise ValueError(
                 f"cache has {len(cache.layers)} layers, the model n_layer = {self.config.n_layer}"

@@ -37,10 +37,14 @@ def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
     """
     act = hf_config.activation_function
     if act not in _GELU_TANH:
-        raise ValueError(f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}")
+        raise ValueError(
+            f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}"
+        )
     n_inner = getattr(hf_config, "n_inner", None)
     if n_inner is not None and n_inner != 4 * hf_config.n_embd:
-        raise ValueError(f"n_inner must be None or 4 * n_embd = {4 * hf_config.n_embd}, got {n_inner}")
+        raise ValueError(
+            f"n_inner must be None or 4 * n_embd = {4 * hf_config.n_embd}, got {n_inner}"
+        )
     if not hf_config.scale_attn_weights or hf_config.scale_attn_by_inverse_layer_idx:
         raise ValueError(
             "scale_attn_weights must be True and scale_attn_by_inverse_layer_idx False "
@@ -77,7 +81,7 @@ def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT
     if not config.bias:
         raise ValueError("bias must be True for GPT-2, got False")
     special = min(50256, config.vocab_size - 1)  # GPT-2's <|endoftext|>, inside a small vocabulary
-    return GPT2Config(
+    return GPT2Config(  # type: ignore[call-arg]
         vocab_size=config.vocab_size,
         n_positions=config.n_positions,
         n_embd=config.n_embd,
@@ -157,7 +161,7 @@ def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
 
     hf_config = config_to_hf(gpt.config, attn_implementation=attn_implementation)
     ref = gpt.transformer.wte.weight
-    hf = GPT2LMHeadModel(hf_config).to(device=ref.device, dtype=ref.dtype)
+    hf = GPT2LMHeadModel(hf_config).to(device=ref.device, dtype=ref.dtype)  # type: ignore[call-arg]
     with torch.no_grad():
         state = {
             name: (t.t() if name.endswith(_CONV1D) else t).contiguous()
@@ -166,6 +170,8 @@ def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
         missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
-        raise ValueError(f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}"
+        )
     hf.tie_weights()
     return hf.train(gpt.training)

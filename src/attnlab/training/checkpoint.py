@@ -394,7 +394,11 @@ def read_checkpoint_file(path: str | os.PathLike[str], name: str) -> bytes:
 
 
 def load_model_weights(
-    path: str | os.PathLike[str], model: torch.nn.Module, *, strict: bool = True, verify: bool = True
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    *,
+    strict: bool = True,
+    verify: bool = True,
 ) -> Path:
     """Load ``model.safetensors`` into ``model`` (in place).
 
@@ -432,4 +436,6 @@ def load_training_state(path: str | os.PathLike[str], *, verify: bool = True) ->
         return _decode(tree, tensors)
     except (SafetensorError, OSError, ValueError, KeyError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"checkpoint {ckpt}: cannot read the training state ({msg})") from None
+        raise CheckpointError(
+            f"checkpoint {ckpt}: cannot read the training state ({msg})"
+        ) from None

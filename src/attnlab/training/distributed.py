@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "barrier",
     "cleanup_distributed",
     "init_distributed",
+    "map_batch",
     "shard_batch",
 ]
 
@@ -107,6 +108,36 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
+    """Apply ``fn`` to every tensor of a batch, keeping its structure.
+
+    Args:
+        fn: tensor -> tensor.
+        batch: a tensor, or a dict / list / tuple / namedtuple / dataclass of them (other values
+            pass as they are).
+
+    Returns:
+        The same structure with each tensor ``t`` replaced by ``fn(t)``.
+    """
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changes = {
+            f.name: map_batch(fn, getattr(batch, f.name))
+            for f in dataclasses.fields(batch)
+            if f.init
+        }
+        return dataclasses.replace(batch, **changes)
+    cls: Any = type(batch)
+    if isinstance(batch, Mapping):
+        return cls({k: map_batch(fn, v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return cls(*(map_batch(fn, v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return cls(map_batch(fn, v) for v in batch)
+    return batch
+
+
 def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
     """This rank's slice of a global batch, along dim 0 of every tensor.
 
@@ -121,22 +152,14 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
     """
     if world_size == 1:
         return batch
-    if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0 or batch.shape[0] % world_size:
+
+    def shard(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0 or t.shape[0] % world_size:
             raise ValueError(
                 f"batch size must be divisible by the number of processes {world_size}, "
-                f"got a tensor of shape {tuple(batch.shape)}"
+                f"got a tensor of shape {tuple(t.shape)}"
             )
-        n = batch.shape[0] // world_size
-        return batch[rank * n : (rank + 1) * n]
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changes = {
-            f.name: shard_batch(getattr(batch, f.name), rank, world_size)
-            for f in dataclasses.fields(batch)
-        }
-        return dataclasses.replace(batch, **changes)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: shard_batch(v, rank, world_size) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(shard_batch(v, rank, world_size) for v in batch)
-    return batch
+        n = t.shape[0] // world_size
+        return t[rank * n : (rank + 1) * n]
+
+    return map_batch(shard, batch)

@@ -26,7 +26,7 @@ def seed_everything(seed: int) -> None:
     if not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}")
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - the global generator is what we seed
     torch.manual_seed(seed)
 
 
@@ -34,7 +34,7 @@ def get_rng_state() -> dict[str, Any]:
     """The states of every generator, as a tree :func:`save_checkpoint` can store."""
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -47,7 +47,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_state = state["numpy"]
-    np.random.set_state(tuple(np_state))
+    np.random.set_state(tuple(np_state))  # noqa: NPY002
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda = list(state["cuda"])

@@ -27,7 +27,11 @@ What ends up in the checkpoint's ``config.json``::
      "model": TaskSetup.model_config, "train": {"grad_accum", "clip", "bf16"}}
 
 (``--steps``, ``--out``, ``--resume``, ``--device`` and the eval/save/keep cadence are not part of
-it, so they may change on resume; everything else must match or ``--resume`` fails.) To rebuild a
+it, so they may change on resume; everything else must match or ``--resume`` fails.) A schedule
+that depends on the length of the run (warmup + cosine) should take it from a task option such as
+``--decay-steps`` rather than from ``args.steps``: then ``--steps 20`` followed by ``--resume
+--steps 40`` follows the same trajectory as ``--steps 40``. Batch sources must be synchronous and
+deterministic (no prefetching worker processes), so that their saved position is exact. To rebuild a
 model from a run folder (``attnlab generate RUN``), read it with
 ``attnlab.training.checkpoint.load_config(RUN)``, build the model from ``config["model"]`` and
 load its weights with ``load_model_weights(RUN, model)``; task files (the tokenizer) come back with

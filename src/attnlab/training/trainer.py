@@ -65,7 +65,13 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from attnlab.training.distributed import DistInfo, all_reduce_sum, barrier, shard_batch
+from attnlab.training.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    map_batch,
+    shard_batch,
+)
 from attnlab.training.losses import TokenLoss
 from attnlab.training.rng import get_rng_state, set_rng_state
 
@@ -264,17 +270,7 @@ def config_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(
-            batch, **{f.name: _to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch)}
-        )
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
+    return map_batch(lambda t: t.to(device, non_blocking=True), batch)
 
 
 def _first_tensor(batch: Any) -> torch.Tensor | None:
@@ -350,9 +346,7 @@ class Trainer:
         self.files = dict(files or {})
         self.evaluate = evaluate
         self.callbacks = list(callbacks) if self.dist.is_main else []
-        self.run_config = _json_ready(
-            {**dict(run_config or {}), "train": config.trajectory()}
-        )
+        self.run_config = _json_ready({**dict(run_config or {}), "train": config.trajectory()})
         made = make_optimizer(self.model)
         if isinstance(made, tuple):
             self.optimizer, self.scheduler = made
@@ -379,6 +373,7 @@ class Trainer:
         self._evaluated_step: int | None = None
         self._stop = False
         self._interrupts = 0
+        self._first_signal = 0.0
 
     # ------------------------------------------------------------------ state
 
@@ -431,8 +426,7 @@ class Trainer:
         diff = config_difference(saved, self.run_config)
         if diff:
             raise ValueError(
-                f"cannot resume {ckpt} with a different configuration ({diff}); "
-                f"nothing was changed"
+                f"cannot resume {ckpt} with a different configuration ({diff}); nothing was changed"
             )
         state = load_training_state(ckpt, verify=False)
         if int(state["step"]) > self.config.steps:
@@ -491,9 +485,14 @@ class Trainer:
         self._stop = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._interrupts += 1
-        if self._interrupts > 1 and signum == signal.SIGINT:
+        now = time.monotonic()
+        # a second Ctrl-C aborts; one arriving within a second of the first is the same Ctrl-C
+        # delivered twice (terminal + torchrun forwarding it to its workers)
+        if signum == signal.SIGINT and self._interrupts and now - self._first_signal > 1.0:
             raise KeyboardInterrupt
+        if not self._interrupts:
+            self._first_signal = now
+        self._interrupts += 1
         logger.warning("stopping after this step and saving a checkpoint (Ctrl-C again aborts)")
         self._stop = True
 
@@ -549,7 +548,9 @@ class Trainer:
         tokens = 0.0
         for micro in range(cfg.grad_accum):
             batch = self.batches.next_batch()
-            local = _to_device(shard_batch(batch, self.dist.rank, self.dist.world_size), self.dist.device)
+            local = _to_device(
+                shard_batch(batch, self.dist.rank, self.dist.world_size), self.dist.device
+            )
             sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
             ctx = contextlib.nullcontext() if sync else self.forward_model.no_sync()  # type: ignore[operator]
             with ctx:

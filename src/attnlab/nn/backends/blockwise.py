@@ -193,7 +193,7 @@ class _Blockwise(torch.autograd.Function):
             v_b = v[..., j0:j1, :].to(acc)
             dp = torch.matmul(d_o, v_b.transpose(-2, -1))  # dP_b = dO V_bᵀ
             if dropout_p > 0:
-                keep = _keep_mask(p.shape, dropout_p, seed, index, q.device) / (1.0 - dropout_p)
+                keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (1.0 - dropout_p)
                 dv_b = torch.matmul((p * keep).transpose(-2, -1), d_o)
                 dp = dp * keep
             else:

@@ -52,7 +52,10 @@ def sdpa_attention(
 
     groups = query.shape[-3] // key.shape[-3]
     kwargs: dict[str, object] = {}
-    if groups > 1 and _HAS_GQA:
+    # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
+    # type (2x the error of repeating the heads first); half types that need gradients repeat
+    half_grad = query.dtype in (torch.float16, torch.bfloat16) and (key.requires_grad or value.requires_grad)
+    if groups > 1 and _HAS_GQA and not half_grad:
         kwargs["enable_gqa"] = True
     else:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)

@@ -1,0 +1,180 @@
+"""``attnlab flops`` — FLOPs, parameters and memory of a model size, term by term.
+
+``attnlab flops --preset gpt2 --seq-len 1024`` prints the forward FLOPs of the Q/K/V projections,
+QKᵀ, weights·V, output projection, feed-forward and lm head, the totals for a forward pass and a
+training step (≈ 3 × forward), parameters, training memory and the KV cache for multi-head,
+grouped-query and multi-query attention. Size options (``--layers``, ``--d-model`` …) override
+the preset; ``--json`` prints :meth:`attnlab.inspect.FlopReport.to_dict` instead of tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from attnlab.cli import CLIError
+from attnlab.inspect.flops import FlopReport, flops
+from attnlab.models.config import GPTConfig, TransformerConfig
+
+PRESETS: dict[str, GPTConfig | TransformerConfig] = {
+    "gpt2": GPTConfig(),
+    "gpt2-medium": GPTConfig(n_embd=1024, n_layer=24, n_head=16),
+    "gpt2-large": GPTConfig(n_embd=1280, n_layer=36, n_head=20),
+    "gpt2-xl": GPTConfig(n_embd=1600, n_layer=48, n_head=25),
+    "transformer-base": TransformerConfig(),
+    "transformer-big": TransformerConfig(d_model=1024, num_heads=16, d_ff=4096),
+}
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+LABELS = {
+    "qkv": "Q/K/V projections",
+    "q": "Q projection",
+    "kv": "K/V projections (source)",
+    "scores": "QKᵀ",
+    "reduce": "weights · V",
+    "proj": "output projection",
+    "ffw1": "feed-forward (in)",
+    "ffw2": "feed-forward (out)",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "flops",
+        help="FLOPs, parameters, memory and KV cache of a model size",
+        description="FLOPs of a forward pass and a training step, term by term, with parameters, "
+        "training memory and KV-cache bytes for MHA / GQA / MQA.",
+    )
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="gpt2", help="model size (default gpt2)"
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="tokens per sequence (default 1024 / 128)"
+    )
+    p.add_argument("--src-len", type=int, default=None, help="encoder-decoder source length")
+    p.add_argument("--batch", type=int, default=1, help="sequences per batch (default 1)")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; 1 = MQA)")
+    p.add_argument("--layers", type=int, default=None, help="layers (each of encoder and decoder)")
+    p.add_argument("--d-model", type=int, default=None, help="model width")
+    p.add_argument("--heads", type=int, default=None, help="query heads")
+    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (encoder-decoder)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="for the byte counts")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
+    """The preset with the size options applied."""
+    base = PRESETS[args.preset]
+    changes: dict[str, Any] = {}
+    if isinstance(base, GPTConfig):
+        names = {"layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size"}
+        if args.d_ff is not None:
+            raise CLIError(
+                "--d-ff applies to the encoder-decoder; GPT's feed-forward is 4 × d_model"
+            )
+    else:
+        names = {"d_model": "d_model", "heads": "num_heads", "d_ff": "d_ff"}
+        if args.layers is not None:
+            changes["num_encoder_layers"] = changes["num_decoder_layers"] = args.layers
+        if args.vocab is not None:
+            changes["src_vocab_size"] = changes["tgt_vocab_size"] = args.vocab
+    for option, field in names.items():
+        value = getattr(args, option)
+        if value is not None:
+            changes[field] = value
+    if args.kv_heads is not None:
+        changes["num_kv_heads"] = args.kv_heads
+    return dataclasses.replace(base, **changes)
+
+
+def _g(x: int) -> str:
+    return f"{x / 1e9:,.2f}"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n} B"
+
+
+def _label(key: str) -> str:
+    *part, term = key.split("/")
+    name = LABELS.get(term, term.replace("_", " "))
+    where = " ".join(p.replace("_", "-") for p in part if p not in ("attention", "mlp"))
+    return f"{where}: {name}" if where else name
+
+
+def _flop_table(report: FlopReport) -> Table:
+    t = Table(
+        title="FLOPs of one forward pass (matmuls; 1 multiply-add = 2 FLOPs)", title_justify="left"
+    )
+    t.add_column("term")
+    t.add_column("GFLOPs", justify="right")
+    t.add_column("share", justify="right")
+    total = report.forward_total
+    for key, value in report.forward.items():
+        t.add_row(_label(key), _g(value), f"{100 * value / total:.1f}%")
+    t.add_section()
+    t.add_row("[bold]forward[/]", f"[bold]{_g(total)}[/]", "100.0%")
+    t.add_row("backward (≈ 2 × forward)", _g(report.backward_total), "")
+    t.add_row("[bold]training step (≈ 3 × forward)[/]", f"[bold]{_g(report.train_total)}[/]", "")
+    t.add_row("forward per token", f"{report.flops_per_token / 1e9:,.3f}", "")
+    return t
+
+
+def _memory_table(report: FlopReport) -> Table:
+    t = Table(title="parameters and memory", title_justify="left")
+    t.add_column("item")
+    t.add_column("size", justify="right")
+    for key, value in report.params.items():
+        if key != "total" and value:
+            t.add_row(f"params: {key}", f"{value:,}")
+    t.add_row("[bold]params: total[/]", f"[bold]{report.params['total']:,}[/]")
+    t.add_section()
+    labels = {
+        "parameters": "parameters", "gradients": "gradients", "adam_state": "AdamW moments (fp32)",
+        "training_state": "training state (params + grads + AdamW)", "kv_cache": "KV cache",
+        "attention_matrix": "one layer's attention matrix (math backend)",
+    }  # fmt: skip
+    for key, value in report.memory.items():
+        t.add_row(labels.get(key, key), _bytes(value))
+    t.add_section()
+    for name, value in report.kv_cache.items():
+        t.add_row(f"KV cache {name} (H_kv = {report.kv_heads[name]})", _bytes(value))
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    config = build_config(args)
+    seq_len = (
+        args.seq_len
+        if args.seq_len is not None
+        else (1024 if isinstance(config, GPTConfig) else 128)
+    )
+    if args.src_len is not None and isinstance(config, GPTConfig):
+        raise CLIError("--src-len applies to the encoder-decoder presets (transformer-*)")
+    report = flops(config, seq_len, args.batch, src_len=args.src_len, dtype=DTYPES[args.dtype])
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return 0
+    console = Console()
+    lengths = f"seq_len {report.seq_len}" + (
+        f", src_len {report.src_len}" if report.src_len else ""
+    )
+    console.print(
+        f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype})"
+    )
+    console.print(_flop_table(report))
+    console.print(_memory_table(report))
+    return 0

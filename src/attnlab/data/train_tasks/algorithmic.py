@@ -1,0 +1,220 @@
+"""``attnlab train copy|reverse|sort``: an encoder-decoder learns a string transformation.
+
+The defaults are the configuration of ``attnlab demo`` (reverse): strings of 1–16 symbols over a
+10-letter alphabet, a 2 + 2 layer Transformer with ``d_model = 128``, Adam with the Noam schedule
+and label smoothing 0.1. The score is the exact-match accuracy of greedy decoding on held-out
+strings (never seen in training, see :mod:`attnlab.data.tasks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from attnlab.data.tasks import TASK_NAMES, SequenceTask, SequenceTaskConfig
+from attnlab.data.train_tasks.attention_figure import save_cross_attention
+from attnlab.data.train_tasks.common import (
+    add_transformer_arguments,
+    noam_adam,
+    positive_int,
+    seq2seq_loss,
+)
+from attnlab.data.train_tasks.seq2seq_eval import decode_sources, exact_match_accuracy
+from attnlab.models.config import TransformerConfig, config_to_dict
+from attnlab.models.transformer import Transformer
+from attnlab.training.tasks_registry import TaskSetup, register_task
+from attnlab.training.trainer import IndexedBatches
+
+__all__ = ["AlgorithmicTask", "SequenceReport", "evaluate_task", "report_task", "task_model_config"]
+
+logger = logging.getLogger(__name__)
+
+_HELP = {
+    "copy": "copy a string (encoder-decoder; exact-match accuracy on held-out strings)",
+    "reverse": "reverse a string (encoder-decoder; the task of `attnlab demo`)",
+    "sort": "sort the letters of a string (encoder-decoder; exact-match accuracy)",
+}
+
+
+def task_model_config(task: SequenceTask, args: argparse.Namespace) -> TransformerConfig:
+    """The encoder-decoder for ``task``: one vocabulary (shared embeddings), sizes from ``args``."""
+    tok = task.tokenizer
+    return TransformerConfig(
+        src_vocab_size=tok.vocab_size,
+        tgt_vocab_size=tok.vocab_size,
+        d_model=args.d_model,
+        num_heads=args.heads,
+        num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+        label_smoothing=args.label_smoothing,
+        share_embeddings=True,
+        max_len=max(64, task.config.max_len + 2),
+        pad_id=tok.pad_id,  # type: ignore[arg-type]
+        bos_id=tok.bos_id,  # type: ignore[arg-type]
+        eos_id=tok.eos_id,  # type: ignore[arg-type]
+    )
+
+
+@dataclass(frozen=True)
+class SequenceReport:
+    """The held-out score of a model on a task.
+
+    Attributes:
+        accuracy: exact-match accuracy in [0, 1].
+        sources / predictions / targets: token lists of the held-out strings.
+    """
+
+    accuracy: float
+    sources: list[list[int]]
+    predictions: list[list[int]]
+    targets: list[list[int]]
+
+
+def evaluate_task(model: nn.Module, task: SequenceTask) -> SequenceReport:
+    """Greedy-decode every held-out string and score exact matches."""
+    sources = task.heldout()
+    inputs = [task.model_input(s) for s in sources]
+    predictions = decode_sources(model, inputs, max_new_tokens=task.max_target_len)
+    targets = [task.target(s) for s in sources]
+    return SequenceReport(exact_match_accuracy(predictions, targets), sources, predictions, targets)
+
+
+def report_task(
+    model: nn.Module,
+    task: SequenceTask,
+    run_dir: str | Path,
+    console: Console,
+    *,
+    examples: int = 5,
+    evaluation: SequenceReport | None = None,
+) -> SequenceReport:
+    """Print the accuracy and a few decoded examples; draw one example's attention.
+
+    Writes ``RUN/attention.png`` (cross-attention of the last decoder layer, mean over heads)
+    and ``RUN/attention_heads.png`` (every head) for the longest of the shown examples.
+
+    Args:
+        model: the trained encoder-decoder.
+        task: its task.
+        run_dir: where the figures go.
+        console: where the text goes.
+        examples: how many decoded examples to print.
+        evaluation: a :class:`SequenceReport` of this very model, to reuse instead of decoding.
+
+    Returns:
+        The :class:`SequenceReport`.
+    """
+    report = evaluation if evaluation is not None else evaluate_task(model, task)
+    tok = task.tokenizer
+    console.print(f"exact-match accuracy: {100 * report.accuracy:.1f}%  "
+                  f"({len(report.sources)} held-out strings, greedy decoding)")
+    # a spread of lengths, longest first
+    by_length = sorted(range(len(report.sources)), key=lambda i: -len(report.sources[i]))
+    shown = by_length[:: max(1, len(by_length) // examples)][:examples]
+    for i in shown:
+        ok = report.predictions[i] == report.targets[i]
+        mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
+        console.print(
+            f"  {mark} {tok.decode(report.sources[i]):<18} → {tok.decode(report.predictions[i])}"
+            + ("" if ok else f"   (expected {tok.decode(report.targets[i])})")
+        )
+    run_dir = Path(run_dir)
+    pick = shown[0]
+    src, out = report.sources[pick], report.predictions[pick]
+    try:
+        model_src = task.model_input(src)
+        path = save_cross_attention(
+            model,
+            model_src,
+            out,
+            src_tokens=[tok.id_to_token(t) for t in model_src],
+            out_tokens=[*(tok.id_to_token(t) for t in out), "<eos>"],
+            path=run_dir / "attention.png",
+            heads_path=run_dir / "attention_heads.png",
+        )
+        console.print(f"attention heatmap: {path}")
+    except (ValueError, KeyError) as exc:  # a figure must never lose the trained run
+        logger.warning("could not draw the attention heatmap: %s", exc)
+    return report
+
+
+class AlgorithmicTask:
+    """One of copy / reverse / sort as an ``attnlab train`` task.
+
+    Args:
+        name: ``"copy"``, ``"reverse"`` or ``"sort"``.
+    """
+
+    def __init__(self, name: str) -> None:
+        if name not in TASK_NAMES:
+            raise ValueError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
+        self.name = name
+        self.help = _HELP[name]
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("data")
+        g.add_argument("--num-symbols", type=positive_int, default=10, help="alphabet size (default 10)")
+        g.add_argument("--min-len", type=positive_int, default=1, help="shortest string (default 1)")
+        g.add_argument("--max-len", type=positive_int, default=16, help="longest string (default 16)")
+        g.add_argument(
+            "--num-heldout", type=positive_int, default=500, help="held-out strings (default 500)"
+        )
+        add_transformer_arguments(
+            parser, d_model=128, layers=2, heads=4, d_ff=256, dropout=0.0, warmup=200, batch_size=64
+        )
+        parser.set_defaults(eval_every=500)
+
+    def make_task(self, args: argparse.Namespace) -> SequenceTask:
+        config = SequenceTaskConfig(
+            self.name,
+            num_symbols=args.num_symbols,
+            min_len=args.min_len,
+            max_len=args.max_len,
+            num_heldout=args.num_heldout,
+        )
+        return SequenceTask(config, seed=args.seed)
+
+    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        task = self.make_task(args)
+        config = task_model_config(task, args)
+        model = Transformer(config)
+        batch_size = args.batch_size
+
+        # the trainer evaluates after the last step and the report follows at once: keep that
+        # evaluation (keyed by the parameters' version counters) instead of decoding twice
+        last: dict[str, Any] = {}
+
+        def fingerprint(m: nn.Module) -> tuple[int, ...]:
+            return tuple(p._version for p in m.parameters())
+
+        def evaluate(m: nn.Module) -> dict[str, Any]:
+            last["report"], last["key"] = evaluate_task(m, task), fingerprint(m)
+            return {"exact_match": last["report"].accuracy}
+
+        def report(m: nn.Module, run_dir: Path, console: Console) -> None:
+            fresh = last.get("report") if last.get("key") == fingerprint(m) else None
+            report_task(m, task, run_dir, console, evaluation=fresh)
+
+        return TaskSetup(
+            model=model,
+            make_optimizer=noam_adam(config.d_model, args.warmup, args.lr_factor),
+            batches=IndexedBatches(lambda step: task.batch(step, batch_size)),
+            loss_fn=seq2seq_loss(config.pad_id, config.label_smoothing),
+            model_config=config_to_dict(config),
+            evaluate=evaluate,
+            files={"tokenizer.json": task.tokenizer.to_json()},
+            report=report,
+        )
+
+
+for _name in TASK_NAMES:
+    register_task(AlgorithmicTask(_name))

@@ -1,0 +1,229 @@
+"""``attnlab train translate --src FILE --tgt FILE [--dev-src --dev-tgt --test-src --test-tgt]``.
+
+An encoder-decoder Transformer on a parallel corpus. Source and target tokenizers (BPE, or
+word-level with ``--tokenizer word``) are trained locally on the training files. Batches hold
+sentences of similar length (``--max-tokens`` padded tokens each). Evaluation gives the dev loss
+and the dev BLEU of greedy decoding; at the end the test split (or dev, when there is no test
+split) is translated with beam search and scored with sacrebleu; the translations are written to
+``RUN/test.hyp`` and the score to ``RUN/bleu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
+from attnlab.data.parallel import ParallelCorpus, read_parallel
+from attnlab.data.tokenizers import HFTokenizer, train_bpe, train_word_level
+from attnlab.data.train_tasks.common import add_transformer_arguments, noam_adam, positive_int, seq2seq_loss
+from attnlab.data.train_tasks.seq2seq_eval import decode_sources
+from attnlab.models.config import TransformerConfig, config_to_dict
+from attnlab.models.transformer import Transformer
+from attnlab.training.tasks_registry import TaskSetup, register_task
+from attnlab.training.trainer import IndexedBatches
+
+__all__ = ["TranslateData", "TranslationTask", "corpus_bleu", "load_translate_data", "translate_sentences"]
+
+logger = logging.getLogger(__name__)
+
+SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> float:
+    """Corpus BLEU (Papineni et al. 2002) with sacrebleu, on a 0–100 scale."""
+    import sacrebleu
+
+    return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=tokenize).score)
+
+
+@dataclass
+class TranslateData:
+    """Tokenizers and splits of a translation task.
+
+    Attributes:
+        src_tok / tgt_tok: the tokenizers (trained on the training split).
+        train: the training pairs; dev / test: optional held-out pairs.
+    """
+
+    src_tok: HFTokenizer
+    tgt_tok: HFTokenizer
+    train: ParallelCorpus
+    dev: ParallelCorpus | None
+    test: ParallelCorpus | None
+
+
+def _pair(args: argparse.Namespace, split: str) -> ParallelCorpus | None:
+    src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
+    if (src is None) != (tgt is None):
+        raise ValueError(f"--{split}-src and --{split}-tgt must be given together")
+    return None if src is None else read_parallel(src, tgt, what=split)
+
+
+def load_translate_data(args: argparse.Namespace) -> TranslateData:
+    """Read the files named by the options and train the two tokenizers on the training split."""
+    train = read_parallel(args.src, args.tgt, what="train")
+    dev, test = _pair(args, "dev"), _pair(args, "test")
+    if args.tokenizer == "word":
+        src_tok = train_word_level(train.src, args.src_vocab)
+        tgt_tok = train_word_level(train.tgt, args.tgt_vocab)
+    else:
+        src_tok = train_bpe(train.src, args.src_vocab)
+        tgt_tok = train_bpe(train.tgt, args.tgt_vocab)
+    return TranslateData(src_tok, tgt_tok, train, dev, test)
+
+
+def _encode_all(tok: HFTokenizer, lines: Sequence[str], limit: int) -> list[list[int]]:
+    return [tok.encode(line)[:limit] for line in lines]
+
+
+def translate_sentences(
+    model: nn.Module,
+    src_tok: Any,
+    tgt_tok: Any,
+    sentences: Sequence[str],
+    *,
+    strategy: str = "beam",
+    num_beams: int = 4,
+    batch_size: int = 64,
+) -> list[str]:
+    """Translate source sentences (greedy or beam search), returning detokenized text."""
+    cfg = model.config  # type: ignore[union-attr]
+    limit = cfg.max_len - 2
+    sources = _encode_all(src_tok, sentences, limit)
+    for i, s in enumerate(sources):
+        if not s:
+            sources[i] = [src_tok.unk_id if src_tok.unk_id is not None else cfg.pad_id + 1]
+    longest = max(len(s) for s in sources)
+    max_new = min(cfg.max_len - 1, 2 * longest + 10)
+    outputs = decode_sources(
+        model, sources, max_new_tokens=max_new, strategy=strategy, num_beams=num_beams,
+        batch_size=batch_size,
+    )  # fmt: skip
+    return [tgt_tok.decode(o) for o in outputs]
+
+
+class TranslationTask:
+    """``attnlab train translate``."""
+
+    name = "translate"
+    help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("data")
+        g.add_argument("--src", required=True, help="training source file (one sentence a line)")
+        g.add_argument("--tgt", required=True, help="training target file (line i ↔ line i)")
+        for split in ("dev", "test"):
+            g.add_argument(f"--{split}-src", default=None, help=f"{split} source file")
+            g.add_argument(f"--{split}-tgt", default=None, help=f"{split} target file")
+        g.add_argument(
+            "--tokenizer", choices=("bpe", "word"), default="bpe", help="default bpe"
+        )
+        g.add_argument("--src-vocab", type=positive_int, default=8000, help="default 8000")
+        g.add_argument("--tgt-vocab", type=positive_int, default=8000, help="default 8000")
+        g.add_argument(
+            "--max-tokens", type=positive_int, default=4096,
+            help="padded tokens per batch (default 4096)",
+        )  # fmt: skip
+        g.add_argument("--beams", type=positive_int, default=4, help="beam size at the end (default 4)")
+        g.add_argument(
+            "--bleu-tokenize", default="13a",
+            help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",
+        )  # fmt: skip
+        add_transformer_arguments(
+            parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=1000,
+            batch_size=None,
+        )  # fmt: skip
+        parser.set_defaults(eval_every=1000)
+
+    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        data = load_translate_data(args)
+        src_tok, tgt_tok = data.src_tok, data.tgt_tok
+        if src_tok.pad_id != tgt_tok.pad_id:
+            raise ValueError("the source and target tokenizers must share the padding id")
+        max_len = 256
+        config = TransformerConfig(
+            src_vocab_size=src_tok.vocab_size,
+            tgt_vocab_size=tgt_tok.vocab_size,
+            d_model=args.d_model,
+            num_heads=args.heads,
+            num_encoder_layers=args.layers,
+            num_decoder_layers=args.layers,
+            d_ff=args.d_ff,
+            dropout=args.dropout,
+            label_smoothing=args.label_smoothing,
+            max_len=max_len,
+            pad_id=tgt_tok.pad_id,  # type: ignore[arg-type]
+            bos_id=tgt_tok.bos_id,  # type: ignore[arg-type]
+            eos_id=tgt_tok.eos_id,  # type: ignore[arg-type]
+        )
+        model = Transformer(config)
+        limit = max_len - 2
+        source = BucketedBatchSource(
+            _encode_all(src_tok, data.train.src, limit),
+            _encode_all(tgt_tok, data.train.tgt, limit),
+            max_tokens=args.max_tokens,
+            pad_id=config.pad_id,
+            bos_id=config.bos_id,
+            eos_id=config.eos_id,
+            seed=args.seed,
+        )
+        loss_fn = seq2seq_loss(config.pad_id, config.label_smoothing)
+        dev = data.dev
+        dev_batch = None
+        if dev is not None:
+            dev_batch = make_seq2seq_batch(
+                _encode_all(src_tok, dev.src, limit), _encode_all(tgt_tok, dev.tgt, limit),
+                pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
+            )  # fmt: skip
+
+        def evaluate_dev(m: nn.Module) -> dict[str, float]:
+            if dev is None or dev_batch is None:
+                return {}
+            d = next(m.parameters()).device
+            batch = type(dev_batch)(dev_batch.src.to(d), dev_batch.tgt_in.to(d), dev_batch.targets.to(d))
+            loss = float(loss_fn(m, batch).loss)
+            hyps = translate_sentences(m, src_tok, tgt_tok, dev.src, strategy="greedy", batch_size=128)
+            return {"dev_loss": loss, "dev_bleu": corpus_bleu(hyps, dev.tgt, args.bleu_tokenize)}
+
+        final = data.test if data.test is not None else dev
+        final_name = "test" if data.test is not None else "dev"
+
+        def report(m: nn.Module, run_dir: Path, console: Console) -> None:
+            if final is None:
+                console.print("no dev or test split given: no BLEU")
+                return
+            hyps = translate_sentences(m, src_tok, tgt_tok, final.src, num_beams=args.beams)
+            bleu = corpus_bleu(hyps, final.tgt, args.bleu_tokenize)
+            (Path(run_dir) / f"{final_name}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            (Path(run_dir) / "bleu.json").write_text(
+                json.dumps({"split": final_name, "bleu": bleu, "beams": args.beams,
+                            "tokenize": args.bleu_tokenize, "sentences": len(hyps)}) + "\n",
+                encoding="utf-8",
+            )  # fmt: skip
+            console.print(f"{final_name} BLEU ({args.beams} beams): {bleu:.2f}")
+            for s, h, r in list(zip(final.src, hyps, final.tgt))[:3]:
+                console.print(f"  {s}\n    → {h}\n    ref {r}", markup=False, highlight=False)
+
+        return TaskSetup(
+            model=model,
+            make_optimizer=noam_adam(config.d_model, args.warmup, args.lr_factor),
+            batches=IndexedBatches(source.batch),
+            loss_fn=loss_fn,
+            model_config=config_to_dict(config),
+            evaluate=evaluate_dev if dev is not None else None,
+            files={SRC_TOKENIZER: src_tok.to_json(), TGT_TOKENIZER: tgt_tok.to_json()},
+            report=report,
+        )
+
+
+register_task(TranslationTask())

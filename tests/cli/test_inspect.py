@@ -1,0 +1,113 @@
+"""``attnlab inspect RUN --text ...`` on saved checkpoints of both model families."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
+from attnlab.cli import main
+from attnlab.data.tokenizers import BOS, EOS, PAD, UNK, CharTokenizer
+from attnlab.models.config import config_to_dict
+from attnlab.training.checkpoint import save_checkpoint
+
+TOKENIZER = CharTokenizer(list("abcdefgh "), [PAD, UNK, BOS, EOS])
+
+
+def _save(run: Path, model: torch.nn.Module, step: int = 3) -> None:
+    save_checkpoint(
+        run, step=step, model=model, config={"model": config_to_dict(model.config)},
+        files={"tokenizer.json": TOKENIZER.to_json()},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def gpt_run(tmp_path: Path) -> Path:
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    _save(tmp_path / "gpt", GPT(cfg))
+    return tmp_path / "gpt"
+
+
+def test_gpt_run_prints_a_health_table(gpt_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(gpt_run), "--text", "abc dea"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer.h.0.attn" in out and "transformer.h.1.attn" in out
+    assert "all 8 heads healthy" in out and "sum err" in out
+
+
+def test_json_report_and_checkpoint_folder(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = next((gpt_run / "checkpoints").glob("step-*"))
+    assert main(["inspect", str(ckpt), "--ids", "4 5 6 7", "--json", "--layer", "h.1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and {h["layer"] for h in report["heads"]} == {
+        "transformer.h.1.attn"
+    }
+    assert all(h["rows"] == 4 for h in report["heads"])
+
+
+def test_nan_weights_are_located(
+    gpt_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_attn.weight[8:16, :] = float("nan")  # queries of head 1
+    _save(tmp_path / "bad", model)
+    assert main(["inspect", str(tmp_path / "bad"), "--text", "abcd"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "first non-finite weight: nan in transformer.h.1.attn head 1 at batch 0, query 0, key 0"
+        in out
+    )
+    assert "FAIL" in out
+
+
+def test_encoder_decoder_with_and_without_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TransformerConfig(
+        src_vocab_size=TOKENIZER.vocab_size, tgt_vocab_size=TOKENIZER.vocab_size, d_model=32,
+        num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64, max_len=32,
+        bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
+    )  # fmt: skip
+    _save(tmp_path / "s2s", Transformer(cfg))
+    assert (
+        main(["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--target", "dcba", "--json"])
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    kinds = {(h["layer"], h["kind"]) for h in report["heads"]}
+    assert ("decoder.layers.0.cross_attn", "cross") in kinds and (
+        "encoder.layers.0.self_attn",
+        "self",
+    ) in kinds
+    cross = [h for h in report["heads"] if h["kind"] == "cross"]
+    assert cross[0]["rows"] == 5  # <bos> + 4 target tokens
+    assert main(["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--max-new-tokens", "3"]) == 0
+    assert "decoder.layers.0.cross_attn" in capsys.readouterr().out
+
+
+def test_user_errors_are_one_line(
+    gpt_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(tmp_path / "missing"), "--text", "a"]) == 2
+    assert main(["inspect", str(gpt_run), "--ids", "1 x"]) == 2
+    assert main(["inspect", str(gpt_run), "--text", "a" * 40]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("attnlab: error: ") for line in err)
+    assert "no such run or checkpoint folder" in err[0] and "--ids must be integers" in err[1]
+    assert "more than the model's limit of 32" in err[2]
+
+
+def test_hugging_face_gpt2_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(hf_cfg).save_pretrained(tmp_path / "hf")
+    assert main(["inspect", str(tmp_path / "hf"), "--ids", "1 2 3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [h["layer"] for h in report["heads"]] == ["transformer.h.0.attn"] * 2

@@ -1,0 +1,113 @@
+"""flops(): the term-by-term formulas against torch's FlopCounterMode and real parameter counts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
+from attnlab.inspect import flops, kv_cache_bytes
+
+
+def _counted(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def _within(estimate: int, measured: int, rel: float = 0.02) -> bool:
+    return abs(estimate - measured) <= rel * measured
+
+
+# The explicit "math" backend: on the CPU torch's fused attention kernel is not in FlopCounterMode's
+# registry (it would count the attention matmuls as 0), so the counter sees them only as matmuls.
+SMALL = {"vocab_size": 97, "n_positions": 64, "n_embd": 64, "n_head": 4, "backend": "math"}
+GPT_CONFIGS = [
+    GPTConfig(n_layer=2, **SMALL),
+    GPTConfig(n_layer=3, num_kv_heads=2, positions="rope", bias=False, **SMALL),
+]
+
+
+@pytest.mark.parametrize("config", GPT_CONFIGS, ids=["gpt", "gpt-gqa-rope"])
+def test_gpt_agrees_with_flop_counter(config: GPTConfig) -> None:
+    model = GPT(config)
+    x = torch.randint(0, config.vocab_size, (2, 48))
+    report = flops(config, seq_len=48, batch=2)
+    with torch.no_grad():
+        forward = _counted(lambda: model(x))
+    train = _counted(lambda: model(x, labels=x).loss.backward())
+    assert _within(report.forward_total, forward)
+    assert _within(report.train_total, train)
+    assert report.train_total == 3 * report.forward_total
+    assert report.params["total"] == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"share_embeddings": True, "norm_first": True}, {"tie_output": False, "num_kv_heads": 1}],
+    ids=["base", "shared-prenorm", "untied-mqa"],
+)
+def test_transformer_agrees_with_flop_counter(extra: dict) -> None:
+    config = TransformerConfig(
+        src_vocab_size=61, tgt_vocab_size=61, d_model=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=3, d_ff=64, backend="math", **extra,
+    )  # fmt: skip
+    model = Transformer(config)
+    src, tgt = torch.randint(3, 61, (2, 11)), torch.randint(3, 61, (2, 7))
+    report = flops(config, seq_len=7, batch=2, src_len=11)
+    with torch.no_grad():
+        forward = _counted(lambda: model(src, tgt))
+    train = _counted(lambda: model(src, tgt, targets=tgt).loss.backward())
+    assert _within(report.forward_total, forward)
+    assert _within(report.train_total, train)
+    assert report.params["total"] == sum(p.numel() for p in model.parameters())
+    assert report.src_len == 11 and "decoder/cross_attention/kv" in report.forward
+
+
+def test_fused_backend_differs_only_by_the_attention_matmuls() -> None:
+    config = dataclasses.replace(GPT_CONFIGS[0], backend="sdpa")
+    x = torch.randint(0, config.vocab_size, (1, 40))
+    with torch.no_grad():
+        counted = _counted(lambda: GPT(config)(x))
+    terms = flops(config, seq_len=40).grouped()
+    assert counted == flops(config, seq_len=40).forward_total - terms["scores"] - terms["reduce"]
+
+
+def test_gpt2_small_matches_the_seed_numbers() -> None:
+    # nanoGPT's transformer_sizing: 124M parameters, ~292 GFLOPs forward and ~875 GFLOPs a step
+    report = flops(GPTConfig(), seq_len=1024)
+    assert report.params["total"] == 124_439_808
+    assert report.forward["attention/qkv"] == 12 * 2 * 1024 * 768 * 3 * 768
+    assert report.forward["attention/scores"] == 12 * 2 * 1024 * 1024 * 768
+    assert report.forward["lm_head"] == 2 * 1024 * 768 * 50257
+    assert round(report.forward_total / 1e9) == 292 and round(report.train_total / 1e9) == 875
+    d = report.to_dict()
+    assert d["train_total"] == report.train_total and d["memory"]["parameters"] == 124_439_808 * 4
+
+
+def test_kv_cache_bytes_for_mha_gqa_mqa() -> None:
+    config = GPTConfig(n_layer=12, n_head=12, num_kv_heads=4, n_embd=768)
+    report = flops(config, seq_len=1000, batch=2)
+    per_head = 2 * 12 * 2 * 64 * 1000 * 4  # K and V · layers · batch · d_head · T · fp32
+    assert report.kv_cache == {"MHA": 12 * per_head, "GQA": 4 * per_head, "MQA": per_head}
+    assert report.memory["kv_cache"] == 4 * per_head
+    assert kv_cache_bytes(config, 1000, 2, num_kv_heads=1, dtype=torch.bfloat16) == per_head // 2
+    # encoder-decoder: self-attention cache (target) + cross-attention keys/values (source)
+    tc = TransformerConfig()
+    assert kv_cache_bytes(tc, 10, src_len=30) == 2 * 6 * 8 * 64 * (10 + 30) * 4
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(
+        TypeError, match="config must be a GPTConfig or a TransformerConfig, got dict"
+    ):
+        flops({}, 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
+        flops(GPTConfig(), 0)
+    with pytest.raises(ValueError, match="num_kv_heads must divide the 12 query heads, got 5"):
+        flops(GPTConfig(), 10, num_kv_heads=5)
+    with pytest.raises(ValueError, match="src_len is only for the encoder-decoder"):
+        flops(GPTConfig(), 10, src_len=4)
