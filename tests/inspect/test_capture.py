@@ -140,3 +140,41 @@ def test_errors_name_the_problem() -> None:
             pass
     with pytest.raises(KeyError, match="no attention layer or hook point named 'x'"):
         run_with_cache(_gpt(), torch.tensor([[1]]))[1]["x"]
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
+def test_blockwise_stats_without_weights_match_the_weights(positions: str) -> None:
+    model = _gpt(positions=positions, num_kv_heads=2)
+    x = torch.randint(0, 50, (2, 11))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    _, exact = run_with_cache(model, x, attention_mask=mask)
+    with capture(model, weights=False, stats=True) as cache:
+        out = model(x, attention_mask=mask)
+    assert torch.equal(out.logits, model(x, attention_mask=mask).logits)
+    assert not cache.attentions and list(cache.stats) == list(exact.attentions)
+    for name, w in exact.attentions.items():
+        st = cache.stats[name]
+        assert st.entropy.shape == (2, 4, 11)
+        assert torch.allclose(st.max_weight, w.amax(-1), atol=1e-5)
+        assert torch.allclose(st.entropy, -torch.special.xlogy(w, w).sum(-1), atol=1e-4)
+    assert _no_hooks_left(model)
+    with pytest.raises(ValueError, match="nothing to capture"):
+        with capture(model, weights=False):
+            pass
+
+
+def test_stats_for_cross_attention() -> None:
+    cfg = TransformerConfig(
+        src_vocab_size=30, tgt_vocab_size=30, d_model=16, num_heads=2, num_encoder_layers=1,
+        num_decoder_layers=1, d_ff=32,
+    )  # fmt: skip
+    model = Transformer(cfg).eval()
+    src, tgt = torch.randint(3, 30, (1, 9)), torch.randint(3, 30, (1, 4))
+    src[0, 7:] = cfg.pad_id
+    with capture(model, stats=True) as cache:
+        model(src, tgt)
+    w = cache["decoder.layers.0.cross_attn"]
+    st = cache.stats["decoder.layers.0.cross_attn"]
+    assert torch.allclose(st.max_weight, w.amax(-1), atol=1e-5)
+    assert torch.allclose(st.entropy, -torch.special.xlogy(w, w).sum(-1), atol=1e-4)

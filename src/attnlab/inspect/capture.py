@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.inspect.stats import AttentionStats, attention_stats
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.multihead import MultiHeadAttention
 
@@ -42,12 +43,15 @@ class ActivationCache:
         history: module path → the weights of every call (one per decoding step with a KV cache).
         activations: hook-point path → the latest output of other hook points asked for with
             ``hooks=`` (e.g. ``"transformer.h.0.attn.hook_q"``).
+        stats: module path → :class:`~attnlab.inspect.stats.AttentionStats` of the latest call
+            (entropy, max weight, log-sum-exp per row), filled with ``stats=True``.
     """
 
     attentions: dict[str, torch.Tensor] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
     history: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     activations: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, AttentionStats] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """``cache[path]``: the attention weights of one layer, else a captured activation."""
@@ -118,6 +122,8 @@ def capture(
     *,
     names: Sequence[str] | Callable[[str], bool] | None = None,
     hooks: Sequence[str] = (),
+    weights: bool = True,
+    stats: bool = False,
     detach: bool = True,
     device: torch.device | str | None = None,
 ) -> Iterator[ActivationCache]:
@@ -131,6 +137,12 @@ def capture(
             or a predicate on the path. Default all.
         hooks: other hook points of the selected layers to record too, by attribute name
             (``"hook_q"``, ``"hook_k"``, ``"hook_v"``, ``"hook_z"``).
+        weights: record the ``(B, H, T_q, T_k)`` weights (default). ``False`` leaves the layers
+            on their fast path, which never forms them.
+        stats: record per-row entropy, max weight and log-sum-exp in ``cache.stats``, computed
+            blockwise from the layer's queries, keys and mask by
+            :func:`~attnlab.inspect.stats.attention_stats` — with ``weights=False`` nothing of
+            size ``T × T`` is formed, so long sequences can be checked.
         detach: store detached tensors (default); ``False`` keeps them in the autograd graph.
         device: move the stored tensors there (e.g. ``"cpu"``); default leave them in place.
 
@@ -157,6 +169,8 @@ def capture(
         raise ValueError(
             f"names selects no attention layer; the model has {', '.join(list(modules)[:8])}"
         )
+    if not (weights or stats or hooks):
+        raise ValueError("nothing to capture: weights=False, stats=False and no hooks")
     for hook_name in hooks:
         if not isinstance(getattr(next(iter(selected.values())), hook_name, None), HookPoint):
             raise ValueError(
@@ -171,6 +185,8 @@ def capture(
         return t if device is None else t.to(device)
 
     handles: list[torch.utils.hooks.RemovableHandle] = []
+    calls: dict[str, dict[str, Any]] = {}  # per layer, what the running call has shown so far
+    current: list[str] = []  # the layer whose forward is running (for a shared rotary module)
     try:
         for name, module in selected.items():
 
@@ -178,14 +194,37 @@ def capture(
                 mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
             ) -> None:
                 cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
+                calls[name] = {"mask": kwargs.get("mask"), "causal": bool(kwargs.get("is_causal"))}
+                current.append(name)
+
+            def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
+                current.pop()
+                call = calls.pop(name, {})
+                if stats and "q" in call and "k" in call:
+                    q = call["rotated"][0] if call.get("rotated") else call["q"]
+                    result = attention_stats(q, call["k"], call["mask"], is_causal=call["causal"])
+                    cache.stats[name] = AttentionStats(*(keep(t) for t in (
+                        result.entropy, result.max_weight, result.logsumexp
+                    )))  # fmt: skip
 
             def on_weights(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
                 w = keep(out)
                 cache.attentions[name] = w  # a dict keeps the first call's position
                 cache.history.setdefault(name, []).append(w)
 
+            def on_q(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
+                calls.setdefault(name, {})["q"] = out.detach()
+
+            def on_k(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
+                calls.setdefault(name, {})["k"] = out.detach()
+
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(module.hook_weights.register_forward_hook(on_weights))
+            handles.append(module.register_forward_hook(post))
+            if weights:
+                handles.append(module.hook_weights.register_forward_hook(on_weights))
+            if stats:
+                handles.append(module.hook_q.register_forward_hook(on_q))
+                handles.append(module.hook_k.register_forward_hook(on_k))
             for hook_name in hooks:
                 path = f"{name}.{hook_name}" if name else hook_name
 
@@ -193,6 +232,18 @@ def capture(
                     cache.activations[path] = keep(out)
 
                 handles.append(getattr(module, hook_name).register_forward_hook(on_act))
+        if stats:
+            # hook_q sees the queries before a rotary embedding turns them; the rotary module's
+            # first call of a layer's forward returns the turned queries
+            rotaries = {id(m.rotary): m.rotary for m in selected.values() if m.rotary is not None}
+
+            def on_rotary(mod: nn.Module, args: Any, out: torch.Tensor) -> None:
+                if current:
+                    call = calls.setdefault(current[-1], {})
+                    call.setdefault("rotated", []).append(out.detach())
+
+            for rotary in rotaries.values():
+                handles.append(rotary.register_forward_hook(on_rotary))
         yield cache
     finally:
         for handle in handles:
