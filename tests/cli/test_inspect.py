@@ -111,3 +111,10 @@ def test_hugging_face_gpt2_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["inspect", str(tmp_path / "hf"), "--ids", "1 2 3", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [h["layer"] for h in report["heads"]] == ["transformer.h.0.attn"] * 2
+
+
+def test_long_mode_uses_row_statistics(gpt_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(gpt_run), "--text", "abcdefgh" * 3, "--long", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and len(report["heads"]) == 8
+    assert all(h["row_sum_error"] is None and h["rows"] == 24 for h in report["heads"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig
-from attnlab.inspect import attention_entropy, diagnose, diagnose_model, run_with_cache
+from attnlab.inspect import attention_entropy, capture, diagnose, diagnose_model, run_with_cache
 
 
 def test_entropy_of_known_rows() -> None:
@@ -78,3 +78,39 @@ def test_cache_kinds_and_bad_input() -> None:
         diagnose({"x": torch.ones(3, 3)})
     with pytest.raises(TypeError, match="attentions must be an ActivationCache or a mapping"):
         diagnose([torch.ones(1, 1, 1, 1)])  # type: ignore[arg-type]
+
+
+def test_report_from_blockwise_statistics_matches_the_weights() -> None:
+    model = GPT(GPTConfig(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    x = torch.randint(0, 50, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+    _, exact = run_with_cache(model, x, attention_mask=mask)
+    with capture(model, weights=False, stats=True) as cache:
+        model(x, attention_mask=mask)
+    full, light = diagnose(exact), diagnose(cache)
+    assert light.ok and len(light.heads) == len(full.heads) == 8
+    for a, b in zip(full.heads, light.heads):
+        assert (a.layer, a.head, a.masked_rows, a.rows) == (b.layer, b.head, b.masked_rows, b.rows)
+        assert b.entropy_mean == pytest.approx(a.entropy_mean, abs=1e-5)
+        assert b.max_weight_max == pytest.approx(a.max_weight_max, abs=1e-5)
+        assert math.isnan(b.row_sum_error)  # not measured without the weights
+    json.dumps(light.to_dict(), allow_nan=False)
+
+
+def test_nan_located_from_blockwise_statistics() -> None:
+    model = GPT(GPTConfig(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_attn.weight[16:24] = float("nan")  # queries of head 2
+    with capture(model, weights=False, stats=True) as cache:
+        model(torch.randint(0, 50, (1, 5)))
+    report = diagnose(cache)
+    loc = report.first_nonfinite
+    assert loc is not None and (loc.layer, loc.head, loc.query, loc.key) == (
+        "transformer.h.1.attn",
+        2,
+        0,
+        -1,
+    )
+    assert str(loc) == "nan in transformer.h.1.attn head 2 at batch 0, query 0"
+    assert report.problems()[-1] == "transformer.h.1.attn head 2: 5 non-finite rows"

@@ -3,7 +3,8 @@
 Loads a run folder (its latest checkpoint), a checkpoint directory or a Hugging Face GPT-2
 directory, runs the text through the model while capturing the attention weights, and prints per
 layer and head: entropy, maximum weight, row-sum error, fully masked rows and non-finite weights,
-with the first NaN/inf located to layer, head and position. For the encoder-decoder the text is
+with the first NaN/inf located to layer, head and position (``--long``: from blockwise row
+statistics, without ever forming the ``T × T`` weights). For the encoder-decoder the text is
 the source; the target is ``--target`` or the model's own greedy output. ``--json`` prints the
 report as JSON instead. Exit code 0 when every head is healthy, 1 otherwise.
 """
@@ -14,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from typing import Any
 
 import torch
 from rich import box
@@ -42,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32, help="greedy target length limit")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
     p.add_argument("--atol", type=float, default=None, help="row-sum tolerance")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="for long texts: blockwise row statistics, never the T×T weights (no row-sum check)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=run)
@@ -68,6 +75,7 @@ def _run_model(loaded: LoadedModel, args: argparse.Namespace) -> ActivationCache
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
+    options: dict[str, Any] = {"names": names, "weights": not args.long, "stats": args.long}
     ids = _encode(loaded, args.text, args.ids, "input")
     x = torch.tensor([ids], device=device)
     cfg = loaded.config
@@ -84,10 +92,10 @@ def _run_model(loaded: LoadedModel, args: argparse.Namespace) -> ActivationCache
 
                 steps = max(1, min(args.max_new_tokens, cfg.max_len - 1))
                 y = generate(model, x, max_new_tokens=steps, eos_token_id=cfg.eos_id)
-            with capture(model, names=names) as cache:
+            with capture(model, **options) as cache:
                 model(x, y)
         else:
-            with capture(model, names=names) as cache:
+            with capture(model, **options) as cache:
                 model(x)
     return cache
 
@@ -118,7 +126,7 @@ def _table(report: HealthReport) -> Table:
             str(h.head),
             f"{_fmt(h.entropy_mean, '.2f')} [{_fmt(h.entropy_min, '.2f')}, {_fmt(h.entropy_max, '.2f')}]",
             _fmt(h.max_weight_mean, ".2f"),
-            f"{h.row_sum_error:.0e}",
+            _fmt(h.row_sum_error, ".0e"),
             f"{h.masked_rows}/{h.rows}",
             str(h.nonfinite),
             "[green]ok[/]" if h.ok else "[bold red]FAIL[/]",
@@ -139,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     # a pipe or a file gets a table wide enough for module paths (rich would assume 80 columns)
     console = Console(width=None if sys.stdout.isatty() else 120)
     kind = "encoder-decoder" if loaded.is_seq2seq else "GPT"
-    console.print(f"[bold]{loaded.path}[/] ({kind}, {len(cache.attentions)} attention layers)")
+    console.print(f"[bold]{loaded.path}[/] ({kind}, {len(report.layers())} attention layers)")
     console.print(_table(report))
     if report.ok:
         console.print(f"[green]all {len(report.heads)} heads healthy[/]")

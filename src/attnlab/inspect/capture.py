@@ -13,6 +13,10 @@ result is the same with and without capture (the layer keeps the kernel it would
 Weights are named by the path of their attention module in ``model.named_modules()``, e.g.
 ``"transformer.h.3.attn"`` (GPT), ``"encoder.layers.0.self_attn"``,
 ``"decoder.layers.1.cross_attn"`` (encoder-decoder).
+
+For long sequences, ``capture(model, weights=False, stats=True)`` records per-row entropy, max
+weight and log-sum-exp instead (``cache.stats``), computed blockwise from each layer's queries,
+keys and mask by :func:`attnlab.inspect.attention_stats` — no ``T × T`` matrix is ever formed.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnlab.inspect.capture import ActivationCache, run_with_cache
+from attnlab.inspect.stats import AttentionStats
 
 __all__ = [
     "HeadHealth",
@@ -60,7 +61,7 @@ class NonFiniteLocation:
         head: head index.
         batch: sequence index in the batch.
         query: query position (row).
-        key: key position (column).
+        key: key position (column); ``-1`` when only row statistics were captured.
         value: ``"nan"``, ``"inf"`` or ``"-inf"``.
     """
 
@@ -72,10 +73,8 @@ class NonFiniteLocation:
     value: str
 
     def __str__(self) -> str:
-        return (
-            f"{self.value} in {self.layer} head {self.head} at batch {self.batch}, "
-            f"query {self.query}, key {self.key}"
-        )
+        where = f"{self.value} in {self.layer} head {self.head} at batch {self.batch}, query {self.query}"
+        return where if self.key < 0 else f"{where}, key {self.key}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,8 +93,9 @@ class HeadHealth:
         entropy_mean, entropy_min, entropy_max: row entropies in nats, over unmasked finite rows
             (``nan`` when there are none).
         max_weight_mean, max_weight_max: the largest weight of each row, averaged / maximised.
-        row_sum_error: ``max |Σ_j p_j − 1|`` over unmasked finite rows.
-        nonfinite: NaN/inf entries.
+        row_sum_error: ``max |Σ_j p_j − 1|`` over unmasked finite rows (``nan``: not measured,
+            for a report built from blockwise statistics).
+        nonfinite: NaN/inf entries (rows, for a report from blockwise statistics).
         atol: the row-sum tolerance used for :attr:`ok`.
     """
 
@@ -159,7 +159,8 @@ class HealthReport:
             out.append(f"first non-finite weight: {self.first_nonfinite}")
         for h in self.heads:
             if h.nonfinite:
-                out.append(f"{h.layer} head {h.head}: {h.nonfinite} non-finite weights")
+                what = "rows" if math.isnan(h.row_sum_error) else "weights"
+                out.append(f"{h.layer} head {h.head}: {h.nonfinite} non-finite {what}")
             elif h.row_sum_error > h.atol:
                 out.append(
                     f"{h.layer} head {h.head}: rows sum to 1 ± {h.row_sum_error:.2e} "
@@ -189,7 +190,9 @@ def diagnose(
 
     Args:
         attentions: an :class:`~attnlab.inspect.capture.ActivationCache`, or a mapping from layer
-            name to weights ``(B, H, T_q, T_k)`` in execution order.
+            name to weights ``(B, H, T_q, T_k)`` in execution order. A cache captured with
+            ``weights=False, stats=True`` is checked from its blockwise row statistics
+            (no row sums then).
         atol: tolerance of the row-sum check; default ``1e-4`` for fp32/fp64 weights and ``2e-2``
             for fp16/bf16.
         kinds: layer name → ``"self"``/``"cross"`` (taken from the cache when one is given).
@@ -204,6 +207,8 @@ def diagnose(
     """
     if isinstance(attentions, ActivationCache):
         kinds = attentions.kinds if kinds is None else kinds
+        if not attentions.attentions and attentions.stats:
+            return _from_stats(attentions.stats, kinds)
         attentions = attentions.attentions
     if not isinstance(attentions, Mapping):
         raise TypeError(
@@ -280,6 +285,43 @@ def _layer_health(name: str, kind: str, w: torch.Tensor, atol: float) -> list[He
             )
         )
     return out
+
+
+def _from_stats(stats: Mapping[str, AttentionStats], kinds: Mapping[str, str]) -> HealthReport:
+    """Health from blockwise row statistics (``capture(stats=True, weights=False)``).
+
+    Row sums are not measured there (``row_sum_error`` is ``nan``) and a non-finite value is
+    located to its row only (``key = -1``).
+    """
+    heads: list[HeadHealth] = []
+    first: NonFiniteLocation | None = None
+    for name, st in stats.items():
+        bad_rows = ~(torch.isfinite(st.entropy) & torch.isfinite(st.max_weight))  # (B, H, T_q)
+        masked = torch.isneginf(st.logsumexp) & ~bad_rows
+        valid = ~bad_rows & ~masked
+        b, h, t_q = st.entropy.shape
+        for head in range(h):
+            v = valid[:, head]
+            n = int(v.sum())
+            ent, mw = st.entropy[:, head][v], st.max_weight[:, head][v]
+            heads.append(
+                HeadHealth(
+                    layer=name, kind=kinds.get(name, "self"), head=head, rows=b * t_q,
+                    masked_rows=int(masked[:, head].sum()),
+                    entropy_mean=float(ent.mean()) if n else math.nan,
+                    entropy_min=float(ent.min()) if n else math.nan,
+                    entropy_max=float(ent.max()) if n else math.nan,
+                    max_weight_mean=float(mw.mean()) if n else math.nan,
+                    max_weight_max=float(mw.max()) if n else math.nan,
+                    row_sum_error=math.nan, nonfinite=int(bad_rows[:, head].sum()), atol=math.nan,
+                )
+            )  # fmt: skip
+        if first is None and bool(bad_rows.any()):
+            head, batch, query = bad_rows.transpose(0, 1).nonzero()[0].tolist()
+            x = float(st.entropy[batch, head, query])
+            value = "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+            first = NonFiniteLocation(name, head, batch, query, -1, value)
+    return HealthReport(heads=tuple(heads), first_nonfinite=first)
 
 
 def _first_nonfinite(name: str, w: torch.Tensor) -> NonFiniteLocation | None:

@@ -8,10 +8,18 @@ For each query row the softmax is accumulated one key block at a time (Milakov &
     O' = e^{m − m'} · O + e^{S_b − m'} · V_b     running (unnormalised) output
     O  = O / l,   LSE = m + log l                at the end
 
-Nothing of size ``T_q × T_k`` exists: the largest temporary is ``T_q × block`` per head. Under a
-causal mask a key block is read only by the query rows that may see some of it, and blocks that
-no query sees are skipped. The backward pass (FlashAttention, Algorithm 2) recomputes each block's
-weights from the saved log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
+The queries are tiled too (blocks of ``query_block`` rows), so that every temporary is a
+``query_block × key_block`` tile per head; nothing of size ``T_q × T_k`` exists. Under a causal
+mask a query block reads only the keys it may see: the keys every row of the block sees come in
+unmasked blocks, and only the last block, which crosses the diagonal, is masked. Blocks that no
+query sees are never touched.
+
+Two fusions keep the passes over each tile few: ``rowsum(e^{S_b − m'})`` comes out of the same
+matmul as ``e^{S_b − m'} V_b`` (``V`` gets a column of ones), and the scale is folded into ``Q``
+once (fp32/fp64) instead of into every tile.
+
+The backward pass (FlashAttention, Algorithm 2) recomputes each tile's weights from the saved
+log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
 
     dV_b = P_bᵀ dO,   dP_b = dO V_bᵀ,   dS_b = P_b ∘ (dP_b − D),   dQ += dS_b K_b · scale,
     dK_b = dS_bᵀ Q · scale
@@ -19,6 +27,7 @@ weights from the saved log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = ro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +35,9 @@ import torch
 from attnlab.nn.attention import Masking
 from attnlab.nn.backends._common import compute_dtype, repeat_kv
 
-BLOCK_SIZE = 256
+QUERY_BLOCK = 256
+KEY_BLOCK = 1024
+BLOCK_SIZE = KEY_BLOCK  # kept for callers that name the key block size
 
 
 def blockwise_attention(
@@ -37,9 +48,11 @@ def blockwise_attention(
     scale: float,
     dropout_p: float,
     need_weights: bool,
-    block_size: int = BLOCK_SIZE,
+    block_size: int = KEY_BLOCK,
+    query_block: int = QUERY_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention with an online softmax over key blocks of ``block_size``.
+    """Attention with an online softmax over key blocks of ``block_size`` keys, for query blocks
+    of ``query_block`` rows.
 
     With ``need_weights`` the exact weights are rebuilt from the log-sum-exp this pass computed
     (that, of course, is a ``T_q × T_k`` tensor).
@@ -51,9 +64,9 @@ def blockwise_attention(
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
     bias = masking.bias
-    out, lse = _Blockwise.apply(
-        query, key, value, bias, masking.allowed, masking.causal_offset, scale, dropout_p, seed, block_size
-    )
+    hidden = None if masking.allowed is None else ~masking.allowed
+    plan = _Plan.make(query.shape[-2], key.shape[-2], query_block, block_size, masking.causal_offset)
+    out, lse = _Blockwise.apply(query, key, value, bias, hidden, plan, scale, dropout_p, seed)
     weights = None
     if need_weights:
         # P = exp(S − LSE), hidden entries 0: exactly the softmax the pass normalised by
@@ -67,6 +80,41 @@ def blockwise_attention(
     return out, weights
 
 
+@dataclass(frozen=True)
+class _Tile:
+    """Query rows ``r0:r1`` against keys ``j0:j1``; ``diagonal``: the causal rule cuts it."""
+
+    r0: int
+    r1: int
+    j0: int
+    j1: int
+    diagonal: bool
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The tiles a pass visits, grouped by query block, and the causal offset (or ``None``)."""
+
+    blocks: tuple[tuple[_Tile, ...], ...]
+    causal_offset: int | None
+
+    @staticmethod
+    def make(t_q: int, t_k: int, q_block: int, k_block: int, causal_offset: int | None) -> _Plan:
+        blocks = []
+        for r0 in range(0, t_q, q_block):
+            r1 = min(r0 + q_block, t_q)
+            if causal_offset is None:
+                end, full = t_k, t_k
+            else:
+                end = min(t_k, r1 + causal_offset)  # keys < end: seen by some row of the block
+                full = max(0, min(t_k, r0 + causal_offset + 1))  # keys < full: seen by every row
+            tiles = [_Tile(r0, r1, j0, min(j0 + k_block, full), False) for j0 in range(0, full, k_block)]
+            if end > full:  # the keys that cross the diagonal, one masked tile
+                tiles.append(_Tile(r0, r1, full, end, True))
+            blocks.append(tuple(tiles))
+        return _Plan(tuple(blocks), causal_offset)
+
+
 def _slice(t: torch.Tensor | None, rows: slice, cols: slice) -> torch.Tensor | None:
     """Rows/cols of a mask that may be broadcast (size 1) along either of its last two dims."""
     if t is None:
@@ -74,56 +122,43 @@ def _slice(t: torch.Tensor | None, rows: slice, cols: slice) -> torch.Tensor | N
     return t[..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)]
 
 
-class _Blocks:
-    """The key blocks a pass visits and, for each, the first query row that may see it."""
+class _Operands:
+    """The inputs laid out once for fast tiles: scaled queries, ``Kᵀ`` contiguous, ``[V, 1]``."""
 
-    def __init__(self, t_q: int, t_k: int, block: int, causal_offset: int | None) -> None:
-        self.items: list[tuple[int, int, int, bool]] = []  # (row0, col0, col1, needs causal mask)
-        for j0 in range(0, t_k, block):
-            j1 = min(j0 + block, t_k)
-            if causal_offset is None:
-                self.items.append((0, j0, j1, False))
-                continue
-            r0 = max(0, j0 - causal_offset)  # rows i < r0 see no key of this block
-            if r0 >= t_q:
-                break
-            crosses = (j1 - 1) > r0 + causal_offset  # some (row, key) pair in it is in the future
-            self.items.append((r0, j0, j1, crosses))
-        self.causal_offset = causal_offset
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> None:
+        self.acc = compute_dtype(q.dtype)
+        self.half = q.dtype != self.acc
+        # fp32/fp64: fold the scale into Q (one rounding, like scaling the scores);
+        # half types: scale the fp32 scores instead (a scaled bf16 Q would round twice)
+        self.q = q if self.half else q * scale
+        self.tile_scale = scale if self.half else None
+        self.k_t = k.transpose(-2, -1).contiguous()  # (..., D, T_k)
+        self.v = v
 
-
-def _block_scores(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    bias: torch.Tensor | None,
-    allowed: torch.Tensor | None,
-    blocks: _Blocks,
-    item: tuple[int, int, int, bool],
-    scale: float,
-    acc: torch.dtype,
-) -> torch.Tensor:
-    """``S_b = Q Kᵀ_b · scale + B_b`` with hidden entries at ``−∞``  (..., H, T_q − r0, j1 − j0)."""
-    r0, j0, j1, crosses = item
-    rows, cols = slice(r0, None), slice(j0, j1)
-    s = torch.matmul(q[..., rows, :], k[..., cols, :].transpose(-2, -1)).to(acc)
-    s.mul_(scale)
-    b = _slice(bias, rows, cols)
-    if b is not None:
-        s = s + b
-    vis = _slice(allowed, rows, cols)
-    if crosses:
-        assert blocks.causal_offset is not None
-        i = torch.arange(r0, q.shape[-2], device=q.device)[:, None]
-        j = torch.arange(j0, j1, device=q.device)[None, :]
-        causal = j <= i + blocks.causal_offset
-        vis = causal if vis is None else vis & causal
-    if vis is not None:
-        s = s.masked_fill(~vis, float("-inf"))
-    return s
+    def scores(
+        self, tile: _Tile, bias: torch.Tensor | None, hidden: torch.Tensor | None, offset: int | None
+    ) -> torch.Tensor:
+        """``S_b = Q_b Kᵀ_b · scale + B_b`` with hidden entries at ``−∞``   (..., rows, cols)."""
+        rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
+        s = torch.matmul(self.q[..., rows, :], self.k_t[..., cols])
+        if self.half:
+            s = s.to(self.acc).mul_(self.tile_scale)
+        b = _slice(bias, rows, cols)
+        if b is not None:
+            s = s.add_(b)  # s has the full (..., H, rows, cols) shape; b broadcasts into it
+        h = _slice(hidden, rows, cols)
+        if h is not None:
+            s = s.masked_fill_(h, float("-inf"))
+        if tile.diagonal:
+            assert offset is not None
+            i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
+            j = torch.arange(tile.j0, tile.j1, device=s.device)[None, :]
+            s = s.masked_fill_(j > i + offset, float("-inf"))
+        return s
 
 
 def _keep_mask(shape: torch.Size, p: float, seed: int, index: int, device: torch.device) -> torch.Tensor:
-    """The dropout keep-mask of one block, reproducible in the backward pass."""
+    """The dropout keep-mask of one tile, reproducible in the backward pass."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + index)
     return torch.rand(shape, generator=gen, device=device) >= p
@@ -137,77 +172,107 @@ class _Blockwise(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         bias: torch.Tensor | None,
-        allowed: torch.Tensor | None,
-        causal_offset: int | None,
+        hidden: torch.Tensor | None,
+        plan: _Plan,
         scale: float,
         dropout_p: float,
         seed: int,
-        block: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        acc = compute_dtype(q.dtype)
-        t_q, t_k = q.shape[-2], k.shape[-2]
-        blocks = _Blocks(t_q, t_k, block, causal_offset)
+        ops = _Operands(q, k, v, scale)
+        acc = ops.acc
         lead = q.shape[:-1]
-        m = torch.full(lead, float("-inf"), dtype=acc, device=q.device)  # running max
-        l = torch.zeros(lead, dtype=acc, device=q.device)  # running normaliser
-        o = torch.zeros((*lead, v.shape[-1]), dtype=acc, device=q.device)  # running output
-        for index, item in enumerate(blocks.items):
-            r0, j0, j1, _ = item
-            s = _block_scores(q, k, bias, allowed, blocks, item, scale, acc)
-            m_old = m[..., r0:]
-            m_new = torch.maximum(m_old, s.amax(dim=-1))
-            m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows with no key yet
-            p = s.sub_(m_safe.unsqueeze(-1)).exp_()  # e^{S_b − m'}
-            alpha = torch.exp(m_old - m_safe)  # e^{m − m'}
-            l[..., r0:] = alpha * l[..., r0:] + p.sum(dim=-1)
-            if dropout_p > 0:
-                p = p * _keep_mask(p.shape, dropout_p, seed, index, q.device) / (1.0 - dropout_p)
-            pv = torch.matmul(p.to(v.dtype), v[..., j0:j1, :]).to(acc)
-            o[..., r0:, :] = alpha.unsqueeze(-1) * o[..., r0:, :] + pv
-            m[..., r0:] = m_new
-        o = o / l.unsqueeze(-1)
-        lse = m + torch.log(l)
-        out = o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, bias, allowed, out, lse)
-        ctx.params = (blocks, scale, dropout_p, seed)
+        out = torch.empty((*lead, v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty(lead, dtype=acc, device=q.device)
+        # [V, 1]: e^{S_b − m'} [V_b, 1] gives the output update and the row sums in one matmul
+        v_ones = None
+        if dropout_p == 0:
+            ones = torch.ones((*v.shape[:-1], 1), dtype=v.dtype, device=v.device)
+            v_ones = torch.cat((v, ones), dim=-1)
+        masked = bias is not None or hidden is not None
+        index = 0
+        for tiles in plan.blocks:
+            m: torch.Tensor | None = None  # running max        (..., rows, 1)
+            o: torch.Tensor | None = None  # running output (and, last column, the normaliser)
+            l: torch.Tensor | None = None  # running normaliser (dropout only)
+            for tile in tiles:
+                s = ops.scores(tile, bias, hidden, plan.causal_offset)
+                m_b = s.amax(dim=-1, keepdim=True)
+                m_new = m_b if m is None else torch.maximum(m, m_b)
+                m_safe = m_new
+                if masked:  # a row with no visible key yet: any finite shift will do
+                    m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = s.sub_(m_safe).exp_()  # e^{S_b − m'}
+                alpha = None if m is None else torch.exp(m - m_safe)  # e^{m − m'}
+                cols = slice(tile.j0, tile.j1)
+                if v_ones is not None:
+                    pv = torch.matmul(p.to(v.dtype), v_ones[..., cols, :]).to(acc)
+                else:
+                    l_b = p.sum(dim=-1, keepdim=True)
+                    p = p.mul_(_keep_mask(p.shape, dropout_p, seed, index, q.device)).div_(1 - dropout_p)
+                    pv = torch.matmul(p.to(v.dtype), v[..., cols, :]).to(acc)
+                    l = l_b if l is None else l.mul_(alpha).add_(l_b)  # type: ignore[arg-type]
+                o = pv if o is None else o.mul_(alpha).add_(pv)  # type: ignore[arg-type]
+                m = m_new
+                index += 1
+            assert o is not None and m is not None
+            rows = slice(tiles[0].r0, tiles[0].r1)
+            if v_ones is not None:
+                o, l = o[..., :-1], o[..., -1:]
+            assert l is not None
+            out[..., rows, :] = o / l  # O = O / l
+            lse[..., rows] = (m + torch.log(l)).squeeze(-1)  # LSE = m + log l
+        ctx.save_for_backward(q, k, v, bias, hidden, out, lse)
+        ctx.params = (plan, scale, dropout_p, seed)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor, _d_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        q, k, v, bias, allowed, out, lse = ctx.saved_tensors
-        blocks, scale, dropout_p, seed = ctx.params
-        acc = lse.dtype
+        q, k, v, bias, hidden, out, lse = ctx.saved_tensors
+        plan, scale, dropout_p, seed = ctx.params
+        ops = _Operands(q, k, v, scale)
+        acc = ops.acc
         d_out_a = d_out.to(acc)
-        delta = (d_out_a * out.to(acc)).sum(dim=-1)  # D = rowsum(dO ∘ O)   (..., H, T_q)
+        delta = (d_out_a * out.to(acc)).sum(dim=-1, keepdim=True)  # D = rowsum(dO ∘ O)   (..., T_q, 1)
+        lse = lse.unsqueeze(-1)
+        v_t = v.transpose(-2, -1).to(acc).contiguous()  # (..., D_v, T_k)
+        k_a, q_s = k.to(acc), ops.q.to(acc)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
         want_bias = bias is not None and ctx.needs_input_grad[3]
         dbias = torch.zeros(bias.shape, dtype=acc, device=q.device) if want_bias else None
-        for index, item in enumerate(blocks.items):
-            r0, j0, j1, _ = item
-            s = _block_scores(q, k, bias, allowed, blocks, item, scale, acc)
-            p = s.sub_(lse[..., r0:].unsqueeze(-1)).exp_()  # P_b = e^{S_b − LSE}
-            d_o = d_out_a[..., r0:, :]
-            v_b = v[..., j0:j1, :].to(acc)
-            dp = torch.matmul(d_o, v_b.transpose(-2, -1))  # dP_b = dO V_bᵀ
-            if dropout_p > 0:
-                keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (1.0 - dropout_p)
-                dv_b = torch.matmul((p * keep).transpose(-2, -1), d_o)
-                dp = dp * keep
-            else:
-                dv_b = torch.matmul(p.transpose(-2, -1), d_o)  # dV_b = P_bᵀ dO
-            ds = p.mul_(dp.sub_(delta[..., r0:].unsqueeze(-1)))  # dS_b = P_b ∘ (dP_b − D)
-            dv[..., j0:j1, :] += dv_b
-            dq[..., r0:, :] += torch.matmul(ds, k[..., j0:j1, :].to(acc)) * scale
-            dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q[..., r0:, :].to(acc)) * scale
-            if dbias is not None:
-                target = _slice(dbias, slice(r0, None), slice(j0, j1))
-                assert target is not None
-                target += ds.sum_to_size(target.shape)
+        index = 0
+        for tiles in plan.blocks:
+            rows = slice(tiles[0].r0, tiles[0].r1)
+            d_o, lse_b, delta_b = d_out_a[..., rows, :], lse[..., rows, :], delta[..., rows, :]
+            q_b = q_s[..., rows, :]
+            dq_b = torch.zeros_like(dq[..., rows, :])
+            for tile in tiles:
+                cols = slice(tile.j0, tile.j1)
+                p = ops.scores(tile, bias, hidden, plan.causal_offset).sub_(lse_b).exp_()  # P_b
+                dp = torch.matmul(d_o, v_t[..., cols])  # dP_b = dO V_bᵀ
+                if dropout_p > 0:
+                    keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (1 - dropout_p)
+                    dv[..., cols, :] += torch.matmul((p * keep).transpose(-2, -1), d_o)
+                    dp.mul_(keep)
+                else:
+                    dv[..., cols, :] += torch.matmul(p.transpose(-2, -1), d_o)  # dV_b = P_bᵀ dO
+                ds = p.mul_(dp.sub_(delta_b))  # dS_b = P_b ∘ (dP_b − D)
+                dq_b += torch.matmul(ds, k_a[..., cols, :])
+                # Q was scaled already (fp32/fp64); half types scale below
+                dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)
+                if dbias is not None:
+                    target = _slice(dbias, rows, cols)
+                    assert target is not None
+                    target += ds.sum_to_size(target.shape)
+                index += 1
+            dq[..., rows, :] = dq_b
+        dq.mul_(scale)
+        if ops.half:
+            dk.mul_(scale)
         return (
             dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
             None if dbias is None else dbias.to(bias.dtype),
-            None, None, None, None, None, None,
+            None, None, None, None, None,
         )

@@ -1,0 +1,204 @@
+"""Greedy generation: attnlab.generate against Hugging Face ``generate``, same weights, same run.
+
+GPT-2 small (124M, random weights from ``GPT2Config``), a 32-token prompt, 128 new tokens, greedy,
+batch 1 and 8, fp32 and bf16 (the whole model cast). Runs alternate between the two libraries so
+that a noisy, shared machine slows both alike; tokens/s come from the median of ``--repeats``
+runs. In fp32 the generated tokens must be identical. Also reported:
+
+* attnlab through ``model.forward`` with the cache (``fast=False``), to show what the decode-time
+  weight layout of :mod:`attnlab.decoding.fast` adds;
+* the cost of one decoding step at position ~1000 against position ~10 (batch 1, fp32): with a
+  preallocated cache a step at position 1000 attends over 100x more keys but still reads the same
+  weights (target: within 1.5x).
+
+Targets (issue 3): >= 1.8x Hugging Face at batch 1 fp32.
+
+    python benchmarks/generate.py               # GPT-2 small
+    python benchmarks/generate.py --quick       # a small config, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import attnlab as al
+from attnlab.decoding.fast import FastDecoder
+from attnlab.decoding.steppers import CausalStepper
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Model and generation sizes of one benchmark setting."""
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    prompt: int
+    new_tokens: int
+    far: int  # the "far" position of the position test
+
+
+FULL = Shape(50257, 1024, 768, 12, 12, prompt=32, new_tokens=128, far=1000)  # GPT-2 small
+QUICK = Shape(8192, 256, 256, 4, 4, prompt=16, new_tokens=24, far=220)
+
+
+@dataclass
+class Result:
+    precision: str
+    batch: int
+    hf: float  # tokens/s
+    fast: float
+    forward: float
+    identical: float  # fraction of generated tokens equal to Hugging Face's
+
+
+def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
+    """A random Hugging Face GPT-2 (SDPA attention) and attnlab's copy of its weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=shape.vocab_size,
+        n_positions=shape.n_positions,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        attn_implementation="sdpa",
+    )
+    hf = GPT2LMHeadModel(cfg).eval()
+    return hf, al.GPT.from_hf(hf).eval()
+
+
+def median_time(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, the functions interleaved run by run."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def compare(
+    hf: torch.nn.Module, gpt: al.GPT, shape: Shape, batch: int, precision: str, repeats: int
+) -> Result:
+    """tokens/s of Hugging Face and attnlab (fast and forward paths) on one setting."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    hf, gpt = hf.to(dtype), gpt.to(dtype)
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, shape.vocab_size, (batch, shape.prompt), generator=gen)
+    mask = torch.ones_like(ids)
+    n = shape.new_tokens
+
+    def run_hf() -> torch.Tensor:
+        return hf.generate(  # type: ignore[operator]
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            num_beams=1, pad_token_id=0,
+        )
+
+    def run_fast() -> torch.Tensor:
+        return al.generate(gpt, ids, max_new_tokens=n)
+
+    def run_forward() -> torch.Tensor:
+        return al.generate(gpt, ids, max_new_tokens=n, fast=False)
+
+    with torch.inference_mode():
+        want, got = run_hf(), run_fast()  # also the warm-up (prepares the fast layout)
+        run_forward()
+        identical = float((want[:, shape.prompt :] == got[:, shape.prompt :]).float().mean())
+        t = median_time({"hf": run_hf, "fast": run_fast, "forward": run_forward}, repeats)
+    tokens = batch * n
+    return Result(precision, batch, tokens / t["hf"], tokens / t["fast"], tokens / t["forward"], identical)
+
+
+def step_rate(gpt: al.GPT, position: int, steps: int, repeats: int) -> float:
+    """tokens/s of one-token greedy steps (batch 1, fast path) starting at ``position``."""
+    gpt = gpt.float()
+    ids = torch.randint(0, gpt.config.vocab_size, (1, position))
+    fast = FastDecoder.for_model(gpt)
+    rates = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            stepper = CausalStepper(gpt, ids, None, position + steps + 1, fast)
+            token = stepper.prefill().argmax(-1)
+            start = time.perf_counter()
+            for _ in range(steps):
+                token = stepper.step(token).argmax(-1)
+            rates.append(steps / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small config (seconds)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per setting (median)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = QUICK if args.quick else FULL
+    repeats = args.repeats or (3 if args.quick else 5)
+    console = Console()
+    console.print(
+        f"[bold]generate[/bold]: GPT-2 {'(quick) ' if args.quick else ''}"
+        f"d={shape.n_embd} L={shape.n_layer} V={shape.vocab_size}, prompt {shape.prompt}, "
+        f"{shape.new_tokens} new tokens, greedy; {torch.get_num_threads()} threads, "
+        f"median of {repeats}"
+    )
+    results = []
+    failed = False
+    for precision in args.precisions:
+        for batch in args.batches:
+            hf, gpt = build_models(shape)
+            r = compare(hf, gpt, shape, batch, precision, repeats)
+            results.append(r)
+            console.print(
+                f"  {precision} batch {batch}: HF {r.hf:.1f}, attnlab {r.fast:.1f} tok/s "
+                f"({r.fast / r.hf:.2f}x), identical {r.identical:.0%}"
+            )
+            if precision == "fp32" and r.identical < 1.0:
+                failed = True
+
+    table = Table(title="tokens/s, attnlab.generate vs Hugging Face generate (same weights, same run)")
+    for col in ("precision", "batch", "HF", "attnlab", "ratio", "attnlab forward", "ratio", "same tokens"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(
+            r.precision, str(r.batch), f"{r.hf:.1f}", f"{r.fast:.1f}", f"{r.fast / r.hf:.2f}x",
+            f"{r.forward:.1f}", f"{r.forward / r.hf:.2f}x", f"{r.identical:.0%}",
+        )
+    console.print(table)
+
+    _, gpt = build_models(shape)
+    steps = 16 if args.quick else 32
+    near = step_rate(gpt, 10, steps, repeats)
+    far = step_rate(gpt, shape.far, steps, repeats)
+    pos = Table(title="one-token steps, batch 1 fp32 (attnlab fast path)")
+    for col in ("position", "tokens/s", "slowdown"):
+        pos.add_column(col, justify="right")
+    pos.add_row("10", f"{near:.1f}", "1.00x")
+    pos.add_row(str(shape.far), f"{far:.1f}", f"{near / far:.2f}x")
+    console.print(pos)
+    if failed:
+        console.print("[red]fp32 tokens differ from Hugging Face[/red]")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
