@@ -72,6 +72,8 @@ def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
         n_embd=shape.n_embd,
         n_layer=shape.n_layer,
         n_head=shape.n_head,
+        bos_token_id=shape.vocab_size - 1,
+        eos_token_id=shape.vocab_size - 1,
         attn_implementation="sdpa",
     )
     hf = GPT2LMHeadModel(cfg).eval()
@@ -102,8 +104,13 @@ def compare(
 
     def run_hf() -> torch.Tensor:
         return hf.generate(  # type: ignore[operator]
-            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-            num_beams=1, pad_token_id=0,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=0,
         )
 
     def run_fast() -> torch.Tensor:
@@ -118,7 +125,9 @@ def compare(
         identical = float((want[:, shape.prompt :] == got[:, shape.prompt :]).float().mean())
         t = median_time({"hf": run_hf, "fast": run_fast, "forward": run_forward}, repeats)
     tokens = batch * n
-    return Result(precision, batch, tokens / t["hf"], tokens / t["fast"], tokens / t["forward"], identical)
+    return Result(
+        precision, batch, tokens / t["hf"], tokens / t["fast"], tokens / t["forward"], identical
+    )
 
 
 def step_rate(gpt: al.GPT, position: int, steps: int, repeats: int) -> float:
@@ -144,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per setting (median)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument(
+        "--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"]
+    )
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
@@ -174,18 +185,35 @@ def main(argv: list[str] | None = None) -> int:
             if precision == "fp32" and r.identical < 1.0:
                 failed = True
 
-    table = Table(title="tokens/s, attnlab.generate vs Hugging Face generate (same weights, same run)")
-    for col in ("precision", "batch", "HF", "attnlab", "ratio", "attnlab forward", "ratio", "same tokens"):
+    table = Table(
+        title="tokens/s, attnlab.generate vs Hugging Face generate (same weights, same run)"
+    )
+    for col in (
+        "precision",
+        "batch",
+        "HF",
+        "attnlab",
+        "ratio",
+        "attnlab forward",
+        "ratio",
+        "same tokens",
+    ):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(
-            r.precision, str(r.batch), f"{r.hf:.1f}", f"{r.fast:.1f}", f"{r.fast / r.hf:.2f}x",
-            f"{r.forward:.1f}", f"{r.forward / r.hf:.2f}x", f"{r.identical:.0%}",
+            r.precision,
+            str(r.batch),
+            f"{r.hf:.1f}",
+            f"{r.fast:.1f}",
+            f"{r.fast / r.hf:.2f}x",
+            f"{r.forward:.1f}",
+            f"{r.forward / r.hf:.2f}x",
+            f"{r.identical:.0%}",
         )
     console.print(table)
 
     _, gpt = build_models(shape)
-    steps = 16 if args.quick else 32
+    steps = 16
     near = step_rate(gpt, 10, steps, repeats)
     far = step_rate(gpt, shape.far, steps, repeats)
     pos = Table(title="one-token steps, batch 1 fp32 (attnlab fast path)")

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from attnlab.cli import main
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+DATA = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+)
 TARGET = 1.88
 
 

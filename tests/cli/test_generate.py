@@ -6,7 +6,9 @@ import pytest
 
 from attnlab.cli import main
 
-TEXT = "to be, or not to be, that is the question:\nwhether 'tis nobler in the mind to suffer\n" * 20
+TEXT = (
+    "to be, or not to be, that is the question:\nwhether 'tis nobler in the mind to suffer\n" * 20
+)
 TINY = ["--block-size", "16", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
         "--batch-size", "4", "--eval-iters", "2", "--warmup", "2", "--lr-decay-steps", "10"]  # fmt: skip
 
@@ -20,13 +22,22 @@ def text_file(tmp_path):
 
 def test_lm_trains_and_generates_past_the_context(text_file, tmp_path, capsys) -> None:
     run = tmp_path / "run"
-    assert main(["train", "lm", "--data", str(text_file), "--out", str(run), "--steps", "3", *TINY]) == 0
+    assert (
+        main(["train", "lm", "--data", str(text_file), "--out", str(run), "--steps", "3", *TINY])
+        == 0
+    )
     assert "val_loss" in capsys.readouterr().err
     # 40 new characters > the 16-token context: the window slides
-    assert main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "40", "--seed", "1"]) == 0
+    assert (
+        main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "40", "--seed", "1"])
+        == 0
+    )
     first = capsys.readouterr().out
     assert first.startswith("to be") and len(first.rstrip("\n")) == len("to be") + 40
-    assert main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "40", "--seed", "1"]) == 0
+    assert (
+        main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "40", "--seed", "1"])
+        == 0
+    )
     assert capsys.readouterr().out == first  # seeded
     assert main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "5",
                  "--strategy", "greedy"]) == 0  # fmt: skip
@@ -44,7 +55,10 @@ def test_lm_bpe(text_file, tmp_path, capsys) -> None:
 
 def test_prompt_outside_the_vocabulary(text_file, tmp_path, capsys) -> None:
     run = tmp_path / "run"
-    assert main(["train", "lm", "--data", str(text_file), "--out", str(run), "--steps", "1", *TINY]) == 0
+    assert (
+        main(["train", "lm", "--data", str(text_file), "--out", str(run), "--steps", "1", *TINY])
+        == 0
+    )
     capsys.readouterr()
     assert main(["generate", str(run), "--prompt", "€"]) == 2
     err = capsys.readouterr().err
@@ -53,8 +67,11 @@ def test_prompt_outside_the_vocabulary(text_file, tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "--data file not found"), (b"", "--data file is empty"),
-     ("café".encode("latin-1") + b" au lait", "--data file is not UTF-8 text")],  # fmt: skip
+    [
+        (None, "--data file not found"),
+        (b"", "--data file is empty"),
+        ("café".encode("latin-1") + b" au lait", "--data file is not UTF-8 text"),
+    ],
 )
 def test_bad_data_files_are_one_line_and_create_nothing(content, message, tmp_path, capsys) -> None:
     data = tmp_path / "data.txt"

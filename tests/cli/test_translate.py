@@ -27,14 +27,17 @@ def test_reverse_resume_is_bit_identical(tmp_path) -> None:
     once, twice = tmp_path / "once", tmp_path / "twice"
     assert main(["train", "reverse", "--out", str(once), "--steps", "4", *TINY_TASK]) == 0
     assert main(["train", "reverse", "--out", str(twice), "--steps", "2", *TINY_TASK]) == 0
-    assert main(["train", "reverse", "--out", str(twice), "--steps", "4", "--resume", *TINY_TASK]) == 0
+    assert (
+        main(["train", "reverse", "--out", str(twice), "--steps", "4", "--resume", *TINY_TASK]) == 0
+    )
     a = load_file(str(once / "checkpoints" / "step-00000004" / "model.safetensors"))
     b = load_file(str(twice / "checkpoints" / "step-00000004" / "model.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].equal(b[k]), k
     loss = lambda run: [  # noqa: E731
-        json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
+        json.loads(x)["loss"]
+        for x in (run / "metrics.jsonl").read_text().splitlines()
         if json.loads(x)["kind"] == "train"
     ]
     assert loss(once) == loss(twice)

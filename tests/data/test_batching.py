@@ -49,7 +49,11 @@ def test_bucketed_source_is_a_pure_function_of_the_step() -> None:
     a, b = BucketedBatchSource(src, tgt, **kwargs), BucketedBatchSource(src, tgt, **kwargs)
     n = a.batches_per_epoch
     assert n > 1
-    seen = sorted(int((a.batch(s).src != 0).sum(1)[i]) for s in range(n) for i in range(a.batch(s).src.shape[0]))
+    seen = sorted(
+        int((a.batch(s).src != 0).sum(1)[i])
+        for s in range(n)
+        for i in range(a.batch(s).src.shape[0])
+    )
     assert seen == list(range(1, 41))  # one epoch visits every pair once
     for step in (n + 1, 3, 0, 2 * n):  # out of order, as after a resume
         assert torch.equal(a.batch(step).src, b.batch(step).src)

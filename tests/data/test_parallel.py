@@ -41,7 +41,8 @@ def test_missing_and_non_utf8_files(tmp_path) -> None:
 
 def test_small_parallel_enja_train_split() -> None:
     corpus = read_parallel(
-        shared_data("small_parallel_enja", "train.en"), shared_data("small_parallel_enja", "train.ja")
+        shared_data("small_parallel_enja", "train.en"),
+        shared_data("small_parallel_enja", "train.ja"),
     )
     assert len(corpus) == 50_000
     assert corpus.src[0] == "i can 't tell who will arrive first ."

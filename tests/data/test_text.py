@@ -19,7 +19,9 @@ def test_read_text_file_errors_name_the_path(tmp_path) -> None:
         read_text_file(empty)
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("café au lait".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"not UTF-8 text: .*latin1.txt \(invalid continuation byte at byte 3\)"):
+    with pytest.raises(
+        ValueError, match=r"not UTF-8 text: .*latin1.txt \(invalid continuation byte at byte 3\)"
+    ):
         read_text_file(latin)
     with pytest.raises(ValueError, match="not a regular file"):
         read_text_file(tmp_path)
@@ -74,4 +76,5 @@ def test_tinyshakespeare_reads_and_splits() -> None:
     text = read_text_file(shared_data("tinyshakespeare", "input.txt"))
     assert len(text) == 1_115_394
     train, val = split_train_val(torch.arange(len(text)))
+    assert val.numel() == len(text) - 1_003_854
     assert train.numel() == 1_003_854

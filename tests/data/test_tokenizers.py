@@ -54,7 +54,7 @@ def test_word_level_round_trip_and_unknown() -> None:
     assert tok.pad_id == 0 and tok.eos_id == 3
     ids = tok.encode("the cat sat")
     assert tok.decode(ids) == "the cat sat"
-    assert tok.encode("the zebra") [1] == tok.unk_id
+    assert tok.encode("the zebra")[1] == tok.unk_id
 
 
 def test_bpe_round_trip_metaspace_and_byte_level() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -30,7 +29,9 @@ def _best(logp: dict[tuple[int, ...], float], vocab: int, eos: int, alpha: float
     return list(max(_all_outputs(vocab, eos), key=lambda seq: logp[seq] / len(seq) ** alpha))
 
 
-def _prefix_logprobs(logits: torch.Tensor, full: list[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
+def _prefix_logprobs(
+    logits: torch.Tensor, full: list[tuple[int, ...]]
+) -> dict[tuple[int, ...], float]:
     """log p of every prefix of the ``full`` continuations, from their next-token logits
     ``(N, STEPS, V)`` (causal: a prefix's log-probability does not depend on what follows)."""
     logp = logits.double().log_softmax(-1)
@@ -82,7 +83,9 @@ def test_narrow_beam_is_at_least_as_good_as_greedy() -> None:
         return float(logp.gather(1, out[0, 3:, None]).sum().detach())
 
     greedy = al.generate(model, prompt, max_new_tokens=5)
-    beam = al.generate(model, prompt, max_new_tokens=5, strategy="beam", num_beams=3, length_penalty=0.0)
+    beam = al.generate(
+        model, prompt, max_new_tokens=5, strategy="beam", num_beams=3, length_penalty=0.0
+    )
     assert logprob(beam) >= logprob(greedy) - 1e-12
 
 
@@ -98,7 +101,13 @@ def test_beam_rows_are_padded_after_eos() -> None:
     model = tiny_gpt(V, seed=0)
     prompt = torch.randint(0, V, (4, 3))
     out = al.generate(
-        model, prompt, max_new_tokens=4, strategy="beam", num_beams=3, eos_token_id=EOS, pad_token_id=0
+        model,
+        prompt,
+        max_new_tokens=4,
+        strategy="beam",
+        num_beams=3,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )
     assert out.shape[0] == 4 and 3 < out.shape[1] <= 7
     for row in out[:, 3:].tolist():
@@ -114,7 +123,9 @@ def test_seq2seq_wide_beam_equals_brute_force() -> None:
     tgt_in = torch.cat([torch.ones(len(full), 1, dtype=torch.long), torch.tensor(full)[:, :-1]], 1)
     logits = model(src.expand(len(full), -1), tgt_in).logits  # (6^3, STEPS, 6)
     want = _best(_prefix_logprobs(logits, full), 6, 2, 1.0)
-    out = al.generate(model, src, max_new_tokens=STEPS, strategy="beam", num_beams=36, early_stopping=False)
+    out = al.generate(
+        model, src, max_new_tokens=STEPS, strategy="beam", num_beams=36, early_stopping=False
+    )
     got = out[0, 1:].tolist()
     assert out[0, 0] == 1
     assert got[: len(want)] == want and all(t == 0 for t in got[len(want) :])

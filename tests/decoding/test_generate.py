@@ -51,7 +51,9 @@ def test_sampling_continuation_with_the_same_generator() -> None:
     model = tiny_gpt()
     prompt = torch.randint(0, 61, (2, 5))
     kw = dict(strategy="sample", temperature=1.5, top_k=20)
-    four = al.generate(model, prompt, max_new_tokens=4, generator=torch.Generator().manual_seed(3), **kw)
+    four = al.generate(
+        model, prompt, max_new_tokens=4, generator=torch.Generator().manual_seed(3), **kw
+    )
     g = torch.Generator().manual_seed(3)
     three = al.generate(model, prompt, max_new_tokens=3, generator=g, **kw)
     assert torch.equal(al.generate(model, three, max_new_tokens=1, generator=g, **kw), four)
@@ -133,7 +135,8 @@ def test_fast_path_is_remade_after_the_weights_change() -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     assert torch.equal(
-        al.generate(model, prompt, max_new_tokens=6), al.generate(model, prompt, max_new_tokens=6, fast=False)
+        al.generate(model, prompt, max_new_tokens=6),
+        al.generate(model, prompt, max_new_tokens=6, fast=False),
     )
 
 
@@ -223,6 +226,8 @@ def test_bad_arguments_name_themselves(kwargs: dict, error: type[Exception], wor
 
 def test_bad_prompts_and_masks() -> None:
     model = tiny_gpt()
+    with pytest.raises(TypeError, match="model must be an attnlab.GPT"):
+        al.generate(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)
     ids = torch.randint(0, 61, (2, 4))
     with pytest.raises(TypeError, match="input_ids must hold integer"):
         al.generate(model, ids.float(), max_new_tokens=2)

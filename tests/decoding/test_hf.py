@@ -23,10 +23,18 @@ def _pair(seed: int = 0) -> tuple[object, al.GPT]:
     return hf, al.GPT.from_hf(hf).eval()
 
 
-def _hf_greedy(hf: object, ids: torch.Tensor, mask: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
+def _hf_greedy(
+    hf: object, ids: torch.Tensor, mask: torch.Tensor, n: int, **kw: object
+) -> torch.Tensor:
     return hf.generate(  # type: ignore[attr-defined]
-        ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n if not kw else 0,
-        do_sample=False, num_beams=1, pad_token_id=0, **kw,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        min_new_tokens=n if not kw else 0,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=0,
+        **kw,
     )
 
 

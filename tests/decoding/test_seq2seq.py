@@ -37,7 +37,9 @@ def test_padded_batch_equals_each_source_alone(strategy: str) -> None:
     lengths = [6, 4, 2]
     together = al.generate(model, src, max_new_tokens=7, strategy=strategy, num_beams=3)
     for i, n in enumerate(lengths):
-        alone = al.generate(model, src[i : i + 1, :n], max_new_tokens=7, strategy=strategy, num_beams=3)
+        alone = al.generate(
+            model, src[i : i + 1, :n], max_new_tokens=7, strategy=strategy, num_beams=3
+        )
         k = alone.shape[1]
         assert torch.equal(together[i, :k], alone[0]), f"row {i}"
         assert (together[i, k:] == model.config.pad_id).all()
@@ -67,7 +69,9 @@ def test_sampling_is_reproducible() -> None:
 
     def run(seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
-        return al.generate(model, src, max_new_tokens=8, strategy="sample", generator=g, eos_token_id=[])
+        return al.generate(
+            model, src, max_new_tokens=8, strategy="sample", generator=g, eos_token_id=[]
+        )
 
     assert torch.equal(run(4), run(4))
     assert not torch.equal(run(4), run(5))

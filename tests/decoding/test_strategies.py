@@ -87,5 +87,7 @@ def test_top_k_one_sampling_is_greedy() -> None:
     model = tiny_gpt()
     prompt = torch.randint(0, 61, (2, 4))
     greedy = al.generate(model, prompt, max_new_tokens=6)
-    sampled = al.generate(model, prompt, max_new_tokens=6, strategy="sample", top_k=1, temperature=3.0)
+    sampled = al.generate(
+        model, prompt, max_new_tokens=6, strategy="sample", top_k=1, temperature=3.0
+    )
     assert torch.equal(greedy, sampled)

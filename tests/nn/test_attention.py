@@ -339,21 +339,43 @@ def test_auto_backend_is_a_real_choice() -> None:
     torch.testing.assert_close(a, s, atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("block", [1, 7, 16, 1000])
-def test_blockwise_block_sizes(block: int) -> None:
-    """The online softmax does not depend on the block size (odd sizes, a block of one key)."""
+@pytest.mark.parametrize(("block", "query_block"), [(1, 1), (7, 5), (16, 64), (1000, 3)])
+def test_blockwise_block_sizes(block: int, query_block: int) -> None:
+    """The online softmax depends on neither block size (odd sizes, a block of one key or row)."""
     from attnlab.nn.attention import Masking
     from attnlab.nn.backends.blockwise import blockwise_attention
 
     q = torch.randn(1, 2, 23, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 29, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 29, 8, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(1, 2, 23, 29, dtype=torch.float64)
+    bias = torch.randn(1, 2, 23, 29, dtype=torch.float64, requires_grad=True)
     masking = Masking(None, bias, 29 - 23)
-    out, _ = blockwise_attention(q, k, v, masking, 8**-0.5, 0.0, False, block_size=block)
+    out, _ = blockwise_attention(
+        q, k, v, masking, 8**-0.5, 0.0, False, block_size=block, query_block=query_block
+    )
     ref, _ = attention_ref(q, k, v, bias, is_causal=True)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
-    g = torch.autograd.grad(out.sum(), (q, k, v))
-    g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    g = torch.autograd.grad(out.sum(), (q, k, v, bias))
+    g_ref = torch.autograd.grad(ref.sum(), (q, k, v, bias))
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_hidden_in_first_block_with_very_negative_scores(backend: str) -> None:
+    """A row whose first key block is hidden and whose visible scores are all far below zero must
+    not underflow (the running maximum must not be clamped to 0)."""
+    from attnlab.nn.attention import Masking
+    from attnlab.nn.backends.blockwise import blockwise_attention
+
+    q = torch.randn(1, 1, 4, 8)
+    k = torch.randn(1, 1, 12, 8)
+    v = torch.randn(1, 1, 12, 8)
+    bias = torch.full((4, 12), -300.0)
+    allowed = torch.ones(4, 12, dtype=torch.bool)
+    allowed[:, :6] = False
+    out = al.scaled_dot_product_attention(q, k, v, bias.masked_fill(~allowed, float("-inf")), backend=backend)
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), bias.double().masked_fill(~allowed, float("-inf")))
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    small, _ = blockwise_attention(q, k, v, Masking(allowed, bias, None), 8**-0.5, 0.0, False, block_size=4)
+    torch.testing.assert_close(small.double(), ref, atol=1e-5, rtol=0)

@@ -62,7 +62,16 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.cli.train import run as train_run
 
     train_args = build_parser().parse_args(
-        ["train", "reverse", "--out", str(out), "--steps", str(args.steps), "--seed", str(args.seed)]
+        [
+            "train",
+            "reverse",
+            "--out",
+            str(out),
+            "--steps",
+            str(args.steps),
+            "--seed",
+            str(args.seed),
+        ]
     )
     console = Console(stderr=True)
     console.print(
@@ -101,7 +110,9 @@ def walkthrough(seed: int = 0) -> int:
     causal = torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril()
     weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     out = weights @ v
-    check = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], is_causal=True)
+    check = scaled_dot_product_attention(
+        q[None, None], k[None, None], v[None, None], is_causal=True
+    )
     dims = [f"d{i}" for i in range(d)]
     console.print(_table("x: token vectors", x, tokens, dims))
     console.print(_table("Q = x W_Q", q, tokens, dims))
@@ -109,6 +120,7 @@ def walkthrough(seed: int = 0) -> int:
     console.print(_table("scores = Q Kᵀ / √d", scores, tokens, tokens))
     console.print(_table("weights = softmax(scores + causal mask)", weights, tokens, tokens))
     console.print(_table("output = weights · V", out, tokens, dims))
+    assert isinstance(check, torch.Tensor)
     err = float((check[0, 0] - out).abs().max())
     console.print(f"attnlab.scaled_dot_product_attention agrees: max |difference| = {err:.1e}")
     return 0

@@ -56,7 +56,7 @@ def generate_text(
     Returns:
         The prompt's ids followed by the new ones.
     """
-    n_pos = model.config.n_positions  # type: ignore[union-attr]
+    n_pos: int = model.config.n_positions  # type: ignore[union-attr,assignment]
     device = next(model.parameters()).device
     ids = list(prompt_ids)
     remaining = max_new_tokens
@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if loaded.is_seq2seq:
         from attnlab.cli.translate import translate_text
 
-        for line in translate_text(loaded, [args.prompt], beams=args.beams if args.strategy == "beam" else 1):
+        for line in translate_text(
+            loaded, [args.prompt], beams=args.beams if args.strategy == "beam" else 1
+        ):
             Console().print(line, markup=False, highlight=False)
         return 0
     tok = loaded.tokenizer
@@ -98,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     kwargs: dict[str, object] = {"strategy": args.strategy}
     if args.strategy == "sample":
-        kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen)
+        kwargs.update(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen
+        )
     elif args.strategy == "beam":
         kwargs.update(num_beams=args.beams)
     ids = generate_text(loaded.model, prompt_ids, max_new_tokens=args.max_new_tokens, **kwargs)

@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("run", metavar="RUN", help="run folder or checkpoint")
-    p.add_argument("sentences", metavar="SENTENCE", nargs="+", help="text to translate ('-': stdin)")
+    p.add_argument(
+        "sentences", metavar="SENTENCE", nargs="+", help="text to translate ('-': stdin)"
+    )
     p.add_argument("--beams", type=int, default=4, help="beam size; 1 is greedy (default 4)")
     p.add_argument("--device", default="cpu", help="default cpu")
     p.set_defaults(func=run)
@@ -49,7 +51,9 @@ def translate_text(loaded: LoadedModel, sentences: Sequence[str], *, beams: int 
         One decoded text per sentence.
     """
     if not loaded.is_seq2seq:
-        raise CLIError(f"{loaded.path} holds a language model, not an encoder-decoder; use generate")
+        raise CLIError(
+            f"{loaded.path} holds a language model, not an encoder-decoder; use generate"
+        )
     if beams < 1:
         raise ValueError(f"--beams must be a positive int, got {beams}")
     try:
@@ -81,7 +85,9 @@ def translate_text(loaded: LoadedModel, sentences: Sequence[str], *, beams: int 
 
 
 def run(args: argparse.Namespace) -> int:
-    sentences = [line.rstrip("\n") for line in sys.stdin] if args.sentences == ["-"] else args.sentences
+    sentences = (
+        [line.rstrip("\n") for line in sys.stdin] if args.sentences == ["-"] else args.sentences
+    )
     loaded = load_model(args.run, device=args.device)
     console = Console()
     for line in translate_text(loaded, sentences, beams=args.beams):

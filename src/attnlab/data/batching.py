@@ -14,7 +14,13 @@ import torch
 
 from attnlab.data.text import step_generator
 
-__all__ = ["BucketedBatchSource", "Seq2SeqBatch", "bucket_batches", "make_seq2seq_batch", "pad_batch"]
+__all__ = [
+    "BucketedBatchSource",
+    "Seq2SeqBatch",
+    "bucket_batches",
+    "make_seq2seq_batch",
+    "pad_batch",
+]
 
 
 def pad_batch(
@@ -174,7 +180,9 @@ class BucketedBatchSource:
         seed: int,
     ) -> None:
         if len(src) != len(tgt):
-            raise ValueError(f"src and tgt must hold as many sequences, got {len(src)} and {len(tgt)}")
+            raise ValueError(
+                f"src and tgt must hold as many sequences, got {len(src)} and {len(tgt)}"
+            )
         if len(src) == 0:
             raise ValueError("the corpus must hold at least one sentence pair, got 0")
         self.src, self.tgt = list(src), list(tgt)

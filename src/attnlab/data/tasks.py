@@ -75,13 +75,13 @@ class SequenceTaskConfig:
         if self.name not in TASK_NAMES:
             raise ValueError(f"name must be one of {', '.join(TASK_NAMES)}, got {self.name!r}")
         if not 2 <= self.num_symbols <= len(_ALPHABET):
-            raise ValueError(f"num_symbols must be in [2, {len(_ALPHABET)}], got {self.num_symbols}")
+            raise ValueError(
+                f"num_symbols must be in [2, {len(_ALPHABET)}], got {self.num_symbols}"
+            )
         if self.min_len < 1:
             raise ValueError(f"min_len must be >= 1, got {self.min_len}")
         if self.max_len < self.min_len:
-            raise ValueError(
-                f"max_len must be >= min_len ({self.min_len}), got {self.max_len}"
-            )
+            raise ValueError(f"max_len must be >= min_len ({self.min_len}), got {self.max_len}")
         if self.heldout_modulus < 2:
             raise ValueError(f"heldout_modulus must be >= 2, got {self.heldout_modulus}")
         if self.num_heldout < 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ class FastDecoder:
         tokens ``(N, 1)``; mask ``(N, T_past + 1)`` 0/1 or ``None``; logits ``(N, vocab_size)``.
     """
 
-    _cache: weakref.WeakKeyDictionary[Any, FastDecoder] = weakref.WeakKeyDictionary()
+    _cache: ClassVar[weakref.WeakKeyDictionary[Any, FastDecoder]] = weakref.WeakKeyDictionary()
 
     def __init__(self, model: Any) -> None:
         cfg = model.config
@@ -125,6 +125,11 @@ class FastDecoder:
     ) -> torch.Tensor:
         """Feed one token per row; return the next-token logits ``(N, vocab_size)``."""
         n = tokens.shape[0]
+        if cache.length >= self.wpe.shape[0]:
+            raise ValueError(
+                f"position {cache.length} is past the model's position table "
+                f"n_positions = {self.wpe.shape[0]}"
+            )
         if mask is None:
             pos = self.wpe[cache.length]  # (d,)
             attend = None

@@ -104,11 +104,17 @@ def generate(
         - output: ``(B, T + n)`` (decoder-only) or ``(B, 1 + n)`` (encoder-decoder)
 
     Example:
-        >>> model = GPT(GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
+        >>> cfg = al.GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+        >>> model = al.GPT(cfg)
         >>> prompt = torch.randint(0, 100, (2, 5))
-        >>> generate(model, prompt, max_new_tokens=8).shape
+        >>> al.generate(model, prompt, max_new_tokens=8).shape
         torch.Size([2, 13])
     """
+    if not (hasattr(model, "new_cache") and hasattr(model, "config")):
+        raise TypeError(
+            "model must be an attnlab.GPT or attnlab.Transformer (with new_cache and config), "
+            f"got {type(model).__name__}"
+        )
     seq2seq = hasattr(model, "encode")
     ids = _check_input_ids(input_ids)
     check_positive_int("max_new_tokens", max_new_tokens)
@@ -246,7 +252,9 @@ def _check_input_ids(input_ids: object) -> torch.Tensor:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must have shape (B, T) with B, T >= 1, got {shape_str(ids.shape)}")
+        raise ValueError(
+            f"input_ids must have shape (B, T) with B, T >= 1, got {shape_str(ids.shape)}"
+        )
     return ids.long()
 
 
@@ -279,9 +287,7 @@ def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:
         )
 
 
-def _check_sampling(
-    temperature: object, top_k: object, top_p: object, generator: object
-) -> None:
+def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
     if not temperature > 0:
@@ -300,12 +306,13 @@ def _check_sampling(
 def _check_token_list(name: str, value: object, vocab: int) -> list[int]:
     if value is None:
         return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for v in items:
+    items: list[int] = []
+    for v in list(value) if isinstance(value, (list, tuple)) else [value]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must be an int or a list of ints, got {value!r}")
         if not 0 <= v < vocab:
             raise ValueError(f"{name} must lie in [0, vocab_size = {vocab}), got {v}")
+        items.append(v)
     return items
 
 

@@ -115,8 +115,10 @@ def report_task(
     """
     report = evaluation if evaluation is not None else evaluate_task(model, task)
     tok = task.tokenizer
-    console.print(f"exact-match accuracy: {100 * report.accuracy:.1f}%  "
-                  f"({len(report.sources)} held-out strings, greedy decoding)")
+    console.print(
+        f"exact-match accuracy: {100 * report.accuracy:.1f}%  "
+        f"({len(report.sources)} held-out strings, greedy decoding)"
+    )
     # a spread of lengths, longest first
     by_length = sorted(range(len(report.sources)), key=lambda i: -len(report.sources[i]))
     shown = by_length[:: max(1, len(by_length) // examples)][:examples]
@@ -162,9 +164,15 @@ class AlgorithmicTask:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("data")
-        g.add_argument("--num-symbols", type=positive_int, default=10, help="alphabet size (default 10)")
-        g.add_argument("--min-len", type=positive_int, default=1, help="shortest string (default 1)")
-        g.add_argument("--max-len", type=positive_int, default=16, help="longest string (default 16)")
+        g.add_argument(
+            "--num-symbols", type=positive_int, default=10, help="alphabet size (default 10)"
+        )
+        g.add_argument(
+            "--min-len", type=positive_int, default=1, help="shortest string (default 1)"
+        )
+        g.add_argument(
+            "--max-len", type=positive_int, default=16, help="longest string (default 16)"
+        )
         g.add_argument(
             "--num-heldout", type=positive_int, default=500, help="held-out strings (default 500)"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ def save_cross_attention(
     Returns:
         ``path``.
     """
-    cfg = model.config  # type: ignore[union-attr]
+    cfg: Any = model.config
     device = next(model.parameters()).device
     src_t = torch.tensor([list(src)], dtype=torch.long, device=device)
     tgt_in = torch.tensor([[cfg.bos_id, *output]], dtype=torch.long, device=device)

@@ -72,13 +72,19 @@ def add_transformer_arguments(
     g = parser.add_argument_group("model")
     g.add_argument("--d-model", type=positive_int, default=d_model, help=f"default {d_model}")
     g.add_argument(
-        "--layers", type=positive_int, default=layers, help=f"encoder and decoder layers each (default {layers})"
+        "--layers",
+        type=positive_int,
+        default=layers,
+        help=f"encoder and decoder layers each (default {layers})",
     )
     g.add_argument("--heads", type=positive_int, default=heads, help=f"default {heads}")
     g.add_argument("--d-ff", type=positive_int, default=d_ff, help=f"default {d_ff}")
     g.add_argument("--dropout", type=probability, default=dropout, help=f"default {dropout}")
     g.add_argument(
-        "--label-smoothing", type=probability, default=label_smoothing, help=f"default {label_smoothing}"
+        "--label-smoothing",
+        type=probability,
+        default=label_smoothing,
+        help=f"default {label_smoothing}",
     )
     o = parser.add_argument_group("optimisation")
     if batch_size is not None:
@@ -89,7 +95,10 @@ def add_transformer_arguments(
         "--warmup", type=positive_int, default=warmup, help=f"Noam warm-up steps (default {warmup})"
     )
     o.add_argument(
-        "--lr-factor", type=positive_float, default=lr_factor, help=f"Noam factor (default {lr_factor})"
+        "--lr-factor",
+        type=positive_float,
+        default=lr_factor,
+        help=f"Noam factor (default {lr_factor})",
     )
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from torch import nn
 
@@ -30,7 +29,7 @@ from attnlab.training.schedules import WarmupCosineLR
 from attnlab.training.tasks_registry import TaskSetup, register_task
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["LMCorpus", "LanguageModelTask", "load_corpus", "lm_loss"]
+__all__ = ["LMCorpus", "LanguageModelTask", "lm_loss", "load_corpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +44,9 @@ class LMCorpus:
         train / val: 1-D token streams.
     """
 
-    def __init__(self, tokenizer: CharTokenizer | HFTokenizer, train: torch.Tensor, val: torch.Tensor) -> None:
+    def __init__(
+        self, tokenizer: CharTokenizer | HFTokenizer, train: torch.Tensor, val: torch.Tensor
+    ) -> None:
         self.tokenizer = tokenizer
         self.train = train
         self.val = val
@@ -105,7 +106,9 @@ def estimate_loss(model: nn.Module, source: LMBatchSource, iters: int) -> float:
     return total / iters
 
 
-def adamw_nanogpt(lr: float, weight_decay: float, warmup: int, decay_steps: int, min_lr: float) -> Any:
+def adamw_nanogpt(
+    lr: float, weight_decay: float, warmup: int, decay_steps: int, min_lr: float
+) -> Any:
     """``model -> (AdamW, WarmupCosineLR)``; weight decay on matrices only, as nanoGPT."""
 
     def make(model: nn.Module) -> tuple[torch.optim.Optimizer, WarmupCosineLR]:
@@ -131,19 +134,34 @@ class LanguageModelTask:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("data")
         g.add_argument("--data", required=True, help="a UTF-8 text file")
-        g.add_argument("--bpe", action="store_true", help="byte-level BPE tokens instead of characters")
-        g.add_argument("--bpe-vocab", type=positive_int, default=1024, help="BPE vocabulary size (default 1024)")
+        g.add_argument(
+            "--bpe", action="store_true", help="byte-level BPE tokens instead of characters"
+        )
+        g.add_argument(
+            "--bpe-vocab",
+            type=positive_int,
+            default=1024,
+            help="BPE vocabulary size (default 1024)",
+        )
         m = parser.add_argument_group("model")
-        m.add_argument("--block-size", type=positive_int, default=64, help="context length (default 64)")
+        m.add_argument(
+            "--block-size", type=positive_int, default=64, help="context length (default 64)"
+        )
         m.add_argument("--n-layer", type=positive_int, default=4, help="default 4")
         m.add_argument("--n-head", type=positive_int, default=4, help="default 4")
         m.add_argument("--n-embd", type=positive_int, default=128, help="default 128")
         m.add_argument("--dropout", type=probability, default=0.0, help="default 0.0")
         o = parser.add_argument_group("optimisation")
         o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
-        o.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
-        o.add_argument("--min-lr", type=positive_float, default=1e-4, help="final learning rate (default 1e-4)")
-        o.add_argument("--warmup", type=positive_int, default=100, help="warm-up steps (default 100)")
+        o.add_argument(
+            "--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)"
+        )
+        o.add_argument(
+            "--min-lr", type=positive_float, default=1e-4, help="final learning rate (default 1e-4)"
+        )
+        o.add_argument(
+            "--warmup", type=positive_int, default=100, help="warm-up steps (default 100)"
+        )
         o.add_argument(
             "--lr-decay-steps", type=positive_int, default=2000,
             help="steps of the cosine decay (default 2000)",
@@ -170,7 +188,9 @@ class LanguageModelTask:
             dropout=args.dropout,
         )
         model = GPT(config)
-        train = LMBatchSource(corpus.train, args.block_size, args.batch_size, args.seed, _TRAIN_STREAM)
+        train = LMBatchSource(
+            corpus.train, args.block_size, args.batch_size, args.seed, _TRAIN_STREAM
+        )
         val = LMBatchSource(corpus.val, args.block_size, args.batch_size, args.seed, _VAL_STREAM)
         train_eval = LMBatchSource(
             corpus.train, args.block_size, args.batch_size, args.seed, _TRAIN_EVAL_STREAM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,7 +49,7 @@ def decode_sources(
     Returns:
         One token list per source, without special tokens.
     """
-    cfg = model.config  # type: ignore[union-attr]
+    cfg: Any = model.config
     device = next(model.parameters()).device
     out: list[list[int]] = []
     for start in range(0, len(sources), batch_size):
@@ -66,7 +67,9 @@ def decode_sources(
     return out
 
 
-def exact_match_accuracy(predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> float:
+def exact_match_accuracy(
+    predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+) -> float:
     """The fraction of predictions equal to their target, token for token.
 
     Args:

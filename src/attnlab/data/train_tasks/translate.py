@@ -25,25 +25,40 @@ from torch import nn
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, train_bpe, train_word_level
-from attnlab.data.train_tasks.common import add_transformer_arguments, noam_adam, positive_int, seq2seq_loss
+from attnlab.data.train_tasks.common import (
+    add_transformer_arguments,
+    noam_adam,
+    positive_int,
+    seq2seq_loss,
+)
 from attnlab.data.train_tasks.seq2seq_eval import decode_sources
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.training.tasks_registry import TaskSetup, register_task
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["TranslateData", "TranslationTask", "corpus_bleu", "load_translate_data", "translate_sentences"]
+__all__ = [
+    "TranslateData",
+    "TranslationTask",
+    "corpus_bleu",
+    "load_translate_data",
+    "translate_sentences",
+]
 
 logger = logging.getLogger(__name__)
 
 SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> float:
+def corpus_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a"
+) -> float:
     """Corpus BLEU (Papineni et al. 2002) with sacrebleu, on a 0–100 scale."""
     import sacrebleu
 
-    return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=tokenize).score)
+    return float(
+        sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=tokenize).score
+    )
 
 
 @dataclass
@@ -97,7 +112,7 @@ def translate_sentences(
     batch_size: int = 64,
 ) -> list[str]:
     """Translate source sentences (greedy or beam search), returning detokenized text."""
-    cfg = model.config  # type: ignore[union-attr]
+    cfg: Any = model.config
     limit = cfg.max_len - 2
     sources = _encode_all(src_tok, sentences, limit)
     for i, s in enumerate(sources):
@@ -125,22 +140,22 @@ class TranslationTask:
         for split in ("dev", "test"):
             g.add_argument(f"--{split}-src", default=None, help=f"{split} source file")
             g.add_argument(f"--{split}-tgt", default=None, help=f"{split} target file")
-        g.add_argument(
-            "--tokenizer", choices=("bpe", "word"), default="bpe", help="default bpe"
-        )
+        g.add_argument("--tokenizer", choices=("bpe", "word"), default="bpe", help="default bpe")
         g.add_argument("--src-vocab", type=positive_int, default=8000, help="default 8000")
         g.add_argument("--tgt-vocab", type=positive_int, default=8000, help="default 8000")
         g.add_argument(
             "--max-tokens", type=positive_int, default=4096,
             help="padded tokens per batch (default 4096)",
         )  # fmt: skip
-        g.add_argument("--beams", type=positive_int, default=4, help="beam size at the end (default 4)")
+        g.add_argument(
+            "--beams", type=positive_int, default=4, help="beam size at the end (default 4)"
+        )
         g.add_argument(
             "--bleu-tokenize", default="13a",
             help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",
         )  # fmt: skip
         add_transformer_arguments(
-            parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=1000,
+            parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=400,
             batch_size=None,
         )  # fmt: skip
         parser.set_defaults(eval_every=1000)
@@ -190,9 +205,13 @@ class TranslationTask:
             if dev is None or dev_batch is None:
                 return {}
             d = next(m.parameters()).device
-            batch = type(dev_batch)(dev_batch.src.to(d), dev_batch.tgt_in.to(d), dev_batch.targets.to(d))
+            batch = type(dev_batch)(
+                dev_batch.src.to(d), dev_batch.tgt_in.to(d), dev_batch.targets.to(d)
+            )
             loss = float(loss_fn(m, batch).loss)
-            hyps = translate_sentences(m, src_tok, tgt_tok, dev.src, strategy="greedy", batch_size=128)
+            hyps = translate_sentences(
+                m, src_tok, tgt_tok, dev.src, strategy="greedy", batch_size=128
+            )
             return {"dev_loss": loss, "dev_bleu": corpus_bleu(hyps, dev.tgt, args.bleu_tokenize)}
 
         final = data.test if data.test is not None else dev
@@ -204,7 +223,9 @@ class TranslationTask:
                 return
             hyps = translate_sentences(m, src_tok, tgt_tok, final.src, num_beams=args.beams)
             bleu = corpus_bleu(hyps, final.tgt, args.bleu_tokenize)
-            (Path(run_dir) / f"{final_name}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            (Path(run_dir) / f"{final_name}.hyp").write_text(
+                "\n".join(hyps) + "\n", encoding="utf-8"
+            )
             (Path(run_dir) / "bleu.json").write_text(
                 json.dumps({"split": final_name, "bleu": bleu, "beams": args.beams,
                             "tokenize": args.bleu_tokenize, "sentences": len(hyps)}) + "\n",
