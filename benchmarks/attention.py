@@ -7,10 +7,10 @@ heads of ``d_head = 64`` and batch 1, it measures
   several runs after a warm-up, all implementations of one case interleaved in one process so
   that a loaded machine slows them alike;
 * **peak memory** of one forward and of one forward + backward, each in a fresh subprocess: the
-  growth of the process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``) over
-  the resident size just before the step, after the inputs exist and a tiny warm-up step has
-  loaded the kernels. This is what the operating system actually had to give the step
-  (CPU-side allocator caches included); its floor is a few MB of noise.
+  growth of the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
+  over the resident size just before the step, after the inputs exist and a tiny warm-up step
+  has loaded the kernels. This is what the operating system actually had to give the step
+  (allocator caches included); its floor is a few MB of noise. Linux only.
 
 Rows: ``torch.sdpa`` (``torch.nn.functional.scaled_dot_product_attention`` on ``(1, 12, T, 64)``
 tensors), attnlab's backends ``math``, ``sdpa``, ``blockwise``, ``auto`` on the same tensors, and
@@ -32,9 +32,9 @@ forward <= 1.3x torch SDPA at T=4096 causal fp32; ``blockwise`` peak memory at T
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -108,35 +108,44 @@ def make_step(case: Case, backward: bool) -> Callable[[], None]:
     return step_bwd
 
 
-def median_time(step: Callable[[], None], repeats: int) -> float:
-    step()  # warm-up
-    times = []
+def median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median wall time of each step; the steps take turns, so that a load spike hits all alike."""
+    for step in steps.values():
+        step()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        if times[-1] > 5.0 and len(times) >= 3:
-            break
-    return statistics.median(times)
+        for name, step in steps.items():
+            if len(times[name]) >= 3 and sum(times[name]) > 15.0:
+                continue  # slow enough: three runs will do
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _maxrss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field} not in /proc/self/status")
 
 
 def probe_memory(case: Case, backward: bool) -> int:
-    """In this (fresh) process: peak RSS growth of one step, in bytes."""
+    """In this (fresh) process: growth of the peak resident set over one step, in bytes.
+
+    The peak is ``VmHWM`` of ``/proc/self/status``, reset just before the step by writing ``5``
+    to ``/proc/self/clear_refs`` (Linux >= 4.0). (``getrusage``'s ``ru_maxrss`` would be wrong
+    here: Linux carries the parent's high-water mark into an exec'd child.)
+    """
     make_step(Case(case.impl, 16, case.dtype, case.causal), backward)()  # load kernels
     step = make_step(case, backward)
-    before = _rss_bytes()
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     step()
-    return max(0, _maxrss_bytes() - before)
+    return max(0, _status_bytes("VmHWM") - before)
 
 
 def peak_memory(case: Case, backward: bool) -> int | None:
@@ -197,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory subprocesses"
     )
+    parser.add_argument(
+        "--memory-lengths",
+        type=int,
+        nargs="+",
+        help="lengths whose memory is probed (default: all; --quick: the longest)",
+    )
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
@@ -211,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     lengths = args.lengths or ([512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192])
     repeats = args.repeats or (3 if args.quick else 5)
+    memory_lengths = set(args.memory_lengths or (lengths[-1:] if args.quick else lengths))
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     console = Console()
     console.print(
@@ -235,22 +251,27 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 table.add_column(col, justify="right")
             for t in lengths:
-                row: dict[str, dict[str, float | int | None]] = {}
-                for impl in args.impls:
-                    case = Case(impl, t, dtype, causal)
-                    r: dict[str, float | int | None] = {}
-                    for backward in (False, True):
-                        key = "bwd" if backward else "fwd"
-                        if backward and args.no_backward:
-                            r[key] = r[key + "_mem"] = None
-                            continue
-                        heavy = impl == "math"
-                        if heavy and math_bytes(t, dtype, backward) > 0.7 * available_bytes():
-                            r[key] = r[key + "_mem"] = None  # would not fit in memory
-                            continue
-                        r[key] = median_time(make_step(case, backward), repeats)
-                        r[key + "_mem"] = None if args.no_memory else peak_memory(case, backward)
-                    row[impl] = r
+                row: dict[str, dict[str, float | int | None]] = {impl: {} for impl in args.impls}
+                for backward in (False, True):
+                    key = "bwd" if backward else "fwd"
+                    steps = {}
+                    for impl in args.impls:
+                        too_big = (
+                            impl == "math"
+                            and math_bytes(t, dtype, backward) > 0.7 * available_bytes()
+                        )
+                        row[impl][key] = row[impl][key + "_mem"] = None
+                        if not (too_big or (backward and args.no_backward)):
+                            steps[impl] = make_step(Case(impl, t, dtype, causal), backward)
+                    for impl, seconds in median_times(steps, repeats).items():
+                        row[impl][key] = seconds
+                    del steps
+                    if not args.no_memory and t in memory_lengths:
+                        for impl in args.impls:
+                            if row[impl][key] is not None:
+                                mem = peak_memory(Case(impl, t, dtype, causal), backward)
+                                row[impl][key + "_mem"] = mem
+                for impl, r in row.items():
                     results[(impl, t, dtype, causal)] = r
                 for impl, r in row.items():
                     base = row.get("torch.MHA" if impl in MODULES else "torch.sdpa", {})

@@ -29,7 +29,11 @@ FLOOR = {
 
 
 def visible_mask(
-    t_q: int, t_k: int, mask: torch.Tensor | None, is_causal: bool, device: torch.device | str = "cpu"
+    t_q: int,
+    t_k: int,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor | None:
     """Where a query may attend: the boolean/additive ``mask`` and the bottom-right causal rule."""
     vis = None
@@ -101,7 +105,11 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def assert_close_rule(
-    got: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, what: str = "output", factor: float = 2.0
+    got: torch.Tensor,
+    ref: torch.Tensor,
+    baseline: torch.Tensor,
+    what: str = "output",
+    factor: float = 2.0,
 ) -> None:
     """``|got − ref| <= factor · |baseline − ref| + floor`` (max norms); no NaN anywhere."""
     assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(ref.shape)}"

@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel  # a dev dependency: never skipped
 
 import attnlab as al
-
-transformers = pytest.importorskip("transformers")
-GPT2Config = transformers.GPT2Config
-GPT2LMHeadModel = transformers.GPT2LMHeadModel
 
 TOL = 1e-4  # the bar for fp32 logits
 

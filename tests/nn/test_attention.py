@@ -57,14 +57,27 @@ def _grid() -> list[Case]:
         cases.append(Case(dtype, causal, t_q, t_k, d, h, h_kv, mask))
     for n, (causal, (t_q, t_k)) in enumerate(itertools.product((False, True), LENGTHS[:5])):
         h, h_kv = HEADS[n % 3]
-        cases.append(Case(torch.float16, causal, t_q, t_k, HEAD_DIMS[n % 3], h, h_kv, ("bool", "padding")[n % 2]))
+        cases.append(
+            Case(
+                torch.float16,
+                causal,
+                t_q,
+                t_k,
+                HEAD_DIMS[n % 3],
+                h,
+                h_kv,
+                ("bool", "padding")[n % 2],
+            )
+        )
     return cases
 
 
 GRID = _grid()
 
 
-def make_mask(kind: str, b: int, h: int, t_q: int, t_k: int, dtype: torch.dtype) -> torch.Tensor | None:
+def make_mask(
+    kind: str, b: int, h: int, t_q: int, t_k: int, dtype: torch.dtype
+) -> torch.Tensor | None:
     """A mask of the given kind, with the first query row of batch 0 hidden everywhere."""
     if kind == "none":
         return None
@@ -258,7 +271,9 @@ def test_additive_and_boolean_masks_agree(backend: str) -> None:
         allowed = torch.rand(2, 2, 7, 7) < 0.5
         allowed[:, :, 3] = False
         a = al.scaled_dot_product_attention(q, k, k, allowed, backend=backend)
-        b = al.scaled_dot_product_attention(q, k, k, masks.to_additive(allowed, dtype), backend=backend)
+        b = al.scaled_dot_product_attention(
+            q, k, k, masks.to_additive(allowed, dtype), backend=backend
+        )
         c = al.scaled_dot_product_attention(
             q, k, k, masks.to_additive(allowed, torch.float32), backend=backend
         )
@@ -374,8 +389,14 @@ def test_row_hidden_in_first_block_with_very_negative_scores(backend: str) -> No
     bias = torch.full((4, 12), -300.0)
     allowed = torch.ones(4, 12, dtype=torch.bool)
     allowed[:, :6] = False
-    out = al.scaled_dot_product_attention(q, k, v, bias.masked_fill(~allowed, float("-inf")), backend=backend)
-    ref, _ = attention_ref(q.double(), k.double(), v.double(), bias.double().masked_fill(~allowed, float("-inf")))
+    out = al.scaled_dot_product_attention(
+        q, k, v, bias.masked_fill(~allowed, float("-inf")), backend=backend
+    )
+    ref, _ = attention_ref(
+        q.double(), k.double(), v.double(), bias.double().masked_fill(~allowed, float("-inf"))
+    )
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
-    small, _ = blockwise_attention(q, k, v, Masking(allowed, bias, None), 8**-0.5, 0.0, False, block_size=4)
+    small, _ = blockwise_attention(
+        q, k, v, Masking(allowed, bias, None), 8**-0.5, 0.0, False, block_size=4
+    )
     torch.testing.assert_close(small.double(), ref, atol=1e-5, rtol=0)

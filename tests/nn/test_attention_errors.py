@@ -20,7 +20,9 @@ def qkv(h: int = 4, h_kv: int = 2, t_q: int = 5, t_k: int = 7, d: int = 8, b: in
 
 def test_heads_not_a_multiple() -> None:
     q, k, v = qkv(h=4, h_kv=3)
-    with pytest.raises(ValueError, match=r"query heads H = 4 must be a multiple of key/value heads H_kv = 3"):
+    with pytest.raises(
+        ValueError, match=r"query heads H = 4 must be a multiple of key/value heads H_kv = 3"
+    ):
         al.scaled_dot_product_attention(q, k, v)
 
 
@@ -31,12 +33,14 @@ def test_rank_mismatch() -> None:
 
 
 def test_too_few_dims() -> None:
-    with pytest.raises(ValueError, match=r"query must have shape \(\.\.\., H, T, D\).*got \(5, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"query must have shape \(\.\.\., H, T, D\).*got \(5, 8\)"
+    ):
         al.scaled_dot_product_attention(torch.randn(5, 8), torch.randn(5, 8), torch.randn(5, 8))
 
 
 def test_batch_mismatch() -> None:
-    q, k, v = qkv()
+    q, _, v = qkv()
     with pytest.raises(ValueError, match=r"leading \(batch\) dims, got \(2,\), \(3,\) and \(2,\)"):
         al.scaled_dot_product_attention(q, torch.randn(3, 2, 7, 8), v)
 
@@ -49,13 +53,18 @@ def test_head_dim_mismatch() -> None:
 
 def test_key_value_length_mismatch() -> None:
     q, k, _ = qkv()
-    with pytest.raises(ValueError, match=r"key and value must have the same heads and length.*\(2, 7\) and \(2, 6\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"key and value must have the same heads and length.*\(2, 7\) and \(2, 6\)",
+    ):
         al.scaled_dot_product_attention(q, k, torch.randn(2, 2, 6, 8))
 
 
 def test_dtype_mismatch() -> None:
     q, k, v = qkv()
-    with pytest.raises(TypeError, match=r"share a dtype, got torch.float32, torch.float64 and torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"share a dtype, got torch.float32, torch.float64 and torch.float32"
+    ):
         al.scaled_dot_product_attention(q, k.double(), v)
 
 
@@ -74,7 +83,9 @@ def test_not_a_tensor() -> None:
 def test_device_mismatch() -> None:
     q, k, v = qkv()
     meta = torch.empty(k.shape, device="meta")
-    with pytest.raises((ValueError, TypeError), match=r"one device, got cpu, meta and cpu|share a dtype"):
+    with pytest.raises(
+        (ValueError, TypeError), match=r"one device, got cpu, meta and cpu|share a dtype"
+    ):
         al.scaled_dot_product_attention(q, meta, v)
 
 
@@ -102,14 +113,20 @@ def test_zero_length() -> None:
 def test_mask_does_not_broadcast(shape: tuple[int, ...]) -> None:
     q, k, v = qkv()
     mask = torch.ones(shape, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"mask has shape .* but must broadcast to \(\.\.\., H, T_q, T_k\) = \(2, 4, 5, 7\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"mask has shape .* but must broadcast to \(\.\.\., H, T_q, T_k\) = \(2, 4, 5, 7\)",
+    ):
         al.scaled_dot_product_attention(q, k, v, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64])
 def test_integer_masks_refused(dtype: torch.dtype) -> None:
     q, k, v = qkv()
-    with pytest.raises(TypeError, match=rf"mask must be bool \(True = may attend\) or floating \(additive\), got dtype {dtype}"):
+    with pytest.raises(
+        TypeError,
+        match=rf"mask must be bool \(True = may attend\) or floating \(additive\), got dtype {dtype}",
+    ):
         al.scaled_dot_product_attention(q, k, v, torch.ones(5, 7, dtype=dtype))
 
 
@@ -128,7 +145,9 @@ def test_dropout_wrong_type() -> None:
 
 def test_unknown_backend() -> None:
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'math', 'sdpa', 'blockwise', got 'flash'"):
+    with pytest.raises(
+        ValueError, match=r"backend must be one of 'auto', 'math', 'sdpa', 'blockwise', got 'flash'"
+    ):
         al.scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[arg-type]
 
 
@@ -167,7 +186,9 @@ def test_module_dropout_out_of_range() -> None:
 
 def test_module_input_shape() -> None:
     mha = al.MultiHeadAttention(16, 4)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, T, d_model=16\), got \(2, 5, 12\)"):
+    with pytest.raises(
+        ValueError, match=r"query must have shape \(B, T, d_model=16\), got \(2, 5, 12\)"
+    ):
         mha(torch.randn(2, 5, 12))
     with pytest.raises(ValueError, match=r"query and key batch sizes differ: 2 vs 3"):
         mha(torch.randn(2, 5, 16), torch.randn(3, 4, 16))
@@ -183,7 +204,9 @@ def test_kv_cache_capacity() -> None:
     mha = al.MultiHeadAttention(16, 4, num_kv_heads=2)
     cache = al.KVCache(1, 2, capacity=6, d_head=4)
     mha(torch.randn(1, 4, 16), cache=cache, is_causal=True)
-    with pytest.raises(ValueError, match=r"KV cache capacity exceeded: it holds 4 of 6 positions and 3 more"):
+    with pytest.raises(
+        ValueError, match=r"KV cache capacity exceeded: it holds 4 of 6 positions and 3 more"
+    ):
         mha(torch.randn(1, 3, 16), cache=cache, is_causal=True)
     assert cache.length == 4  # the failed step left the cache as it was
 
@@ -191,7 +214,9 @@ def test_kv_cache_capacity() -> None:
 def test_mask_builders_reject_bad_input() -> None:
     with pytest.raises(ValueError, match=r"tokens must have shape \(B, T\), got \(5,\)"):
         masks.padding_mask(torch.tensor([1, 2, 0, 0, 3]), 0)
-    with pytest.raises(TypeError, match=r"tokens must be integer token ids, got dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"tokens must be integer token ids, got dtype torch.float32"
+    ):
         masks.padding_mask(torch.zeros(1, 3), 0)
     with pytest.raises(ValueError, match=r"q_len must be a positive int, got 0"):
         masks.causal_mask(0)
@@ -201,11 +226,17 @@ def test_mask_builders_reject_bad_input() -> None:
         masks.to_additive(torch.ones(2, 2, dtype=torch.bool), torch.int32)
     with pytest.raises(ValueError, match=r"masks do not broadcast together: \(2, 3\), \(4,\)"):
         masks.combine(torch.ones(2, 3, dtype=torch.bool), torch.ones(4, dtype=torch.bool))
-    with pytest.raises(TypeError, match=r"masks\[1\] must be bool or floating, got dtype torch.uint8"):
+    with pytest.raises(
+        TypeError, match=r"masks\[1\] must be bool or floating, got dtype torch.uint8"
+    ):
         masks.combine(torch.ones(2, dtype=torch.bool), torch.ones(2, dtype=torch.uint8))
-    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, T_k\), got \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"key_padding_mask must have shape \(B, T_k\), got \(3,\)"
+    ):
         masks.from_key_padding_mask(torch.zeros(3, dtype=torch.bool))
-    with pytest.raises(TypeError, match=r"key_padding_mask must be bool or floating, got dtype torch.uint8"):
+    with pytest.raises(
+        TypeError, match=r"key_padding_mask must be bool or floating, got dtype torch.uint8"
+    ):
         masks.from_key_padding_mask(torch.zeros(1, 3, dtype=torch.uint8))
 
 

@@ -27,7 +27,9 @@ def _inputs(h: int, h_kv: int, t_q: int, t_k: int, d: int) -> tuple[torch.Tensor
         (True, 6, 4, 2, 1, "float"),  # T_q > T_k: the top rows see nothing
     ],
 )
-def test_gradcheck(backend: str, causal: bool, t_q: int, t_k: int, h: int, h_kv: int, mask: str | None) -> None:
+def test_gradcheck(
+    backend: str, causal: bool, t_q: int, t_k: int, h: int, h_kv: int, mask: str | None
+) -> None:
     q, k, v = _inputs(h, h_kv, t_q, t_k, 5)
     m: torch.Tensor | None = None
     if mask == "bool":
@@ -64,7 +66,9 @@ def test_gradcheck_with_dropout_is_consistent(backend: str) -> None:
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(1234)
-        return al.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.4, backend=backend)
+        return al.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=0.4, backend=backend
+        )
 
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)
 
@@ -125,7 +129,9 @@ def test_blockwise_dropout_backward_matches_its_own_mask() -> None:
     k = torch.randn(1, 2, t_k, 8, dtype=torch.float64, requires_grad=True)
     v = torch.eye(t_k, dtype=torch.float64).expand(1, 2, t_k, t_k).contiguous()
     masking = Masking(None, None, t_k - t_q)
-    out, _ = blockwise_attention(q, k, v, masking, 8**-0.5, 0.3, False, block_size=64, query_block=16)
+    out, _ = blockwise_attention(
+        q, k, v, masking, 8**-0.5, 0.3, False, block_size=64, query_block=16
+    )
     keep = out.detach() != 0
     ref, _ = attention_ref(q, k, v, is_causal=True, keep=keep, dropout_p=0.3)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)

@@ -29,7 +29,9 @@ def problems(draw: st.DrawFn) -> dict:
     v = torch.randn(b, h_kv, t_k, d_v, generator=gen, dtype=torch.float64)
     mask = None
     if kind == "bool":
-        shape = draw(st.sampled_from([(b, h, t_q, t_k), (t_q, t_k), (b, 1, 1, t_k), (1, h, t_q, 1)]))
+        shape = draw(
+            st.sampled_from([(b, h, t_q, t_k), (t_q, t_k), (b, 1, 1, t_k), (1, h, t_q, 1)])
+        )
         mask = torch.rand(shape, generator=gen) < density
     elif kind == "float":
         mask = torch.randn(b, 1, t_q, t_k, generator=gen, dtype=torch.float64) * 2
@@ -90,5 +92,7 @@ def test_permuting_keys_permutes_nothing(p: dict) -> None:
     perm = torch.randperm(t_k)
     out = al.scaled_dot_product_attention(q, k, v, mask, backend="blockwise")
     mask_p = None if mask is None else (mask[..., perm] if mask.shape[-1] > 1 else mask)
-    out_p = al.scaled_dot_product_attention(q, k[..., perm, :], v[..., perm, :], mask_p, backend="blockwise")
+    out_p = al.scaled_dot_product_attention(
+        q, k[..., perm, :], v[..., perm, :], mask_p, backend="blockwise"
+    )
     torch.testing.assert_close(out, out_p, atol=1e-12, rtol=0)

@@ -19,7 +19,11 @@ def test_padding_mask() -> None:
 def test_causal_mask_bottom_right() -> None:
     assert masks.causal_mask(3).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     assert masks.causal_mask(2, 4).int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
-    assert masks.causal_mask(3, 2).int().tolist() == [[0, 0], [1, 0], [1, 1]]  # top row sees nothing
+    assert masks.causal_mask(3, 2).int().tolist() == [
+        [0, 0],
+        [1, 0],
+        [1, 1],
+    ]  # top row sees nothing
     assert masks.causal_mask(1, 5).all()  # a decoding step sees the whole cache
 
 
@@ -42,7 +46,9 @@ def test_to_additive_gives_zero_rows_in_attention() -> None:
     allowed[1] = False
     q = torch.randn(1, 1, 4, 8)
     for dtype in (torch.float16, torch.float32):
-        out = al.scaled_dot_product_attention(q.to(dtype), q.to(dtype), q.to(dtype), masks.to_additive(allowed, dtype))
+        out = al.scaled_dot_product_attention(
+            q.to(dtype), q.to(dtype), q.to(dtype), masks.to_additive(allowed, dtype)
+        )
         assert (out[..., 1, :] == 0).all() and torch.isfinite(out).all()
 
 

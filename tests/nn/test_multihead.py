@@ -63,9 +63,13 @@ def test_from_torch_refuses_unsupported() -> None:
     with pytest.raises(ValueError, match=r"batch_first=True.*got batch_first=False"):
         al.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2))
     with pytest.raises(ValueError, match=r"kdim == vdim == embed_dim"):
-        al.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True))
+        al.MultiHeadAttention.from_torch(
+            nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True)
+        )
     with pytest.raises(ValueError, match=r"add_bias_kv or add_zero_attn"):
-        al.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True))
+        al.MultiHeadAttention.from_torch(
+            nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
+        )
     with pytest.raises(TypeError, match=r"must be a torch.nn.MultiheadAttention, got Linear"):
         al.MultiHeadAttention.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
 
@@ -93,7 +97,9 @@ def test_grouped_query_heads_match_manual(num_kv_heads: int) -> None:
 @pytest.mark.parametrize("backend", ["math", "sdpa", "blockwise"])
 def test_kv_cache_steps_equal_full_pass(num_kv_heads: int, backend: str) -> None:
     """Decoding token by token with a KV cache gives the causal full-sequence outputs."""
-    mha = al.MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=torch.float64)
+    mha = al.MultiHeadAttention(
+        32, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=torch.float64
+    )
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     full = mha(x, is_causal=True)
     cache = al.KVCache(2, num_kv_heads, capacity=8, d_head=8, dtype=torch.float64)

@@ -73,7 +73,7 @@ def test_alibi_slopes_match_the_paper() -> None:
     every other slope of the 16-head sequence (2^{-0.5}, 2^{-1.5}, 2^{-2.5}, 2^{-3.5})."""
     eight = [2.0**-k for k in range(1, 9)]
     assert al.alibi_slopes(8).tolist() == eight
-    twelve = eight + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
+    twelve = [*eight, 2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
     assert al.alibi_slopes(12).tolist() == pytest.approx(twelve, rel=1e-7, abs=0)
     assert al.alibi_slopes(16).tolist() == pytest.approx([2.0 ** (-k / 2) for k in range(1, 17)])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +37,19 @@ logger = logging.getLogger(__name__)
 _TRAIN_STREAM, _VAL_STREAM, _TRAIN_EVAL_STREAM = 0, 1, 2
 
 
+@dataclass(frozen=True)
 class LMCorpus:
     """A tokenized text split 90 / 10.
 
     Attributes:
         tokenizer: characters or BPE.
-        train / val: 1-D token streams.
+        train: the 1-D token stream of the first 90% of the text.
+        val: the 1-D token stream of the last 10%.
     """
 
-    def __init__(
-        self, tokenizer: CharTokenizer | HFTokenizer, train: torch.Tensor, val: torch.Tensor
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.train = train
-        self.val = val
+    tokenizer: CharTokenizer | HFTokenizer
+    train: torch.Tensor
+    val: torch.Tensor
 
 
 def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -> LMCorpus:

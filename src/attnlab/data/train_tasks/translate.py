@@ -237,7 +237,13 @@ class TranslationTask:
 
         return TaskSetup(
             model=model,
-            make_optimizer=noam_adam(config.d_model, args.warmup, args.lr_factor),
+            make_optimizer=noam_adam(
+                config.d_model,
+                args.warmup,
+                args.lr_factor,
+                cooldown=args.cooldown,
+                cooldown_end=args.cooldown_end,
+            ),
             batches=IndexedBatches(source.batch),
             loss_fn=loss_fn,
             model_config=config_to_dict(config),

@@ -67,7 +67,9 @@ def blockwise_attention(
     seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
     bias = masking.bias
     hidden = None if masking.allowed is None else ~masking.allowed
-    plan = _Plan.make(query.shape[-2], key.shape[-2], query_block, block_size, masking.causal_offset)
+    plan = _Plan.make(
+        query.shape[-2], key.shape[-2], query_block, block_size, masking.causal_offset
+    )
     out, lse = _Blockwise.apply(query, key, value, bias, hidden, plan, scale, dropout_p, seed)
     weights = None
     if need_weights:
@@ -110,7 +112,9 @@ class _Plan:
             else:
                 end = min(t_k, r1 + causal_offset)  # keys < end: seen by some row of the block
                 full = max(0, min(t_k, r0 + causal_offset + 1))  # keys < full: seen by every row
-            tiles = [_Tile(r0, r1, j0, min(j0 + k_block, full), False) for j0 in range(0, full, k_block)]
+            tiles = [
+                _Tile(r0, r1, j0, min(j0 + k_block, full), False) for j0 in range(0, full, k_block)
+            ]
             if end > full:  # the keys that cross the diagonal, one masked tile
                 tiles.append(_Tile(r0, r1, full, end, True))
             blocks.append(tuple(tiles))
@@ -121,7 +125,9 @@ def _slice(t: torch.Tensor | None, rows: slice, cols: slice) -> torch.Tensor | N
     """Rows/cols of a mask that may be broadcast (size 1) along either of its last two dims."""
     if t is None:
         return None
-    return t[..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)]
+    return t[
+        ..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)
+    ]
 
 
 class _Operands:
@@ -133,18 +139,22 @@ class _Operands:
         # fp32/fp64: fold the scale into Q (one rounding, like scaling the scores);
         # half types: scale the fp32 scores instead (a scaled bf16 Q would round twice)
         self.q = q if self.half else q * scale
-        self.tile_scale = scale if self.half else None
+        self.scale = scale
         self.k_t = k.transpose(-2, -1).contiguous()  # (..., D, T_k)
         self.v = v
 
     def scores(
-        self, tile: _Tile, bias: torch.Tensor | None, hidden: torch.Tensor | None, offset: int | None
+        self,
+        tile: _Tile,
+        bias: torch.Tensor | None,
+        hidden: torch.Tensor | None,
+        offset: int | None,
     ) -> torch.Tensor:
         """``S_b = Q_b Kᵀ_b · scale + B_b`` with hidden entries at ``−∞``   (..., rows, cols)."""
         rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
         s = torch.matmul(self.q[..., rows, :], self.k_t[..., cols])
         if self.half:
-            s = s.to(self.acc).mul_(self.tile_scale)
+            s = s.to(self.acc).mul_(self.scale)
         b = _slice(bias, rows, cols)
         if b is not None:
             s = s.add_(b)  # s has the full (..., H, rows, cols) shape; b broadcasts into it
@@ -159,7 +169,9 @@ class _Operands:
         return s
 
 
-def _keep_mask(shape: torch.Size, p: float, seed: int, index: int, device: torch.device) -> torch.Tensor:
+def _keep_mask(
+    shape: torch.Size, p: float, seed: int, index: int, device: torch.device
+) -> torch.Tensor:
     """The dropout keep-mask of one tile, reproducible in the backward pass."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + index)
@@ -190,7 +202,7 @@ class _Blockwise(torch.autograd.Function):
         for tiles in plan.blocks:
             m: torch.Tensor | None = None  # running max        (..., rows, 1)
             o: torch.Tensor | None = None  # running output
-            l: torch.Tensor | None = None  # running normaliser
+            norm: torch.Tensor | None = None  # running normaliser l
             for tile in tiles:
                 s = ops.scores(tile, bias, hidden, plan.causal_offset)
                 m_b = s.amax(dim=-1, keepdim=True)
@@ -202,17 +214,19 @@ class _Blockwise(torch.autograd.Function):
                 alpha = None if m is None else torch.exp(m - m_safe)  # e^{m − m'}
                 l_b = p.sum(dim=-1, keepdim=True)
                 if dropout_p > 0:
-                    p = p.mul_(_keep_mask(p.shape, dropout_p, seed, index, q.device)).div_(1 - dropout_p)
+                    p = p.mul_(_keep_mask(p.shape, dropout_p, seed, index, q.device)).div_(
+                        1 - dropout_p
+                    )
                 pv = torch.matmul(p.to(v.dtype), v[..., tile.j0 : tile.j1, :]).to(acc)
-                l = l_b if l is None else l.mul_(alpha).add_(l_b)  # type: ignore[arg-type]
+                norm = l_b if norm is None else norm.mul_(alpha).add_(l_b)  # type: ignore[arg-type]
                 o = pv if o is None else o.mul_(alpha).add_(pv)  # type: ignore[arg-type]
                 m = m_new
                 index += 1
             assert o is not None and m is not None
             rows = slice(tiles[0].r0, tiles[0].r1)
-            assert l is not None
-            out[..., rows, :] = o / l  # O = O / l
-            lse[..., rows] = (m + torch.log(l)).squeeze(-1)  # LSE = m + log l
+            assert norm is not None
+            out[..., rows, :] = o / norm  # O = O / l
+            lse[..., rows] = (m + torch.log(norm)).squeeze(-1)  # LSE = m + log l
         ctx.save_for_backward(q, k, v, bias, hidden, out, lse)
         ctx.params = (plan, scale, dropout_p, seed)
         ctx.mark_non_differentiable(lse)
@@ -225,7 +239,9 @@ class _Blockwise(torch.autograd.Function):
         ops = _Operands(q, k, v, scale)
         acc = ops.acc
         d_out_a = d_out.to(acc)
-        delta = (d_out_a * out.to(acc)).sum(dim=-1, keepdim=True)  # D = rowsum(dO ∘ O)   (..., T_q, 1)
+        delta = (d_out_a * out.to(acc)).sum(
+            dim=-1, keepdim=True
+        )  # D = rowsum(dO ∘ O)   (..., T_q, 1)
         lse = lse.unsqueeze(-1)
         v_t = v.transpose(-2, -1).to(acc).contiguous()  # (..., D_v, T_k)
         k_a, q_s = k.to(acc), ops.q.to(acc)
@@ -245,7 +261,9 @@ class _Blockwise(torch.autograd.Function):
                 p = ops.scores(tile, bias, hidden, plan.causal_offset).sub_(lse_b).exp_()  # P_b
                 dp = torch.matmul(d_o, v_t[..., cols])  # dP_b = dO V_bᵀ
                 if dropout_p > 0:
-                    keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (1 - dropout_p)
+                    keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (
+                        1 - dropout_p
+                    )
                     dv[..., cols, :] += torch.matmul((p * keep).transpose(-2, -1), d_o)
                     dp.mul_(keep)
                 else:
@@ -264,7 +282,13 @@ class _Blockwise(torch.autograd.Function):
         if ops.half:
             dk.mul_(scale)
         return (
-            dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
             None if dbias is None else dbias.to(bias.dtype),
-            None, None, None, None, None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )

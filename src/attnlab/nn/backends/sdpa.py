@@ -51,17 +51,25 @@ def sdpa_attention(
             attn_mask = masking.bias.masked_fill(~visible, float("-inf"))
 
     groups = query.shape[-3] // key.shape[-3]
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, bool] = {}
     # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
     # type (2x the error of repeating the heads first); half types that need gradients repeat
-    half_grad = query.dtype in (torch.float16, torch.bfloat16) and (key.requires_grad or value.requires_grad)
+    half_grad = query.dtype in (torch.float16, torch.bfloat16) and (
+        key.requires_grad or value.requires_grad
+    )
     if groups > 1 and _HAS_GQA and not half_grad:
         kwargs["enable_gqa"] = True
     else:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        scale=scale, **kwargs,
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        **kwargs,
     )
     weights = None
     if need_weights:

@@ -1,0 +1,36 @@
+"""``attnlab bench``: finds the repository's benchmarks and runs them."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.cli.bench import benchmarks_dir, find_benchmarks
+
+
+def test_lists_the_attention_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "attention" in find_benchmarks(benchmarks_dir())
+    assert main(["bench", "--list"]) == 0
+    assert "attention" in capsys.readouterr().out
+
+
+def test_unknown_name_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "no-such-benchmark"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab: error: unknown benchmark 'no-such-benchmark'; expected one of:")
+    assert "attention" in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_the_attention_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
+    options = (
+        "--lengths 64 --dtypes fp32 --causal yes --no-memory --repeats 1 "
+        "--impls torch.sdpa sdpa blockwise math"
+    )
+    assert main(["bench", "attention", "--quick", "--args", options]) == 0
+    out = capfd.readouterr().out
+    assert "blockwise" in out and "fp32, causal" in out and "sdpa / torch SDPA forward" in out
+
+
+def test_a_failing_benchmark_fails_the_command(capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "attention", "--args", "--dtypes fp8"]) == 2
+    assert "benchmarks failed: attention (exit 2)" in capfd.readouterr().err
