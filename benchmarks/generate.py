@@ -55,9 +55,11 @@ QUICK = Shape(8192, 256, 256, 4, 4, prompt=16, new_tokens=24, far=220)
 class Result:
     precision: str
     batch: int
-    hf: float  # tokens/s
+    hf: float  # tokens/s (median run)
     fast: float
     forward: float
+    fast_ratio: float  # median of paired run ratios
+    forward_ratio: float
     identical: float  # fraction of generated tokens equal to Hugging Face's
 
 
@@ -80,15 +82,21 @@ def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
     return hf, al.GPT.from_hf(hf).eval()
 
 
-def median_time(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, the functions interleaved run by run."""
+def run_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each run of each function, the functions interleaved run by run."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def paired_ratio(base: list[float], other: list[float]) -> float:
+    """Median over runs of ``base / other`` (speed-up of ``other``); each pair ran back to back,
+    so a load change on the shared machine between runs does not enter the ratio."""
+    return statistics.median(b / o for b, o in zip(base, other))
 
 
 def compare(
@@ -123,10 +131,17 @@ def compare(
         want, got = run_hf(), run_fast()  # also the warm-up (prepares the fast layout)
         run_forward()
         identical = float((want[:, shape.prompt :] == got[:, shape.prompt :]).float().mean())
-        t = median_time({"hf": run_hf, "fast": run_fast, "forward": run_forward}, repeats)
-    tokens = batch * n
+        t = run_times({"hf": run_hf, "fast": run_fast, "forward": run_forward}, repeats)
+    rate = {name: batch * n / statistics.median(ts) for name, ts in t.items()}
     return Result(
-        precision, batch, tokens / t["hf"], tokens / t["fast"], tokens / t["forward"], identical
+        precision,
+        batch,
+        rate["hf"],
+        rate["fast"],
+        rate["forward"],
+        paired_ratio(t["hf"], t["fast"]),
+        paired_ratio(t["hf"], t["forward"]),
+        identical,
     )
 
 
@@ -180,13 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             console.print(
                 f"  {precision} batch {batch}: HF {r.hf:.1f}, attnlab {r.fast:.1f} tok/s "
-                f"({r.fast / r.hf:.2f}x), identical {r.identical:.0%}"
+                f"({r.fast_ratio:.2f}x), identical {r.identical:.0%}"
             )
             if precision == "fp32" and r.identical < 1.0:
                 failed = True
 
     table = Table(
-        title="tokens/s, attnlab.generate vs Hugging Face generate (same weights, same run)"
+        title="tokens/s (median run), attnlab.generate vs Hugging Face generate, same weights; "
+        "ratio = median of back-to-back run ratios"
     )
     for col in (
         "precision",
@@ -205,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             str(r.batch),
             f"{r.hf:.1f}",
             f"{r.fast:.1f}",
-            f"{r.fast / r.hf:.2f}x",
+            f"{r.fast_ratio:.2f}x",
             f"{r.forward:.1f}",
-            f"{r.forward / r.hf:.2f}x",
+            f"{r.forward_ratio:.2f}x",
             f"{r.identical:.0%}",
         )
     console.print(table)

@@ -19,6 +19,9 @@ def test_demo_trains_reports_and_writes_a_run_folder(tmp_path, capsys) -> None:
     assert f"run folder: {out}" in captured.out
     assert (out / "checkpoints" / "step-00000003" / "model.safetensors").is_file()
     assert (out / "checkpoints" / "step-00000003" / "tokenizer.json").is_file()
+    config = json.loads((out / "checkpoints" / "step-00000003" / "config.json").read_text())
+    assert config["task"] == "reverse"
+    assert (config["args"]["cooldown"], config["args"]["cooldown_end"]) == (1, 3)
     png = (out / "attention.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

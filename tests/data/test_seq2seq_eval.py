@@ -28,7 +28,9 @@ def test_exact_match_accuracy() -> None:
 
 
 def test_corpus_bleu_perfect_and_empty() -> None:
-    assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100.0)
+    assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(
+        100.0
+    )
     assert corpus_bleu(["x"], ["the cat sat on the mat"]) == pytest.approx(0.0)
 
 

@@ -27,7 +27,7 @@ def tiny_gpt(
             if name.startswith("transformer.h.") and name.endswith("weight") and ".ln_" not in name:
                 p.mul_(20.0)
         model.transformer.wte.weight.mul_(8.0)
-        if "wpe" in model.transformer:
+        if model.transformer.wpe is not None:
             model.transformer.wpe.weight.mul_(8.0)
     return model.to(dtype).eval()
 

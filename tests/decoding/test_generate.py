@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab.decoding.fast import FastDecoder
 from attnlab.decoding.steppers import CausalStepper
 from tests.decoding._models import tiny_gpt
 
@@ -25,7 +26,7 @@ def test_cached_decoding_equals_full_forward_at_every_step(fast: bool, padded: b
         prompt = prompt.masked_fill(mask == 0, 7)
     out = al.generate(model, prompt, max_new_tokens=9, attention_mask=mask, fast=fast)
     # the same tokens, stepped by hand, and their logits against one full forward
-    step_fn = al.decoding.fast.FastDecoder.for_model(model) if fast else None
+    step_fn = FastDecoder.for_model(model) if fast else None
     stepper = CausalStepper(model, prompt, mask, 6 + 9, step_fn)
     full_mask = None if mask is None else torch.cat([mask, torch.ones(3, 9, dtype=mask.dtype)], 1)
     full = model(out, attention_mask=full_mask).logits  # (B, 15, V)
@@ -141,8 +142,6 @@ def test_fast_path_is_remade_after_the_weights_change() -> None:
 
 
 def test_hooks_use_the_model_forward() -> None:
-    from attnlab.decoding.fast import FastDecoder
-
     model = tiny_gpt()
     seen: list[torch.Size] = []
     handle = model.transformer.h[0].hook_attn_out.register_forward_hook(
@@ -226,7 +225,7 @@ def test_bad_arguments_name_themselves(kwargs: dict, error: type[Exception], wor
 
 def test_bad_prompts_and_masks() -> None:
     model = tiny_gpt()
-    with pytest.raises(TypeError, match="model must be an attnlab.GPT"):
+    with pytest.raises(TypeError, match=r"model must be an attnlab\.GPT"):
         al.generate(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)
     ids = torch.randint(0, 61, (2, 4))
     with pytest.raises(TypeError, match="input_ids must hold integer"):

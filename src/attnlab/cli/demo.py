@@ -71,22 +71,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} already exists and is not empty; choose another folder")
-    # the demo is `attnlab train reverse` with its defaults
+    # the demo is `attnlab train reverse` (see demo_train_argv)
     from attnlab.cli import build_parser
     from attnlab.cli.train import run as train_run
 
-    train_args = build_parser().parse_args(
-        [
-            "train",
-            "reverse",
-            "--out",
-            str(out),
-            "--steps",
-            str(args.steps),
-            "--seed",
-            str(args.seed),
-        ]
-    )
+    train_args = build_parser().parse_args(demo_train_argv(str(out), args.steps, args.seed))
     console = Console(stderr=True)
     console.print(
         "[bold]attnlab demo[/bold]: an encoder-decoder Transformer learns to reverse strings "

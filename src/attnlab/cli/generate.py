@@ -58,6 +58,10 @@ def generate_text(
     """
     n_pos: int = model.config.n_positions  # type: ignore[union-attr,assignment]
     device = next(model.parameters()).device
+    if n_pos < 2:
+        raise ValueError(
+            f"the model's context must hold at least 2 tokens, got n_positions={n_pos}"
+        )
     ids = list(prompt_ids)
     remaining = max_new_tokens
     while remaining > 0:

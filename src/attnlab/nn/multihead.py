@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab._checks import check_choice, check_positive_int, check_probability, check_tensor, shape_str
+from attnlab._checks import (
+    check_choice,
+    check_positive_int,
+    check_probability,
+    check_tensor,
+    shape_str,
+)
 from attnlab.nn.attention import BACKENDS, Backend, scaled_dot_product_attention
 from attnlab.nn.hooks import HookPoint
 

@@ -11,8 +11,8 @@ For each query row the softmax is accumulated one key block at a time (Milakov &
 The queries are tiled too (blocks of ``query_block`` rows), so that every temporary is a
 ``query_block × key_block`` tile per head; nothing of size ``T_q × T_k`` exists. Under a causal
 mask a query block reads only the keys it may see: the keys every row of the block sees come in
-unmasked blocks, and only the last block, which crosses the diagonal, is masked. Blocks that no
-query sees are never touched.
+unmasked blocks, and only the keys of the last block that cross the diagonal are masked. Keys
+that no query of a block sees are never touched.
 
 The passes over each tile are kept few: the scale is folded into ``Q`` once (fp32/fp64) instead
 of into every tile, ``Kᵀ`` is laid out contiguously once, the exponentials are taken in place, and
@@ -86,13 +86,18 @@ def blockwise_attention(
 
 @dataclass(frozen=True)
 class _Tile:
-    """Query rows ``r0:r1`` against keys ``j0:j1``; ``diagonal``: the causal rule cuts it."""
+    """Query rows ``r0:r1`` against keys ``j0:j1``; keys from ``mask_from`` on are cut by the
+    causal rule for some rows (``mask_from >= j1``: the tile needs no causal mask)."""
 
     r0: int
     r1: int
     j0: int
     j1: int
-    diagonal: bool
+    mask_from: int
+
+    @property
+    def diagonal(self) -> bool:
+        return self.mask_from < self.j1
 
 
 @dataclass(frozen=True)
@@ -112,11 +117,8 @@ class _Plan:
             else:
                 end = min(t_k, r1 + causal_offset)  # keys < end: seen by some row of the block
                 full = max(0, min(t_k, r0 + causal_offset + 1))  # keys < full: seen by every row
-            tiles = [
-                _Tile(r0, r1, j0, min(j0 + k_block, full), False) for j0 in range(0, full, k_block)
-            ]
-            if end > full:  # the keys that cross the diagonal, one masked tile
-                tiles.append(_Tile(r0, r1, full, end, True))
+            # the last tile also holds the keys that cross the diagonal; only they get masked
+            tiles = [_Tile(r0, r1, j0, min(j0 + k_block, end), full) for j0 in range(0, end, k_block)]
             blocks.append(tuple(tiles))
         return _Plan(tuple(blocks), causal_offset)
 
@@ -163,9 +165,10 @@ class _Operands:
             s = s.masked_fill_(h, float("-inf"))
         if tile.diagonal:
             assert offset is not None
+            c0 = max(tile.j0, tile.mask_from)
             i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
-            j = torch.arange(tile.j0, tile.j1, device=s.device)[None, :]
-            s = s.masked_fill_(j > i + offset, float("-inf"))
+            j = torch.arange(c0, tile.j1, device=s.device)[None, :]
+            s[..., c0 - tile.j0 :].masked_fill_(j > i + offset, float("-inf"))  # in place, a view
         return s
 
 
@@ -200,6 +203,7 @@ class _Blockwise(torch.autograd.Function):
         masked = bias is not None or hidden is not None
         index = 0
         for tiles in plan.blocks:
+            rows = slice(tiles[0].r0, tiles[0].r1)
             m: torch.Tensor | None = None  # running max        (..., rows, 1)
             o: torch.Tensor | None = None  # running output
             norm: torch.Tensor | None = None  # running normaliser l
@@ -222,10 +226,8 @@ class _Blockwise(torch.autograd.Function):
                 o = pv if o is None else o.mul_(alpha).add_(pv)  # type: ignore[arg-type]
                 m = m_new
                 index += 1
-            assert o is not None and m is not None
-            rows = slice(tiles[0].r0, tiles[0].r1)
-            assert norm is not None
-            out[..., rows, :] = o / norm  # O = O / l
+            assert o is not None and m is not None and norm is not None
+            torch.div(o, norm, out=out[..., rows, :])  # O = O / l, written in place
             lse[..., rows] = (m + torch.log(norm)).squeeze(-1)  # LSE = m + log l
         ctx.save_for_backward(q, k, v, bias, hidden, out, lse)
         ctx.params = (plan, scale, dropout_p, seed)
