@@ -24,6 +24,8 @@ def test_demo_trains_reports_and_writes_a_run_folder(tmp_path, capsys) -> None:
     assert (config["args"]["cooldown"], config["args"]["cooldown_end"]) == (1, 3)
     png = (out / "attention.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+    html = (out / "attention.html").read_text()
+    assert "decoder.layers.1.cross_attn" in html and "<script" in html
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2, 3]
     evals = [x for x in lines if x["kind"] == "eval"]

@@ -3,8 +3,9 @@
 It trains the ``reverse`` task of ``attnlab train`` (an encoder-decoder, 2 + 2 layers,
 ``d_model = 128``) for about two minutes with a progress bar, then prints
 ``exact-match accuracy: NN.N%`` on held-out strings with a few decoded examples, and leaves a
-run folder (``--out``) with the checkpoint, ``metrics.jsonl`` and ``attention.png`` (where the
-decoder looked while writing one reversed string). Nothing is downloaded; no data file is read.
+run folder (``--out``) with the checkpoint, ``metrics.jsonl``, ``attention.png`` (where the
+decoder looked while writing one reversed string) and ``attention.html`` (every layer and head in
+the interactive viewer). Nothing is downloaded; no data file is read.
 
 ``attnlab demo --walkthrough`` instead prints the steps of attention for four token vectors:
 x → Q, K, V → scaled scores → weights → output.

@@ -4,7 +4,8 @@ At batch 1 a decoding step is a chain of matrix-vector products ``y = x W^T + b`
 read from memory once per token and used for two FLOPs, so the step is bound by memory bandwidth,
 not by arithmetic. How fast a CPU streams a weight depends on its layout: ``F.linear`` on the
 ``(out, in)`` matrix reduces along rows, while ``x @ W_t`` on a contiguous ``(in, out)`` copy is an
-``axpy``-style sweep that the BLAS streams faster (see ``benchmarks/generate.py``). The fused
+``axpy``-style sweep that the BLAS streams faster in fp32 (see ``benchmarks/generate.py``);
+bf16/fp16 weights keep the ``(out, in)`` layout, where PyTorch's CPU kernels are faster. The fused
 step below also skips what a general forward must do for ``T > 1`` (mask building, input checks,
 logits for every position) and computes the logits of the last position only.
 
@@ -31,24 +32,25 @@ __all__ = ["FastDecoder"]
 @dataclass(frozen=True)
 class _Layer:
     ln_1: tuple[torch.Tensor, torch.Tensor | None]
-    attn_w: torch.Tensor  # (d, d + 2·kv), contiguous
+    attn_w: torch.Tensor  # (d, d + 2·kv) contiguous in fp32, else (d + 2·kv, d)
     attn_b: torch.Tensor | None
-    proj_w: torch.Tensor  # (d, d)
+    proj_w: torch.Tensor
     proj_b: torch.Tensor | None
     ln_2: tuple[torch.Tensor, torch.Tensor | None]
-    fc_w: torch.Tensor  # (d, 4d)
+    fc_w: torch.Tensor
     fc_b: torch.Tensor | None
-    fc_proj_w: torch.Tensor  # (4d, d)
+    fc_proj_w: torch.Tensor
     fc_proj_b: torch.Tensor | None
 
 
-def _t(w: torch.Tensor) -> torch.Tensor:
-    return w.detach().t().contiguous()
-
-
-def _linear(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def _linear_t(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     # y = x W^T + b with W^T stored contiguous as (in, out)
     return torch.addmm(b, x, w_t) if b is not None else x @ w_t
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    # y = x W^T + b with W stored as (out, in)
+    return F.linear(x, w, b)
 
 
 class FastDecoder:
@@ -73,9 +75,14 @@ class FastDecoder:
         self.n_head, self.kv_heads, self.d_head = cfg.n_head, cfg.kv_heads, cfg.d_head
         self.d_model = cfg.n_embd
         self.eps = cfg.layer_norm_epsilon
+        # fp32: (in, out) copies for x @ W_t; bf16/fp16 keep (out, in), where the BLAS's reduced
+        # precision matrix-vector product is faster on the original layout
+        self.transposed = model.lm_head.weight.dtype == torch.float32
+        self.linear = _linear_t if self.transposed else _linear
+        _t = _transpose if self.transposed else _detach_weight
         self.wte = tr.wte.weight.detach()  # (V, d): embedding rows
         self.wpe = tr.wpe.weight.detach()  # (n_positions, d)
-        self.head_w = _t(model.lm_head.weight)  # (d, V)
+        self.head_w = _t(model.lm_head.weight)  # (d, V) or (V, d)
         self.ln_f = (tr.ln_f.weight.detach(), _detach(tr.ln_f.bias))
         self.layers = [
             _Layer(
@@ -143,20 +150,28 @@ class FastDecoder:
         for layer, layer_cache in zip(self.layers, cache.layers):
             # x = x + Attention(LN_1(x))
             h = F.layer_norm(x, (d,), *layer.ln_1, self.eps)
-            q, k, v = _linear(h, layer.attn_w, layer.attn_b).split([d, kv, kv], dim=-1)
+            q, k, v = self.linear(h, layer.attn_w, layer.attn_b).split([d, kv, kv], dim=-1)
             q = q.view(n, self.n_head, 1, self.d_head)  # (N, H, 1, d_head)
             keys, values = layer_cache.append(
                 k.view(n, self.kv_heads, 1, self.d_head), v.view(n, self.kv_heads, 1, self.d_head)
             )  # (N, H_kv, T_past + 1, d_head)
             # one query sees every cached key: softmax(q Kᵀ / √d_head) V, padding hidden
             z = F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, enable_gqa=gqa)
-            x = x + _linear(z.view(n, d), layer.proj_w, layer.proj_b)
+            x = x + self.linear(z.view(n, d), layer.proj_w, layer.proj_b)
             # x = x + MLP(LN_2(x)),  MLP(u) = GELU_tanh(u W_fc + b_fc) W_proj + b_proj
             h = F.layer_norm(x, (d,), *layer.ln_2, self.eps)
-            h = F.gelu(_linear(h, layer.fc_w, layer.fc_b), approximate="tanh")
-            x = x + _linear(h, layer.fc_proj_w, layer.fc_proj_b)
+            h = F.gelu(self.linear(h, layer.fc_w, layer.fc_b), approximate="tanh")
+            x = x + self.linear(h, layer.fc_proj_w, layer.fc_proj_b)
         x = F.layer_norm(x, (d,), *self.ln_f, self.eps)
-        return x @ self.head_w  # (N, vocab_size)
+        return self.linear(x, self.head_w, None)  # (N, vocab_size)
+
+
+def _transpose(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().t().contiguous()
+
+
+def _detach_weight(w: torch.Tensor) -> torch.Tensor:
+    return w.detach()
 
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -20,6 +20,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -168,9 +169,9 @@ def reduce_attention(
 ) -> Reduced:
     """Shrink an attention matrix to at most ``max_tokens`` rows and columns.
 
-    ``"block"``: with block size ``b = ceil(T / max_tokens)`` each drawn cell is the mean of a
-    ``b × b`` block (the last block may be smaller), so each drawn row still sums to 1 (the mean of
-    rows that each sum to 1). ``"topk"``: keeps the ``max_tokens`` keys with the largest received
+    ``"block"``: with block size ``b = ceil(T / max_tokens)`` each drawn cell is the attention a
+    block of queries pays to a block of keys, ``mean_{i ∈ I} Σ_{j ∈ J} w[i, j]`` (the last blocks
+    may be smaller), so each drawn row still sums to 1. ``"topk"``: keeps the ``max_tokens`` keys with the largest received
     attention ``Σ_i w[i, j]`` and the ``max_tokens`` queries with the largest row maximum, in their
     original order; kept cells are the exact weights.
 
@@ -207,11 +208,10 @@ def reduce_attention(
     b_k = math.ceil(t_k / max_tokens)
     r_idx = np.arange(0, t_q, b_q)
     c_idx = np.arange(0, t_k, b_k)
-    # mean over each b_q × b_k block: sum with reduceat, divide by the block's true size
+    # sum over each key block, mean over each query block (the true block sizes)
     sums = np.add.reduceat(np.add.reduceat(w.astype(np.float64), r_idx, axis=0), c_idx, axis=1)
     sizes_q = np.diff(np.append(r_idx, t_q))
-    sizes_k = np.diff(np.append(c_idx, t_k))
-    matrix = (sums / sizes_q[:, None] / sizes_k[None, :]).astype(w.dtype)
+    matrix = (sums / sizes_q[:, None]).astype(w.dtype)
 
     def block_labels(labels: list[str], idx: np.ndarray, size: int, total: int) -> list[str]:
         if size == 1:
@@ -245,10 +245,9 @@ def _draw_matrix(
     labels: bool = True,
 ):  # noqa: ANN202 - returns a matplotlib AxesImage
     img = ax.imshow(
-        _masked_array(matrix, mask), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
+        _masked_array(matrix, mask), cmap=colormaps[cmap].with_extremes(bad="#d9d9d9"), vmin=vmin, vmax=vmax, aspect="auto",
         interpolation="nearest",
     )
-    img.cmap.set_bad("#d9d9d9")  # masked cells: light grey
     if labels:
         _tick_labels(ax, rows, cols)
     else:

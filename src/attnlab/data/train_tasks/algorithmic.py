@@ -101,8 +101,9 @@ def report_task(
 ) -> SequenceReport:
     """Print the accuracy and a few decoded examples; draw one example's attention.
 
-    Writes ``RUN/attention.png`` (cross-attention of the last decoder layer, mean over heads)
-    and ``RUN/attention_heads.png`` (every head) for the longest of the shown examples.
+    Writes ``RUN/attention.png`` (cross-attention of the last decoder layer, mean over heads),
+    ``RUN/attention_heads.png`` (every head) and ``RUN/attention.html`` (the interactive viewer
+    of every layer) for the longest of the shown examples.
 
     Args:
         model: the trained encoder-decoder.
@@ -144,8 +145,10 @@ def report_task(
             out_tokens=[*(tok.id_to_token(t) for t in out), "<eos>"],
             path=run_dir / "attention.png",
             heads_path=run_dir / "attention_heads.png",
+            viewer_path=run_dir / "attention.html",
         )
         console.print(f"attention heatmap: {path}")
+        console.print(f"attention viewer: {run_dir / 'attention.html'}")
     except (ValueError, KeyError) as exc:  # a figure must never lose the trained run
         logger.warning("could not draw the attention heatmap: %s", exc)
     return report

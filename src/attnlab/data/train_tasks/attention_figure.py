@@ -25,6 +25,7 @@ def save_cross_attention(
     out_tokens: Sequence[str],
     path: str | Path,
     heads_path: str | Path | None = None,
+    viewer_path: str | Path | None = None,
 ) -> Path:
     """Teacher-force ``output`` and draw the last decoder layer's cross-attention.
 
@@ -40,6 +41,8 @@ def save_cross_attention(
         out_tokens: labels of the produced tokens (``len(output) + 1``: the last is ``<eos>``).
         path: the ``.png`` to write.
         heads_path: optional ``.png`` of every head.
+        viewer_path: optional ``.html``: the interactive viewer of every layer and head
+            (:mod:`attnlab.viz.viewer`; decoder rows labelled with the tokens the decoder reads).
 
     Returns:
         ``path``.
@@ -65,4 +68,15 @@ def save_cross_attention(
         head_grid(
             weights, query_tokens=list(out_tokens), key_tokens=list(src_tokens), title=name
         ).save(heads_path)
+    if viewer_path is not None:
+        from attnlab.viz.viewer import viewer_data, write_viewer
+
+        data = viewer_data(
+            cache.attentions,
+            source=list(src_tokens),
+            target=["<bos>", *list(out_tokens)[:-1]],
+            kinds=cache.kinds,
+            title="attnlab demo: reversing a string",
+        )
+        write_viewer(data, viewer_path)
     return Path(path)

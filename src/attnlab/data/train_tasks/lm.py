@@ -151,6 +151,12 @@ class LanguageModelTask:
         m.add_argument("--n-head", type=positive_int, default=4, help="default 4")
         m.add_argument("--n-embd", type=positive_int, default=128, help="default 128")
         m.add_argument("--dropout", type=probability, default=0.0, help="default 0.0")
+        m.add_argument(
+            "--bias",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
+        )
         o = parser.add_argument_group("optimisation")
         o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
         o.add_argument(
@@ -186,6 +192,7 @@ class LanguageModelTask:
             n_layer=args.n_layer,
             n_head=args.n_head,
             dropout=args.dropout,
+            bias=args.bias,
         )
         model = GPT(config)
         train = LMBatchSource(

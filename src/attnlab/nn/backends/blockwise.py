@@ -118,7 +118,9 @@ class _Plan:
                 end = min(t_k, r1 + causal_offset)  # keys < end: seen by some row of the block
                 full = max(0, min(t_k, r0 + causal_offset + 1))  # keys < full: seen by every row
             # the last tile also holds the keys that cross the diagonal; only they get masked
-            tiles = [_Tile(r0, r1, j0, min(j0 + k_block, end), full) for j0 in range(0, end, k_block)]
+            tiles = [
+                _Tile(r0, r1, j0, min(j0 + k_block, end), full) for j0 in range(0, end, k_block)
+            ]
             blocks.append(tuple(tiles))
         return _Plan(tuple(blocks), causal_offset)
 

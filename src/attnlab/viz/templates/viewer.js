@@ -1,0 +1,248 @@
+"use strict";
+(function () {
+  const DATA = JSON.parse(document.getElementById("attnlab-data").textContent);
+  const HEAD_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
+  // viridis anchors, interpolated into a 256-entry lookup table
+  const ANCHORS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const LUT = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = (i / 255) * (ANCHORS.length - 1), k = Math.min(Math.floor(t), ANCHORS.length - 2), f = t - k;
+    for (let c = 0; c < 3; c++) LUT[i * 3 + c] = ANCHORS[k][c] + f * (ANCHORS[k + 1][c] - ANCHORS[k][c]);
+  }
+  const MASK_RGB = [230, 190, 190];
+  const state = { group: 0, layer: 0, head: 0, view: "matrix", showMask: false, threshold: 0.02, focus: -1 };
+  const cache = new Map();
+  const canvas = document.getElementById("canvas");
+  const ctx = canvas.getContext("2d");
+  const tip = document.getElementById("tip");
+  let geom = null; // how the current drawing maps positions to pixels
+  let renders = 0;
+
+  function decode(b64, Type) {
+    const bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Type(bytes.buffer);
+  }
+  function current() {
+    const g = DATA.groups[state.group], L = g.layers[state.layer];
+    const key = state.group + ":" + state.layer;
+    if (!cache.has(key)) {
+      cache.set(key, { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
+    }
+    const tq = DATA.sequences[g.query].length, tk = DATA.sequences[g.key].length;
+    return Object.assign({ g, L, tq, tk, q: DATA.sequences[g.query], k: DATA.sequences[g.key] }, cache.get(key));
+  }
+  function weight(c, h, i, j) { return c.w[(h * c.tq + i) * c.tk + j]; }
+  function allowed(c, i, j) { return !c.m || c.m[i * c.tk + j] === 1; }
+
+  function buttons(id, items, active, onClick, cls) {
+    const box = document.getElementById(id);
+    box.textContent = "";
+    items.forEach((item) => {
+      const b = document.createElement("button");
+      b.textContent = item.label;
+      b.className = cls + (item.value === active ? " active" : "");
+      b.dataset.value = item.value;
+      if (item.color) b.style.borderLeftColor = item.color;
+      b.addEventListener("click", () => onClick(item.value));
+      box.appendChild(b);
+    });
+  }
+  function controls() {
+    buttons("groups", DATA.groups.map((g, i) => ({ label: g.name, value: i })), state.group,
+      (v) => { state.group = v; state.layer = Math.min(state.layer, DATA.groups[v].layers.length - 1); update(); }, "group-btn");
+    const g = DATA.groups[state.group];
+    buttons("layers", g.layers.map((L, i) => ({ label: String(i), value: i })), state.layer,
+      (v) => { state.layer = v; update(); }, "layer-btn");
+    const H = g.layers[state.layer].heads;
+    if (state.head >= H) state.head = 0;
+    const heads = [{ label: "all", value: -1 }];
+    for (let h = 0; h < H; h++) heads.push({ label: String(h), value: h, color: HEAD_COLORS[h % HEAD_COLORS.length] });
+    buttons("heads", heads, state.head, (v) => { state.head = v; update(); }, "head-btn");
+    document.querySelectorAll(".view-btn").forEach((b) => b.classList.toggle("active", b.dataset.view === state.view));
+    document.getElementById("layers").title = g.layers[state.layer].name;
+  }
+  function update() { controls(); draw(); }
+
+  function setSize(w, h) {
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.ceil(w * dpr); canvas.height = Math.ceil(h * dpr);
+    canvas.style.width = w + "px"; canvas.style.height = h + "px";
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+  }
+  function truncate(s, n) { return s.length > n ? s.slice(0, n - 1) + "…" : s; }
+
+  // ---------------------------------------------------------------- matrix view
+  function heatImage(c, h) {
+    let vmax = 0;
+    for (let i = 0; i < c.tq; i++) for (let j = 0; j < c.tk; j++) vmax = Math.max(vmax, weight(c, h, i, j));
+    vmax = vmax > 0 ? vmax : 1;
+    const img = new ImageData(c.tk, c.tq), px = img.data;
+    for (let i = 0; i < c.tq; i++) {
+      for (let j = 0; j < c.tk; j++) {
+        const o = (i * c.tk + j) * 4;
+        if (state.showMask && !allowed(c, i, j)) {
+          px[o] = MASK_RGB[0]; px[o + 1] = MASK_RGB[1]; px[o + 2] = MASK_RGB[2];
+        } else {
+          const v = Math.max(0, Math.min(255, Math.round((weight(c, h, i, j) / vmax) * 255)));
+          px[o] = LUT[v * 3]; px[o + 1] = LUT[v * 3 + 1]; px[o + 2] = LUT[v * 3 + 2];
+        }
+        px[o + 3] = 255;
+      }
+    }
+    const off = document.createElement("canvas");
+    off.width = c.tk; off.height = c.tq;
+    off.getContext("2d").putImageData(img, 0, 0);
+    return { off, vmax };
+  }
+  function drawMatrix(c) {
+    const avail = Math.max(240, document.getElementById("stage").clientWidth - 40);
+    const heads = state.head < 0 ? [...Array(c.L.heads).keys()] : [state.head];
+    const cols = heads.length === 1 ? 1 : Math.min(heads.length, 4);
+    const rows = Math.ceil(heads.length / cols);
+    const n = Math.max(c.tq, c.tk);
+    const labels = heads.length === 1 && n <= 80;
+    const margin = labels ? 90 : 22;
+    const panel = Math.min(heads.length === 1 ? 900 : 420, Math.floor((avail - cols * margin) / cols));
+    const cell = Math.min(36, panel / n);
+    const pw = cell * c.tk, ph = cell * c.tq;
+    setSize(cols * (pw + margin) + 10, rows * (ph + margin + 8) + 10);
+    ctx.imageSmoothingEnabled = false;
+    const panels = [];
+    heads.forEach((h, idx) => {
+      const x0 = (idx % cols) * (pw + margin) + margin, y0 = Math.floor(idx / cols) * (ph + margin + 8) + margin;
+      const { off } = heatImage(c, h);
+      ctx.drawImage(off, x0, y0, pw, ph);
+      ctx.strokeStyle = heads.length > 1 ? HEAD_COLORS[h % HEAD_COLORS.length] : "#8c959f";
+      ctx.lineWidth = heads.length > 1 ? 2 : 1;
+      ctx.strokeRect(x0 - 0.5, y0 - 0.5, pw + 1, ph + 1);
+      ctx.fillStyle = "#1f2328"; ctx.font = "12px system-ui, sans-serif";
+      if (!labels) ctx.fillText("head " + h, x0, y0 - 6);
+      if (labels) {
+        ctx.font = Math.min(12, Math.max(8, cell - 2)) + "px system-ui, sans-serif";
+        ctx.textAlign = "right"; ctx.textBaseline = "middle";
+        c.q.forEach((t, i) => ctx.fillText(truncate(t, 12), x0 - 4, y0 + (i + 0.5) * cell));
+        c.k.forEach((t, j) => {
+          ctx.save(); ctx.translate(x0 + (j + 0.5) * cell, y0 - 4); ctx.rotate(-Math.PI / 2);
+          ctx.textAlign = "left"; ctx.fillText(truncate(t, 12), 0, 0); ctx.restore();
+        });
+        ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
+      }
+      panels.push({ h, x0, y0, pw, ph });
+    });
+    geom = { view: "matrix", cell, panels };
+  }
+
+  // ---------------------------------------------------------------- lines view
+  function drawLines(c) {
+    const n = Math.max(c.tq, c.tk);
+    const rh = n <= 40 ? 20 : n <= 200 ? 14 : 10;
+    const xl = 150, xr = 470, top = 16;
+    setSize(620, n * rh + 2 * top);
+    const heads = state.head < 0 ? [...Array(c.L.heads).keys()] : [state.head];
+    ctx.lineWidth = heads.length > 1 ? 1.5 : 2;
+    for (const h of heads) {
+      ctx.strokeStyle = HEAD_COLORS[h % HEAD_COLORS.length];
+      for (let i = 0; i < c.tq; i++) {
+        if (state.focus >= 0 && state.focus !== i) continue;
+        for (let j = 0; j < c.tk; j++) {
+          if (!allowed(c, i, j)) continue;
+          const v = weight(c, h, i, j);
+          if (v < state.threshold && state.focus < 0) continue;
+          ctx.globalAlpha = Math.min(1, v / heads.length * (heads.length > 1 ? 2 : 1));
+          ctx.beginPath(); ctx.moveTo(xl + 6, top + (i + 0.5) * rh); ctx.lineTo(xr - 6, top + (j + 0.5) * rh); ctx.stroke();
+        }
+      }
+    }
+    ctx.globalAlpha = 1;
+    ctx.font = Math.min(13, rh - 2) + "px system-ui, sans-serif"; ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    c.q.forEach((t, i) => { ctx.fillStyle = i === state.focus ? "#0969da" : "#1f2328"; ctx.fillText(truncate(t, 18), xl, top + (i + 0.5) * rh); });
+    ctx.textAlign = "left";
+    c.k.forEach((t, j) => {
+      ctx.fillStyle = state.showMask && state.focus >= 0 && !allowed(c, state.focus, j) ? "#c0c0c0" : "#1f2328";
+      ctx.fillText(truncate(t, 18), xr, top + (j + 0.5) * rh);
+    });
+    ctx.textBaseline = "alphabetic";
+    geom = { view: "lines", rh, xl, xr, top };
+  }
+
+  function draw() {
+    const c = current();
+    if (state.view === "matrix") drawMatrix(c); else drawLines(c);
+    renders++;
+    document.getElementById("info").textContent = c.L.name + " · " + c.tq + " × " + c.tk +
+      (state.view === "matrix" ? " · colour scale 0 … max of each head" : "");
+  }
+
+  // ---------------------------------------------------------------- hover
+  function hit(ev) {
+    const r = canvas.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top;
+    const c = current();
+    if (!geom) return null;
+    if (geom.view === "matrix") {
+      for (const p of geom.panels) {
+        if (x >= p.x0 && x < p.x0 + p.pw && y >= p.y0 && y < p.y0 + p.ph) {
+          const i = Math.min(c.tq - 1, Math.floor((y - p.y0) / geom.cell));
+          const j = Math.min(c.tk - 1, Math.floor((x - p.x0) / geom.cell));
+          return { c, h: p.h, i, j };
+        }
+      }
+      return null;
+    }
+    const i = Math.floor((y - geom.top) / geom.rh);
+    if (x < geom.xl + 10 && i >= 0 && i < c.tq) return { c, i, query: true };
+    return null;
+  }
+  canvas.addEventListener("mousemove", (ev) => {
+    const t = hit(ev);
+    if (geom && geom.view === "lines") {
+      const f = t ? t.i : -1;
+      if (f !== state.focus) { state.focus = f; draw(); }
+      if (t) {
+        const heads = state.head < 0 ? [...Array(t.c.L.heads).keys()] : [state.head];
+        const lines = [t.c.q[t.i] + " (query " + t.i + ")"];
+        for (const h of heads) {
+          const best = [...Array(t.c.tk).keys()].sort((a, b) => weight(t.c, h, t.i, b) - weight(t.c, h, t.i, a)).slice(0, 3);
+          lines.push("head " + h + ": " + best.map((j) => t.c.k[j] + "=" + weight(t.c, h, t.i, j).toFixed(4)).join("  "));
+        }
+        showTip(ev, lines.join("\n"), null);
+      } else tip.hidden = true;
+      return;
+    }
+    if (!t) { tip.hidden = true; return; }
+    const v = weight(t.c, t.h, t.i, t.j);
+    const masked = !allowed(t.c, t.i, t.j);
+    showTip(ev, "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) + " → key " + t.j + " " +
+      JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : ""), { v, ...t });
+  });
+  canvas.addEventListener("mouseleave", () => {
+    tip.hidden = true;
+    if (state.focus >= 0) { state.focus = -1; draw(); }
+  });
+  function showTip(ev, text, t) {
+    tip.textContent = text; tip.hidden = false;
+    tip.style.left = ev.clientX + 14 + "px"; tip.style.top = ev.clientY + 14 + "px";
+    if (t) { tip.dataset.value = String(t.v); tip.dataset.head = t.h; tip.dataset.query = t.i; tip.dataset.key = t.j; }
+  }
+
+  document.querySelectorAll(".view-btn").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; state.focus = -1; update(); }));
+  document.getElementById("show-mask").addEventListener("change", (e) => { state.showMask = e.target.checked; draw(); });
+  document.getElementById("threshold").addEventListener("change", (e) => { state.threshold = Number(e.target.value) || 0; draw(); });
+  window.addEventListener("resize", () => draw());
+
+  // a small API for scripts and tests: where a matrix cell is on screen, how often we drew
+  window.attnlabViewer = {
+    state,
+    get renders() { return renders; },
+    cellCenter(i, j, head) {
+      if (!geom || geom.view !== "matrix") return null;
+      const p = geom.panels.find((q) => head === undefined || q.h === head) || geom.panels[0];
+      const r = canvas.getBoundingClientRect();
+      return { x: r.left + p.x0 + (j + 0.5) * geom.cell, y: r.top + p.y0 + (i + 0.5) * geom.cell };
+    },
+  };
+  update();
+})();
