@@ -24,7 +24,9 @@ tv = 0.5 * (w[:, None] - w[None, :]).abs().sum(-1).mean(-1)  # (H, H)
 print("output shape:", tuple(out.shape), "weights shape:", tuple(w.shape))
 print("mean distance between heads' attention rows (0 = identical, 1 = disjoint):")
 print(tv.numpy().round(3))
-print("entropy per head (nats):", (-(w * w.clamp_min(1e-12).log()).sum(-1)).mean(-1).numpy().round(3))
+print(
+    "entropy per head (nats):", (-(w * w.clamp_min(1e-12).log()).sum(-1)).mean(-1).numpy().round(3)
+)
 
 plot = figures.head_grid(w, query_tokens=tokens, key_tokens=tokens, title="every head of one layer")
 print("wrote", plot.save(args.out / "02_heads.png"))

@@ -29,6 +29,11 @@ print("weights of head 0 (zeros where masked):\n", w[0, 0].detach().numpy().roun
 assert (w[0, :, :, 4:] == 0).all(), "padding must get no attention"
 
 print("wrote", figures.mask_panel(tokens).save(args.out / "03_masks.png"))
-heat = figures.attention_heatmap(w[0, 0].detach(), query_tokens=tokens, key_tokens=tokens,
-                                 mask=both[0, 0], title="masked attention, head 0")
+heat = figures.attention_heatmap(
+    w[0, 0].detach(),
+    query_tokens=tokens,
+    key_tokens=tokens,
+    mask=both[0, 0],
+    title="masked attention, head 0",
+)
 print("wrote", heat.save(args.out / "03_masked_heatmap.png"))

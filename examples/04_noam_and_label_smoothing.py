@@ -27,7 +27,9 @@ for _ in range(steps):
     sched.step()
 peak = max(range(steps), key=rates.__getitem__) + 1
 print(f"peak learning rate {max(rates):.2e} at step {peak}")
-plot = figures.noam_curve(((512, 400 if args.small else 4000), (256, 400 if args.small else 4000)), steps=steps)
+plot = figures.noam_curve(
+    ((512, 400 if args.small else 4000), (256, 400 if args.small else 4000)), steps=steps
+)
 print("wrote", plot.save(args.out / "04_noam.png"))
 
 # label smoothing: loss of increasingly confident predictions of class 0 among V = 5

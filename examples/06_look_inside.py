@@ -18,8 +18,9 @@ torch.manual_seed(0)
 text = "attention is all you need"
 chars = sorted(set(text))
 ids = torch.tensor([[chars.index(c) for c in text]])
-cfg = al.GPTConfig(vocab_size=len(chars), n_positions=64, n_embd=32 if args.small else 64,
-                   n_layer=2, n_head=4)
+cfg = al.GPTConfig(
+    vocab_size=len(chars), n_positions=64, n_embd=32 if args.small else 64, n_layer=2, n_head=4
+)
 model = al.GPT(cfg).eval()
 
 with torch.no_grad(), capture(model) as cache:
@@ -33,7 +34,11 @@ print("row sums of layer 0, head 0:", first[0].sum(-1).numpy().round(4)[:8], "�
 grid = figures.layer_head_grid(cache.attentions, title="layers × heads")
 print("wrote", grid.save(args.out / "06_layers_heads.png"))
 tokens = list(text)
-heat = figures.attention_heatmap(first[1], query_tokens=tokens, key_tokens=tokens, title="layer 0, head 1")
+heat = figures.attention_heatmap(
+    first[1], query_tokens=tokens, key_tokens=tokens, title="layer 0, head 1"
+)
 print("wrote", heat.save(args.out / "06_heatmap.svg"))
-page = write_viewer(viewer_data(cache.attentions, tokens=tokens, kinds=cache.kinds), args.out / "06_view.html")
+page = write_viewer(
+    viewer_data(cache.attentions, tokens=tokens, kinds=cache.kinds), args.out / "06_view.html"
+)
 print("wrote", page, "— open it in a browser")

@@ -22,8 +22,13 @@ TOKENIZER = CharTokenizer(list("abcdefgh "), [PAD, UNK, BOS, EOS])
 
 
 def _save(run: Path, model: torch.nn.Module) -> Path:
-    save_checkpoint(run, step=1, model=model, config={"model": config_to_dict(model.config)},
-                    files={"tokenizer.json": TOKENIZER.to_json()})
+    save_checkpoint(
+        run,
+        step=1,
+        model=model,
+        config={"model": config_to_dict(model.config)},
+        files={"tokenizer.json": TOKENIZER.to_json()},
+    )
     return run
 
 
@@ -34,12 +39,16 @@ def _embedded(html: str) -> dict:
 
 
 def test_view_gpt_embeds_the_captured_weights(tmp_path: Path) -> None:
-    model = GPT(GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    ).eval()
     run = _save(tmp_path / "gpt", model)
     out = tmp_path / "v.html"
     assert main(["view", str(run), "--text", "abc bad", "-o", str(out)]) == 0
     data = _embedded(out.read_text())
-    assert data["sequences"]["tokens"] == [TOKENIZER.id_to_token(i) for i in TOKENIZER.encode("abc bad")]
+    assert data["sequences"]["tokens"] == [
+        TOKENIZER.id_to_token(i) for i in TOKENIZER.encode("abc bad")
+    ]
     with torch.no_grad(), capture(model) as cache:
         model(torch.tensor([TOKENIZER.encode("abc bad")]))
     layer = data["groups"][0]["layers"][1]
@@ -58,7 +67,10 @@ def test_view_seq2seq_has_three_groups(tmp_path: Path) -> None:
     assert main(["view", str(run), "--text", "abcd", "--target", "dcba", "-o", str(out)]) == 0
     data = _embedded(out.read_text())
     assert [g["name"] for g in data["groups"]] == [
-        "encoder self-attention", "decoder self-attention", "decoder cross-attention"]
+        "encoder self-attention",
+        "decoder self-attention",
+        "decoder cross-attention",
+    ]
     assert len(data["sequences"]["target"]) == 5 and len(data["sequences"]["source"]) == 4
 
 
@@ -76,7 +88,9 @@ def test_plot_kinds_write_files(tmp_path: Path, kind: str) -> None:
 
 
 def test_plot_heads_from_model(tmp_path: Path) -> None:
-    model = GPT(GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4))
+    model = GPT(
+        GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    )
     run = _save(tmp_path / "gpt", model)
     for kind in ("heads", "heatmap", "layers"):
         out = tmp_path / f"{kind}.png"

@@ -21,14 +21,18 @@ def _capture_weights(t: int = 6) -> tuple[torch.Tensor, al.MultiHeadAttention, t
 def test_heatmap_file_and_data(tmp_path, suffix):
     w, _, _ = _capture_weights()
     toks = "the cat sat on the mat".split()
-    plot = F.attention_heatmap(w[0, 1], query_tokens=toks, key_tokens=toks, mask=al.masks.causal_mask(6))
+    plot = F.attention_heatmap(
+        w[0, 1], query_tokens=toks, key_tokens=toks, mask=al.masks.causal_mask(6)
+    )
     path = plot.save(tmp_path / f"heat{suffix}")
     assert path.stat().st_size > 1000
     np.testing.assert_array_equal(plot.data["weights"], w[0, 1].numpy())
     # the image on the axes holds the same numbers
     drawn = plot.figure.axes[0].images[0].get_array()
-    np.testing.assert_array_equal(np.ma.getdata(drawn)[np.asarray(plot.data["mask"])],
-                                  w[0, 1].numpy()[al.masks.causal_mask(6).numpy()])
+    np.testing.assert_array_equal(
+        np.ma.getdata(drawn)[np.asarray(plot.data["mask"])],
+        w[0, 1].numpy()[al.masks.causal_mask(6).numpy()],
+    )
 
 
 def test_head_grid_and_layers_equal_captured(tmp_path):
@@ -69,7 +73,9 @@ def test_masks_noam_positions(tmp_path):
     assert int(np.argmax(n.data["lr"][0])) + 1 == 400
     np.testing.assert_allclose(n.data["lr"][0, 399], 512**-0.5 * 400**-0.5)
     p = F.positional_encoding_figure(50, 16)
-    np.testing.assert_array_equal(p.data["table"], al.nn.positional.sinusoidal_table(50, 16).numpy())
+    np.testing.assert_array_equal(
+        p.data["table"], al.nn.positional.sinusoidal_table(50, 16).numpy()
+    )
     for plot, name in ((m, "m.png"), (n, "n.svg"), (p, "p.png")):
         assert plot.save(tmp_path / name).stat().st_size > 1000
 

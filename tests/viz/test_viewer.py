@@ -14,8 +14,16 @@ import attnlab as al
 from attnlab.viz.viewer import render_viewer, viewer_data, write_viewer
 
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +44,10 @@ def _open(browser, path: Path):
     requests: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+    page.on(
+        "request",
+        lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None,
+    )
     page.goto(path.resolve().as_uri())
     return page, errors, requests
 
@@ -45,7 +56,8 @@ def _seq2seq_weights():
     return {
         "encoder.layers.0.self_attn": torch.softmax(torch.randn(1, 4, 6, 6) * 2, -1),
         "decoder.layers.0.self_attn": torch.softmax(
-            (torch.randn(1, 4, 5, 5) * 2).masked_fill(~al.masks.causal_mask(5), float("-inf")), -1),
+            (torch.randn(1, 4, 5, 5) * 2).masked_fill(~al.masks.causal_mask(5), float("-inf")), -1
+        ),
         "decoder.layers.0.cross_attn": torch.softmax(torch.randn(1, 4, 5, 6) * 2, -1),
     }
 
@@ -63,8 +75,12 @@ def test_page_is_self_contained():
 
 def test_viewer_seq2seq_hover_click_screenshot(browser, tmp_path):
     w = _seq2seq_weights()
-    data = viewer_data(w, source="the cat sat on the mat".split(), target="<s> le chat est assis".split(),
-                       kinds={"decoder.layers.0.cross_attn": "cross"})
+    data = viewer_data(
+        w,
+        source="the cat sat on the mat".split(),
+        target="<s> le chat est assis".split(),
+        kinds={"decoder.layers.0.cross_attn": "cross"},
+    )
     page, errors, requests = _open(browser, write_viewer(data, tmp_path / "view.html"))
     assert page.locator("#groups button").count() == 3
     # cross-attention, head 2: hover values equal the captured weights
@@ -101,7 +117,9 @@ def test_viewer_seq2seq_hover_click_screenshot(browser, tmp_path):
 
 def test_viewer_gpt_1000_tokens_fast(browser, tmp_path):
     t = 1000
-    w = torch.softmax(torch.randn(1, 2, t, t).masked_fill(~al.masks.causal_mask(t), float("-inf")), -1)
+    w = torch.softmax(
+        torch.randn(1, 2, t, t).masked_fill(~al.masks.causal_mask(t), float("-inf")), -1
+    )
     data = viewer_data({"transformer.h.0.attn": w}, tokens=[f"t{i}" for i in range(t)])
     path = write_viewer(data, tmp_path / "big.html")
     start = time.perf_counter()

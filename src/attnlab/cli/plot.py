@@ -23,8 +23,12 @@ KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw a figure (PNG or SVG): " + ", ".join(KINDS))
     p.add_argument("kind", choices=KINDS, metavar="KIND", help=" | ".join(KINDS))
-    p.add_argument("-o", "--output", default=None, help="file to write (.png or .svg; default KIND.png)")
-    p.add_argument("--text", default="the cat sat on the mat <pad> <pad>", help="tokens (or model input)")
+    p.add_argument(
+        "-o", "--output", default=None, help="file to write (.png or .svg; default KIND.png)"
+    )
+    p.add_argument(
+        "--text", default="the cat sat on the mat <pad> <pad>", help="tokens (or model input)"
+    )
     p.add_argument("--model", help="RUN_OR_CHECKPOINT for heatmap / heads / layers")
     p.add_argument("--layer", type=int, default=0, help="layer index (heatmap, heads)")
     p.add_argument("--head", type=int, default=0, help="head index (heatmap, steps)")
@@ -76,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
         mha = MultiHeadAttention(8, 2)
         x = torch.randn(1, len(tokens), 8)
-        plot = F.step_panel_from_module(mha, x, head=min(args.head, 1), is_causal=True, tokens=tokens)
+        plot = F.step_panel_from_module(
+            mha, x, head=min(args.head, 1), is_causal=True, tokens=tokens
+        )
     else:
         atts, labels = _model_attentions(args)
         names = list(atts)
@@ -87,16 +93,23 @@ def run(args: argparse.Namespace) -> int:
                 raise CLIError(f"--layer must be in [0, {len(names)}), got {args.layer}")
             w = atts[names[args.layer]][0]
             if args.kind == "heads":
-                plot = F.head_grid(w, max_tokens=args.max_tokens, title=names[args.layer],
-                                   query_tokens=labels if w.shape[1] == len(labels) else None,
-                                   key_tokens=labels if w.shape[2] == len(labels) else None)
+                plot = F.head_grid(
+                    w,
+                    max_tokens=args.max_tokens,
+                    title=names[args.layer],
+                    query_tokens=labels if w.shape[1] == len(labels) else None,
+                    key_tokens=labels if w.shape[2] == len(labels) else None,
+                )
             else:
                 if not 0 <= args.head < w.shape[0]:
                     raise CLIError(f"--head must be in [0, {w.shape[0]}), got {args.head}")
-                plot = F.attention_heatmap(w[args.head], max_tokens=args.max_tokens,
-                                           title=f"{names[args.layer]} head {args.head}",
-                                           query_tokens=labels if w.shape[1] == len(labels) else None,
-                                           key_tokens=labels if w.shape[2] == len(labels) else None)
+                plot = F.attention_heatmap(
+                    w[args.head],
+                    max_tokens=args.max_tokens,
+                    title=f"{names[args.layer]} head {args.head}",
+                    query_tokens=labels if w.shape[1] == len(labels) else None,
+                    key_tokens=labels if w.shape[2] == len(labels) else None,
+                )
     path = plot.save(out)
     Console(stderr=True).print(f"wrote [bold]{path}[/bold]")
     return 0

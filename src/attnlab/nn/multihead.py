@@ -97,7 +97,9 @@ class MultiHeadAttention(nn.Module):
 
     # -- projections (subclasses may store them under other names, e.g. GPT-2's c_attn/c_proj) --
 
-    def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
+    def _build_projections(
+        self, bias: bool, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> None:
         kv = self.num_kv_heads * self.d_head
         self.in_proj_weight = nn.Parameter(torch.empty(self.d_model + 2 * kv, self.d_model, device=device, dtype=dtype))  # type: ignore[arg-type]
         self.in_proj_bias = (

@@ -62,7 +62,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         pos = _positions(x.shape[1], offset, positions, self.max_len, x.device)
-        return x + self.table[pos].to(x.dtype)
+        table: torch.Tensor = self.table  # type: ignore[assignment]
+        return x + table[pos].to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
@@ -118,7 +119,9 @@ class RotaryEmbedding(nn.Module):
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
         _check_range(positions, self.max_len)
-        cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
+        cos_t: torch.Tensor = self.cos  # type: ignore[assignment]
+        sin_t: torch.Tensor = self.sin  # type: ignore[assignment]
+        cos, sin = cos_t[positions], sin_t[positions]  # (T, d/2) or (B, T, d/2)
         if positions.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): broadcast over heads
         x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()

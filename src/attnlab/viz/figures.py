@@ -243,9 +243,13 @@ def _draw_matrix(
     cmap: str = CMAP,
     annotate: bool = False,
     labels: bool = True,
-):  # noqa: ANN202 - returns a matplotlib AxesImage
+):
     img = ax.imshow(
-        _masked_array(matrix, mask), cmap=colormaps[cmap].with_extremes(bad="#d9d9d9"), vmin=vmin, vmax=vmax, aspect="auto",
+        _masked_array(matrix, mask),
+        cmap=colormaps[cmap].with_extremes(bad="#d9d9d9"),
+        vmin=vmin,
+        vmax=vmax,
+        aspect="auto",
         interpolation="nearest",
     )
     if labels:
@@ -259,8 +263,15 @@ def _draw_matrix(
         for (i, j), value in np.ndenumerate(matrix):
             if mask is not None and not mask[i, j]:
                 continue
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if value < 0.5 * (vmax or matrix.max() or 1) else "black")
+            ax.text(
+                j,
+                i,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if value < 0.5 * (vmax or matrix.max() or 1) else "black",
+            )
     return img
 
 
@@ -294,21 +305,29 @@ def attention_heatmap(
         ``data["col_index"]`` and ``data["mask"]`` when a mask was drawn.
     """
     w = _to_numpy("weights", weights, 2)
-    red = reduce_attention(w, max_tokens=max_tokens, method=method, query_tokens=query_tokens,
-                           key_tokens=key_tokens)
+    red = reduce_attention(
+        w, max_tokens=max_tokens, method=method, query_tokens=query_tokens, key_tokens=key_tokens
+    )
     m = None
     if mask is not None:
         m = _to_numpy("mask", mask, 2).astype(bool)
         if m.shape != w.shape:
-            raise ValueError(f"mask must have the weights' shape {shape_str(w.shape)}, got {shape_str(m.shape)}")
-        m = m[np.ix_(red.row_index, red.col_index)] if red.matrix.shape == w.shape or method == "topk" else None
+            raise ValueError(
+                f"mask must have the weights' shape {shape_str(w.shape)}, got {shape_str(m.shape)}"
+            )
+        m = (
+            m[np.ix_(red.row_index, red.col_index)]
+            if red.matrix.shape == w.shape or method == "topk"
+            else None
+        )
     r, c = red.matrix.shape
     side = min(10.0, max(3.5, 0.28 * max(r, c) + 1.5))
     fig = _new_figure(side + 1.0, side)
     ax = fig.add_subplot()
     annotate = (r <= 12 and c <= 12) if annotate is None else annotate
-    img = _draw_matrix(ax, red.matrix, red.row_labels, red.col_labels, mask=m, title=title,
-                       annotate=annotate)
+    img = _draw_matrix(
+        ax, red.matrix, red.row_labels, red.col_labels, mask=m, title=title, annotate=annotate
+    )
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     fig.colorbar(img, ax=ax, shrink=0.8, label="weight")
@@ -344,13 +363,23 @@ def head_grid(
     w = _to_numpy("weights", weights, (3, 4))
     if w.ndim == 4:
         if w.shape[0] != 1:
-            raise ValueError(f"weights must be (H, T_q, T_k) or (1, H, T_q, T_k), got {shape_str(w.shape)}")
+            raise ValueError(
+                f"weights must be (H, T_q, T_k) or (1, H, T_q, T_k), got {shape_str(w.shape)}"
+            )
         w = w[0]
     h = w.shape[0]
     ncols = min(h, 4) if ncols is None else check_positive_int("ncols", ncols)
     nrows = math.ceil(h / ncols)
-    reds = [reduce_attention(w[i], max_tokens=max_tokens, method=method, query_tokens=query_tokens,
-                             key_tokens=key_tokens) for i in range(h)]
+    reds = [
+        reduce_attention(
+            w[i],
+            max_tokens=max_tokens,
+            method=method,
+            query_tokens=query_tokens,
+            key_tokens=key_tokens,
+        )
+        for i in range(h)
+    ]
     fig = _new_figure(3.2 * ncols + 0.8, 3.2 * nrows + (0.4 if title else 0.0))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     small = reds[0].matrix.shape[0] <= 16 and reds[0].matrix.shape[1] <= 16
@@ -359,8 +388,15 @@ def head_grid(
         if i >= h:
             ax.axis("off")
             continue
-        img = _draw_matrix(ax, reds[i].matrix, reds[i].row_labels, reds[i].col_labels,
-                           title=f"head {i}", vmax=1.0, labels=small)
+        img = _draw_matrix(
+            ax,
+            reds[i].matrix,
+            reds[i].row_labels,
+            reds[i].col_labels,
+            title=f"head {i}",
+            vmax=1.0,
+            labels=small,
+        )
     if title:
         fig.suptitle(title)
     if img is not None:
@@ -405,7 +441,11 @@ def layer_head_grid(
             if not 0 <= batch_index < arr.shape[0]:
                 raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
             arr = arr[batch_index]
-        mats.append(np.stack([reduce_attention(x, max_tokens=max_tokens, method=method).matrix for x in arr]))
+        mats.append(
+            np.stack(
+                [reduce_attention(x, max_tokens=max_tokens, method=method).matrix for x in arr]
+            )
+        )
     n_layers = len(mats)
     n_heads = max(m.shape[0] for m in mats)
     r = max(m.shape[1] for m in mats)
@@ -423,8 +463,15 @@ def layer_head_grid(
             if hi >= mats[li].shape[0]:
                 ax.axis("off")
                 continue
-            img = _draw_matrix(ax, mats[li][hi], [], [], vmax=1.0, labels=False,
-                               title=f"head {hi}" if li == 0 else None)
+            img = _draw_matrix(
+                ax,
+                mats[li][hi],
+                [],
+                [],
+                vmax=1.0,
+                labels=False,
+                title=f"head {hi}" if li == 0 else None,
+            )
             if hi == 0:
                 ax.set_ylabel(names[li], fontsize=7)
     if title:
@@ -471,7 +518,9 @@ def step_panel(
     ka = _to_numpy("k", k, 2).astype(np.float64)
     va = _to_numpy("v", v, 2).astype(np.float64)
     if qa.shape[0] != xa.shape[0]:
-        raise ValueError(f"q must have one row per row of x ({xa.shape[0]}), got {shape_str(qa.shape)}")
+        raise ValueError(
+            f"q must have one row per row of x ({xa.shape[0]}), got {shape_str(qa.shape)}"
+        )
     if ka.shape != (va.shape[0], qa.shape[1]) or va.shape[0] != ka.shape[0]:
         raise ValueError(
             f"k must be (T_k, d_head={qa.shape[1]}) and v (T_k, d_v), got {shape_str(ka.shape)} and {shape_str(va.shape)}"
@@ -480,9 +529,15 @@ def step_panel(
     t_k = ka.shape[0]
     m = np.ones((t_q, t_k), dtype=bool) if mask is None else _to_numpy("mask", mask, 2).astype(bool)
     if m.shape != (t_q, t_k):
-        raise ValueError(f"mask must have shape (T_q, T_k) = {shape_str((t_q, t_k))}, got {shape_str(m.shape)}")
+        raise ValueError(
+            f"mask must have shape (T_q, T_k) = {shape_str((t_q, t_k))}, got {shape_str(m.shape)}"
+        )
     rows = _labels("tokens", tokens, t_q)
-    cols = _labels("key_tokens", key_tokens if key_tokens is not None else (tokens if t_q == t_k else None), t_k)
+    cols = _labels(
+        "key_tokens",
+        key_tokens if key_tokens is not None else (tokens if t_q == t_k else None),
+        t_k,
+    )
 
     # S = Q Kᵀ / √d_head, masked entries -inf
     scores = np.where(m, qa @ ka.T / math.sqrt(d_head), -np.inf)
@@ -501,14 +556,48 @@ def step_panel(
     dh = [f"d{i}" for i in range(va.shape[1])]
     finite = np.where(m, scores, np.nan)
     lim = float(np.nanmax(np.abs(finite))) if np.isfinite(finite).any() else 1.0
-    _draw_matrix(axes[0], xa, rows, dims, title="x (token vectors)", vmin=None, cmap="coolwarm",
-                 labels=xa.shape[1] <= 32)
-    _draw_matrix(axes[1], np.where(m, scores, 0.0), rows, cols, mask=m, title="Q Kᵀ / √d",
-                 vmin=-lim, vmax=lim, cmap="coolwarm", annotate=t_q * t_k <= 100)
-    _draw_matrix(axes[2], weights, rows, cols, mask=m, title="softmax → weights", vmax=1.0,
-                 annotate=t_q * t_k <= 100)
-    _draw_matrix(axes[3], output, rows, dh, title="output = weights · V", vmin=None,
-                 cmap="coolwarm", labels=va.shape[1] <= 32)
+    _draw_matrix(
+        axes[0],
+        xa,
+        rows,
+        dims,
+        title="x (token vectors)",
+        vmin=None,
+        cmap="coolwarm",
+        labels=xa.shape[1] <= 32,
+    )
+    _draw_matrix(
+        axes[1],
+        np.where(m, scores, 0.0),
+        rows,
+        cols,
+        mask=m,
+        title="Q Kᵀ / √d",
+        vmin=-lim,
+        vmax=lim,
+        cmap="coolwarm",
+        annotate=t_q * t_k <= 100,
+    )
+    _draw_matrix(
+        axes[2],
+        weights,
+        rows,
+        cols,
+        mask=m,
+        title="softmax → weights",
+        vmax=1.0,
+        annotate=t_q * t_k <= 100,
+    )
+    _draw_matrix(
+        axes[3],
+        output,
+        rows,
+        dh,
+        title="output = weights · V",
+        vmin=None,
+        cmap="coolwarm",
+        labels=va.shape[1] <= 32,
+    )
     for ax, arrow in zip(axes[:3], ("→", "→", "→")):
         ax.annotate(arrow, xy=(1.02, 0.5), xycoords="axes fraction", fontsize=16, va="center")
     if title:
@@ -550,12 +639,19 @@ def step_panel_from_module(
     from attnlab.nn.multihead import MultiHeadAttention
 
     if not isinstance(module, MultiHeadAttention):
-        raise TypeError(f"module must be an attnlab.MultiHeadAttention, got {type(module).__name__}")
+        raise TypeError(
+            f"module must be an attnlab.MultiHeadAttention, got {type(module).__name__}"
+        )
     if not 0 <= head < module.num_heads:
         raise ValueError(f"head must be in [0, {module.num_heads}), got {head}")
     with torch.no_grad():
         cross = memory is not None
-        q, k, v = module.project_qkv(x, memory if cross else None, memory if cross else None)
+        q, k_m, v_m = module.project_qkv(x, memory if cross else None, memory if cross else None)
+        if k_m is None or v_m is None:
+            raise ValueError(
+                "module.project_qkv returned no keys/values; cannot draw the step panel"
+            )
+        k, v = k_m, v_m
         dh = module.d_head
         q = q.unflatten(-1, (module.num_heads, dh)).transpose(1, 2)  # (B, H, T_q, d_head)
         k = k.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
@@ -574,8 +670,14 @@ def step_panel_from_module(
     if is_causal:
         allowed = allowed & causal_mask(t_q, t_k)
     return step_panel(
-        x[batch_index], q[batch_index, head], k[batch_index, kv_head], v[batch_index, kv_head],
-        mask=allowed, tokens=tokens, key_tokens=key_tokens, title=f"head {head}",
+        x[batch_index],
+        q[batch_index, head],
+        k[batch_index, kv_head],
+        v[batch_index, kv_head],
+        mask=allowed,
+        tokens=tokens,
+        key_tokens=key_tokens,
+        title=f"head {head}",
     )
 
 
@@ -609,6 +711,7 @@ def mask_panel(
     padding = real[None, :].expand(t, t)
     look_ahead = causal_mask(t)
     combined = combine(padding, look_ahead)
+    assert combined is not None  # two masks in, one out
     data = {
         "padding": padding.numpy().copy(),
         "look_ahead": look_ahead.numpy().copy(),
@@ -620,8 +723,14 @@ def mask_panel(
     for ax, (name, m) in zip(axes, data.items()):
         ax.imshow(m.astype(float), cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
         _tick_labels(ax, toks, toks)
-        ax.set_title({"padding": "padding mask", "look_ahead": "look-ahead mask",
-                      "combined": "combined (decoder self-attention)"}[name], fontsize=9)
+        ax.set_title(
+            {
+                "padding": "padding mask",
+                "look_ahead": "look-ahead mask",
+                "combined": "combined (decoder self-attention)",
+            }[name],
+            fontsize=9,
+        )
         ax.set_xlabel("key")
     axes[0].set_ylabel("query")
     fig.suptitle("True = may attend (dark)")

@@ -23,7 +23,14 @@ import torch
 
 from attnlab._checks import shape_str
 
-__all__ = ["AttentionGroup", "AttentionLayer", "ViewerData", "render_viewer", "viewer_data", "write_viewer"]
+__all__ = [
+    "AttentionGroup",
+    "AttentionLayer",
+    "ViewerData",
+    "render_viewer",
+    "viewer_data",
+    "write_viewer",
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,9 @@ class ViewerData:
         for g in self.groups:
             for side in (g.query, g.key):
                 if side not in self.sequences:
-                    raise ValueError(f"group {g.name!r} names sequence {side!r}, not in sequences {list(self.sequences)}")
+                    raise ValueError(
+                        f"group {g.name!r} names sequence {side!r}, not in sequences {list(self.sequences)}"
+                    )
             t_q, t_k = len(self.sequences[g.query]), len(self.sequences[g.key])
             for layer in g.layers:
                 w = layer.weights
@@ -88,7 +97,9 @@ class ViewerData:
                         f"weights of {layer.name!r} must be (H, T_q, T_k) = (H, {t_q}, {t_k}), got {shape_str(w.shape)}"
                     )
                 if layer.mask is not None and layer.mask.shape != (t_q, t_k):
-                    raise ValueError(f"mask of {layer.name!r} must be ({t_q}, {t_k}), got {shape_str(layer.mask.shape)}")
+                    raise ValueError(
+                        f"mask of {layer.name!r} must be ({t_q}, {t_k}), got {shape_str(layer.mask.shape)}"
+                    )
 
     def to_json(self) -> dict:
         """The page's JSON (weights as base64 little-endian float32, masks as base64 uint8)."""
@@ -109,7 +120,9 @@ class ViewerData:
                             "name": layer.name,
                             "heads": int(layer.weights.shape[0]),
                             "weights": b64(layer.weights.astype("<f4")),
-                            "mask": None if layer.mask is None else b64(layer.mask.astype(np.uint8)),
+                            "mask": None
+                            if layer.mask is None
+                            else b64(layer.mask.astype(np.uint8)),
                         }
                         for layer in g.layers
                     ],
@@ -154,7 +167,9 @@ def viewer_data(
         :class:`ViewerData`.
     """
     if tokens is None and (source is None or target is None):
-        raise ValueError("pass tokens (GPT) or both source and target (encoder-decoder), got neither")
+        raise ValueError(
+            "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
+        )
     kinds = dict(kinds or {})
     seqs: dict[str, list[str]]
     if tokens is not None:
@@ -165,7 +180,9 @@ def viewer_data(
         groups = {
             "encoder self-attention": AttentionGroup("encoder self-attention", "source", "source"),
             "decoder self-attention": AttentionGroup("decoder self-attention", "target", "target"),
-            "decoder cross-attention": AttentionGroup("decoder cross-attention", "target", "source"),
+            "decoder cross-attention": AttentionGroup(
+                "decoder cross-attention", "target", "source"
+            ),
         }
     for name, w in attentions.items():
         arr = _np(w)
@@ -174,7 +191,9 @@ def viewer_data(
                 raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
             arr = arr[batch_index]
         if arr.ndim != 3:
-            raise ValueError(f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(arr.shape)}")
+            raise ValueError(
+                f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(arr.shape)}"
+            )
         cross = kinds.get(name) == "cross" or bool(re.search(r"cross|src_attn|enc_dec", name))
         if tokens is not None:
             group = groups["self-attention"]

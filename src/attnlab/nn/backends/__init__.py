@@ -28,4 +28,3 @@ def run_backend(
     if name == "sdpa":
         return sdpa_attention(query, key, value, masking, scale, dropout_p, need_weights)
     return blockwise_attention(query, key, value, masking, scale, dropout_p, need_weights)
-

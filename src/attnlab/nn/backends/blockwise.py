@@ -29,6 +29,7 @@ log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,9 +141,11 @@ class _Operands:
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> None:
         self.acc = compute_dtype(q.dtype)
         self.half = q.dtype != self.acc
-        # fp32/fp64: fold the scale into Q (one rounding, like scaling the scores);
-        # half types: scale the fp32 scores instead (a scaled bf16 Q would round twice)
-        self.q = q if self.half else q * scale
+        # fold the scale into Q once: fp32/fp64 (one rounding, like scaling the scores), and half
+        # types when the scale is a power of two (exact, e.g. 1/8 for D = 64); otherwise half
+        # types scale the fp32 scores (a scaled bf16 Q would round twice)
+        self.prescaled = not self.half or math.frexp(scale)[0] == 0.5
+        self.q = q * scale if self.prescaled else q
         self.scale = scale
         self.k_t = k.transpose(-2, -1).contiguous()  # (..., D, T_k)
         self.v = v
@@ -158,7 +161,9 @@ class _Operands:
         rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
         s = torch.matmul(self.q[..., rows, :], self.k_t[..., cols])
         if self.half:
-            s = s.to(self.acc).mul_(self.scale)
+            s = s.to(self.acc)
+        if not self.prescaled:
+            s = s.mul_(self.scale)
         b = _slice(bias, rows, cols)
         if b is not None:
             s = s.add_(b)  # s has the full (..., H, rows, cols) shape; b broadcasts into it
@@ -274,7 +279,7 @@ class _Blockwise(torch.autograd.Function):
                     dv[..., cols, :] += torch.matmul(p.transpose(-2, -1), d_o)  # dV_b = P_bᵀ dO
                 ds = p.mul_(dp.sub_(delta_b))  # dS_b = P_b ∘ (dP_b − D)
                 dq_b += torch.matmul(ds, k_a[..., cols, :])
-                # Q was scaled already (fp32/fp64); half types scale below
+                # Q was scaled already when prescaled; otherwise dK is scaled below
                 dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)
                 if dbias is not None:
                     target = _slice(dbias, rows, cols)
@@ -283,7 +288,7 @@ class _Blockwise(torch.autograd.Function):
                 index += 1
             dq[..., rows, :] = dq_b
         dq.mul_(scale)
-        if ops.half:
+        if not ops.prescaled:
             dk.mul_(scale)
         return (
             dq.to(q.dtype),

@@ -86,7 +86,7 @@
         if (state.showMask && !allowed(c, i, j)) {
           px[o] = MASK_RGB[0]; px[o + 1] = MASK_RGB[1]; px[o + 2] = MASK_RGB[2];
         } else {
-          const v = Math.max(0, Math.min(255, Math.round((weight(c, h, i, j) / vmax) * 255)));
+          const v = Math.max(0, Math.min(255, Math.round(Math.sqrt(weight(c, h, i, j) / vmax) * 255)));
           px[o] = LUT[v * 3]; px[o + 1] = LUT[v * 3 + 1]; px[o + 2] = LUT[v * 3 + 2];
         }
         px[o + 3] = 255;
@@ -174,7 +174,7 @@
     if (state.view === "matrix") drawMatrix(c); else drawLines(c);
     renders++;
     document.getElementById("info").textContent = c.L.name + " · " + c.tq + " × " + c.tk +
-      (state.view === "matrix" ? " · colour scale 0 … max of each head" : "");
+      (state.view === "matrix" ? " · colour √(weight / max of the head)" : "");
   }
 
   // ---------------------------------------------------------------- hover
