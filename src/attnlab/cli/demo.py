@@ -80,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     console.print(
         "[bold]attnlab demo[/bold]: an encoder-decoder Transformer learns to reverse strings "
-        f"({args.steps} steps on the {'GPU' if torch.cuda.is_available() else 'CPU'})"
+        f"({args.steps} steps on the {'GPU' if torch.cuda.is_available() else 'CPU'})",
+        soft_wrap=True,
     )
     code = train_run(train_args)
     if code == 0:
-        Console().print(f"run folder: {out}")
+        Console().print(f"run folder: {out}", soft_wrap=True)
     return code
 
 

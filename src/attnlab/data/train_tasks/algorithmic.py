@@ -120,7 +120,8 @@ def report_task(
     tok = task.tokenizer
     console.print(
         f"exact-match accuracy: {100 * report.accuracy:.1f}%  "
-        f"({len(report.sources)} held-out strings, greedy decoding)"
+        f"({len(report.sources)} held-out strings, greedy decoding)",
+        soft_wrap=True,
     )
     # a spread of lengths, longest first
     by_length = sorted(range(len(report.sources)), key=lambda i: -len(report.sources[i]))
@@ -130,7 +131,8 @@ def report_task(
         mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
         console.print(
             f"  {mark} {tok.decode(report.sources[i]):<18} → {tok.decode(report.predictions[i])}"
-            + ("" if ok else f"   (expected {tok.decode(report.targets[i])})")
+            + ("" if ok else f"   (expected {tok.decode(report.targets[i])})"),
+            soft_wrap=True,
         )
     run_dir = Path(run_dir)
     pick = shown[0]
@@ -147,8 +149,8 @@ def report_task(
             heads_path=run_dir / "attention_heads.png",
             viewer_path=run_dir / "attention.html",
         )
-        console.print(f"attention heatmap: {path}")
-        console.print(f"attention viewer: {run_dir / 'attention.html'}")
+        console.print(f"attention heatmap: {path}", soft_wrap=True)
+        console.print(f"attention viewer: {run_dir / 'attention.html'}", soft_wrap=True)
     except (ValueError, KeyError) as exc:  # a figure must never lose the trained run
         logger.warning("could not draw the attention heatmap: %s", exc)
     return report

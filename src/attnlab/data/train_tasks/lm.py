@@ -219,7 +219,9 @@ class LanguageModelTask:
                 top_k=None, generator=torch.Generator(device=dev).manual_seed(args.seed),
             )  # fmt: skip
             console.print("sample:")
-            console.print(tok.decode(ids[0].tolist()), markup=False, highlight=False)
+            console.print(
+                tok.decode(ids[0].tolist()), markup=False, highlight=False, soft_wrap=True
+            )
 
         return TaskSetup(
             model=model,

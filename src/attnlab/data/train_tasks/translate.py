@@ -233,7 +233,9 @@ class TranslationTask:
             )  # fmt: skip
             console.print(f"{final_name} BLEU ({args.beams} beams): {bleu:.2f}")
             for s, h, r in list(zip(final.src, hyps, final.tgt))[:3]:
-                console.print(f"  {s}\n    → {h}\n    ref {r}", markup=False, highlight=False)
+                console.print(
+                    f"  {s}\n    → {h}\n    ref {r}", markup=False, highlight=False, soft_wrap=True
+                )
 
         return TaskSetup(
             model=model,
