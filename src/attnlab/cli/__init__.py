@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -60,8 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("attnlab: interrupted\n")
         return 130
-    except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError,
-            UnicodeDecodeError, NotADirectoryError) as exc:
+    except (
+        CLIError,
+        ValueError,
+        TypeError,
+        FileNotFoundError,
+        IsADirectoryError,
+        PermissionError,
+        UnicodeDecodeError,
+        NotADirectoryError,
+    ) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, UnicodeDecodeError):
             message = f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})"

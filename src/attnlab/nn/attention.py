@@ -169,11 +169,17 @@ def _check_qkv(query: object, key: object, value: object) -> None:
     for name, t in (("query", q), ("key", k), ("value", v)):
         check_floating(name, t)
         if t.dim() < 3:
-            raise ValueError(f"{name} must have shape (..., H, T, D) with at least 3 dims, got {shape_str(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape (..., H, T, D) with at least 3 dims, got {shape_str(t.shape)}"
+            )
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+        raise TypeError(
+            f"query, key and value must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}"
+        )
     if not (q.device == k.device == v.device):
-        raise ValueError(f"query, key and value must be on one device, got {q.device}, {k.device} and {v.device}")
+        raise ValueError(
+            f"query, key and value must be on one device, got {q.device}, {k.device} and {v.device}"
+        )
     if not (q.dim() == k.dim() == v.dim()):
         raise ValueError(
             f"query, key and value must have the same rank, got shapes {shape_str(q.shape)}, "
@@ -192,7 +198,9 @@ def _check_qkv(query: object, key: object, value: object) -> None:
         if t.shape[-3] <= 0:
             raise ValueError(f"{name} must have at least one head, got {t.shape[-3]}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}")
+        raise ValueError(
+            f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}"
+        )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"key and value must have the same heads and length (H_kv, T_k), got "
@@ -226,9 +234,7 @@ def _normalize_mask(
     return Masking(~hidden, bias, causal_offset)
 
 
-def _empty_rows(
-    masking: Masking, t_q: int, t_k: int, device: torch.device
-) -> torch.Tensor | None:
+def _empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
     """Boolean ``(..., T_q, 1)``: rows that may attend to no key, or ``None`` if there are none.
 
     Computed without a ``T_q × T_k`` tensor beyond the mask itself: a row has a key iff its first
@@ -246,7 +252,9 @@ def _empty_rows(
         # the first allowed key of each row (argmax returns the first maximum); t_k when none
         first = allowed.to(torch.uint8).argmax(dim=-1, keepdim=True)
         first = first.masked_fill(~allowed.any(dim=-1, keepdim=True), t_k)
-        rows = torch.arange(allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device)
+        rows = torch.arange(
+            allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device
+        )
         empty = first > rows[:, None] + offset
     if not bool(empty.any()):
         return None

@@ -169,4 +169,6 @@ def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
         return ~key_padding_mask[:, None, None, :]
     if key_padding_mask.is_floating_point():
         return key_padding_mask[:, None, None, :]
-    raise TypeError(f"key_padding_mask must be bool or floating, got dtype {key_padding_mask.dtype}")
+    raise TypeError(
+        f"key_padding_mask must be bool or floating, got dtype {key_padding_mask.dtype}"
+    )

@@ -76,11 +76,15 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
-        num_kv_heads = num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        num_kv_heads = (
+            num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        )
         if d_model % num_heads != 0:
             raise ValueError(f"d_model = {d_model} must be divisible by num_heads = {num_heads}")
         if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads = {num_heads} must be a multiple of num_kv_heads = {num_kv_heads}")
+            raise ValueError(
+                f"num_heads = {num_heads} must be a multiple of num_kv_heads = {num_kv_heads}"
+            )
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -101,7 +105,9 @@ class MultiHeadAttention(nn.Module):
         self, bias: bool, device: torch.device | str | None, dtype: torch.dtype | None
     ) -> None:
         kv = self.num_kv_heads * self.d_head
-        self.in_proj_weight = nn.Parameter(torch.empty(self.d_model + 2 * kv, self.d_model, device=device, dtype=dtype))  # type: ignore[arg-type]
+        self.in_proj_weight = nn.Parameter(
+            torch.empty(self.d_model + 2 * kv, self.d_model, device=device, dtype=dtype)
+        )  # type: ignore[arg-type]
         self.in_proj_bias = (
             nn.Parameter(torch.zeros(self.d_model + 2 * kv, device=device, dtype=dtype))  # type: ignore[arg-type]
             if bias
@@ -127,7 +133,9 @@ class MultiHeadAttention(nn.Module):
             return q, k, v
         q = F.linear(query, w[:d], None if b is None else b[:d])
         k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
-        v = F.linear(value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :])
+        v = F.linear(
+            value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :]
+        )
         return q, k, v
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,7 +187,9 @@ class MultiHeadAttention(nn.Module):
                         f"and {shape_str(value.shape[:2])}"
                     )
             if key.shape[0] != query.shape[0]:  # type: ignore[union-attr]
-                raise ValueError(f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}")  # type: ignore[union-attr]
+                raise ValueError(
+                    f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
+                )  # type: ignore[union-attr]
         b, t_q, _ = query.shape
         past = cache.length if cache is not None and not cache.static else 0
 
@@ -188,12 +198,20 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.project_qkv(query, query, query)[0], None, None
         else:
             q, k, v = self.project_qkv(query, key if cross else None, value if cross else None)
-        q = self.hook_q(q.unflatten(-1, (self.num_heads, self.d_head)).transpose(1, 2))  # (B, H, T_q, d_head)
+        q = self.hook_q(
+            q.unflatten(-1, (self.num_heads, self.d_head)).transpose(1, 2)
+        )  # (B, H, T_q, d_head)
         if k is not None and v is not None:
-            k = k.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
+            k = k.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(
+                1, 2
+            )  # (B, H_kv, T_k, d_head)
             v = v.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)
         if self.rotary is not None and not cross:
-            pos = positions if positions is not None else torch.arange(past, past + t_q, device=q.device)
+            pos = (
+                positions
+                if positions is not None
+                else torch.arange(past, past + t_q, device=q.device)
+            )
             q, k = self.rotary(q, pos), self.rotary(k, pos)
         if cache is not None:
             if cross:
@@ -211,7 +229,10 @@ class MultiHeadAttention(nn.Module):
             # kernel "auto" picks when no weights are wanted; it returns exact weights as well
             backend = "sdpa"
         result = scaled_dot_product_attention(
-            q, k, v, mask,
+            q,
+            k,
+            v,
+            mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             backend=backend,
@@ -231,10 +252,14 @@ class MultiHeadAttention(nn.Module):
     def _check_input(self, name: str, x: object) -> None:
         x = check_tensor(name, x)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}")
+            raise ValueError(
+                f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}"
+            )
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "auto") -> MultiHeadAttention:
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: Backend = "auto"
+    ) -> MultiHeadAttention:
         """The same layer with the weights of a ``torch.nn.MultiheadAttention``.
 
         The PyTorch module must be ``batch_first=True`` with equal query/key/value widths and
@@ -247,11 +272,17 @@ class MultiHeadAttention(nn.Module):
             >>> mha = MultiHeadAttention.from_torch(ref)
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
         if not module.batch_first:
-            raise ValueError("module must have batch_first=True (attnlab is batch first), got batch_first=False")
+            raise ValueError(
+                "module must have batch_first=True (attnlab is batch first), got batch_first=False"
+            )
         if not module._qkv_same_embed_dim:
-            raise ValueError("module must have kdim == vdim == embed_dim to map onto one in_proj_weight")
+            raise ValueError(
+                "module must have kdim == vdim == embed_dim to map onto one in_proj_weight"
+            )
         if module.bias_k is not None or module.add_zero_attn:
             raise ValueError("module must not use add_bias_kv or add_zero_attn")
         p = module.in_proj_weight

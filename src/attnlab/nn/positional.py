@@ -60,7 +60,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.max_len = max_len
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0
+    ) -> torch.Tensor:
         pos = _positions(x.shape[1], offset, positions, self.max_len, x.device)
         table: torch.Tensor = self.table  # type: ignore[assignment]
         return x + table[pos].to(x.dtype)
@@ -189,7 +191,9 @@ def _check_range(positions: torch.Tensor, max_len: int) -> None:
     if positions.is_floating_point():
         raise TypeError(f"positions must be integer ids, got dtype {positions.dtype}")
     if positions.dim() not in (1, 2):
-        raise ValueError(f"positions must have shape (T,) or (B, T), got {shape_str(positions.shape)}")
+        raise ValueError(
+            f"positions must have shape (T,) or (B, T), got {shape_str(positions.shape)}"
+        )
     if positions.numel() and (int(positions.max()) >= max_len or int(positions.min()) < 0):
         raise ValueError(
             f"positions must lie in [0, {max_len}) (the position table's length, max_len = {max_len}), "
