@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
+from attnlab.data.train_tasks.common import non_negative_int, positive_int
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
 from attnlab.training.distributed import cleanup_distributed, init_distributed
 from attnlab.training.progress import RichProgress
@@ -26,26 +27,6 @@ from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer
 
 # options of the driver that are not part of the run's configuration
 _COMMON_UNSAVED = ("out", "steps", "resume", "eval_every", "save_every", "keep_last", "device")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {value}")
-    return value
 
 
 def _clip(text: str) -> float | None:
@@ -68,15 +49,15 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl)")
     g.add_argument(
         "--steps",
-        type=_non_negative_int,
+        type=non_negative_int,
         required=True,
         help="total number of optimizer steps (a resumed run continues up to it)",
     )
-    g.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     g.add_argument(
         "--grad-accum",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="micro-batches per optimizer step (default 1)",
     )
@@ -89,18 +70,18 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bf16", action="store_true", help="bf16 autocast")
     g.add_argument(
         "--eval-every",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="evaluate every N steps (0: at the end only)",
     )
     g.add_argument(
         "--save-every",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="checkpoint every N steps (0: at the end only)",
     )
     g.add_argument(
-        "--keep-last", type=_positive_int, default=2, help="checkpoints to keep (default 2)"
+        "--keep-last", type=positive_int, default=2, help="checkpoints to keep (default 2)"
     )
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
