@@ -15,7 +15,7 @@ endif
 CHROMIUM ?= /usr/bin/chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench browser clean
+.PHONY: setup demo test lint bench results browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,13 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
+# speed and memory against the peers (torch SDPA, nn.MultiheadAttention, Hugging Face GPT-2)
 bench: setup
-	$(BIN)/attnlab bench
+	$(BIN)/attnlab bench attention generate train_step
+
+# the training results of the issues: reverse task, tinyshakespeare, en→ja translation (~40 min)
+results: setup
+	$(BIN)/attnlab bench reverse shakespeare translate_enja
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
