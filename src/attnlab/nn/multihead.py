@@ -177,19 +177,19 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_input("query", query)
         cross = key is not None and key is not query
-        if cross:
+        if key is not None and cross:
             self._check_input("key", key)
             if value is not None:
                 self._check_input("value", value)
-                if value.shape[:2] != key.shape[:2]:  # type: ignore[union-attr]
+                if value.shape[:2] != key.shape[:2]:
                     raise ValueError(
-                        f"key and value must have the same (B, T_k), got {shape_str(key.shape[:2])} "  # type: ignore[union-attr]
-                        f"and {shape_str(value.shape[:2])}"
+                        f"key and value must have the same (B, T_k), got "
+                        f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
                     )
-            if key.shape[0] != query.shape[0]:  # type: ignore[union-attr]
+            if key.shape[0] != query.shape[0]:
                 raise ValueError(
                     f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
-                )  # type: ignore[union-attr]
+                )
         b, t_q, _ = query.shape
         past = cache.length if cache is not None and not cache.static else 0
 
