@@ -3,7 +3,7 @@
 The public API; everything else is reachable through the subpackages.
 """
 
-from attnlab import inspect
+from attnlab import inspect, training
 from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.decoding.generate import generate
 from attnlab.models.config import GPTConfig, TransformerConfig
@@ -40,4 +40,5 @@ __all__ = [
     "inspect",
     "masks",
     "scaled_dot_product_attention",
+    "training",
 ]

@@ -1,0 +1,49 @@
+"""The names of DESIGN §3 that users and later code rely on."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+import attnlab as al
+
+
+def test_contract_names_exist() -> None:
+    for name in (
+        "scaled_dot_product_attention",
+        "MultiHeadAttention",
+        "Transformer",
+        "TransformerConfig",
+        "GPT",
+        "GPTConfig",
+        "generate",
+    ):
+        assert hasattr(al, name), name
+    for name in ("padding_mask", "causal_mask", "combine", "to_additive", "from_key_padding_mask"):
+        assert callable(getattr(al.masks, name)), name
+    assert callable(al.GPT.from_hf) and callable(al.GPT.to_hf)
+    assert callable(al.MultiHeadAttention.from_torch)
+    assert callable(al.inspect.attention_stats) and callable(al.inspect.flops)
+
+
+def test_sdpa_signature_matches_the_contract() -> None:
+    params = inspect.signature(al.scaled_dot_product_attention).parameters
+    assert list(params)[:4] == ["query", "key", "value", "mask"]
+    for name, default in (
+        ("is_causal", False),
+        ("dropout_p", 0.0),
+        ("scale", None),
+        ("backend", "auto"),
+        ("need_weights", False),
+    ):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[name].default == default
+
+
+def test_noam_is_a_torch_scheduler_reachable_as_attnlab_training() -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = al.training.NoamLR(opt, d_model=512, warmup_steps=4000, factor=1.0)
+    assert isinstance(sched, torch.optim.lr_scheduler.LRScheduler)
+    # the first optimizer step uses the rate of step 1
+    assert opt.param_groups[0]["lr"] == 512**-0.5 * 4000**-1.5
