@@ -14,6 +14,7 @@ projected memory on the first step and reused afterwards.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,19 @@ class Seq2SeqCache(ModelCache):
             self.src_mask = self.src_mask.index_select(0, index)
 
 
+def _layer_options(c: TransformerConfig) -> dict[str, Any]:
+    """The keyword options every encoder and decoder layer takes from the config."""
+    return {
+        "num_kv_heads": c.num_kv_heads,
+        "dropout": c.dropout,
+        "attention_dropout": c.attention_dropout,
+        "activation": c.activation,
+        "norm_first": c.norm_first,
+        "layer_norm_eps": c.layer_norm_eps,
+        "backend": c.backend,
+    }
+
+
 class TransformerEncoder(nn.Module):
     """The encoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
 
@@ -66,14 +80,9 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         c = config
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                c.d_model, c.num_heads, c.d_ff,
-                num_kv_heads=c.num_kv_heads, dropout=c.dropout,
-                attention_dropout=c.attention_dropout, activation=c.activation,  # type: ignore[arg-type]
-                norm_first=c.norm_first, layer_norm_eps=c.layer_norm_eps, backend=c.backend,  # type: ignore[arg-type]
-            )
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_encoder_layers)
-        )  # fmt: skip
+        )
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
@@ -95,14 +104,9 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         c = config
         self.layers = nn.ModuleList(
-            DecoderLayer(
-                c.d_model, c.num_heads, c.d_ff,
-                num_kv_heads=c.num_kv_heads, dropout=c.dropout,
-                attention_dropout=c.attention_dropout, activation=c.activation,  # type: ignore[arg-type]
-                norm_first=c.norm_first, layer_norm_eps=c.layer_norm_eps, backend=c.backend,  # type: ignore[arg-type]
-            )
+            DecoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_decoder_layers)
-        )  # fmt: skip
+        )
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
