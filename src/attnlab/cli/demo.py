@@ -125,7 +125,6 @@ def walkthrough(seed: int = 0) -> int:
     console.print(_table("scores = Q Kᵀ / √d", scores, tokens, tokens))
     console.print(_table("weights = softmax(scores + causal mask)", weights, tokens, tokens))
     console.print(_table("output = weights · V", out, tokens, dims))
-    assert isinstance(check, torch.Tensor)
     err = float((check[0, 0] - out).abs().max())
     console.print(f"attnlab.scaled_dot_product_attention agrees: max |difference| = {err:.1e}")
     return 0

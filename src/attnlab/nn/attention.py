@@ -29,7 +29,7 @@ Conventions every backend keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 import torch
 
@@ -74,6 +74,62 @@ class Masking:
             causal = j <= i + self.causal_offset
             vis = causal if vis is None else vis & causal
         return vis
+
+    def open_rows(self, rows: torch.Tensor, t_q: int, t_k: int, device: torch.device) -> Masking:
+        """The same masking, except that the given query rows may see every key.
+
+        Shape:
+            rows ``(..., T_q, 1)`` boolean, broadcastable against the mask.
+        """
+        vis = self.visible(t_q, t_k, device)
+        if vis is None:  # nothing is hidden, so no row needs opening
+            return self
+        return Masking(vis | rows, self.bias, None)
+
+
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = ...,
+    *,
+    is_causal: bool = ...,
+    dropout_p: float = ...,
+    scale: float | None = ...,
+    backend: Backend = ...,
+    need_weights: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = ...,
+    *,
+    is_causal: bool = ...,
+    dropout_p: float = ...,
+    scale: float | None = ...,
+    backend: Backend = ...,
+    need_weights: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = ...,
+    *,
+    is_causal: bool = ...,
+    dropout_p: float = ...,
+    scale: float | None = ...,
+    backend: Backend = ...,
+    need_weights: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def scaled_dot_product_attention(
@@ -143,9 +199,7 @@ def scaled_dot_product_attention(
         # Rows that may see no key: let them see every key, so that no backend meets an all -inf
         # row (NaN forward *and* backward), then zero them below. Their upstream gradient is zero,
         # so they add nothing to the gradients of keys and values.
-        vis = masking.visible(query.shape[-2], key.shape[-2], query.device)
-        assert vis is not None  # empty rows only exist under some mask
-        masking = Masking(vis | empty_rows, masking.bias, None)
+        masking = masking.open_rows(empty_rows, query.shape[-2], key.shape[-2], query.device)
     if masking.allowed is not None:
         key, value = _hide_unseen_keys(masking.allowed, key, value)
 
@@ -156,10 +210,13 @@ def scaled_dot_product_attention(
         out = out.masked_fill(empty_rows, 0.0)
         if weights is not None:
             weights = weights.masked_fill(empty_rows, 0.0)
-    if need_weights:
-        assert weights is not None
-        return out, weights
-    return out
+    if not need_weights:
+        return out
+    if weights is None:
+        raise RuntimeError(
+            f"the {backend!r} backend returned no weights although they were asked for"
+        )
+    return out, weights
 
 
 def _check_qkv(query: object, key: object, value: object) -> None:

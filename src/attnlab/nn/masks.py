@@ -13,6 +13,8 @@ exactly the situation of a decoding step with a KV cache.
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
@@ -105,6 +107,14 @@ def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
         hidden = is_masked_bias(mask)
         return mask.to(dtype).clamp(min=low).masked_fill(hidden, low)
     raise TypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
+
+
+@overload
+def combine(mask: torch.Tensor, /, *masks: torch.Tensor | None) -> torch.Tensor: ...
+
+
+@overload
+def combine(*masks: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:

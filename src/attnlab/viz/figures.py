@@ -711,7 +711,6 @@ def mask_panel(
     padding = real[None, :].expand(t, t)
     look_ahead = causal_mask(t)
     combined = combine(padding, look_ahead)
-    assert combined is not None  # two masks in, one out
     data = {
         "padding": padding.numpy().copy(),
         "look_ahead": look_ahead.numpy().copy(),

@@ -126,10 +126,8 @@ class _Plan:
         return _Plan(tuple(blocks), causal_offset)
 
 
-def _slice(t: torch.Tensor | None, rows: slice, cols: slice) -> torch.Tensor | None:
+def _slice(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
     """Rows/cols of a mask that may be broadcast (size 1) along either of its last two dims."""
-    if t is None:
-        return None
     return t[
         ..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)
     ]
@@ -164,14 +162,11 @@ class _Operands:
             s = s.to(self.acc)
         if not self.prescaled:
             s = s.mul_(self.scale)
-        b = _slice(bias, rows, cols)
-        if b is not None:
-            s = s.add_(b)  # s has the full (..., H, rows, cols) shape; b broadcasts into it
-        h = _slice(hidden, rows, cols)
-        if h is not None:
-            s = s.masked_fill_(h, float("-inf"))
-        if tile.diagonal:
-            assert offset is not None
+        if bias is not None:  # s has the full (..., H, rows, cols) shape; the bias broadcasts
+            s = s.add_(_slice(bias, rows, cols))
+        if hidden is not None:
+            s = s.masked_fill_(_slice(hidden, rows, cols), float("-inf"))
+        if offset is not None and tile.diagonal:  # only causal plans have diagonal tiles
             c0 = max(tile.j0, tile.mask_from)
             i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
             j = torch.arange(c0, tile.j1, device=s.device)[None, :]
@@ -211,29 +206,29 @@ class _Blockwise(torch.autograd.Function):
         index = 0
         for tiles in plan.blocks:
             rows = slice(tiles[0].r0, tiles[0].r1)
-            m: torch.Tensor | None = None  # running max        (..., rows, 1)
-            o: torch.Tensor | None = None  # running output
-            norm: torch.Tensor | None = None  # running normaliser l
+            # running statistics: max m, normaliser l, unnormalised output O   (..., rows, ·)
+            m = torch.full(
+                (*lead[:-1], rows.stop - rows.start, 1), float("-inf"), dtype=acc, device=q.device
+            )
+            norm = torch.zeros_like(m)
+            o = torch.zeros((*m.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)
             for tile in tiles:
                 s = ops.scores(tile, bias, hidden, plan.causal_offset)
-                m_b = s.amax(dim=-1, keepdim=True)
-                m_new = m_b if m is None else torch.maximum(m, m_b)
-                m_safe = m_new
-                if masked:  # a row with no visible key yet: any finite shift will do
-                    m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                # a row with no visible key yet keeps m' = −∞: any finite shift will do
+                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0) if masked else m_new
                 p = s.sub_(m_safe).exp_()  # e^{S_b − m'}
-                alpha = None if m is None else torch.exp(m - m_safe)  # e^{m − m'}
+                alpha = torch.exp(m - m_safe)  # e^{m − m'} (0 on the first tile)
                 l_b = p.sum(dim=-1, keepdim=True)
                 if dropout_p > 0:
                     p = p.mul_(_keep_mask(p.shape, dropout_p, seed, index, q.device)).div_(
                         1 - dropout_p
                     )
                 pv = torch.matmul(p.to(v.dtype), v[..., tile.j0 : tile.j1, :]).to(acc)
-                norm = l_b if norm is None else norm.mul_(alpha).add_(l_b)  # type: ignore[arg-type]
-                o = pv if o is None else o.mul_(alpha).add_(pv)  # type: ignore[arg-type]
+                norm.mul_(alpha).add_(l_b)
+                o.mul_(alpha).add_(pv)
                 m = m_new
                 index += 1
-            assert o is not None and m is not None and norm is not None
             torch.div(o, norm, out=out[..., rows, :])  # O = O / l, written in place
             lse[..., rows] = (m + torch.log(norm)).squeeze(-1)  # LSE = m + log l
         ctx.save_for_backward(q, k, v, bias, hidden, out, lse)
@@ -283,7 +278,6 @@ class _Blockwise(torch.autograd.Function):
                 dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)
                 if dbias is not None:
                     target = _slice(dbias, rows, cols)
-                    assert target is not None
                     target += ds.sum_to_size(target.shape)
                 index += 1
             dq[..., rows, :] = dq_b
