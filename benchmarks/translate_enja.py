@@ -26,7 +26,7 @@ from attnlab.cli import build_parser
 from attnlab.training.distributed import DistInfo
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
-from attnlab.training.tasks_registry import get_task
+from attnlab.tasks import get_task
 from attnlab.training.trainer import StepMetrics, TrainConfig, Trainer, TrainerCallback
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "small_parallel_enja"

@@ -24,10 +24,20 @@ def _save(run: Path, model: torch.nn.Module, step: int = 3) -> None:
     )  # fmt: skip
 
 
+def _sharp(model: torch.nn.Module) -> torch.nn.Module:
+    """Scale the query/key projections up: at GPT-2's init (std 0.02) every head is uniform,
+    which `inspect` rightly flags; a trained model's heads are not."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("c_attn.weight") or name.endswith("in_proj_weight"):
+                p.mul_(15.0 if name.endswith("c_attn.weight") else 4.0)
+    return model
+
+
 @pytest.fixture
 def gpt_run(tmp_path: Path) -> Path:
     cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
-    _save(tmp_path / "gpt", GPT(cfg))
+    _save(tmp_path / "gpt", _sharp(GPT(cfg)))
     return tmp_path / "gpt"
 
 
@@ -75,12 +85,14 @@ def test_encoder_decoder_with_and_without_target(
         num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64, max_len=32,
         bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
     )  # fmt: skip
-    _save(tmp_path / "s2s", Transformer(cfg))
+    _save(tmp_path / "s2s", _sharp(Transformer(cfg)))
     assert (
         main(["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--target", "dcba", "--json"])
         == 0
     )
     report = json.loads(capsys.readouterr().out)
+    assert report["source_tokens"] == list("abcd")
+    assert report["target_tokens"] == [*"dcba", "<eos>"] and report["output"] == "dcba"
     kinds = {(h["layer"], h["kind"]) for h in report["heads"]}
     assert ("decoder.layers.0.cross_attn", "cross") in kinds and (
         "encoder.layers.0.self_attn",
@@ -88,8 +100,11 @@ def test_encoder_decoder_with_and_without_target(
     ) in kinds
     cross = [h for h in report["heads"] if h["kind"] == "cross"]
     assert cross[0]["rows"] == 5  # <bos> + 4 target tokens
-    assert main(["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--max-new-tokens", "3"]) == 0
+    assert main(["inspect", str(tmp_path / "s2s"), "--text", "abcd"]) in (0, 1)
     assert "decoder.layers.0.cross_attn" in capsys.readouterr().out
+    # the decoding length is the task's: a language model's option is refused, in one line
+    assert main(["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--max-new-tokens", "3"]) == 2
+    assert "--max-new-tokens is for language models" in capsys.readouterr().err
 
 
 def test_user_errors_are_one_line(
@@ -108,8 +123,10 @@ def test_hugging_face_gpt2_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(hf_cfg).save_pretrained(tmp_path / "hf")
-    assert main(["inspect", str(tmp_path / "hf"), "--ids", "1 2 3", "--json"]) == 0
+    # a randomly initialised GPT-2 has uniform heads: reported, exit code 1
+    assert main(["inspect", str(tmp_path / "hf"), "--ids", "1 2 3", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
+    assert report["source_tokens"] == ["1", "2", "3"] and report["output"] == "1 2 3"
     assert [h["layer"] for h in report["heads"]] == ["transformer.h.0.attn"] * 2
 
 

@@ -12,6 +12,21 @@ from attnlab import GPT, GPTConfig
 from attnlab.inspect import attention_entropy, capture, diagnose, diagnose_model, run_with_cache
 
 
+def _trained_like_gpt(**overrides: int) -> GPT:
+    """A random GPT whose heads are not uniform.
+
+    At initialisation (weights of std 0.02) the scores are ~0, so every head spreads its weight
+    evenly and ``diagnose`` rightly flags it as uniform; larger query/key weights, as training
+    produces, give heads that prefer some keys.
+    """
+    cfg = {"vocab_size": 50, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4}
+    model = GPT(GPTConfig(**{**cfg, **overrides})).eval()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(8.0)
+    return model
+
+
 def test_entropy_of_known_rows() -> None:
     w = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     assert torch.allclose(attention_entropy(w), torch.tensor([math.log(4), 0.0, 0.0]))
@@ -19,12 +34,15 @@ def test_entropy_of_known_rows() -> None:
 
 
 def test_healthy_model_and_masked_rows_of_left_padding() -> None:
-    model = GPT(GPTConfig(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    torch.manual_seed(0)
+    model = _trained_like_gpt()
     x = torch.randint(0, 50, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, :2] = 0  # two left-padding tokens in the second row
     _, report = diagnose_model(model, x, attention_mask=mask)
     assert report.ok and report.first_nonfinite is None and not report.problems()
+    assert report.origin is None
+    assert not any(h.uniform or h.one_token for h in report.heads)
     assert len(report.heads) == 2 * 4 and report.layers() == [
         "transformer.h.0.attn",
         "transformer.h.1.attn",
@@ -81,7 +99,8 @@ def test_cache_kinds_and_bad_input() -> None:
 
 
 def test_report_from_blockwise_statistics_matches_the_weights() -> None:
-    model = GPT(GPTConfig(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    torch.manual_seed(0)
+    model = _trained_like_gpt()
     x = torch.randint(0, 50, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, :3] = 0
@@ -114,3 +133,118 @@ def test_nan_located_from_blockwise_statistics() -> None:
     )
     assert str(loc) == "nan in transformer.h.1.attn head 2 at batch 0, query 0"
     assert report.problems()[-1] == "transformer.h.1.attn head 2: 5 non-finite rows"
+
+
+# ---------------------------------------------------------------- uniform and one-token heads
+
+
+def _causal_rows(logits: torch.Tensor) -> torch.Tensor:
+    """softmax over the causal rows of ``(..., T, T)`` logits (query i sees keys 0..i)."""
+    t = logits.shape[-1]
+    hidden = torch.ones(t, t, dtype=torch.bool).triu(1)
+    return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+
+
+def test_uniform_and_one_token_heads_on_constructed_weights() -> None:
+    t = 6
+    uniform = _causal_rows(torch.zeros(t, t))  # 1/(i+1) on each visible key
+    first = _causal_rows(torch.zeros(t, t).index_fill(1, torch.tensor([0]), 20.0))  # all on key 0
+    torch.manual_seed(0)
+    mixed = _causal_rows(torch.randn(t, t) * 2)
+    nearly = uniform.clone()
+    nearly[3] = torch.tensor([0.4, 0.2, 0.2, 0.2, 0, 0])  # one row clearly not uniform
+    w = torch.stack([uniform, first, mixed, nearly])[None]  # (1, 4, T, T)
+    report = diagnose(w)
+    flags = [(h.uniform, h.one_token, h.ok) for h in report.heads]
+    assert flags == [(True, False, False), (False, True, False), (False, False, True),
+                     (False, False, True)]  # fmt: skip
+    assert report.layers() == ["attention"] and not report.ok
+    problems = report.problems()
+    assert len(problems) == 2
+    assert problems[0].startswith("attention head 0: uniform")
+    assert problems[1].startswith("attention head 1: one token")
+    d = report.to_dict()
+    assert d["heads"][0]["uniform"] is True and d["heads"][0]["ok"] is False
+    assert d["heads"][1]["one_token"] is True and d["heads"][2]["uniform"] is False
+    json.dumps(d, allow_nan=False)
+
+
+def test_the_rule_at_its_edges() -> None:
+    # rows that see one key are both patterns trivially and do not count: no flag at all
+    one_key = torch.eye(4)
+    assert diagnose(one_key).heads[0].ok
+    # … unless another head of the layer sees more keys in those rows: an exactly one-hot
+    # head (its other weights underflowed to 0) is a one-token head
+    causal = torch.tril(torch.ones(4, 4))
+    two = torch.stack([one_key, causal / causal.sum(-1, keepdim=True)])  # (2, 4, 4)
+    assert [(h.one_token, h.uniform) for h in diagnose(two).heads] == [(True, False), (False, True)]
+    # a zero row (masked) and one-key rows never count; the single 2-key row decides
+    w = torch.zeros(3, 4)
+    w[1, 0] = 1.0
+    w[2, :2] = torch.tensor([0.52, 0.48])  # H = 0.6923 ≥ 0.99 · log 2 = 0.6862
+    assert diagnose(w).heads[0].uniform
+    w[2, :2] = torch.tensor([0.6, 0.4])  # H = 0.673 < 0.6862
+    assert diagnose(w).heads[0].ok
+    w[2, :2] = torch.tensor([0.99, 0.01])
+    assert diagnose(w).heads[0].one_token
+    w[2, :2] = torch.tensor([0.985, 0.015])
+    assert diagnose(w).heads[0].ok
+    assert diagnose(w, one_token_weight=0.98).heads[0].one_token  # the thresholds are options
+    # uniform over the visible keys only: a padded key (weight 0) is not visible
+    w = torch.tensor([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    assert diagnose(w).heads[0].uniform
+    w[0] = torch.tensor([0.7, 0.3, 0.0])  # one informative row that is not uniform is enough
+    assert diagnose(w).heads[0].ok
+    w = torch.tensor([[0.5, 0.5, 0.0], [0.34, 0.33, 0.33]])  # H = 0.99990 · log 3
+    assert diagnose(w).heads[0].uniform and not diagnose(w, uniform_tol=1e-5).heads[0].uniform
+
+
+def test_plain_tensor_shapes_and_bad_thresholds() -> None:
+    w = torch.softmax(torch.randn(2, 3, 4, 5), dim=-1)
+    full = diagnose(w)
+    assert len(full.heads) == 3 and full.heads[0].rows == 8
+    assert len(diagnose(w[0]).heads) == 3 and diagnose(w[0]).heads[0].rows == 4
+    assert len(diagnose(w[0, 0]).heads) == 1
+    with pytest.raises(ValueError, match=r"must have shape \(B, H, T_q, T_k\), .* got \(5,\)|got \(5,\)"):
+        diagnose(w[0, 0, 0])
+    with pytest.raises(ValueError, match=r"uniform_tol must lie in \[0, 1\), got 1.5"):
+        diagnose(w, uniform_tol=1.5)
+    with pytest.raises(ValueError, match=r"one_token_weight must lie in \(0, 1\], got 0"):
+        diagnose(w, one_token_weight=0)
+    with pytest.raises(TypeError, match="one_token_weight must be a float, got str"):
+        diagnose(w, one_token_weight="x")  # type: ignore[arg-type]
+
+
+def test_flags_on_a_real_capture() -> None:
+    torch.manual_seed(0)
+    x = torch.randint(0, 50, (2, 7))
+    # freshly initialised: scores ≈ 0, every head uniform
+    fresh = GPT(GPTConfig(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=4)).eval()
+    _, report = diagnose_model(fresh, x)
+    assert not report.ok and all(h.uniform and not h.one_token for h in report.heads)
+    assert sum("uniform" in p for p in report.problems()) == 8
+    # an "attention sink": head 2 of layer 0 sends every query to the first token. Position 0
+    # gets a large channel 0 (wpe), the head's keys read channel 0 and its queries are constant.
+    model = _trained_like_gpt()
+    d, dh = 32, 8
+    with torch.no_grad():
+        model.transformer.wpe.weight[0, 0] = 1.0
+        w, b = model.transformer.h[0].attn.c_attn.weight, model.transformer.h[0].attn.c_attn.bias
+        q, k = slice(2 * dh, 3 * dh), slice(d + 2 * dh, d + 3 * dh)
+        w[q], b[q] = 0.0, 1.0  # q = (1, …, 1) for every position
+        w[k], b[k] = 0.0, 0.0
+        w[k, 0] = 10.0  # k_j = 10 · LN(x_j)_0: ≈ 56 at position 0, O(10) elsewhere
+    _, report = diagnose_model(model, x)
+    flagged = [(h.layer, h.head) for h in report.heads if not h.ok]
+    assert flagged == [("transformer.h.0.attn", 2)]
+    sink = report.for_layer("transformer.h.0.attn")[2]
+    assert sink.one_token and not sink.uniform and sink.max_weight_mean > 0.99
+    assert report.problems() == [
+        "transformer.h.0.attn head 2: one token — every row puts almost all its weight on a "
+        "single key"
+    ]
+    # the blockwise statistics see the same
+    with capture(model, weights=False, stats=True) as cache:
+        model(x)
+    light = diagnose(cache)
+    assert [(h.layer, h.head) for h in light.heads if h.one_token] == flagged

@@ -19,7 +19,7 @@ from torch import nn
 
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR
-from attnlab.training.tasks_registry import TaskSetup, register_task
+from attnlab.tasks import TaskSetup, register_task
 
 VOCAB = 11
 PAD = -100

@@ -18,7 +18,7 @@ from attnlab.cli import main
 from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallback
 from attnlab.training.checkpoint import load_training_state, resolve_checkpoint
 from attnlab.training.rng import seed_everything
-from attnlab.training.tasks_registry import register_task
+from attnlab.tasks.registry import register_task
 from tests.training._tiny_task import (
     TASK,
     TinyBatches,

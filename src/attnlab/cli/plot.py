@@ -1,36 +1,53 @@
-"""``attnlab plot KIND -o FILE`` — the figures of :mod:`attnlab.viz.figures` as PNG or SVG.
+"""``attnlab plot KIND -o FILE`` — the figures of :mod:`attnlab.viz` as PNG or SVG.
 
-Kinds: ``noam`` (learning-rate schedule), ``positional`` (sinusoidal encodings), ``masks``
-(padding and look-ahead masks for ``--text``), ``steps`` (one head step by step on a small random
-layer), and ``heatmap`` / ``heads`` / ``layers`` (attention of a trained model on ``--text``:
-pass RUN_OR_CHECKPOINT with ``--model``).
+Lesson figures: ``noam`` (learning-rate schedule), ``positional`` (sinusoidal encodings),
+``masks`` (padding and look-ahead masks for ``--text``), ``steps`` (one head step by step; on a
+small random layer, or with ``--model RUN`` the model's own first attention layer on the text's
+real tokens). Figures of a trained model (``--model RUN --text TEXT``, through the run's task, so
+the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (every head of one
+layer), ``layers`` (layers × heads), each for ``--kind self|cross|all`` layers. ``training RUN``:
+how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
+with the heads' entropy per step in ``FILE_entropy.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
 
 from attnlab.cli import CLIError
+from attnlab.cli._inputs import add_input_arguments, model_inputs
+
+if TYPE_CHECKING:
+    from attnlab.viz.figures import Plot
 
 __all__ = ["register", "run"]
 
-KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers")
+KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training")
+_MODEL_KINDS = ("heatmap", "heads", "layers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw a figure (PNG or SVG): " + ", ".join(KINDS))
     p.add_argument("kind", choices=KINDS, metavar="KIND", help=" | ".join(KINDS))
+    p.add_argument("run", nargs="?", default=None, metavar="RUN", help="the run folder (training)")
     p.add_argument(
         "-o", "--output", default=None, help="file to write (.png or .svg; default KIND.png)"
     )
+    add_input_arguments(p, text_required=False)
+    p.add_argument("--model", help="RUN_OR_CHECKPOINT for steps / heatmap / heads / layers")
     p.add_argument(
-        "--text", default="the cat sat on the mat <pad> <pad>", help="tokens (or model input)"
+        "--kind",
+        dest="attention",
+        choices=("self", "cross", "all"),
+        default="all",
+        help="which attention layers (default all)",
     )
-    p.add_argument("--model", help="RUN_OR_CHECKPOINT for heatmap / heads / layers")
-    p.add_argument("--layer", type=int, default=0, help="layer index (heatmap, heads)")
+    p.add_argument("--layer", type=int, default=None, help="layer index among --kind's layers")
     p.add_argument("--head", type=int, default=0, help="head index (heatmap, steps)")
     p.add_argument("--d-model", type=int, default=512, help="noam / positional width")
     p.add_argument("--warmup", type=int, default=4000, help="noam warm-up steps")
@@ -38,45 +55,99 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, default=100, help="positional: positions")
     p.add_argument("--max-tokens", type=int, default=64, help="longer sides are block-averaged")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
 
 
-def _model_attentions(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], list[str]]:
-    from attnlab.inspect.capture import capture
-    from attnlab.inspect.loading import load_model
-    from attnlab.models.config import TransformerConfig
+def _lesson_tokens(args: argparse.Namespace) -> list[str]:
+    return (args.text or "the cat sat on the mat <pad> <pad>").split()
 
-    if not args.model:
-        raise CLIError(f"plot {args.kind} needs --model RUN_OR_CHECKPOINT")
-    loaded = load_model(args.model)
-    if loaded.tokenizer is None:
-        raise CLIError("the checkpoint has no tokenizer.json, so --text cannot be encoded")
-    ids = list(loaded.tokenizer.encode(args.text))
-    labels = [str(loaded.tokenizer.id_to_token(i)) for i in ids]
-    x = torch.tensor([ids])
-    with torch.no_grad(), capture(loaded.model) as cache:
-        if isinstance(loaded.config, TransformerConfig):
-            loaded.model(x, torch.tensor([[loaded.config.bos_id, *ids]]))
-        else:
-            loaded.model(x)
-    names = [n for n in cache.attentions if cache.kinds.get(n, "self") == "self"]
-    return {n: cache.attentions[n] for n in names}, labels
+
+def _model_figure(args: argparse.Namespace) -> Plot:
+    from attnlab.tasks.figures import capture_inputs, layer_labels
+    from attnlab.tasks.run import load_run
+    from attnlab.viz import figures as F
+
+    if args.text is None and args.ids is None:
+        raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
+    loaded = load_run(args.model, device=args.device)
+    inputs = model_inputs(loaded, args)
+    if args.kind == "steps":
+        names = [n for n, m in loaded.model.named_modules() if hasattr(m, "hook_weights")]
+        layer = names[0] if args.layer is None else _pick(names, args.layer, "--layer")
+        cache = capture_inputs(loaded.model, inputs, names=[layer])
+        rows, cols = layer_labels(inputs, layer, cache.kinds.get(layer, "self"))
+        _check_head(args.head, cache.attentions[layer].shape[1])
+        loaded.model.eval()
+        with torch.no_grad():
+            return F.step_panel_from_model(
+                loaded.model, lambda: inputs.forward(loaded.model), layer=layer,
+                head=args.head, query_tokens=rows, key_tokens=cols,
+            )  # fmt: skip
+    cache = capture_inputs(loaded.model, inputs)
+    names = cache.names(None if args.attention == "all" else args.attention)
+    if not names:
+        raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
+    labels = {n: layer_labels(inputs, n, cache.kinds.get(n, "self")) for n in names}
+    if args.kind == "layers":
+        return F.layer_head_grid(
+            {n: cache.attentions[n] for n in names},
+            query_tokens={n: labels[n][0] for n in names},
+            key_tokens={n: labels[n][1] for n in names},
+            max_tokens=args.max_tokens,
+            title=f"{inputs.output!r}: {args.attention} attention, layers × heads",
+        )
+    name = _pick(names, -1 if args.layer is None else args.layer, "--layer")
+    w = cache.attentions[name][0]
+    rows, cols = labels[name]
+    if args.kind == "heads":
+        return F.head_grid(
+            w, max_tokens=args.max_tokens, title=name, query_tokens=rows, key_tokens=cols
+        )
+    _check_head(args.head, w.shape[0])
+    return F.attention_heatmap(
+        w[args.head], max_tokens=args.max_tokens, title=f"{name} head {args.head}",
+        query_tokens=rows, key_tokens=cols,
+    )  # fmt: skip
+
+
+def _pick(names: list[str], index: int, flag: str) -> str:
+    if not -len(names) <= index < len(names):
+        raise CLIError(f"{flag} must be in [0, {len(names)}), got {index}")
+    return names[index]
+
+
+def _check_head(head: int, heads: int) -> None:
+    if not 0 <= head < heads:
+        raise CLIError(f"--head must be in [0, {heads}), got {head}")
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.viz import figures as F
 
-    out = args.output or f"{args.kind}.png"
-    tokens = args.text.split()
+    out = Path(args.output or f"{args.kind}.png")
+    written = [out]
     if args.kind == "noam":
         plot = F.noam_curve(((args.d_model, args.warmup),), steps=args.steps)
     elif args.kind == "positional":
         plot = F.positional_encoding_figure(args.max_len, args.d_model)
     elif args.kind == "masks":
-        plot = F.mask_panel(tokens)
-    elif args.kind == "steps":
+        plot = F.mask_panel(_lesson_tokens(args))
+    elif args.kind == "training":
+        from attnlab.tasks.probe import load_probe_history
+        from attnlab.viz.evolution import attention_evolution, head_entropy_curves
+
+        if args.run is None:
+            raise CLIError("plot training needs the RUN folder: attnlab plot training RUN")
+        history = load_probe_history(args.run)
+        plot = attention_evolution(history, max_tokens=args.max_tokens)
+        entropy = out.with_name(f"{out.stem}_entropy{out.suffix}")
+        head_entropy_curves(history).save(entropy)
+        written.append(entropy)
+    elif args.kind == "steps" and args.model is None:
         from attnlab.nn.multihead import MultiHeadAttention
 
+        tokens = _lesson_tokens(args)
         torch.manual_seed(args.seed)
         mha = MultiHeadAttention(8, 2)
         x = torch.randn(1, len(tokens), 8)
@@ -84,32 +155,10 @@ def run(args: argparse.Namespace) -> int:
             mha, x, head=min(args.head, 1), is_causal=True, tokens=tokens
         )
     else:
-        atts, labels = _model_attentions(args)
-        names = list(atts)
-        if args.kind == "layers":
-            plot = F.layer_head_grid(atts, max_tokens=args.max_tokens)
-        else:
-            if not 0 <= args.layer < len(names):
-                raise CLIError(f"--layer must be in [0, {len(names)}), got {args.layer}")
-            w = atts[names[args.layer]][0]
-            if args.kind == "heads":
-                plot = F.head_grid(
-                    w,
-                    max_tokens=args.max_tokens,
-                    title=names[args.layer],
-                    query_tokens=labels if w.shape[1] == len(labels) else None,
-                    key_tokens=labels if w.shape[2] == len(labels) else None,
-                )
-            else:
-                if not 0 <= args.head < w.shape[0]:
-                    raise CLIError(f"--head must be in [0, {w.shape[0]}), got {args.head}")
-                plot = F.attention_heatmap(
-                    w[args.head],
-                    max_tokens=args.max_tokens,
-                    title=f"{names[args.layer]} head {args.head}",
-                    query_tokens=labels if w.shape[1] == len(labels) else None,
-                    key_tokens=labels if w.shape[2] == len(labels) else None,
-                )
-    path = plot.save(out)
-    Console(stderr=True).print(f"wrote [bold]{path}[/bold]")
+        if args.model is None:
+            raise CLIError(f"plot {args.kind} needs --model RUN_OR_CHECKPOINT")
+        plot = _model_figure(args)
+    plot.save(out)
+    for path in written:
+        Console(stderr=True).print(f"wrote [bold]{path}[/bold]")
     return 0

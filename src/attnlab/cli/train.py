@@ -1,7 +1,7 @@
 """``attnlab train TASK --out DIR --steps N --seed S [--resume] [task options]``.
 
 The generic driver: it seeds the generators, lets the task (see
-:mod:`attnlab.training.tasks_registry`) build model, data and optimizer, and runs the
+:mod:`attnlab.tasks`) build model, data and optimizer, and runs the
 :class:`~attnlab.training.trainer.Trainer` with a rich progress bar. ``--steps`` is the total
 number of optimizer steps: ``--resume --steps 40`` on a run stopped at 20 trains 20 more. Ctrl-C
 saves a checkpoint and exits with code 130. Under ``torchrun --nproc_per_node N`` it trains with
@@ -17,13 +17,14 @@ from typing import Any
 
 from rich.console import Console
 
-from attnlab.data.train_tasks.common import non_negative_int, positive_int
+from attnlab.tasks.options import non_negative_int, positive_int
+from attnlab.tasks.probe import AttentionProbe
+from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
 from attnlab.training.distributed import cleanup_distributed, init_distributed
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
-from attnlab.training.tasks_registry import available_tasks, get_task
-from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer
+from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer, TrainerCallback
 
 # options of the driver that are not part of the run's configuration
 _COMMON_UNSAVED = ("out", "steps", "resume", "eval_every", "save_every", "keep_last", "device")
@@ -86,6 +87,24 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    """``--probe TEXT --probe-every N``: record a fixed input's attention while training."""
+    g = p.add_argument_group("attention during training")
+    g.add_argument(
+        "--probe",
+        default=None,
+        metavar="TEXT",
+        help="record the attention of this input every --probe-every steps (RUN/probe/; "
+        "`attnlab plot training RUN` draws it); translate takes 'SOURCE ||| TARGET'",
+    )
+    g.add_argument(
+        "--probe-every",
+        type=positive_int,
+        default=50,
+        help="steps between probe records (default 50; step 0 and the last step always)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -97,6 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, task in available_tasks().items():
         tp = tasks.add_parser(name, help=task.help, description=task.help)
         add_common_arguments(tp)
+        add_probe_arguments(tp)
         before = {a.dest for a in tp._actions}
         task.add_arguments(tp)
         task_dests = [a.dest for a in tp._actions if a.dest not in before and a.dest != "help"]
@@ -112,7 +132,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
-    """What ``config.json`` holds besides ``"train"`` (see tasks_registry)."""
+    """What ``config.json`` holds besides ``"train"`` (see attnlab.tasks.base)."""
     task_args = {"seed": args.seed}
     for dest in getattr(args, "_task_dests", []):
         task_args[dest] = _jsonable(getattr(args, dest))
@@ -146,6 +166,12 @@ def run(args: argparse.Namespace) -> int:
             keep_last=args.keep_last,
         )
         progress = RichProgress(console, description=args.task)
+        callbacks: list[TrainerCallback] = [progress]
+        if args.probe is not None:
+            if setup.io is None:
+                raise ValueError(f"--probe: the task {args.task!r} has no text path to encode it")
+            probe = setup.io.probe_inputs(args.probe)
+            callbacks.append(AttentionProbe(out, probe, args.probe_every, args.probe))
         trainer = Trainer(
             setup.model,
             make_optimizer=setup.make_optimizer,
@@ -156,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             run_config=run_config_of(args, setup.model_config),
             files=setup.files,
             evaluate=setup.evaluate,
-            callbacks=[progress],
+            callbacks=callbacks,
             dist=dist,
         )
         if args.resume:

@@ -2,12 +2,24 @@
 
 - :func:`capture` / :func:`run_with_cache`: record the attention weights of every layer, named by
   module path, without changing what forward computes.
-- :func:`diagnose`: per-head entropy, maximum weight, row sums, masked rows and the first NaN/inf.
+- :func:`diagnose`: per-head entropy, maximum weight, row sums, masked rows, uniform and
+  one-token heads, and the first NaN/inf weight.
+- :func:`find_nonfinite` / :func:`watch_nonfinite`: the first module (any module) whose output
+  holds a NaN/inf, with its layer, position and whether it made the value or inherited it.
 - :func:`attention_stats`: entropy, maximum weight and log-sum-exp per query row, blockwise —
   never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
+- :func:`masked_heads` / :func:`head_importance` / :func:`pruning_curve`: switch heads off, score
+  them by ablation and by the gradient of their mask, and prune them (Michel et al. 2019).
 """
 
+from attnlab.inspect.ablation import (
+    HeadImportance,
+    PruningCurve,
+    head_importance,
+    masked_heads,
+    pruning_curve,
+)
 from attnlab.inspect.capture import ActivationCache, attention_modules, capture, run_with_cache
 from attnlab.inspect.diagnostics import (
     HeadHealth,
@@ -18,6 +30,12 @@ from attnlab.inspect.diagnostics import (
     diagnose_model,
 )
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
+from attnlab.inspect.nonfinite import (
+    NonFiniteOrigin,
+    NonFiniteWatch,
+    find_nonfinite,
+    watch_nonfinite,
+)
 from attnlab.inspect.stats import AttentionStats, attention_stats
 
 __all__ = [
@@ -25,15 +43,24 @@ __all__ = [
     "AttentionStats",
     "FlopReport",
     "HeadHealth",
+    "HeadImportance",
     "HealthReport",
     "NonFiniteLocation",
+    "NonFiniteOrigin",
+    "NonFiniteWatch",
+    "PruningCurve",
     "attention_entropy",
     "attention_modules",
     "attention_stats",
     "capture",
     "diagnose",
     "diagnose_model",
+    "find_nonfinite",
     "flops",
+    "head_importance",
     "kv_cache_bytes",
+    "masked_heads",
+    "pruning_curve",
     "run_with_cache",
+    "watch_nonfinite",
 ]

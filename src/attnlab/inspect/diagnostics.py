@@ -9,10 +9,29 @@ For each head, over every query row ``p = (p_1 … p_T_k)`` of every sequence in
                                                       convention gives a zero row, never NaN)
     non-finite   NaN / ±inf entries, and the first one in execution order located to
                  (layer, head, batch, query, key)
+
+Two patterns make a head suspicious even when every number is fine. Call a query row
+*informative* when it sees at least two keys. The keys a row sees are those with weight
+``p_j > 0`` in that row — in any head of the layer, since the heads of a layer share one mask:
+a head that puts everything on one key drives the others to exactly 0 by underflow, and they
+must still count as seen (``n = |{j : ∃ head h, p^h_j > 0}|``). A row that sees one key is
+trivially both patterns and does not count:
+
+    uniform      every informative row has  H(p) ≥ (1 − uniform_tol) · log n     (uniform_tol = 1%)
+                 — the head averages its visible keys and selects nothing
+    one token    every informative row has  max_j p_j ≥ one_token_weight          (0.99)
+                 — the head copies a single key (e.g. always the first token)
+
+A head without an informative row is flagged for neither. Either flag makes the head not
+:attr:`HeadHealth.ok`. (A freshly initialised model, weights of std 0.02, has uniform heads.)
+
+:func:`diagnose_model` also runs :func:`~attnlab.inspect.nonfinite.watch_nonfinite` during the
+same forward, so its report names the first module whose output held a NaN/inf.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -21,7 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.inspect.capture import ActivationCache, run_with_cache
+from attnlab.inspect.capture import ActivationCache, capture
+from attnlab.inspect.nonfinite import NonFiniteOrigin, watch_nonfinite
 from attnlab.inspect.stats import AttentionStats
 
 __all__ = [
@@ -97,6 +117,14 @@ class HeadHealth:
             for a report built from blockwise statistics).
         nonfinite: NaN/inf entries (rows, for a report from blockwise statistics).
         atol: the row-sum tolerance used for :attr:`ok`.
+        uniform: every informative row (one that sees ≥ 2 keys, ``p_j > 0``) has entropy within
+            ``uniform_tol`` (1%) of ``log(visible keys)``, and there is at least one such row.
+            A key counts as seen when any head of the layer gives it weight > 0 in that row (see
+            the module docstring). Not measured (``False``) in a report from blockwise
+            statistics, which do not record how many keys a row sees.
+        one_token: every informative row puts at least ``one_token_weight`` (0.99) on one key,
+            and there is at least one such row. From blockwise statistics a row counts as
+            informative when its max weight is below 1 in some head of the layer.
     """
 
     layer: str
@@ -112,11 +140,19 @@ class HeadHealth:
     row_sum_error: float
     nonfinite: int
     atol: float
+    uniform: bool = False
+    one_token: bool = False
 
     @property
     def ok(self) -> bool:
-        """No non-finite weight and every unmasked row sums to one within ``atol``."""
-        return self.nonfinite == 0 and not (self.row_sum_error > self.atol)
+        """No non-finite weight, every unmasked row sums to one within ``atol``, and the head is
+        neither uniform nor one-token."""
+        return (
+            self.nonfinite == 0
+            and not (self.row_sum_error > self.atol)
+            and not self.uniform
+            and not self.one_token
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``nan`` becomes ``None``)."""
@@ -131,15 +167,19 @@ class HealthReport:
         heads: one :class:`HeadHealth` per (layer, head), layers in execution order.
         first_nonfinite: the first NaN/inf weight (layers in execution order, then head, batch,
             query, key), or ``None``.
+        origin: the first module whose output held a NaN/inf (any module, not only attention;
+            see :func:`~attnlab.inspect.nonfinite.find_nonfinite`), or ``None`` — set by
+            :func:`diagnose_model`, or by ``diagnose(..., origin=...)``.
     """
 
     heads: tuple[HeadHealth, ...]
     first_nonfinite: NonFiniteLocation | None = None
+    origin: NonFiniteOrigin | None = None
 
     @property
     def ok(self) -> bool:
-        """Every head is :attr:`HeadHealth.ok`."""
-        return all(h.ok for h in self.heads)
+        """Every head is :attr:`HeadHealth.ok` and no module output held a NaN/inf."""
+        return self.origin is None and all(h.ok for h in self.heads)
 
     def layers(self) -> list[str]:
         """The layer paths, in execution order."""
@@ -155,6 +195,8 @@ class HealthReport:
     def problems(self) -> list[str]:
         """One line per unhealthy head (empty when all is well)."""
         out = []
+        if self.origin is not None:
+            out.append(f"first non-finite output: {self.origin}")
         if self.first_nonfinite is not None:
             out.append(f"first non-finite weight: {self.first_nonfinite}")
         for h in self.heads:
@@ -166,59 +208,98 @@ class HealthReport:
                     f"{h.layer} head {h.head}: rows sum to 1 ± {h.row_sum_error:.2e} "
                     f"(tolerance {h.atol:.0e})"
                 )
+            if h.uniform:
+                out.append(
+                    f"{h.layer} head {h.head}: uniform — every row spreads its weight evenly "
+                    f"over the keys it sees (entropy ≈ log of their number)"
+                )
+            if h.one_token:
+                out.append(
+                    f"{h.layer} head {h.head}: one token — every row puts almost all its weight "
+                    f"on a single key"
+                )
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``ok``, ``first_nonfinite``, ``problems`` and the ``heads``."""
+        """A JSON-ready dict: ``ok``, ``first_nonfinite``, ``origin``, ``problems``, ``heads``."""
         return {
             "ok": self.ok,
             "first_nonfinite": None
             if self.first_nonfinite is None
             else self.first_nonfinite.to_dict(),
+            "origin": None if self.origin is None else self.origin.to_dict(),
             "problems": self.problems(),
             "heads": [h.to_dict() for h in self.heads],
         }
 
 
 def diagnose(
-    attentions: ActivationCache | Mapping[str, torch.Tensor],
+    attentions: ActivationCache | Mapping[str, torch.Tensor] | torch.Tensor,
     *,
     atol: float | None = None,
     kinds: Mapping[str, str] | None = None,
+    uniform_tol: float = 0.01,
+    one_token_weight: float = 0.99,
+    origin: NonFiniteOrigin | None = None,
 ) -> HealthReport:
     """Check captured attention weights head by head.
 
     Args:
-        attentions: an :class:`~attnlab.inspect.capture.ActivationCache`, or a mapping from layer
-            name to weights ``(B, H, T_q, T_k)`` in execution order. A cache captured with
-            ``weights=False, stats=True`` is checked from its blockwise row statistics
-            (no row sums then).
+        attentions: an :class:`~attnlab.inspect.capture.ActivationCache`; a mapping from layer
+            name to weights ``(B, H, T_q, T_k)`` in execution order; or one tensor of weights
+            ``(B, H, T_q, T_k)``, ``(H, T_q, T_k)`` or ``(T_q, T_k)`` (reported as layer
+            ``"attention"``). A cache captured with ``weights=False, stats=True`` is checked from
+            its blockwise row statistics (no row sums, no uniformity check then).
         atol: tolerance of the row-sum check; default ``1e-4`` for fp32/fp64 weights and ``2e-2``
             for fp16/bf16.
         kinds: layer name → ``"self"``/``"cross"`` (taken from the cache when one is given).
+        uniform_tol: a row is uniform when its entropy is at least ``(1 − uniform_tol) · log n``
+            (``n`` keys with weight > 0). Default ``0.01``.
+        one_token_weight: a row attends to one token when its largest weight is at least this.
+            Default ``0.99``.
+        origin: a :class:`~attnlab.inspect.nonfinite.NonFiniteOrigin` found during the same run
+            (see :func:`~attnlab.inspect.nonfinite.watch_nonfinite`), put into the report.
 
     Returns:
         A :class:`HealthReport`.
 
+    Shape:
+        weights ``(B, H, T_q, T_k)``: ``B`` sequences, ``H`` heads, ``T_q`` queries (rows),
+        ``T_k`` keys (columns); each row sums to 1, or is all zero when it may see no key.
+
     Example:
         >>> out, cache = run_with_cache(model, input_ids)
         >>> report = diagnose(cache)
-        >>> report.ok, report.heads[0].entropy_mean
+        >>> report.ok, report.heads[0].entropy_mean, report.heads[0].uniform
     """
-    if isinstance(attentions, ActivationCache):
-        kinds = attentions.kinds if kinds is None else kinds
-        if not attentions.attentions and attentions.stats:
-            return _from_stats(attentions.stats, kinds)
-        attentions = attentions.attentions
-    if not isinstance(attentions, Mapping):
-        raise TypeError(
-            f"attentions must be an ActivationCache or a mapping of name to tensor, "
-            f"got {type(attentions).__name__}"
-        )
     if atol is not None and (
         isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol < 0
     ):
         raise ValueError(f"atol must be a non-negative float, got {atol!r}")
+    if isinstance(uniform_tol, bool) or not isinstance(uniform_tol, (int, float)):
+        raise TypeError(f"uniform_tol must be a float, got {type(uniform_tol).__name__}")
+    if not 0 <= uniform_tol < 1:
+        raise ValueError(f"uniform_tol must lie in [0, 1), got {uniform_tol!r}")
+    if isinstance(one_token_weight, bool) or not isinstance(one_token_weight, (int, float)):
+        raise TypeError(f"one_token_weight must be a float, got {type(one_token_weight).__name__}")
+    if not 0 < one_token_weight <= 1:
+        raise ValueError(f"one_token_weight must lie in (0, 1], got {one_token_weight!r}")
+    if origin is not None and not isinstance(origin, NonFiniteOrigin):
+        raise TypeError(f"origin must be a NonFiniteOrigin or None, got {type(origin).__name__}")
+    rules = (float(uniform_tol), float(one_token_weight))
+    if isinstance(attentions, torch.Tensor):
+        attentions = {"attention": _as_4d(attentions)}
+    if isinstance(attentions, ActivationCache):
+        kinds = attentions.kinds if kinds is None else kinds
+        if not attentions.attentions and attentions.stats:
+            report = _from_stats(attentions.stats, kinds, rules[1])
+            return dataclasses.replace(report, origin=origin)
+        attentions = attentions.attentions
+    if not isinstance(attentions, Mapping):
+        raise TypeError(
+            f"attentions must be an ActivationCache or a mapping of name to tensor, or a tensor, "
+            f"got {type(attentions).__name__}"
+        )
     heads: list[HeadHealth] = []
     first: NonFiniteLocation | None = None
     for name, w in attentions.items():
@@ -231,25 +312,55 @@ def diagnose(
             else (2e-2 if w.dtype in (torch.float16, torch.bfloat16) else 1e-4)
         )
         kind = (kinds or {}).get(name, "self")
-        heads.extend(_layer_health(name, kind, w.detach(), float(tol)))
+        heads.extend(_layer_health(name, kind, w.detach(), float(tol), rules))
         if first is None:
             first = _first_nonfinite(name, w.detach())
-    return HealthReport(heads=tuple(heads), first_nonfinite=first)
+    return HealthReport(heads=tuple(heads), first_nonfinite=first, origin=origin)
 
 
 def diagnose_model(
     model: nn.Module, *args: Any, atol: float | None = None, **kwargs: Any
 ) -> tuple[Any, HealthReport]:
-    """Run ``model(*args, **kwargs)`` with capture and check every head.
+    """Run ``model(*args, **kwargs)`` once with capture, check every head, and locate the first
+    module whose output holds a NaN/inf (:attr:`HealthReport.origin`).
+
+    Args:
+        model: a model with :class:`~attnlab.nn.multihead.MultiHeadAttention` layers.
+        *args: positional arguments of the model's forward.
+        atol: the row-sum tolerance (see :func:`diagnose`).
+        **kwargs: keyword arguments of the model's forward.
 
     Returns:
         ``(output, report)``.
     """
-    out, cache = run_with_cache(model, *args, **kwargs)
-    return out, diagnose(cache, atol=atol)
+    with capture(model) as cache, watch_nonfinite(model) as watch:
+        out = model(*args, **kwargs)
+    return out, diagnose(cache, atol=atol, origin=watch.origin)
 
 
-def _layer_health(name: str, kind: str, w: torch.Tensor, atol: float) -> list[HeadHealth]:
+def _as_4d(w: torch.Tensor) -> torch.Tensor:
+    """``(T_q, T_k)`` / ``(H, T_q, T_k)`` / ``(B, H, T_q, T_k)`` → ``(B, H, T_q, T_k)``."""
+    if w.dim() == 2:
+        return w[None, None]
+    if w.dim() == 3:
+        return w[None]
+    if w.dim() == 4:
+        return w
+    raise ValueError(
+        f"attentions must have shape (B, H, T_q, T_k), (H, T_q, T_k) or (T_q, T_k), "
+        f"got {tuple(w.shape)}"
+    )
+
+
+def _flag(rows: torch.Tensor, informative: torch.Tensor) -> bool:
+    """At least one informative row, and the row test holds in every one."""
+    return bool(informative.any()) and bool(rows[informative].all())
+
+
+def _layer_health(
+    name: str, kind: str, w: torch.Tensor, atol: float, rules: tuple[float, float]
+) -> list[HeadHealth]:
+    uniform_tol, one_token_weight = rules
     b, h, t_q, _ = w.shape
     finite_rows = torch.isfinite(w).all(dim=-1)  # (B, H, T_q)
     nonfinite = (~torch.isfinite(w)).sum(dim=(0, 2, 3))  # (H,)
@@ -261,6 +372,12 @@ def _layer_health(name: str, kind: str, w: torch.Tensor, atol: float) -> list[He
     entropy = attention_entropy(safe)
     max_w = safe.amax(dim=-1)
     err = (sums - 1).abs()
+    # uniform:  H(p) ≥ (1 − tol) · log n,  n = |{j : p_j > 0 in some head}|, rows with n ≥ 2
+    # one token: max_j p_j ≥ one_token_weight, over the same rows
+    visible = (safe > 0).any(dim=1, keepdim=True).sum(dim=-1)  # (B, 1, T_q)
+    informative = valid & (visible >= 2)
+    uniform_row = entropy >= (1 - uniform_tol) * visible.clamp(min=1).to(entropy.dtype).log()
+    one_row = max_w >= one_token_weight
     out = []
     for head in range(h):
         v = valid[:, head]
@@ -282,16 +399,22 @@ def _layer_health(name: str, kind: str, w: torch.Tensor, atol: float) -> list[He
                 row_sum_error=float(err[:, head][v].max()) if n else 0.0,
                 nonfinite=int(nonfinite[head]),
                 atol=atol,
+                uniform=_flag(uniform_row[:, head], informative[:, head]),
+                one_token=_flag(one_row[:, head], informative[:, head]),
             )
         )
     return out
 
 
-def _from_stats(stats: Mapping[str, AttentionStats], kinds: Mapping[str, str]) -> HealthReport:
+def _from_stats(
+    stats: Mapping[str, AttentionStats], kinds: Mapping[str, str], one_token_weight: float
+) -> HealthReport:
     """Health from blockwise row statistics (``capture(stats=True, weights=False)``).
 
-    Row sums are not measured there (``row_sum_error`` is ``nan``) and a non-finite value is
-    located to its row only (``key = -1``).
+    Row sums are not measured there (``row_sum_error`` is ``nan``), nor is uniformity (the
+    number of keys a row sees is not recorded); a row counts as seeing ≥ 2 keys for the
+    one-token test when its max weight is below 1 in some head of the layer, and a non-finite
+    value is located to its row only (``key = -1``).
     """
     heads: list[HeadHealth] = []
     first: NonFiniteLocation | None = None
@@ -299,6 +422,8 @@ def _from_stats(stats: Mapping[str, AttentionStats], kinds: Mapping[str, str]) -
         bad_rows = ~(torch.isfinite(st.entropy) & torch.isfinite(st.max_weight))  # (B, H, T_q)
         masked = torch.isneginf(st.logsumexp) & ~bad_rows
         valid = ~bad_rows & ~masked
+        informative = valid & (st.max_weight < 1).any(dim=1, keepdim=True)
+        one_row = st.max_weight >= one_token_weight
         b, h, t_q = st.entropy.shape
         for head in range(h):
             v = valid[:, head]
@@ -314,6 +439,7 @@ def _from_stats(stats: Mapping[str, AttentionStats], kinds: Mapping[str, str]) -
                     max_weight_mean=float(mw.mean()) if n else math.nan,
                     max_weight_max=float(mw.max()) if n else math.nan,
                     row_sum_error=math.nan, nonfinite=int(bad_rows[:, head].sum()), atol=math.nan,
+                    one_token=_flag(one_row[:, head], informative[:, head]),
                 )
             )  # fmt: skip
         if first is None and bool(bad_rows.any()):

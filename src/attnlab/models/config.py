@@ -63,6 +63,9 @@ class TransformerConfig:
         bos_id: target start id. Default 1.
         eos_id: end-of-sequence id. Default 2.
         backend: attention backend (see :func:`attnlab.scaled_dot_product_attention`). Default "auto".
+        gradient_checkpointing: recompute each encoder and decoder layer's activations in the
+            backward pass while training (less memory, about one more forward of compute), as
+            :class:`GPTConfig` does. Default False.
 
     Example:
         >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=64,
@@ -90,6 +93,7 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
     backend: str = "auto"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         from attnlab._checks import check_choice, check_positive_int, check_probability
@@ -116,7 +120,7 @@ class TransformerConfig:
         check_probability("label_smoothing", self.label_smoothing)
         check_choice("activation", self.activation, ("relu", "gelu"))
         check_choice("backend", self.backend, BACKENDS)
-        for name in ("norm_first", "share_embeddings", "tie_output"):
+        for name in ("norm_first", "share_embeddings", "tie_output", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         eps = self.layer_norm_eps

@@ -27,7 +27,7 @@ from attnlab.models.config import GPTConfig
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
@@ -133,7 +133,8 @@ class GPTBlock(nn.Module):
         rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
 
     Shape:
-        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``.
+        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``;
+        head_mask ``(H,)`` or ``(B, H)`` (1 keeps a head, 0 removes its output).
     """
 
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
@@ -154,9 +155,17 @@ class GPTBlock(nn.Module):
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        a = self.attn(self.ln_1(x), mask=mask, is_causal=True, cache=cache, positions=positions)
+        a = self.attn(
+            self.ln_1(x),
+            mask=mask,
+            is_causal=True,
+            cache=cache,
+            positions=positions,
+            head_mask=head_mask,
+        )
         x = x + self.hook_attn_out(a)
         x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
         return self.hook_resid_post(x)
@@ -249,6 +258,7 @@ class GPT(nn.Module):
         labels: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: ModelCache | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> CausalLMOutput:
         """Next-token logits (and the loss when ``labels`` are given).
 
@@ -263,6 +273,10 @@ class GPT(nn.Module):
                 (ALiBi reads no position ids: its bias depends on distances ``i − j`` only.)
             cache: a :class:`~attnlab.decoding.cache.ModelCache` from :meth:`new_cache`; the new
                 keys/values are appended to it.
+            head_mask: ``(n_layer, n_head)``, or ``(n_head,)`` for every layer, floating or bool:
+                head ``h`` of block ``l`` has its output multiplied by ``head_mask[l, h]`` (1 keeps
+                it, 0 removes it), as in Hugging Face GPT-2 (Michel et al. 2019). ``None`` (default)
+                and all ones give the same logits, bit for bit.
 
         Returns:
             :class:`~attnlab.models.outputs.CausalLMOutput` with ``logits`` ``(B, T, vocab_size)``,
@@ -303,14 +317,17 @@ class GPT(nn.Module):
             bias = alibi_bias(cfg.n_head, t, past + t, device=x.device)  # (H, T, T_past + T)
             mask = masks.combine(bias, padding)
         rope_positions = positions if cfg.positions == "rope" else None
+        head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
 
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.h):
             layer_cache = None if cache is None else cache.layers[i]
             if checkpointing and layer_cache is None:
-                x = checkpoint(block, x, mask, None, rope_positions, use_reentrant=False)
+                x = checkpoint(
+                    block, x, mask, None, rope_positions, head_masks[i], use_reentrant=False
+                )
             else:
-                x = block(x, mask, layer_cache, rope_positions)
+                x = block(x, mask, layer_cache, rope_positions, head_masks[i])
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         logits = self.lm_head(x)  # (B, T, vocab_size)

@@ -9,6 +9,12 @@ The padding masks and the look-ahead rule come from ``config.pad_id`` when none 
 KV cache, :meth:`Transformer.decode` takes only the new target tokens; their positions start at
 ``cache.length``, the self-attention caches grow, and the cross-attention caches are filled with the
 projected memory on the first step and reused afterwards.
+
+Heads are switched off with Hugging Face BART's three head masks (1 keeps a head, 0 removes its
+output; Michel et al. 2019): ``head_mask`` (encoder self-attention), ``decoder_head_mask``
+(decoder self-attention) and ``cross_attn_head_mask`` (decoder cross-attention). With
+``gradient_checkpointing`` each layer's activations are recomputed in the backward pass instead of
+kept (Chen et al. 2016), as :class:`attnlab.GPT` does.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.decoding.cache import KVCache, ModelCache
@@ -27,6 +34,7 @@ from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
+from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
 __all__ = ["Seq2SeqCache", "Transformer", "TransformerDecoder", "TransformerEncoder"]
@@ -69,16 +77,28 @@ def _layer_options(c: TransformerConfig) -> dict[str, Any]:
     }
 
 
+def _checkpointing(stack: nn.Module) -> bool:
+    """Recompute activations in backward: asked for, training, and building a graph."""
+    return bool(stack.gradient_checkpointing) and stack.training and torch.is_grad_enabled()
+
+
 class TransformerEncoder(nn.Module):
     """The encoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
 
+    Attributes:
+        gradient_checkpointing: recompute each layer in the backward pass while training
+            (settable; default ``config.gradient_checkpointing``).
+
     Shape:
-        x ``(B, S, d_model)``, mask broadcastable to ``(B, H, S, S)`` → ``(B, S, d_model)``.
+        x ``(B, S, d_model)``, mask broadcastable to ``(B, H, S, S)`` → ``(B, S, d_model)``;
+        head_mask ``(N, H)`` or ``(H,)``.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         c = config
+        self.num_heads = c.num_heads
+        self.gradient_checkpointing = c.gradient_checkpointing
         self.layers = nn.ModuleList(
             EncoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_encoder_layers)
@@ -87,22 +107,39 @@ class TransformerEncoder(nn.Module):
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, mask)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        head_masks = layer_head_masks("head_mask", head_mask, len(self.layers), self.num_heads)
+        recompute = _checkpointing(self)
+        for layer, layer_head_mask in zip(self.layers, head_masks):
+            if recompute:
+                x = checkpoint(layer, x, mask, layer_head_mask, use_reentrant=False)
+            else:
+                x = layer(x, mask, layer_head_mask)
         return self.norm(x)
 
 
 class TransformerDecoder(nn.Module):
     """The decoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
 
+    Attributes:
+        gradient_checkpointing: recompute each layer in the backward pass while training without
+            a KV cache (settable; default ``config.gradient_checkpointing``).
+
     Shape:
-        x ``(B, T, d_model)``, memory ``(B, S, d_model)`` → ``(B, T, d_model)``.
+        x ``(B, T, d_model)``, memory ``(B, S, d_model)`` → ``(B, T, d_model)``;
+        head_mask and cross_attn_head_mask ``(N, H)`` or ``(H,)``.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         c = config
+        self.num_heads = c.num_heads
+        self.gradient_checkpointing = c.gradient_checkpointing
         self.layers = nn.ModuleList(
             DecoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_decoder_layers)
@@ -119,17 +156,27 @@ class TransformerDecoder(nn.Module):
         self_mask: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         cache: ModelCache | None = None,
+        head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        n, h = len(self.layers), self.num_heads
+        self_masks = layer_head_masks("decoder_head_mask", head_mask, n, h)
+        cross_masks = layer_head_masks("cross_attn_head_mask", cross_attn_head_mask, n, h)
+        recompute = cache is None and _checkpointing(self)
         for i, layer in enumerate(self.layers):
-            x = layer(
-                x,
-                memory,
-                self_mask=self_mask,
-                is_causal=True,
-                memory_mask=memory_mask,
-                self_cache=None if cache is None else cache.layers[i],
-                cross_cache=None if cache is None or cache.cross is None else cache.cross[i],
-            )
+            options: dict[str, Any] = {
+                "self_mask": self_mask,
+                "is_causal": True,
+                "memory_mask": memory_mask,
+                "self_cache": None if cache is None else cache.layers[i],
+                "cross_cache": None if cache is None or cache.cross is None else cache.cross[i],
+                "head_mask": self_masks[i],
+                "cross_attn_head_mask": cross_masks[i],
+            }
+            if recompute:
+                x = checkpoint(layer, x, memory, use_reentrant=False, **options)
+            else:
+                x = layer(x, memory, **options)
         return self.norm(x)
 
 
@@ -156,6 +203,12 @@ class Transformer(nn.Module):
         ``hook_src_embed``, ``hook_tgt_embed`` (embeddings + positions after dropout),
         ``hook_memory`` (encoder output), and those of every layer, e.g.
         ``decoder.layers.0.cross_attn.hook_weights``.
+
+    Attributes:
+        gradient_checkpointing: recompute every encoder and decoder layer in the backward pass
+            while training (and not decoding with a cache): less activation memory for about one
+            more forward of compute. Default ``config.gradient_checkpointing``; settable, e.g.
+            ``model.gradient_checkpointing = True``.
 
     Example:
         >>> cfg = TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, num_heads=4,
@@ -193,6 +246,18 @@ class Transformer(nn.Module):
         else:
             nn.init.xavier_uniform_(self.lm_head.weight)
 
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether the encoder and decoder layers are recomputed in the backward pass."""
+        return bool(self.encoder.gradient_checkpointing and self.decoder.gradient_checkpointing)
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"gradient_checkpointing must be a bool, got {type(value).__name__}")
+        self.encoder.gradient_checkpointing = value
+        self.decoder.gradient_checkpointing = value
+
     # -- embeddings --
 
     def _embed(self, tokens: torch.Tensor, table: nn.Embedding, offset: int) -> torch.Tensor:
@@ -202,13 +267,22 @@ class Transformer(nn.Module):
 
     # -- encoder --
 
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(
+        self,
+        src: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        *,
+        head_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run the encoder.
 
         Args:
             src: source ids ``(B, S)``.
             src_mask: mask over source keys, ``True = may attend``; default
                 ``masks.padding_mask(src, pad_id)``.
+            head_mask: encoder self-attention head mask ``(num_encoder_layers, num_heads)``, or
+                ``(num_heads,)`` for every layer, floating or bool: head ``h`` of layer ``l`` has
+                its output multiplied by ``head_mask[l, h]`` (1 keeps it, 0 removes it).
 
         Returns:
             memory ``(B, S, d_model)``. Rows at padded positions are computed but never read
@@ -218,7 +292,7 @@ class Transformer(nn.Module):
         if src_mask is None:
             src_mask = masks.padding_mask(src, self.config.pad_id)
         x = self.hook_src_embed(self._embed(src, self.src_embed, 0))
-        return self.hook_memory(self.encoder(x, src_mask))
+        return self.hook_memory(self.encoder(x, src_mask, head_mask))
 
     # -- decoder --
 
@@ -230,6 +304,8 @@ class Transformer(nn.Module):
         src_mask: torch.Tensor | None = None,
         tgt_mask: torch.Tensor | None = None,
         cache: ModelCache | None = None,
+        decoder_head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
     ) -> Seq2SeqOutput:
         """Run the decoder on target tokens given the encoder memory.
 
@@ -245,6 +321,10 @@ class Transformer(nn.Module):
                 ``pad_id``. The look-ahead rule always applies on top (bottom-right aligned).
             cache: from :meth:`new_cache`; self-attention caches grow by ``T``, cross-attention
                 caches are filled on the first step.
+            decoder_head_mask: decoder self-attention head mask ``(num_decoder_layers,
+                num_heads)`` or ``(num_heads,)``; 1 keeps a head, 0 removes its output.
+            cross_attn_head_mask: cross-attention head mask, same shapes. With a cache, pass the
+                masks at every step (or use :func:`attnlab.inspect.masked_heads`).
 
         Returns:
             :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
@@ -282,7 +362,15 @@ class Transformer(nn.Module):
         if tgt_mask is None and (cache is None or isinstance(cache, Seq2SeqCache)):
             tgt_mask = masks.padding_mask(key_tokens, c.pad_id)  # (B, 1, 1, T_past + T)
         x = self.hook_tgt_embed(self._embed(tgt, self.tgt_embed, past))
-        x = self.decoder(x, memory, self_mask=tgt_mask, memory_mask=src_mask, cache=cache)
+        x = self.decoder(
+            x,
+            memory,
+            self_mask=tgt_mask,
+            memory_mask=src_mask,
+            cache=cache,
+            head_mask=decoder_head_mask,
+            cross_attn_head_mask=cross_attn_head_mask,
+        )
         return Seq2SeqOutput(logits=self.lm_head(x), cache=cache)  # (B, T, tgt_vocab_size)
 
     # -- training forward --
@@ -295,6 +383,9 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         src_mask: torch.Tensor | None = None,
         tgt_mask: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        decoder_head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
     ) -> Seq2SeqOutput:
         """Encode ``src``, decode ``tgt_in`` (teacher forcing) and, with ``targets``, the loss.
 
@@ -311,6 +402,12 @@ class Transformer(nn.Module):
             targets: ids to predict ``(B, T)`` (``y_1 … y_T``); ``pad_id`` entries are ignored.
             src_mask: default ``masks.padding_mask(src, pad_id)``.
             tgt_mask: default ``masks.padding_mask(tgt_in, pad_id)`` (plus the look-ahead rule).
+            head_mask: encoder self-attention head mask ``(num_encoder_layers, num_heads)`` or
+                ``(num_heads,)`` (Hugging Face BART's names and semantics: 1 keeps a head, 0
+                removes its output).
+            decoder_head_mask: decoder self-attention head mask ``(num_decoder_layers, num_heads)``
+                or ``(num_heads,)``.
+            cross_attn_head_mask: decoder cross-attention head mask, same shapes.
 
         Returns:
             :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
@@ -319,8 +416,15 @@ class Transformer(nn.Module):
         if src_mask is None:
             _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
             src_mask = masks.padding_mask(src, self.config.pad_id)
-        memory = self.encode(src, src_mask)
-        out = self.decode(tgt_in, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        memory = self.encode(src, src_mask, head_mask=head_mask)
+        out = self.decode(
+            tgt_in,
+            memory,
+            src_mask=src_mask,
+            tgt_mask=tgt_mask,
+            decoder_head_mask=decoder_head_mask,
+            cross_attn_head_mask=cross_attn_head_mask,
+        )
         if targets is not None:
             check_tensor("targets", targets)
             if targets.shape != tgt_in.shape:

@@ -129,6 +129,8 @@ class EncoderLayer(nn.Module):
         - mask broadcastable to ``(B, H, S, S)``, ``True = may attend`` (e.g. a padding mask
           ``(B, 1, 1, S)``)
 
+        - head_mask ``(H,)`` or ``(B, H)``: 1 keeps a self-attention head, 0 removes it
+
     Hook points:
         ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``,
         ``hook_resid_post``; attention weights: ``self_attn.hook_weights``.
@@ -173,10 +175,17 @@ class EncoderLayer(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Args:
             x: ``(B, S, d_model)``.
             mask: self-attention mask, broadcastable to ``(B, H, S, S)``.
+            head_mask: ``ξ`` of the self-attention heads, ``(H,)`` or ``(B, H)``; see
+                :meth:`MultiHeadAttention.forward <attnlab.nn.multihead.MultiHeadAttention.forward>`.
 
         Returns:
             ``(B, S, d_model)``.
@@ -184,7 +193,7 @@ class EncoderLayer(nn.Module):
         x = self.hook_resid_pre(x)
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(h, mask=mask)  # type: ignore[return-value]
+            return self.self_attn(h, mask=mask, head_mask=head_mask)  # type: ignore[return-value]
 
         x = self.hook_resid_mid(
             residual(
@@ -217,6 +226,7 @@ class DecoderLayer(nn.Module):
     Shape:
         - x ``(B, T, d_model)``; memory ``(B, S, d_model)`` → ``(B, T, d_model)``
         - self_mask broadcastable to ``(B, H, T, T_past + T)``; memory_mask to ``(B, H, T, S)``
+        - head_mask / cross_attn_head_mask ``(H,)`` or ``(B, H)``: 1 keeps a head, 0 removes it
 
     Hook points:
         ``hook_resid_pre``, ``hook_self_attn_out``, ``hook_resid_mid``, ``hook_cross_attn_out``,
@@ -273,6 +283,8 @@ class DecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Args:
             x: target-side activations ``(B, T, d_model)`` (only the new positions with a cache).
@@ -282,6 +294,10 @@ class DecoderLayer(nn.Module):
             memory_mask: cross-attention mask, e.g. the source padding mask ``(B, 1, 1, S)``.
             self_cache: self-attention :class:`~attnlab.decoding.cache.KVCache` (grows).
             cross_cache: cross-attention cache (static: filled on first use, then reused).
+            head_mask: ``ξ`` of the self-attention heads, ``(H,)`` or ``(B, H)`` (Hugging Face
+                BART's ``layer_head_mask``); see :meth:`MultiHeadAttention.forward
+                <attnlab.nn.multihead.MultiHeadAttention.forward>`.
+            cross_attn_head_mask: ``ξ`` of the cross-attention heads, ``(H,)`` or ``(B, H)``.
 
         Returns:
             ``(B, T, d_model)``.
@@ -289,10 +305,14 @@ class DecoderLayer(nn.Module):
         x = self.hook_resid_pre(x)
 
         def self_attend(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(h, mask=self_mask, is_causal=is_causal, cache=self_cache)  # type: ignore[return-value]
+            return self.self_attn(  # type: ignore[return-value]
+                h, mask=self_mask, is_causal=is_causal, cache=self_cache, head_mask=head_mask
+            )
 
         def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            return self.cross_attn(h, memory, mask=memory_mask, cache=cross_cache)  # type: ignore[return-value]
+            return self.cross_attn(  # type: ignore[return-value]
+                h, memory, mask=memory_mask, cache=cross_cache, head_mask=cross_attn_head_mask
+            )
 
         nf = self.norm_first
         x = self.hook_resid_mid(

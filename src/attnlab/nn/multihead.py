@@ -4,6 +4,13 @@
 
 With ``num_kv_heads < num_heads`` (Ainslie et al. 2023, GQA) groups of query heads share one
 key/value head; ``num_kv_heads = 1`` is multi-query attention (Shazeer 2019).
+
+Heads can be switched off with a head mask ``ξ`` (Michel et al. 2019, "Are Sixteen Heads Really
+Better than One?", §2.2), as Hugging Face names it ``head_mask``:
+
+    MultiHead(Q, K, V) = Concat(ξ_1 head_1, …, ξ_h head_h) W^O
+
+``ξ_i = 1`` keeps head ``i``, ``ξ_i = 0`` removes what it adds to the output.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab._checks import (
+    broadcast_or_raise,
     check_choice,
     check_positive_int,
     check_probability,
@@ -28,7 +36,71 @@ if TYPE_CHECKING:
     from attnlab.decoding.cache import KVCache
     from attnlab.nn.positional import RotaryEmbedding
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "check_head_mask", "layer_head_masks"]
+
+
+def check_head_mask(head_mask: object, batch: int, num_heads: int) -> torch.Tensor:
+    """Validate a head mask ``ξ`` and shape it ``(B or 1, H, 1, 1)`` to multiply per-head tensors.
+
+    Args:
+        head_mask: a floating or boolean tensor broadcastable to ``(B, H)`` (usually ``(H,)`` or
+            ``(B, H)``); 1/True keeps a head, 0/False removes it. Floating values are used as they
+            are (any finite scale), so a mask that requires grad stays differentiable.
+        batch: ``B``.
+        num_heads: ``H``.
+
+    Returns:
+        The mask viewed as ``(B or 1, H or 1, 1, 1)``, not yet converted to the activations' dtype.
+
+    Raises:
+        TypeError: not a tensor, or an integer/complex dtype.
+        ValueError: a shape that does not broadcast to ``(B, H)``, or a NaN/inf entry.
+    """
+    m = check_tensor("head_mask", head_mask)
+    if m.dtype != torch.bool and not m.is_floating_point():
+        raise TypeError(
+            f"head_mask must be floating (1.0 keeps a head, 0.0 removes it) or bool, got dtype "
+            f"{m.dtype}; convert it with .float()"
+        )
+    broadcast_or_raise("head_mask", m.shape, (batch, num_heads), "(B, H)")
+    if m.is_floating_point() and not bool(torch.isfinite(m.detach()).all()):
+        raise ValueError("head_mask must be finite, got NaN or inf entries")
+    while m.dim() < 2:
+        m = m.unsqueeze(0)
+    return m[:, :, None, None]  # (B or 1, H or 1, 1, 1)
+
+
+def layer_head_masks(
+    name: str, head_mask: object, num_layers: int, num_heads: int
+) -> list[torch.Tensor | None]:
+    """Split a model-level head mask into one ``(H,)`` mask per layer (Hugging Face semantics).
+
+    Args:
+        name: the argument's name, for errors (``"head_mask"``, ``"decoder_head_mask"``, …).
+        head_mask: ``None``, or a floating/boolean tensor of shape ``(num_layers, num_heads)``, or
+            ``(num_heads,)`` for the same heads in every layer.
+        num_layers: layers ``L``.
+        num_heads: heads ``H`` per layer.
+
+    Returns:
+        ``L`` entries: ``None`` everywhere when ``head_mask`` is ``None``, else ``(H,)`` views.
+    """
+    if head_mask is None:
+        return [None] * num_layers
+    m = check_tensor(name, head_mask)
+    if m.dtype != torch.bool and not m.is_floating_point():
+        raise TypeError(
+            f"{name} must be floating (1.0 keeps a head, 0.0 removes it) or bool, got dtype "
+            f"{m.dtype}; convert it with .float()"
+        )
+    if m.shape == (num_heads,):
+        return [m] * num_layers
+    if m.shape == (num_layers, num_heads):
+        return list(m.unbind(0))
+    raise ValueError(
+        f"{name} must have shape (num_layers, num_heads) = ({num_layers}, {num_heads}) or "
+        f"(num_heads,) = ({num_heads},), got {shape_str(m.shape)}"
+    )
 
 
 class MultiHeadAttention(nn.Module):
@@ -51,6 +123,7 @@ class MultiHeadAttention(nn.Module):
     Shape:
         - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)`` (default: the query)
         - mask broadcastable to ``(B, H, T_q, T_k)``, ``True = may attend``, or additive float
+        - head_mask broadcastable to ``(B, H)``: ``(H,)`` or ``(B, H)``, 1 keeps a head, 0 removes it
         - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)`` (per head, not averaged)
 
     Example:
@@ -155,6 +228,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when ``key`` is ``None``).
 
@@ -171,6 +245,13 @@ class MultiHeadAttention(nn.Module):
                 reused afterwards.
             positions: position ids ``(B, T_q)`` or ``(T_q,)`` for rotary embeddings; default
                 ``cache.length + arange(T_q)``.
+            head_mask: ``ξ`` broadcastable to ``(B, H)`` (``(H,)`` or ``(B, H)``), floating or
+                bool: each head's output is multiplied by its entry before the output
+                projection, so 1 keeps a head and 0 removes it (Hugging Face's ``head_mask``).
+                The returned and hooked weights (``hook_weights``) and per-head outputs
+                (``hook_z``) are the masked ones. Differentiable with respect to a floating mask
+                (Michel et al. 2019 score heads by ``|∂L/∂ξ_h|``). ``None`` (default) and an
+                all-ones mask give bit-identical results.
 
         Returns:
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
@@ -191,6 +272,7 @@ class MultiHeadAttention(nn.Module):
                     f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
                 )
         b, t_q, _ = query.shape
+        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         past = cache.length if cache is not None and not cache.static else 0
 
         reuse = cross and cache is not None and cache.static
@@ -240,9 +322,16 @@ class MultiHeadAttention(nn.Module):
         )
         if want_weights:
             z, weights = result  # type: ignore[misc]
-            weights = self.hook_weights(weights)
         else:
             z, weights = result, None  # type: ignore[assignment]
+        if xi is not None:
+            # head_i ← ξ_i · head_i  (Michel et al. 2019): the weights too, as Hugging Face did
+            xi = xi.to(device=z.device, dtype=z.dtype)
+            z = z * xi  # (B, H, T_q, d_head)
+            if weights is not None:
+                weights = weights * xi.to(weights.dtype)  # (B, H, T_q, T_k)
+        if weights is not None:
+            weights = self.hook_weights(weights)
         z = self.hook_z(z)
         out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))  # (B, T_q, d_model)
         if need_weights:

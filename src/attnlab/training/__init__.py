@@ -7,7 +7,6 @@
 - :func:`save_checkpoint`, :func:`load_config`, :func:`load_model_weights`,
   :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``)
 - :func:`init_distributed`, :func:`shard_batch` (``distributed``)
-- :class:`Task`, :class:`TaskSetup`, :func:`register_task` (``tasks_registry``)
 """
 
 from attnlab.training.checkpoint import (
@@ -24,7 +23,6 @@ from attnlab.training.distributed import DistInfo, init_distributed, shard_batch
 from attnlab.training.losses import TokenLoss, label_smoothed_cross_entropy, token_loss
 from attnlab.training.rng import get_rng_state, seed_everything, set_rng_state
 from attnlab.training.schedules import NoamLR, WarmupCosineLR
-from attnlab.training.tasks_registry import Task, TaskSetup, register_task
 from attnlab.training.trainer import (
     BatchSource,
     IndexedBatches,
@@ -42,8 +40,6 @@ __all__ = [
     "IndexedBatches",
     "NoamLR",
     "StepMetrics",
-    "Task",
-    "TaskSetup",
     "TokenLoss",
     "TrainConfig",
     "TrainResult",
@@ -57,7 +53,6 @@ __all__ = [
     "load_model_weights",
     "load_training_state",
     "read_checkpoint_file",
-    "register_task",
     "resolve_checkpoint",
     "save_checkpoint",
     "seed_everything",

@@ -13,10 +13,11 @@ with the sharpest rows), with the original positions in the labels.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -24,8 +25,12 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 
 from attnlab._checks import check_choice, check_positive_int, shape_str
+
+if TYPE_CHECKING:
+    from attnlab.nn.multihead import MultiHeadAttention
 
 __all__ = [
     "Plot",
@@ -40,12 +45,15 @@ __all__ = [
     "reduce_attention",
     "save_figure",
     "step_panel",
+    "step_panel_from_model",
     "step_panel_from_module",
 ]
 
 Reduction = Literal["block", "topk"]
 ArrayLike = torch.Tensor | np.ndarray
-CMAP = "viridis"
+CMAP = "viridis"  # weights: 0 → dark, 1 → bright
+DIVERGING = "RdBu_r"  # signed values: blue < 0 < red, white at 0
+MASKED = "#bdbdbd"  # cells a query may not see
 
 
 @dataclass(frozen=True)
@@ -138,22 +146,90 @@ def _new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _tick_labels(ax: Axes, rows: list[str], cols: list[str], *, max_labels: int = 64) -> None:
-    """Token labels on both axes (thinned when there are too many to read)."""
-    for labels, set_ticks, set_labels, rot in (
-        (cols, ax.set_xticks, ax.set_xticklabels, 90),
-        (rows, ax.set_yticks, ax.set_yticklabels, 0),
+def _short(label: str, n: int = 12) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def _tick_labels(
+    ax: Axes,
+    rows: list[str],
+    cols: list[str],
+    *,
+    max_labels: int = 64,
+    max_col_labels: int | None = None,
+    show_rows: bool = True,
+    show_cols: bool = True,
+    fontsize: float | None = None,
+    numbered: tuple[bool, bool] = (True, True),
+) -> None:
+    """Token labels on both axes, thinned to at most ``max_labels`` per axis (every ``k``-th).
+
+    A thinned axis whose labels are one per position (``numbered``: rows, columns) writes each
+    label as ``"position token"``, so a reader knows which positions are labelled (reduced sides
+    already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
+    positions) but no text, for panels that share their labels with a neighbour.
+    """
+    for labels, set_ticks, set_labels, rot, show, most, number in (
+        (
+            cols,
+            ax.set_xticks,
+            ax.set_xticklabels,
+            90,
+            show_cols,
+            max_col_labels or max_labels,
+            numbered[1],
+        ),
+        (rows, ax.set_yticks, ax.set_yticklabels, 0, show_rows, max_labels, numbered[0]),
     ):
-        step = max(1, math.ceil(len(labels) / max_labels))
+        step = max(1, math.ceil(len(labels) / most))
         idx = list(range(0, len(labels), step))
         set_ticks(idx)
-        set_labels([labels[i] for i in idx], rotation=rot, fontsize=8 if len(labels) <= 32 else 6)
+        size = fontsize if fontsize is not None else (8 if len(idx) <= 32 else 6)
+        texts = [
+            _short(labels[i])
+            if step == 1 or not number or labels[i] == str(i)
+            else f"{i} {_short(labels[i], 9)}"
+            for i in idx
+        ]
+        set_labels(texts if show else [], rotation=rot, fontsize=size)
+    ax.tick_params(length=2, pad=1)
+
+
+def _reduced(index: np.ndarray) -> bool:
+    """Whether a side of a :class:`Reduced` lost positions (its labels then carry positions)."""
+    return not np.array_equal(index, np.arange(len(index)))
 
 
 def _masked_array(weights: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is None:
         return weights
     return np.ma.masked_where(~mask.astype(bool), weights)
+
+
+def _decimals(matrix: np.ndarray) -> int:
+    """Decimals that show the largest finite value of ``matrix`` with two significant digits (2–4)."""
+    finite = np.abs(matrix[np.isfinite(matrix)])
+    top = float(finite.max()) if finite.size else 0.0
+    if top <= 0.0:
+        return 2
+    return int(min(4, max(2, 1 - math.floor(math.log10(top)))))
+
+
+def _fmt(value: float, decimals: int = 2) -> str:
+    """A cell value in few characters: ``0.27``, ``-1.35``, ``0.012``, ``12.4``, ``-318``."""
+    a = abs(value)
+    if a >= 99.95:
+        text = f"{value:.0f}"
+    elif a >= 9.995:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0.0 else text
+
+
+def _readable(rows: int, cols: int, *, max_cells: int = 120, max_side: int = 16) -> bool:
+    """Whether numbers written in the cells can be read: few cells, no long side."""
+    return rows * cols <= max_cells and rows <= max_side and cols <= max_side
 
 
 # ----------------------------------------------------------------------------- reduction
@@ -243,36 +319,75 @@ def _draw_matrix(
     cmap: str = CMAP,
     annotate: bool = False,
     labels: bool = True,
-):
+    show_rows: bool = True,
+    show_cols: bool = True,
+    max_labels: int = 64,
+    max_col_labels: int | None = None,
+    fontsize: float | None = None,
+    masked_text: str | None = None,
+    annotate_size: float = 7,
+    numbered: tuple[bool, bool] = (True, True),
+) -> AxesImage:
     img = ax.imshow(
         _masked_array(matrix, mask),
-        cmap=colormaps[cmap].with_extremes(bad="#d9d9d9"),
+        cmap=colormaps[cmap].with_extremes(bad=MASKED),
         vmin=vmin,
         vmax=vmax,
         aspect="auto",
         interpolation="nearest",
     )
     if labels:
-        _tick_labels(ax, rows, cols)
+        _tick_labels(
+            ax,
+            rows,
+            cols,
+            max_labels=max_labels,
+            max_col_labels=max_col_labels,
+            show_rows=show_rows,
+            show_cols=show_cols,
+            fontsize=fontsize,
+            numbered=numbered,
+        )
     else:
         ax.set_xticks([])
         ax.set_yticks([])
     if title:
         ax.set_title(title, fontsize=9)
     if annotate and matrix.size <= 400:
-        for (i, j), value in np.ndenumerate(matrix):
-            if mask is not None and not mask[i, j]:
-                continue
-            ax.text(
-                j,
-                i,
-                f"{value:.2f}",
-                ha="center",
-                va="center",
-                fontsize=6,
-                color="white" if value < 0.5 * (vmax or matrix.max() or 1) else "black",
-            )
+        _annotate(ax, img, matrix, mask, masked_text=masked_text, fontsize=annotate_size)
     return img
+
+
+def _annotate(
+    ax: Axes,
+    img: AxesImage,
+    matrix: np.ndarray,
+    mask: np.ndarray | None,
+    *,
+    masked_text: str | None = None,
+    fontsize: float = 7,
+) -> None:
+    """Write each cell's value in it, black or white by the brightness of the cell's colour."""
+    shown = matrix if mask is None else np.where(mask, matrix, np.nan)
+    decimals = _decimals(shown)
+    for (i, j), value in np.ndenumerate(matrix):
+        if mask is not None and not mask[i, j]:
+            if masked_text:
+                ax.text(
+                    j, i, masked_text, ha="center", va="center", fontsize=fontsize, color="#333"
+                )
+            continue
+        r, g, b, _ = img.cmap(img.norm(value))
+        light = 0.299 * r + 0.587 * g + 0.114 * b > 0.55
+        ax.text(
+            j,
+            i,
+            _fmt(float(value), decimals),
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            color="black" if light else "white",
+        )
 
 
 def attention_heatmap(
@@ -326,7 +441,14 @@ def attention_heatmap(
     ax = fig.add_subplot()
     annotate = (r <= 12 and c <= 12) if annotate is None else annotate
     img = _draw_matrix(
-        ax, red.matrix, red.row_labels, red.col_labels, mask=m, title=title, annotate=annotate
+        ax,
+        red.matrix,
+        red.row_labels,
+        red.col_labels,
+        mask=m,
+        title=title,
+        annotate=annotate,
+        numbered=(not _reduced(red.row_index), not _reduced(red.col_index)),
     )
     ax.set_xlabel("key")
     ax.set_ylabel("query")
@@ -335,6 +457,52 @@ def attention_heatmap(
     if m is not None:
         data["mask"] = m
     return Plot(fig, data)
+
+
+def _draw_grid(
+    axes: np.ndarray,
+    cells: list[list[Reduced | None]],
+    *,
+    col_titles: Sequence[str] | None = None,
+    row_names: Sequence[str] | None = None,
+    max_labels: int = 24,
+    vmax: float = 1.0,
+) -> AxesImage | None:
+    """Heatmaps in a grid; each panel carries token labels unless its neighbour shows the same.
+
+    Row labels (queries) are written on a panel when it is the first of its grid row or its
+    left neighbour has other row labels; column labels (keys) when no panel below it has the same
+    ones. So a GPT's layers × heads grid labels its left column and bottom row, while an
+    encoder-decoder's self- and cross-attention rows each carry their own labels.
+    """
+    img = None
+    n_rows, n_cols = axes.shape
+    for r in range(n_rows):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            cell = cells[r][c] if c < len(cells[r]) else None
+            if cell is None:
+                ax.axis("off")
+                continue
+            left = cells[r][c - 1] if c > 0 else None
+            below = cells[r + 1][c] if r + 1 < n_rows and c < len(cells[r + 1]) else None
+            n = max(len(cell.row_labels), len(cell.col_labels))
+            img = _draw_matrix(
+                ax,
+                cell.matrix,
+                cell.row_labels,
+                cell.col_labels,
+                vmax=vmax,
+                show_rows=left is None or left.row_labels != cell.row_labels,
+                show_cols=below is None or below.col_labels != cell.col_labels,
+                max_labels=max_labels,
+                fontsize=7 if min(n, max_labels) <= 16 else 5.5,
+                title=col_titles[c] if col_titles is not None and r == 0 else None,
+                numbered=(not _reduced(cell.row_index), not _reduced(cell.col_index)),
+            )
+            if row_names is not None and c == 0:
+                ax.set_ylabel(row_names[r], fontsize=8)
+    return img
 
 
 def head_grid(
@@ -347,11 +515,17 @@ def head_grid(
     method: Reduction = "block",
     ncols: int | None = None,
 ) -> Plot:
-    """All heads of one layer, one small heatmap each.
+    """All heads of one layer, one small heatmap each, with token labels on both axes.
+
+    Query labels are written on the left column and key labels on the bottom panel of each
+    column (the heads share them); past about 30 positions every ``k``-th label is written.
+    Reduced sides (see :func:`reduce_attention`) carry the reduced labels: a block's positions
+    ``"8–15"`` for ``"block"``, ``"position:token"`` for ``"topk"`` (then every panel is labelled,
+    as each head keeps other positions).
 
     Args:
         weights: ``(H, T_q, T_k)`` (or ``(1, H, T_q, T_k)``).
-        query_tokens / key_tokens: labels.
+        query_tokens / key_tokens: labels (default: positions).
         title: figure title.
         max_tokens: per-side limit before reduction.
         method: ``"block"`` or ``"topk"``.
@@ -380,23 +554,15 @@ def head_grid(
         )
         for i in range(h)
     ]
-    fig = _new_figure(3.2 * ncols + 0.8, 3.2 * nrows + (0.4 if title else 0.0))
+    fig = _new_figure(3.2 * ncols + 1.4, 3.3 * nrows + 0.6 + (0.4 if title else 0.0))
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    small = reds[0].matrix.shape[0] <= 16 and reds[0].matrix.shape[1] <= 16
-    img = None
-    for i, ax in enumerate(axes.flat):
-        if i >= h:
-            ax.axis("off")
-            continue
-        img = _draw_matrix(
-            ax,
-            reds[i].matrix,
-            reds[i].row_labels,
-            reds[i].col_labels,
-            title=f"head {i}",
-            vmax=1.0,
-            labels=small,
-        )
+    cells: list[list[Reduced | None]] = [
+        [reds[r * ncols + c] if r * ncols + c < h else None for c in range(ncols)]
+        for r in range(nrows)
+    ]
+    img = _draw_grid(axes, cells, col_titles=None, max_labels=_labels_that_fit(3.0), vmax=1.0)
+    for i, ax in enumerate(axes.flat[:h]):
+        ax.set_title(f"head {i}", fontsize=9)
     if title:
         fig.suptitle(title)
     if img is not None:
@@ -404,20 +570,55 @@ def head_grid(
     return Plot(fig, {"weights": np.stack([r.matrix for r in reds])})
 
 
+def _labels_that_fit(inches: float, per_label: float = 0.1) -> int:
+    """How many small (≈6 pt) tick labels fit along ``inches`` of axis."""
+    return max(4, int(inches / per_label))
+
+
+def _layer_labels(
+    side: str,
+    tokens: Sequence[str] | Mapping[str, Sequence[str]] | None,
+    name: str,
+    n: int,
+) -> list[str] | None:
+    if tokens is None:
+        return None
+    if isinstance(tokens, Mapping):
+        got = tokens.get(name)
+        return None if got is None else _labels(f"{side}[{name!r}]", got, n)
+    labels = [str(t) for t in tokens]
+    if len(labels) != n:
+        raise ValueError(
+            f"{side} has {len(labels)} entries but layer {name!r} has {n} positions on that side; "
+            f"pass a mapping layer -> tokens when layers differ (e.g. self- and cross-attention)"
+        )
+    return labels
+
+
 def layer_head_grid(
     attentions: Mapping[str, ArrayLike] | Sequence[ArrayLike],
     *,
+    query_tokens: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    key_tokens: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     batch_index: int = 0,
     title: str | None = None,
     max_tokens: int = 32,
     method: Reduction = "block",
 ) -> Plot:
-    """Layers × heads: one row per layer, one column per head.
+    """Layers × heads: one row per layer, one column per head, token labels on both axes.
+
+    Each row carries its own labels, so layers of different lengths (an encoder-decoder's
+    self-attention ``T × T`` and cross-attention ``T × S``) share one figure. Labels shared with the
+    neighbouring panel (left, or below) are written once; long sides are thinned and reduced sides
+    show the reduced labels (see :func:`head_grid`).
 
     Args:
         attentions: per layer ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)`` — a mapping
             ``module path -> weights`` (e.g. ``cache.attentions`` from
             :func:`attnlab.inspect.capture`, in its order) or a list.
+        query_tokens / key_tokens: labels of the queries / keys — one sequence for every layer
+            (a GPT), or a mapping ``layer name -> tokens`` (layer names are the mapping's keys,
+            or ``"layer i"`` for a list); layers missing from a mapping are labelled by position.
         batch_index: which sequence of the batch to draw. Default 0.
         title: figure title.
         max_tokens: per-side limit before reduction.
@@ -425,7 +626,8 @@ def layer_head_grid(
 
     Returns:
         :class:`Plot` with ``data["weights"]`` ``(L, H, R_q, R_k)`` (drawn; heads missing in a
-        layer with fewer heads are NaN) and the row names in ``data["layers"]``.
+        layer with fewer heads, and cells past a shorter layer's side, are NaN) and the row names
+        in ``data["layers"]``.
     """
     if isinstance(attentions, Mapping):
         names, items = list(attentions.keys()), list(attentions.values())
@@ -434,18 +636,24 @@ def layer_head_grid(
         names = [f"layer {i}" for i in range(len(items))]
     if not items:
         raise ValueError("attentions must hold at least one layer, got none")
-    mats: list[np.ndarray] = []
+    reds: list[list[Reduced]] = []
     for name, a in zip(names, items):
         arr = _to_numpy(f"attentions[{name!r}]", a, (3, 4))
         if arr.ndim == 4:
             if not 0 <= batch_index < arr.shape[0]:
                 raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
             arr = arr[batch_index]
-        mats.append(
-            np.stack(
-                [reduce_attention(x, max_tokens=max_tokens, method=method).matrix for x in arr]
-            )
+        q_lab = _layer_labels("query_tokens", query_tokens, name, arr.shape[1])
+        k_lab = _layer_labels("key_tokens", key_tokens, name, arr.shape[2])
+        reds.append(
+            [
+                reduce_attention(
+                    x, max_tokens=max_tokens, method=method, query_tokens=q_lab, key_tokens=k_lab
+                )
+                for x in arr
+            ]
         )
+    mats = [np.stack([r.matrix for r in row]) for row in reds]
     n_layers = len(mats)
     n_heads = max(m.shape[0] for m in mats)
     r = max(m.shape[1] for m in mats)
@@ -454,26 +662,19 @@ def layer_head_grid(
     for i, m in enumerate(mats):
         grid[i, : m.shape[0], : m.shape[1], : m.shape[2]] = m
     cell = 1.8 if n_heads > 6 else 2.4
-    fig = _new_figure(cell * n_heads + 1.5, cell * n_layers + 0.6)
+    fig = _new_figure(cell * n_heads + 2.2, (cell + 0.25) * n_layers + 1.0)
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
-    img = None
-    for li in range(n_layers):
-        for hi in range(n_heads):
-            ax = axes[li, hi]
-            if hi >= mats[li].shape[0]:
-                ax.axis("off")
-                continue
-            img = _draw_matrix(
-                ax,
-                mats[li][hi],
-                [],
-                [],
-                vmax=1.0,
-                labels=False,
-                title=f"head {hi}" if li == 0 else None,
-            )
-            if hi == 0:
-                ax.set_ylabel(names[li], fontsize=7)
+    cells: list[list[Reduced | None]] = [
+        [row[h] if h < len(row) else None for h in range(n_heads)] for row in reds
+    ]
+    img = _draw_grid(
+        axes,
+        cells,
+        col_titles=[f"head {h}" for h in range(n_heads)],
+        row_names=names,
+        max_labels=_labels_that_fit(cell - 0.4),
+        vmax=1.0,
+    )
     if title:
         fig.suptitle(title)
     if img is not None:
@@ -482,6 +683,48 @@ def layer_head_grid(
 
 
 # ----------------------------------------------------------------------------- the step panel
+
+
+def _split_mask(
+    mask: ArrayLike | None, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A boolean or additive mask as ``(allowed, bias)``; ``bias`` is ``None`` for boolean masks.
+
+    Hidden entries of an additive mask are ``-inf`` or at most the minimum of its own dtype (the
+    rule of :func:`attnlab.masks.is_masked_bias`), decided before any conversion to float64.
+    """
+    if mask is None:
+        return np.ones(shape, dtype=bool), None
+    if isinstance(mask, torch.Tensor):
+        t = mask.detach().cpu()
+        if t.is_floating_point():
+            hidden = t <= torch.finfo(t.dtype).min
+            m = _to_numpy("mask", ~hidden, 2)
+            bias = _to_numpy("mask", t.masked_fill(hidden, 0.0).double(), 2)
+        elif t.dtype == torch.bool:
+            m, bias = _to_numpy("mask", t, 2), None
+        else:
+            raise TypeError(f"mask must be bool or floating (additive), got dtype {t.dtype}")
+    else:
+        a = _to_numpy("mask", mask, 2)
+        if a.dtype == np.bool_:
+            m, bias = a, None
+        elif np.issubdtype(a.dtype, np.floating):
+            hidden = a <= np.finfo(a.dtype).min
+            m, bias = ~hidden, np.where(hidden, 0.0, a).astype(np.float64)
+        else:
+            raise TypeError(f"mask must be bool or floating (additive), got dtype {a.dtype}")
+    if m.shape != shape:
+        raise ValueError(
+            f"mask must have shape (T_q, T_k) = {shape_str(shape)}, got {shape_str(m.shape)}"
+        )
+    return m, bias
+
+
+def _signed_limit(a: np.ndarray) -> float:
+    finite = a[np.isfinite(a)]
+    lim = float(np.abs(finite).max()) if finite.size else 1.0
+    return lim if lim > 0 else 1.0
 
 
 def step_panel(
@@ -494,24 +737,39 @@ def step_panel(
     tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
     title: str | None = None,
+    x_title: str = "x (token vectors)",
+    cross: bool = False,
 ) -> Plot:
-    """One head, step by step: ``x → Q Kᵀ/√d → softmax weights → output``.
+    """One head of attention, step by step, in seven panels (Vaswani et al. 2017, §3.2.1).
 
-    The panels draw, left to right, the token vectors ``x``, the scaled scores
-    ``S = Q Kᵀ / √d_head`` (masked cells grey), the weights ``A = softmax(S)`` and the output
-    ``Z = A V``. The values are computed here in float64 from ``q``, ``k``, ``v``.
+    Top row: the input ``x`` and the head's ``Q = x W^Q``, ``K = x W^K``, ``V = x W^V``. Bottom
+    row: the scaled scores, the weights and the output,
+
+        S = Q Kᵀ / √d_head (+ B),    A = softmax_rows(S),    Z = A V,
+
+    where masked cells (``mask`` False, or a hidden entry of an additive mask ``B``) are grey and
+    ``-inf`` in ``S``; a row that may see no key has zero weights. The values are computed here in
+    float64 from ``q``, ``k``, ``v``. Every panel has its own colour bar, token labels on the rows
+    (and on the columns of ``S`` and ``A``), and numbers in the cells when the panel is small
+    (at most 120 cells, at most 16 per side).
 
     Args:
-        x: the layer's input, ``(T_q, d_model)``.
+        x: the layer's (query) input, ``(T_q, d_model)``.
         q: one head's queries ``(T_q, d_head)``.
-        k, v: that head's keys and values ``(T_k, d_head)``.
-        mask: boolean ``(T_q, T_k)``, ``True = may attend``.
-        tokens: query labels; ``key_tokens`` key labels (default ``tokens`` when ``T_q == T_k``).
+        k, v: that head's keys ``(T_k, d_head)`` and values ``(T_k, d_v)``.
+        mask: boolean ``(T_q, T_k)`` (``True = may attend``) or an additive float bias (ALiBi;
+            ``-inf``/the dtype's minimum hide a key), added to the scores.
+        tokens: query labels; ``key_tokens`` key labels (default ``tokens`` when ``T_q == T_k``
+            and not ``cross``).
         title: figure title.
+        x_title: title of the ``x`` panel. Default ``"x (token vectors)"``.
+        cross: keys and values come from another sequence (the encoder memory ``m``): the panels
+            say ``K = m W^K``, ``V = m W^V``.
 
     Returns:
-        :class:`Plot` with ``data`` ``x``, ``scores``, ``weights``, ``output`` (as drawn; masked
-        scores are ``-inf``).
+        :class:`Plot` with ``data`` ``x``, ``q``, ``k``, ``v``, ``scores`` (masked entries
+        ``-inf``; the bias included), ``weights``, ``output``, ``mask`` (boolean, True = may
+        attend) and, for an additive mask, ``bias``.
     """
     xa = _to_numpy("x", x, 2).astype(np.float64)
     qa = _to_numpy("q", q, 2).astype(np.float64)
@@ -521,88 +779,195 @@ def step_panel(
         raise ValueError(
             f"q must have one row per row of x ({xa.shape[0]}), got {shape_str(qa.shape)}"
         )
-    if ka.shape != (va.shape[0], qa.shape[1]) or va.shape[0] != ka.shape[0]:
+    if ka.shape[1] != qa.shape[1] or va.shape[0] != ka.shape[0]:
         raise ValueError(
             f"k must be (T_k, d_head={qa.shape[1]}) and v (T_k, d_v), got {shape_str(ka.shape)} and {shape_str(va.shape)}"
         )
     t_q, d_head = qa.shape
     t_k = ka.shape[0]
-    m = np.ones((t_q, t_k), dtype=bool) if mask is None else _to_numpy("mask", mask, 2).astype(bool)
-    if m.shape != (t_q, t_k):
-        raise ValueError(
-            f"mask must have shape (T_q, T_k) = {shape_str((t_q, t_k))}, got {shape_str(m.shape)}"
-        )
+    m, bias = _split_mask(mask, (t_q, t_k))
     rows = _labels("tokens", tokens, t_q)
     cols = _labels(
         "key_tokens",
-        key_tokens if key_tokens is not None else (tokens if t_q == t_k else None),
+        key_tokens if key_tokens is not None else (tokens if t_q == t_k and not cross else None),
         t_k,
     )
 
-    # S = Q Kᵀ / √d_head, masked entries -inf
-    scores = np.where(m, qa @ ka.T / math.sqrt(d_head), -np.inf)
+    # S = Q Kᵀ / √d_head + B, masked entries -inf
+    raw = qa @ ka.T / math.sqrt(d_head)
+    if bias is not None:
+        raw = raw + bias
+    scores = np.where(m, raw, -np.inf)
     # A = softmax(S) row-wise; a row with no visible key is all zeros
-    row_max = np.max(np.where(m, scores, -np.inf), axis=1, keepdims=True)
+    row_max = np.max(scores, axis=1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    e = np.where(m, np.exp(scores - row_max), 0.0)
+    e = np.where(m, np.exp(np.where(m, scores, 0.0) - row_max), 0.0)
     denom = e.sum(axis=1, keepdims=True)
     weights = np.divide(e, denom, out=np.zeros_like(e), where=denom > 0)
     # Z = A V
     output = weights @ va
 
-    fig = _new_figure(15.0, 3.6 + 0.12 * max(t_q, 8))
-    axes = fig.subplots(1, 4, width_ratios=[max(xa.shape[1], 2), t_k, t_k, max(va.shape[1], 2)])
-    dims = [f"d{i}" for i in range(xa.shape[1])]
-    dh = [f"d{i}" for i in range(va.shape[1])]
-    finite = np.where(m, scores, np.nan)
-    lim = float(np.nanmax(np.abs(finite))) if np.isfinite(finite).any() else 1.0
-    _draw_matrix(
-        axes[0],
-        xa,
-        rows,
-        dims,
-        title="x (token vectors)",
-        vmin=None,
-        cmap="coolwarm",
-        labels=xa.shape[1] <= 32,
-    )
-    _draw_matrix(
-        axes[1],
-        np.where(m, scores, 0.0),
-        rows,
-        cols,
-        mask=m,
-        title="Q Kᵀ / √d",
-        vmin=-lim,
-        vmax=lim,
-        cmap="coolwarm",
-        annotate=t_q * t_k <= 100,
-    )
-    _draw_matrix(
-        axes[2],
-        weights,
-        rows,
-        cols,
-        mask=m,
-        title="softmax → weights",
-        vmax=1.0,
-        annotate=t_q * t_k <= 100,
-    )
-    _draw_matrix(
-        axes[3],
-        output,
-        rows,
-        dh,
-        title="output = weights · V",
-        vmin=None,
-        cmap="coolwarm",
-        labels=va.shape[1] <= 32,
-    )
-    for ax, arrow in zip(axes[:3], ("→", "→", "→")):
-        ax.annotate(arrow, xy=(1.02, 0.5), xycoords="axes fraction", fontsize=16, va="center")
+    src = "m" if cross else "x"
+    dims = [f"d{i}" for i in range(d_head)]
+    dims_v = [f"d{i}" for i in range(va.shape[1])]
+    dims_x = [f"d{i}" for i in range(xa.shape[1])]
+    s_title = rf"$S = QK^\top/\sqrt{{{d_head}}}$" + (r" $+$ bias" if bias is not None else "")
+    top = [
+        (f"1  {x_title}   ({t_q} × {xa.shape[1]})", xa, rows, dims_x, None),
+        (rf"2  $Q = x\,W^Q$   ({t_q} × {d_head})", qa, rows, dims, None),
+        (rf"3  $K = {src}\,W^K$   ({t_k} × {d_head})", ka, cols, dims, None),
+        (rf"4  $V = {src}\,W^V$   ({t_k} × {va.shape[1]})", va, cols, dims_v, None),
+    ]
+    bottom = [
+        (f"5  {s_title}   ({t_q} × {t_k})", scores, rows, cols, m),
+        (r"6  $A = \mathrm{softmax}(S)$, rows sum to 1", weights, rows, cols, m),
+        (rf"7  $Z = A\,V$   ({t_q} × {va.shape[1]})", output, rows, dims_v, None),
+    ]
+
+    def width(a: np.ndarray) -> float:
+        r, c = a.shape
+        return 0.42 * c if _readable(r, c) else min(5.0, max(1.6, 0.14 * c))
+
+    def height(panels: list) -> float:
+        h = [p[1].shape[0] * (0.3 if _readable(*p[1].shape) else 0.14) for p in panels]
+        return min(7.0, max(1.6, *h))
+
+    overhead = 1.6  # row labels, colour bar, padding (inches per panel)
+    w_top = [width(p[1]) + overhead for p in top]
+    w_bot = [width(p[1]) + overhead for p in bottom]
+    h_top, h_bot = height(top) + 1.0, height(bottom) + 1.0
+    fig = _new_figure(max(sum(w_top), sum(w_bot), 8.0), h_top + h_bot + (0.5 if title else 0.2))
+    fig_width = fig.get_figwidth()
+    subs: Any = fig.subfigures(2, 1, height_ratios=[h_top, h_bot])  # an array of two
+    for sub, panels, widths in ((subs[0], top, w_top), (subs[1], bottom, w_bot)):
+        spare = fig_width - sum(widths)  # an empty slot on the right keeps each panel's width
+        axes = sub.subplots(
+            1, len(panels) + (spare > 0.3), width_ratios=widths + ([spare] if spare > 0.3 else [])
+        )
+        if spare > 0.3:
+            axes[-1].axis("off")
+        for ax, (name, a, r_lab, c_lab, pm) in zip(axes, panels):
+            is_weights = a is weights
+            lim = _signed_limit(a)
+            readable = _readable(*a.shape)
+            img = _draw_matrix(
+                ax,
+                np.where(pm, a, 0.0) if pm is not None else a,
+                r_lab,
+                c_lab,
+                mask=pm,
+                title=name,
+                vmin=0.0 if is_weights else -lim,
+                vmax=1.0 if is_weights else lim,
+                cmap=CMAP if is_weights else DIVERGING,
+                annotate=readable,
+                max_labels=_labels_that_fit(max(1.6, 0.14 * a.shape[0]), 0.12),
+                max_col_labels=_labels_that_fit(width(a), 0.12),
+                masked_text="−∞" if a is scores else None,
+            )
+            ax.set_ylabel("key" if a is ka or a is va else "query", fontsize=8)
+            sub.colorbar(
+                img,
+                ax=ax,
+                shrink=0.9,
+                pad=0.02,
+                label="weight" if is_weights else ("score" if a is scores else "value"),
+            )
     if title:
-        fig.suptitle(title)
-    return Plot(fig, {"x": xa, "scores": scores, "weights": weights, "output": output})
+        fig.suptitle(title, fontsize=11)
+    data = {
+        "x": xa,
+        "q": qa,
+        "k": ka,
+        "v": va,
+        "scores": scores,
+        "weights": weights,
+        "output": output,
+        "mask": m,
+    }
+    if bias is not None:
+        data["bias"] = bias
+    return Plot(fig, data)
+
+
+def _check_head_and_batch(module: MultiHeadAttention, head: int, batch_index: int, b: int) -> None:
+    num_heads = module.num_heads
+    if isinstance(head, bool) or not isinstance(head, int):
+        raise TypeError(f"head must be an int, got {type(head).__name__}")
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head must be in [0, {num_heads}), got {head}")
+    if not 0 <= batch_index < b:
+        raise ValueError(f"batch_index must be in [0, {b}), got {batch_index}")
+
+
+def _panel_from_call(
+    module: MultiHeadAttention,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    *,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    positions: torch.Tensor | None,
+    head: int,
+    batch_index: int,
+    tokens: Sequence[str] | None,
+    key_tokens: Sequence[str] | None,
+    title: str | None,
+    x_title: str,
+) -> Plot:
+    """Recompute one call of ``module`` (as its ``forward`` does) and draw one head of it."""
+    from attnlab.nn.masks import causal_mask
+
+    _check_head_and_batch(module, head, batch_index, query.shape[0])
+    cross = key is not None and key is not query
+    with torch.no_grad():
+        q, k_m, v_m = module.project_qkv(query, key if cross else None, value if cross else None)
+        if k_m is None or v_m is None:
+            raise ValueError(
+                "module.project_qkv returned no keys/values; cannot draw the step panel"
+            )
+        dh = module.d_head
+        q = q.unflatten(-1, (module.num_heads, dh)).transpose(1, 2)  # (B, H, T_q, d_head)
+        k = k_m.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
+        v = v_m.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
+        if module.rotary is not None and not cross:
+            pos = positions if positions is not None else torch.arange(q.shape[2], device=q.device)
+            q, k = module.rotary(q, pos), module.rotary(k, pos)
+    kv_head = head // (module.num_heads // module.num_kv_heads)
+    b, t_q, t_k = q.shape[0], q.shape[2], k.shape[2]
+    head_mask: torch.Tensor | None = None
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        try:
+            full = torch.broadcast_to(mask, (b, module.num_heads, t_q, t_k))
+        except RuntimeError:
+            raise ValueError(
+                f"mask has shape {shape_str(mask.shape)} but must broadcast to (B, H, T_q, T_k) = "
+                f"{shape_str((b, module.num_heads, t_q, t_k))}"
+            ) from None
+        head_mask = full[batch_index, head].detach().cpu()
+    if is_causal:
+        look_ahead = causal_mask(t_q, t_k)
+        if head_mask is None:
+            head_mask = look_ahead
+        elif head_mask.dtype == torch.bool:
+            head_mask = head_mask & look_ahead
+        else:  # an additive bias: hide the future with the dtype's minimum
+            head_mask = head_mask.masked_fill(~look_ahead, torch.finfo(head_mask.dtype).min)
+    return step_panel(
+        query[batch_index],
+        q[batch_index, head],
+        k[batch_index, kv_head],
+        v[batch_index, kv_head],
+        mask=head_mask,
+        tokens=tokens,
+        key_tokens=key_tokens,
+        title=title,
+        x_title=x_title,
+        cross=cross,
+    )
 
 
 def step_panel_from_module(
@@ -613,6 +978,7 @@ def step_panel_from_module(
     memory: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
+    positions: torch.Tensor | None = None,
     tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
     batch_index: int = 0,
@@ -620,64 +986,216 @@ def step_panel_from_module(
     """:func:`step_panel` for one head of a :class:`~attnlab.MultiHeadAttention`.
 
     Uses the module's own projections (``project_qkv``, rotary embeddings, grouped heads), so the
-    drawn weights equal what the module computes with ``need_weights=True``.
+    drawn weights equal what the module computes with ``need_weights=True`` for the same call.
 
     Args:
         module: a ``MultiHeadAttention``.
         x: its query input ``(B, T_q, d_model)``.
-        head: the query head to draw.
+        head: the query head to draw. Default 0.
         memory: keys/values input for cross-attention ``(B, T_k, d_model)`` (default: ``x``).
-        mask: boolean, broadcastable to ``(B, H, T_q, T_k)``.
+        mask: boolean (``True = may attend``) or additive float, broadcastable to
+            ``(B, H, T_q, T_k)``.
         is_causal: bottom-right look-ahead mask.
+        positions: rotary position ids ``(T_q,)`` or ``(B, T_q)`` (default ``arange(T_q)``).
         tokens / key_tokens: labels.
-        batch_index: which sequence.
+        batch_index: which sequence. Default 0.
 
     Returns:
         See :func:`step_panel`.
     """
-    from attnlab.nn.masks import causal_mask
     from attnlab.nn.multihead import MultiHeadAttention
 
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(
             f"module must be an attnlab.MultiHeadAttention, got {type(module).__name__}"
         )
-    if not 0 <= head < module.num_heads:
-        raise ValueError(f"head must be in [0, {module.num_heads}), got {head}")
-    with torch.no_grad():
-        cross = memory is not None
-        q, k_m, v_m = module.project_qkv(x, memory if cross else None, memory if cross else None)
-        if k_m is None or v_m is None:
-            raise ValueError(
-                "module.project_qkv returned no keys/values; cannot draw the step panel"
-            )
-        k, v = k_m, v_m
-        dh = module.d_head
-        q = q.unflatten(-1, (module.num_heads, dh)).transpose(1, 2)  # (B, H, T_q, d_head)
-        k = k.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
-        v = v.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)
-        if module.rotary is not None and not cross:
-            pos = torch.arange(x.shape[1], device=x.device)
-            q, k = module.rotary(q, pos), module.rotary(k, pos)
-    kv_head = head // (module.num_heads // module.num_kv_heads)
-    t_q, t_k = q.shape[2], k.shape[2]
-    allowed = torch.ones(t_q, t_k, dtype=torch.bool)
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be boolean for the step panel, got {mask.dtype}")
-        full = mask.expand(x.shape[0], module.num_heads, t_q, t_k)
-        allowed = allowed & full[batch_index, head].cpu()
-    if is_causal:
-        allowed = allowed & causal_mask(t_q, t_k)
-    return step_panel(
-        x[batch_index],
-        q[batch_index, head],
-        k[batch_index, kv_head],
-        v[batch_index, kv_head],
-        mask=allowed,
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        got = shape_str(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor (B, T_q, d_model), got {got}")
+    return _panel_from_call(
+        module,
+        x,
+        memory,
+        memory,
+        mask=mask,
+        is_causal=is_causal,
+        positions=positions,
+        head=head,
+        batch_index=batch_index,
         tokens=tokens,
         key_tokens=key_tokens,
         title=f"head {head}",
+        x_title="x (layer input)",
+    )
+
+
+@dataclass
+class _Call:
+    """What one attention layer was called with (cloned, detached)."""
+
+    name: str
+    query: torch.Tensor
+    key: torch.Tensor | None
+    value: torch.Tensor | None
+    mask: torch.Tensor | None
+    is_causal: bool
+    positions: torch.Tensor | None
+    sources: dict[str, str] = field(default_factory=dict)  # "query"/"key" -> producing module
+
+
+def step_panel_from_model(
+    model: torch.nn.Module,
+    run: Callable[[], object],
+    *,
+    layer: str | None = None,
+    head: int = 0,
+    query_tokens: Sequence[str] | None = None,
+    key_tokens: Sequence[str] | None = None,
+    batch_index: int = 0,
+) -> Plot:
+    """:func:`step_panel` of one head of an attention layer inside a model, as the model ran it.
+
+    ``run()`` runs the model's forward once (e.g. ``lambda: model(src, tgt_in)``). A forward
+    pre-hook on the layer records the exact input ``x`` it received (the query; the key/value
+    memory of a cross-attention), the ``mask`` and ``is_causal`` it was called with and its rotary
+    ``positions``; the panel is then computed from the layer's own projections, so the drawn
+    weights equal what :func:`attnlab.inspect.capture` records for that layer and head. Boolean
+    and additive (ALiBi) masks both work; an additive mask is drawn as part of the scores. The
+    hooks are removed when ``run`` returns or raises. For a GPT the input of
+    ``transformer.h.0.attn`` is ``ln_1`` of the embeddings: the figure names the module that
+    produced ``x``.
+
+    Args:
+        model: a module containing :class:`~attnlab.nn.multihead.MultiHeadAttention` layers.
+        run: a zero-argument callable that runs the model once (called under ``no_grad``).
+        layer: the attention module's path (e.g. ``"decoder.layers.0.cross_attn"``); default the
+            first attention layer in execution order.
+        head: the query head to draw. Default 0.
+        query_tokens / key_tokens: labels (``key_tokens`` defaults to ``query_tokens`` for
+            self-attention).
+        batch_index: which sequence of the batch. Default 0.
+
+    Returns:
+        See :func:`step_panel`; the title names the layer, the head and where ``x`` came from.
+
+    Raises:
+        ValueError: no such layer, the layer never ran, or it ran with a filled KV cache (the
+            panel shows one forward over the whole sequence).
+
+    Example:
+        >>> plot = step_panel_from_model(model, lambda: model(ids), head=1, query_tokens=words)
+        >>> plot.save("steps.png")
+    """
+    from attnlab.inspect.capture import attention_modules
+    from attnlab.nn.hooks import HookPoint
+
+    if not callable(run):
+        raise TypeError(f"run must be a zero-argument callable, got {type(run).__name__}")
+    modules = attention_modules(model)
+    if not modules:
+        raise ValueError(f"model ({type(model).__name__}) has no MultiHeadAttention layer")
+    if layer is not None and layer not in modules:
+        known = ", ".join(list(modules)[:8])
+        raise ValueError(
+            f"layer must be an attention module path of the model ({known}), got {layer!r}"
+        )
+    watched = modules if layer is None else {layer: modules[layer]}
+
+    calls: list[_Call] = []
+    produced: dict[int, tuple[str, weakref.ref[torch.Tensor]]] = {}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def producer(t: object) -> str | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        hit = produced.get(id(t))
+        return hit[0] if hit is not None and hit[1]() is t else None
+
+    def make_pre(name: str) -> Callable[..., None]:
+        def pre(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if calls:
+                return  # the first call of the first watched layer is the one drawn
+            bound = dict(zip(("query", "key", "value"), args))
+            bound.update({k: v for k, v in kwargs.items() if k in ("query", "key", "value")})
+            query, key, value = bound.get("query"), bound.get("key"), bound.get("value")
+            cache = kwargs.get("cache")
+            if cache is not None and (
+                getattr(cache, "static", False) or getattr(cache, "length", 0)
+            ):
+                raise ValueError(
+                    f"{name} was first called with a KV cache already holding {cache.length} "
+                    "positions; run the model once over the whole sequence without a cache"
+                )
+            if key is query:
+                key = value = None
+
+            def keep(t: object) -> Any:
+                return t.detach().clone() if isinstance(t, torch.Tensor) else t
+
+            calls.append(
+                _Call(
+                    name,
+                    keep(query),
+                    keep(key),
+                    keep(value),
+                    keep(kwargs.get("mask")),
+                    bool(kwargs.get("is_causal", False)),
+                    keep(kwargs.get("positions")),
+                    {
+                        side: src
+                        for side, t in (("query", query), ("key", key))
+                        if (src := producer(t)) is not None
+                    },
+                )
+            )
+
+        return pre
+
+    def post(name: str) -> Callable[..., None]:
+        def hook(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor):
+                old = produced.get(id(out))
+                if old is None or old[1]() is not out:  # the first module to return it names it
+                    produced[id(out)] = (name, weakref.ref(out))
+
+        return hook
+
+    try:
+        for name, sub in model.named_modules():
+            if name and not isinstance(sub, HookPoint):
+                handles.append(sub.register_forward_hook(post(name)))
+        for name, mod in watched.items():
+            handles.append(mod.register_forward_pre_hook(make_pre(name), with_kwargs=True))
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not calls:
+        raise ValueError(
+            f"run() did not call layer {layer!r}" if layer else "run() called no attention layer"
+        )
+    call = calls[0]
+    module = modules[call.name]
+    q_src = call.sources.get("query")
+    k_src = call.sources.get("key")
+    origin = f"x = output of {q_src}" if q_src else "x = the layer's input"
+    if call.key is not None:
+        origin += f"; keys/values from {k_src}" if k_src else "; keys/values from the memory"
+    return _panel_from_call(
+        module,
+        call.query,
+        call.key,
+        call.value if call.value is not None else call.key,
+        mask=call.mask,
+        is_causal=call.is_causal,
+        positions=call.positions,
+        head=head,
+        batch_index=batch_index,
+        tokens=query_tokens,
+        key_tokens=key_tokens,
+        title=f"{call.name} · head {head}   ({origin})",
+        x_title="x (layer input)",
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,30 @@ from rich.console import Console
 from torch import nn
 
 from attnlab.data.tasks import TASK_NAMES, SequenceTask, SequenceTaskConfig
-from attnlab.data.train_tasks.attention_figure import save_cross_attention
-from attnlab.data.train_tasks.common import (
-    add_transformer_arguments,
-    noam_adam,
-    positive_int,
-    seq2seq_loss,
-)
-from attnlab.data.train_tasks.seq2seq_eval import decode_sources, exact_match_accuracy
+from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
-from attnlab.training.tasks_registry import TaskSetup, register_task
+from attnlab.tasks.base import TaskSetup
+from attnlab.tasks.figures import save_attention_figures
+from attnlab.tasks.options import add_transformer_arguments, positive_int
+from attnlab.tasks.registry import register_task
+from attnlab.tasks.seq2seq import (
+    Seq2SeqIO,
+    decode_sources,
+    exact_match_accuracy,
+    noam_adam,
+    seq2seq_loss,
+)
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["AlgorithmicTask", "SequenceReport", "evaluate_task", "report_task", "task_model_config"]
+__all__ = [
+    "AlgorithmicTask",
+    "SequenceReport",
+    "evaluate_task",
+    "report_task",
+    "sequence_io",
+    "task_model_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +92,37 @@ class SequenceReport:
     targets: list[list[int]]
 
 
+def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
+    """The text path of a copy/reverse/sort run: the encoder reads the string then ``<eos>``.
+
+    Args:
+        task: the task (its alphabet, lengths and correct answers).
+        tokenizer: the run's saved tokenizer; default the task's own (they are equal).
+    """
+    tok = task.tokenizer if tokenizer is None else tokenizer
+    model_len = max(64, task.config.max_len + 2)  # the model's max_len (task_model_config)
+    shortest = task.max_target_len
+    return Seq2SeqIO(
+        src_tok=tok,
+        tgt_tok=tok,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+        pad_id=tok.pad_id,
+        source_suffix=(tok.eos_id,),
+        max_source_len=model_len,
+        # the target is as long as the source (<eos> included): held-out strings get max_len + 1
+        max_new_tokens=lambda n: min(model_len - 1, max(shortest, n)),
+        reference=task.target,
+        reject_unknown=True,
+    )
+
+
 def evaluate_task(model: nn.Module, task: SequenceTask) -> SequenceReport:
     """Greedy-decode every held-out string and score exact matches."""
+    io = sequence_io(task)
     sources = task.heldout()
-    inputs = [task.model_input(s) for s in sources]
-    predictions = decode_sources(model, inputs, max_new_tokens=task.max_target_len)
+    inputs = [io.source_ids(s) for s in sources]
+    predictions = decode_sources(model, inputs, max_new_tokens=io.max_new_tokens)
     targets = [task.target(s) for s in sources]
     return SequenceReport(exact_match_accuracy(predictions, targets), sources, predictions, targets)
 
@@ -134,25 +171,11 @@ def report_task(
             + ("" if ok else f"   (expected {tok.decode(report.targets[i])})"),
             soft_wrap=True,
         )
-    run_dir = Path(run_dir)
-    pick = shown[0]
-    src, out = report.sources[pick], report.predictions[pick]
-    try:
-        model_src = task.model_input(src)
-        path = save_cross_attention(
-            model,
-            model_src,
-            out,
-            src_tokens=[tok.id_to_token(t) for t in model_src],
-            out_tokens=[*(tok.id_to_token(t) for t in out), "<eos>"],
-            path=run_dir / "attention.png",
-            heads_path=run_dir / "attention_heads.png",
-            viewer_path=run_dir / "attention.html",
-        )
-        console.print(f"attention heatmap: {path}", soft_wrap=True)
-        console.print(f"attention viewer: {run_dir / 'attention.html'}", soft_wrap=True)
-    except (ValueError, KeyError) as exc:  # a figure must never lose the trained run
-        logger.warning("could not draw the attention heatmap: %s", exc)
+    # the figures of the longest shown example, through the one text path of the task
+    inputs = sequence_io(task).inputs(model, tok.decode(report.sources[shown[0]]))
+    save_attention_figures(
+        model, inputs, Path(run_dir), console, title=f"attnlab {task.config.name}: {inputs.output}"
+    )
     return report
 
 
@@ -227,6 +250,7 @@ class AlgorithmicTask:
             fresh = last.get("report") if last.get("key") == fingerprint(m) else None
             report_task(m, task, run_dir, console, evaluation=fresh)
 
+        io = sequence_io(task)
         return TaskSetup(
             model=model,
             make_optimizer=noam_adam(
@@ -242,7 +266,14 @@ class AlgorithmicTask:
             evaluate=evaluate,
             files={"tokenizer.json": task.tokenizer.to_json()},
             report=report,
+            io=io,
         )
+
+    def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
+        """The run's text path, from its saved options and ``tokenizer.json``."""
+        task = self.make_task(argparse.Namespace(**args))
+        tok = tokenizer_from_json(files["tokenizer.json"]) if "tokenizer.json" in files else None
+        return sequence_io(task, tok)
 
 
 for _name in TASK_NAMES:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.data.train_tasks.seq2seq_eval import (
+from attnlab.tasks.seq2seq import (
     decode_sources,
     exact_match_accuracy,
     strip_special,
 )
-from attnlab.data.train_tasks.translate import corpus_bleu
+from attnlab.tasks.translate import corpus_bleu
 from attnlab.models.config import TransformerConfig
 from attnlab.models.transformer import Transformer
 

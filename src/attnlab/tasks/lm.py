@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from rich.console import Console
 from torch import nn
 
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
-from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, train_bpe
-from attnlab.data.train_tasks.common import positive_float, positive_int, probability
-from attnlab.decoding.generate import generate
+from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
+from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.models.config import GPTConfig, config_to_dict
 from attnlab.models.gpt import GPT
+from attnlab.tasks.base import ModelInputs, TaskSetup, token_labels
+from attnlab.tasks.options import positive_float, positive_int, probability
+from attnlab.tasks.registry import register_task
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
-from attnlab.training.tasks_registry import TaskSetup, register_task
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["LMCorpus", "LanguageModelTask", "lm_loss", "load_corpus"]
+__all__ = ["LMIO", "LMCorpus", "LanguageModelTask", "generate_text", "lm_loss", "load_corpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +125,177 @@ def adamw_nanogpt(
         return opt, WarmupCosineLR(opt, warmup, decay_steps, min_ratio=min_lr / lr)
 
     return make
+
+
+def generate_text(
+    model: nn.Module,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    **kwargs: Any,
+) -> list[int]:
+    """Generate past the context length by sliding the window (oldest tokens dropped, as
+    nanoGPT's ``sample.py``).
+
+    Args:
+        model: a GPT.
+        prompt_ids: the prompt's token ids (at least one).
+        max_new_tokens: how many tokens to add.
+        **kwargs: passed to :func:`attnlab.generate` (strategy, temperature, generator, …).
+
+    Returns:
+        The prompt's ids followed by the new ones.
+    """
+    n_pos: int = model.config.n_positions  # type: ignore[union-attr,assignment]
+    device = next(model.parameters()).device
+    if n_pos < 2:
+        raise ValueError(
+            f"the model's context must hold at least 2 tokens, got n_positions={n_pos}"
+        )
+    ids = list(prompt_ids)
+    remaining = max_new_tokens
+    while remaining > 0:
+        chunk = min(remaining, max(1, n_pos // 2))
+        context = ids[-(n_pos - chunk) :]
+        out = generate(
+            model,
+            torch.tensor([context], dtype=torch.long, device=device),
+            max_new_tokens=chunk,
+            **kwargs,
+        )
+        new = out[0, len(context) :].tolist()
+        ids.extend(new)
+        remaining -= chunk
+        if len(new) < chunk:  # stopped on an end token
+            break
+    return ids
+
+
+@dataclass(frozen=True)
+class LMIO:
+    """The one path between text and a language model's input (see :mod:`attnlab.tasks.base`):
+    the text's tokens, no special tokens added; the output is the prompt and its continuation.
+
+    Args:
+        tokenizer: characters or BPE.
+        n_positions: the model's context length.
+    """
+
+    tokenizer: Any
+    n_positions: int
+    kind: Literal["lm"] = "lm"
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's ids.
+
+        Raises:
+            ValueError: ``text`` encodes to no token, or the run has no tokenizer.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if self.tokenizer is None:
+            raise ValueError("the run holds no tokenizer.json, so a text cannot be encoded")
+        ids = list(self.tokenizer.encode(text))
+        if not ids:
+            raise ValueError(f"the text {text!r} encodes to no tokens")
+        return ids
+
+    def generate(
+        self,
+        model: nn.Module,
+        text: str | None,
+        *,
+        max_new_tokens: int,
+        strategy: str = "greedy",
+        seed: int = 0,
+        source_ids: Sequence[int] | None = None,
+        **options: Any,
+    ) -> list[int]:
+        """Prompt ids followed by ``max_new_tokens`` new ones (see :func:`generate_text`).
+
+        Args:
+            model: the GPT.
+            text: the prompt.
+            max_new_tokens: how many tokens to add (0: none).
+            strategy: ``"greedy"``, ``"sample"`` or ``"beam"``.
+            seed: the sampling generator's seed.
+            source_ids: the prompt's ids verbatim, instead of ``text``.
+            **options: ``temperature``, ``top_k``, ``top_p`` (sampling), ``num_beams`` (beam).
+        """
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        ids = list(source_ids) if source_ids is not None else self.encode(text or "")
+        if max_new_tokens == 0:
+            return ids
+        kwargs: dict[str, Any] = {"strategy": strategy}
+        if strategy == "sample":
+            device = next(model.parameters()).device
+            kwargs["generator"] = torch.Generator(device=device).manual_seed(seed)
+            kwargs.update(
+                {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
+            )
+        elif strategy == "beam" and "num_beams" in options:
+            kwargs["num_beams"] = options["num_beams"]
+        return generate_text(model, ids, max_new_tokens=max_new_tokens, **kwargs)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (the ids themselves when the run has no tokenizer)."""
+        if self.tokenizer is None:
+            return " ".join(str(int(i)) for i in ids)
+        return str(self.tokenizer.decode(list(ids)))
+
+    def inputs(
+        self,
+        model: nn.Module,
+        text: str | None,
+        *,
+        max_new_tokens: int = 0,
+        source_ids: Sequence[int] | None = None,
+        **options: Any,
+    ) -> ModelInputs:
+        """What ``model`` reads for ``text`` (or ``source_ids``) and the continuation it writes
+        (default none; ``options`` as :meth:`generate`).
+
+        Raises:
+            ValueError: the prompt and continuation do not fit the model's context, so one
+                forward could not see them all.
+        """
+        prompt = list(source_ids) if source_ids is not None else self.encode(text or "")
+        ids = self.generate(
+            model, None, max_new_tokens=max_new_tokens, source_ids=prompt, **options
+        )
+        if len(ids) > self.n_positions:
+            raise ValueError(
+                f"the text and continuation have {len(ids)} tokens, more than the model's "
+                f"limit of {self.n_positions}"
+            )
+        return self._model_inputs(ids[: len(prompt)], ids[len(prompt) :])
+
+    def probe_inputs(self, text: str) -> ModelInputs:
+        """The text's tokens (no continuation)."""
+        ids = self.encode(text)
+        if len(ids) > self.n_positions:
+            raise ValueError(
+                f"the probe text has {len(ids)} tokens, more than the model's limit of "
+                f"{self.n_positions}"
+            )
+        return self._model_inputs(ids, [])
+
+    def _model_inputs(self, prompt: list[int], new: list[int]) -> ModelInputs:
+        return ModelInputs(
+            kind="lm",
+            source_ids=tuple(prompt),
+            target_ids=tuple(new),
+            source_tokens=tuple(token_labels(self.tokenizer, prompt)),
+            target_tokens=tuple(token_labels(self.tokenizer, new)),
+            output=self.decode([*prompt, *new]),
+        )
 
 
 class LanguageModelTask:
@@ -234,7 +407,14 @@ class LanguageModelTask:
             evaluate=evaluate,
             files={"tokenizer.json": corpus.tokenizer.to_json()},
             report=report,
+            io=LMIO(corpus.tokenizer, config.n_positions),
         )
+
+    def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> LMIO:
+        """The run's text path, from its saved ``tokenizer.json``."""
+        if "tokenizer.json" not in files:
+            raise ValueError("the language-model run holds no tokenizer.json")
+        return LMIO(tokenizer_from_json(files["tokenizer.json"]), int(args["block_size"]))
 
 
 register_task(LanguageModelTask())

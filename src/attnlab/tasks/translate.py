@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,17 +24,13 @@ from torch import nn
 
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
-from attnlab.data.tokenizers import HFTokenizer, train_bpe, train_word_level
-from attnlab.data.train_tasks.common import (
-    add_transformer_arguments,
-    noam_adam,
-    positive_int,
-    seq2seq_loss,
-)
-from attnlab.data.train_tasks.seq2seq_eval import decode_sources
+from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
-from attnlab.training.tasks_registry import TaskSetup, register_task
+from attnlab.tasks.base import TaskSetup
+from attnlab.tasks.options import add_transformer_arguments, positive_int
+from attnlab.tasks.registry import register_task
+from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam, seq2seq_loss
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -42,7 +38,7 @@ __all__ = [
     "TranslationTask",
     "corpus_bleu",
     "load_translate_data",
-    "translate_sentences",
+    "translation_io",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,30 +97,25 @@ def _encode_all(tok: HFTokenizer, lines: Sequence[str], limit: int) -> list[list
     return [tok.encode(line)[:limit] for line in lines]
 
 
-def translate_sentences(
-    model: nn.Module,
-    src_tok: Any,
-    tgt_tok: Any,
-    sentences: Sequence[str],
-    *,
-    strategy: str = "beam",
-    num_beams: int = 4,
-    batch_size: int = 64,
-) -> list[str]:
-    """Translate source sentences (greedy or beam search), returning detokenized text."""
-    cfg: Any = model.config
-    limit = cfg.max_len - 2
-    sources = _encode_all(src_tok, sentences, limit)
-    for i, s in enumerate(sources):
-        if not s:
-            sources[i] = [src_tok.unk_id if src_tok.unk_id is not None else cfg.pad_id + 1]
-    longest = max(len(s) for s in sources)
-    max_new = min(cfg.max_len - 1, 2 * longest + 10)
-    outputs = decode_sources(
-        model, sources, max_new_tokens=max_new, strategy=strategy, num_beams=num_beams,
-        batch_size=batch_size,
-    )  # fmt: skip
-    return [tgt_tok.decode(o) for o in outputs]
+#: the model's positions (source and target sides)
+MAX_LEN = 256
+
+
+def translation_io(src_tok: Any, tgt_tok: Any, beams: int, max_len: int = MAX_LEN) -> Seq2SeqIO:
+    """The text path of a translation run: the encoder reads the sentence's tokens, nothing more;
+    the decoder may write up to ``2 · S + 10`` tokens (at most ``max_len − 1``), with the run's
+    final beam size by default."""
+    return Seq2SeqIO(
+        src_tok=src_tok,
+        tgt_tok=tgt_tok,
+        bos_id=tgt_tok.bos_id,
+        eos_id=tgt_tok.eos_id,
+        pad_id=tgt_tok.pad_id,
+        source_suffix=(),
+        max_source_len=max_len - 2,
+        max_new_tokens=lambda n: min(max_len - 1, 2 * n + 10),
+        beams=beams,
+    )
 
 
 class TranslationTask:
@@ -165,7 +156,7 @@ class TranslationTask:
         src_tok, tgt_tok = data.src_tok, data.tgt_tok
         if src_tok.pad_id != tgt_tok.pad_id:
             raise ValueError("the source and target tokenizers must share the padding id")
-        max_len = 256
+        max_len = MAX_LEN
         config = TransformerConfig(
             src_vocab_size=src_tok.vocab_size,
             tgt_vocab_size=tgt_tok.vocab_size,
@@ -182,6 +173,7 @@ class TranslationTask:
             eos_id=tgt_tok.eos_id,  # type: ignore[arg-type]
         )
         model = Transformer(config)
+        io = translation_io(src_tok, tgt_tok, args.beams, max_len)
         limit = max_len - 2
         source = BucketedBatchSource(
             _encode_all(src_tok, data.train.src, limit),
@@ -209,9 +201,7 @@ class TranslationTask:
                 dev_batch.src.to(d), dev_batch.tgt_in.to(d), dev_batch.targets.to(d)
             )
             loss = float(loss_fn(m, batch).loss)
-            hyps = translate_sentences(
-                m, src_tok, tgt_tok, dev.src, strategy="greedy", batch_size=128
-            )
+            hyps = io.translate(m, dev.src, beams=1, batch_size=128, lenient=True)
             return {"dev_loss": loss, "dev_bleu": corpus_bleu(hyps, dev.tgt, args.bleu_tokenize)}
 
         final = data.test if data.test is not None else dev
@@ -221,7 +211,7 @@ class TranslationTask:
             if final is None:
                 console.print("no dev or test split given: no BLEU")
                 return
-            hyps = translate_sentences(m, src_tok, tgt_tok, final.src, num_beams=args.beams)
+            hyps = io.translate(m, final.src, beams=args.beams, lenient=True)
             bleu = corpus_bleu(hyps, final.tgt, args.bleu_tokenize)
             (Path(run_dir) / f"{final_name}.hyp").write_text(
                 "\n".join(hyps) + "\n", encoding="utf-8"
@@ -252,6 +242,18 @@ class TranslationTask:
             evaluate=evaluate_dev if dev is not None else None,
             files={SRC_TOKENIZER: src_tok.to_json(), TGT_TOKENIZER: tgt_tok.to_json()},
             report=report,
+            io=io,
+        )
+
+    def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
+        """The run's text path, from its two saved tokenizers."""
+        for name in (SRC_TOKENIZER, TGT_TOKENIZER):
+            if name not in files:
+                raise ValueError(f"the translation run holds no {name}")
+        return translation_io(
+            tokenizer_from_json(files[SRC_TOKENIZER]),
+            tokenizer_from_json(files[TGT_TOKENIZER]),
+            int(args.get("beams", 4)),
         )
 
 

@@ -1,26 +1,15 @@
-"""Pieces the tasks share: options, the Noam optimizer and the encoder-decoder loss."""
+"""The command-line option types and option groups the tasks share."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
-
-import torch
-from torch import nn
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
-
-from attnlab.data.batching import Seq2SeqBatch
-from attnlab.training.losses import TokenLoss, token_loss
-from attnlab.training.schedules import NoamLR, noam_rate
 
 __all__ = [
     "add_transformer_arguments",
-    "cooldown_factor",
-    "noam_adam",
+    "non_negative_int",
     "positive_float",
     "positive_int",
-    "seq2seq_loss",
+    "probability",
 ]
 
 
@@ -125,55 +114,3 @@ def add_transformer_arguments(
         default=lr_factor,
         help=f"Noam factor (default {lr_factor})",
     )
-
-
-def cooldown_factor(step: int, cooldown: int, end: int) -> float:
-    """1 until ``end - cooldown``, then falling linearly to 0 at step ``end`` (steps from 1).
-
-    factor(s) = clamp((end - s + 1) / cooldown, 0, 1); ``cooldown = 0`` means no cool-down.
-    """
-    if cooldown == 0:
-        return 1.0
-    return min(1.0, max(0.0, (end - step + 1) / cooldown))
-
-
-def noam_adam(
-    d_model: int, warmup: int, factor: float, *, cooldown: int = 0, cooldown_end: int = 0
-) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
-    """``model -> (Adam, schedule)`` as in Vaswani et al. (2017) §5.3: β = (0.9, 0.98), ε = 1e-9,
-
-    lr(s) = factor · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5) · cooldown_factor(s)
-
-    With ``cooldown = 0`` the schedule is :class:`attnlab.training.NoamLR` itself; otherwise the
-    Noam rate is annealed linearly to 0 over the ``cooldown`` steps that end at ``cooldown_end``
-    (a fixed step, part of the run's configuration, so that a resumed run follows the same rates).
-    """
-    if cooldown < 0 or (cooldown and cooldown_end < cooldown):
-        raise ValueError(
-            f"--cooldown-end must be >= --cooldown ({cooldown}) when cooling down, got {cooldown_end}"
-        )
-
-    def make(model: nn.Module) -> tuple[torch.optim.Optimizer, LRScheduler]:
-        opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        if not cooldown:
-            return opt, NoamLR(opt, d_model, warmup_steps=warmup, factor=factor)
-        # LambdaLR's epoch e is the number of steps done, so the coming step is e + 1
-        return opt, LambdaLR(
-            opt,
-            lambda e: (
-                noam_rate(e + 1, d_model, warmup, factor)
-                * cooldown_factor(e + 1, cooldown, cooldown_end)
-            ),
-        )
-
-    return make
-
-
-def seq2seq_loss(pad_id: int, smoothing: float) -> Callable[[nn.Module, Any], TokenLoss]:
-    """``(model, Seq2SeqBatch) -> TokenLoss``: label-smoothed cross-entropy over non-pad targets."""
-
-    def loss(model: nn.Module, batch: Seq2SeqBatch) -> TokenLoss:
-        logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
-        return token_loss(logits.float(), batch.targets, smoothing=smoothing, ignore_index=pad_id)
-
-    return loss

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.data.train_tasks.common import cooldown_factor, noam_adam
+from attnlab.tasks.seq2seq import cooldown_factor, noam_adam
 from attnlab.training.schedules import NoamLR, noam_rate
 
 

@@ -1,0 +1,66 @@
+"""The options that name a run and a text, shared by ``view``, ``inspect`` and ``plot``.
+
+They only collect what the user asked for; the run's task turns it into the model's inputs
+(:meth:`attnlab.tasks.run.Run.inputs`), the same way ``translate`` and ``generate`` do.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from attnlab.cli import CLIError
+from attnlab.tasks.base import ModelInputs
+from attnlab.tasks.options import non_negative_int, positive_int
+from attnlab.tasks.run import Run
+
+__all__ = ["add_input_arguments", "model_inputs"]
+
+
+def add_input_arguments(p: argparse.ArgumentParser, *, text_required: bool = True) -> None:
+    """``--text | --ids``, ``--target``, ``--beams``, ``--max-new-tokens``."""
+    src = p.add_mutually_exclusive_group(required=text_required)
+    src.add_argument("--text", help="the input text (the source for an encoder-decoder)")
+    src.add_argument("--ids", help="token ids the model reads verbatim, e.g. '5 9 12'")
+    p.add_argument(
+        "--target",
+        help="encoder-decoder: teacher-force this target instead of the model's own output",
+    )
+    p.add_argument(
+        "--beams",
+        type=positive_int,
+        default=None,
+        help="encoder-decoder: beam size of the decoded output (default: the run's evaluation)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=non_negative_int,
+        default=0,
+        help="language model: greedy tokens to add after the text (default 0)",
+    )
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise CLIError(f"--ids must be integers separated by spaces, got {text!r}") from None
+    if not ids:
+        raise CLIError("--ids must hold at least one token id")
+    return ids
+
+
+def model_inputs(run: Run, args: argparse.Namespace) -> ModelInputs:
+    """What the run's model reads for the text (or ids) the options name, as its task says."""
+    source_ids = _ids(args.ids) if args.ids is not None else None
+    if run.is_seq2seq:
+        if args.max_new_tokens:
+            raise CLIError(
+                "--max-new-tokens is for language models; an encoder-decoder decodes as its "
+                "task does (use --beams or --target)"
+            )
+        return run.inputs(args.text, target=args.target, beams=args.beams, source_ids=source_ids)
+    if args.target is not None or args.beams is not None:
+        raise CLIError(
+            "--target and --beams are for encoder-decoders; this run is a language model"
+        )
+    return run.inputs(args.text, max_new_tokens=args.max_new_tokens, source_ids=source_ids)

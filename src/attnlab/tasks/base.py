@@ -1,0 +1,189 @@
+"""What a task is: the protocol, what it hands the trainer, and the one path from text to input.
+
+A task is an object with a ``name``, a one-line ``help``, ``add_arguments(parser)`` (its own
+options; the common ones — ``--out --steps --seed --resume --grad-accum --clip --bf16
+--eval-every --save-every --keep-last --device`` — are already there, and a task may change their
+defaults with ``parser.set_defaults(eval_every=200, ...)``), ``build(args, device) -> TaskSetup``
+and ``io(args, files) -> TaskIO``. ``build`` runs after the random generators are seeded with
+``--seed``; it must create the model, the data and the optimizer deterministically from ``args``.
+
+``io`` rebuilds, from a run's saved options (``config.json``'s ``"args"``) and its files (the
+tokenizers), the task's :class:`TaskIO`: the one way a text becomes exactly what the model saw at
+evaluation (special tokens, source and target sides) and the model's output becomes text. The
+task's own evaluation goes through the same object, and so do ``attnlab translate``,
+``generate``, ``view``, ``inspect``, ``plot`` and the demo — so what they show is what the model
+saw.
+
+What ends up in the checkpoint's ``config.json``::
+
+    {"task": NAME, "args": {"seed": S, <every option the task added>: value, ...},
+     "model": TaskSetup.model_config, "train": {"grad_accum", "clip", "bf16"}}
+
+(``--steps``, ``--out``, ``--resume``, ``--device`` and the eval/save/keep cadence are not part of
+it, so they may change on resume; everything else must match or ``--resume`` fails.) A schedule
+that depends on the length of the run (warmup + cosine) should take it from a task option such as
+``--decay-steps`` rather than from ``args.steps``: then ``--steps 20`` followed by ``--resume
+--steps 40`` follows the same trajectory as ``--steps 40``. Batch sources must be synchronous and
+deterministic (no prefetching worker processes), so that their saved position is exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from attnlab.training.trainer import BatchSource
+
+__all__ = ["ModelInputs", "Task", "TaskIO", "TaskSetup", "token_labels"]
+
+
+@dataclass
+class TaskSetup:
+    """Everything the trainer needs from a task.
+
+    Attributes:
+        model: the model (on the CPU is fine; the trainer moves it).
+        make_optimizer: ``model -> optimizer`` or ``model -> (optimizer, scheduler)``.
+        batches: the global batches, with a resumable position (see
+            :class:`attnlab.training.trainer.BatchSource`).
+        loss_fn: ``(model, batch) -> TokenLoss | Tensor``; must call ``model(...)`` (it may be
+            wrapped in DistributedDataParallel).
+        model_config: JSON-able description of the model (e.g. ``config_to_dict(config)``),
+            stored under ``"model"`` in ``config.json``.
+        evaluate: ``model -> {metric: value}`` run every ``--eval-every`` steps and at the end
+            (rank 0, eval mode, no grad), or ``None``.
+        files: files stored in every checkpoint, e.g. ``{"tokenizer.json": tokenizer_json}``.
+        report: called once after training on rank 0 with ``(model, run_dir, console)`` to print
+            the task's summary (accuracy, decoded examples, BLEU, figures), or ``None``.
+        io: the task's :class:`TaskIO` (text ↔ model input), the same object ``Task.io``
+            rebuilds from the saved run.
+    """
+
+    model: nn.Module
+    make_optimizer: Callable[[nn.Module], Any]
+    batches: BatchSource
+    loss_fn: Callable[[nn.Module, Any], Any]
+    model_config: Mapping[str, Any]
+    evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None
+    files: Mapping[str, str | bytes | os.PathLike[str]] = field(default_factory=dict)
+    report: Callable[..., None] | None = None
+    io: TaskIO | None = None
+
+
+def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text of each token, as figures and tables label positions (``<eos>`` stays visible;
+    without a tokenizer, the ids)."""
+    if tokenizer is None:
+        return [str(int(i)) for i in ids]
+    return [str(tokenizer.id_to_token(int(i))) for i in ids]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """Exactly what a model read for one text, and what it wrote.
+
+    For an encoder-decoder (``kind == "seq2seq"``): the encoder reads ``source_ids`` (special
+    tokens included, e.g. the ``<eos>`` of the copy/reverse/sort tasks); the decoded sequence is
+    ``target_ids = <bos> y_1 … y_n [<eos>]``; the decoder reads ``target_ids[:-1]`` and its row
+    ``i`` writes ``target_ids[i + 1]``. ``target_tokens`` label those rows by what they wrote
+    (``y_1 … y_n <eos>``), so row ``i`` of a cross-attention map shows where the model looked to
+    write token ``i``.
+
+    For a language model (``kind == "lm"``): ``source_ids`` is the prompt and ``target_ids`` the
+    continuation the model generated (empty when none was asked for); the model reads both,
+    concatenated.
+
+    Attributes:
+        kind: ``"seq2seq"`` or ``"lm"``.
+        source_ids / target_ids: see above.
+        source_tokens: labels of ``source_ids``.
+        target_tokens: labels of what the decoder rows wrote (seq2seq) or of the continuation (lm).
+        output: the decoded output text, as ``attnlab translate`` / ``generate`` print it.
+    """
+
+    kind: Literal["seq2seq", "lm"]
+    source_ids: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    source_tokens: tuple[str, ...]
+    target_tokens: tuple[str, ...]
+    output: str
+
+    @property
+    def decoder_input_ids(self) -> tuple[int, ...]:
+        """What the decoder reads: ``<bos> y_1 … y_n`` (seq2seq only)."""
+        return self.target_ids[:-1]
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """Labels of every position a language model reads (prompt then continuation)."""
+        return self.source_tokens + self.target_tokens
+
+    def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        """The forward's arguments as ``(1, T)`` tensors: ``(src, tgt_in)`` or ``(input_ids,)``.
+
+        Shape:
+            seq2seq: ``src (1, S)``, ``tgt_in (1, T)``; lm: ``input_ids (1, S + T)``.
+        """
+        if self.kind == "seq2seq":
+            src = torch.tensor([self.source_ids], dtype=torch.long, device=device)
+            tgt = torch.tensor([self.decoder_input_ids], dtype=torch.long, device=device)
+            return src, tgt
+        ids = [*self.source_ids, *self.target_ids]
+        return (torch.tensor([ids], dtype=torch.long, device=device),)
+
+    def forward(self, model: nn.Module) -> Any:
+        """Run ``model`` once on these inputs (teacher forcing the decoded target)."""
+        device = next(model.parameters()).device
+        return model(*self.tensors(device))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``source_tokens``, ``target_tokens``, ``output`` and the ids (JSON-ready)."""
+        return {
+            "kind": self.kind,
+            "source_tokens": list(self.source_tokens),
+            "target_tokens": list(self.target_tokens),
+            "output": self.output,
+            "source_ids": list(self.source_ids),
+            "target_ids": list(self.target_ids),
+        }
+
+
+@runtime_checkable
+class TaskIO(Protocol):
+    """A task's one path between text and the model (see the module docstring)."""
+
+    kind: Literal["seq2seq", "lm"]
+
+    def inputs(self, model: nn.Module, text: str, **options: Any) -> ModelInputs:
+        """What ``model`` reads for ``text``, with its own decoded output as the target."""
+        ...
+
+    def probe_inputs(self, text: str) -> ModelInputs:
+        """A fixed input for recording attention during training (no model needed)."""
+        ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What ``attnlab train TASK`` and the commands that read its runs need from a task."""
+
+    name: str
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the task's own options."""
+        ...
+
+    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        """Create model, data and optimizer from the parsed options."""
+        ...
+
+    def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> TaskIO:
+        """The task's :class:`TaskIO` from a run's saved options and files (tokenizers)."""
+        ...

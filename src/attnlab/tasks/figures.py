@@ -1,0 +1,110 @@
+"""The attention figures of a trained run on one input: what the report and the commands draw.
+
+Everything here starts from :class:`~attnlab.tasks.base.ModelInputs`, so a figure shows the
+attention of exactly what the model read (special tokens included) and labels the target side with
+what the model wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from attnlab.inspect.capture import ActivationCache, capture
+from attnlab.tasks.base import ModelInputs
+from attnlab.viz.figures import attention_heatmap, head_grid
+from attnlab.viz.viewer import ViewerData, viewer_data
+
+__all__ = ["capture_inputs", "layer_labels", "save_attention_figures", "viewer_for"]
+
+logger = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> ActivationCache:
+    """Run ``model`` once on ``inputs`` (eval mode) and capture its attention.
+
+    Args:
+        model: the run's model.
+        inputs: from the task's :class:`~attnlab.tasks.base.TaskIO`.
+        **options: passed to :func:`attnlab.inspect.capture` (``names``, ``weights``, ``stats``).
+
+    Returns:
+        The :class:`~attnlab.inspect.ActivationCache`.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with capture(model, **options) as cache:
+            inputs.forward(model)
+    finally:
+        model.train(was_training)
+    return cache
+
+
+def layer_labels(inputs: ModelInputs, name: str, kind: str) -> tuple[list[str], list[str]]:
+    """``(query labels, key labels)`` of one attention layer of the model that read ``inputs``.
+
+    Encoder self-attention: source × source; decoder self-attention: target × target;
+    cross-attention: target × source (target positions labelled by the token they wrote); a
+    language model: its tokens × its tokens.
+    """
+    if inputs.kind == "lm":
+        return list(inputs.tokens), list(inputs.tokens)
+    src, tgt = list(inputs.source_tokens), list(inputs.target_tokens)
+    if kind == "cross":
+        return tgt, src
+    if name.startswith("encoder") or ".encoder." in name:
+        return src, src
+    return tgt, tgt
+
+
+def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> ViewerData:
+    """The HTML viewer's data for a capture of ``inputs``."""
+    if inputs.kind == "lm":
+        return viewer_data(
+            cache.attentions, tokens=list(inputs.tokens), kinds=cache.kinds, title=title
+        )
+    return viewer_data(
+        cache.attentions,
+        source=list(inputs.source_tokens),
+        target=list(inputs.target_tokens),
+        kinds=cache.kinds,
+        title=title,
+    )
+
+
+def save_attention_figures(
+    model: nn.Module, inputs: ModelInputs, run_dir: Path, console: Console, *, title: str
+) -> None:
+    """Write ``attention.png`` (the last cross-attention layer, or the last layer, mean over heads),
+    ``attention_heads.png`` (its heads) and ``attention.html`` (the viewer of every layer).
+
+    A figure never loses the trained run: a failure is logged as a warning.
+    """
+    try:
+        cache = capture_inputs(model, inputs)
+        names = cache.names("cross") or cache.names()
+        name = names[-1]
+        rows, cols = layer_labels(inputs, name, cache.kinds.get(name, "self"))
+        weights = cache.attentions[name][0].float().cpu()  # (H, T_q, T_k)
+        path = run_dir / "attention.png"
+        attention_heatmap(
+            weights.mean(0), query_tokens=rows, key_tokens=cols,
+            title=f"{name}: mean over {weights.shape[0]} heads",
+        ).save(path)  # fmt: skip
+        head_grid(weights, query_tokens=rows, key_tokens=cols, title=name).save(
+            run_dir / "attention_heads.png"
+        )
+        from attnlab.viz.viewer import write_viewer
+
+        write_viewer(viewer_for(inputs, cache, title), run_dir / "attention.html")
+        console.print(f"attention heatmap: {path}", soft_wrap=True)
+        console.print(f"attention viewer: {run_dir / 'attention.html'}", soft_wrap=True)
+    except (ValueError, KeyError, OSError) as exc:
+        logger.warning("could not draw the attention figures: %s", exc)

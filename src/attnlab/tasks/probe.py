@@ -1,0 +1,154 @@
+"""Attention during training: record a fixed probe input's attention every N steps.
+
+The seeds say that heads "learn different roles" while a model trains; this makes it visible.
+:class:`AttentionProbe` is a :class:`~attnlab.training.trainer.TrainerCallback`: before the first
+step (step 0), every ``every`` steps and after the last step it runs the model once on the probe —
+in eval mode, without gradients, with the random states saved and restored, so recording never
+changes the training trajectory — and writes the captured weights to
+
+    RUN/probe/probe.json                 the probe: its tokens, and which layer reads which side
+    RUN/probe/step-00000100.safetensors  one (H, T_q, T_k) float32 tensor per attention layer
+
+each written to a temporary file and renamed into place. A resumed run drops the records past the
+step it resumes from. :func:`load_probe_history` reads them back as a
+:class:`~attnlab.viz.evolution.ProbeHistory` for ``attnlab plot training`` and the viewer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from attnlab.tasks.base import ModelInputs
+from attnlab.tasks.figures import capture_inputs
+from attnlab.training.rng import get_rng_state, set_rng_state
+from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
+
+if TYPE_CHECKING:
+    from attnlab.viz.evolution import ProbeHistory
+
+__all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history"]
+
+PROBE_DIR = "probe"
+_META = "probe.json"
+_STEP = re.compile(r"^step-(\d{8})\.safetensors$")
+
+
+def _sides(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str]:
+    """Which token sequences label a layer's queries and keys."""
+    if inputs.kind == "lm":
+        return "tokens", "tokens"
+    if kind == "cross":
+        return "target", "source"
+    if name.startswith("encoder") or ".encoder." in name:
+        return "source", "source"
+    return "target", "target"
+
+
+class AttentionProbe(TrainerCallback):
+    """Record the attention of ``inputs`` every ``every`` steps (see the module docstring).
+
+    Args:
+        run_dir: the run folder.
+        inputs: the probe, from the task's ``TaskIO.probe_inputs``.
+        every: record every this many steps (>= 1); step 0 and the last step always.
+        text: the probe's text, kept in ``probe.json``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], inputs: ModelInputs, every: int, text: str):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        self.dir = Path(run_dir) / PROBE_DIR
+        self.inputs = inputs
+        self.every = every
+        self.text = text
+        self._trainer: Trainer | None = None
+
+    def on_start(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for f in self.dir.iterdir():  # records past the step we (re)start from
+            m = _STEP.match(f.name)
+            if m and int(m.group(1)) > trainer.step:
+                f.unlink()
+        if trainer.step == 0:
+            self.record(0)
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        if metrics.step % self.every == 0 or metrics.step == metrics.total_steps:
+            self.record(metrics.step)
+
+    def record(self, step: int) -> Path:
+        """Capture the probe's attention now and write it as the record of ``step``."""
+        if self._trainer is None:
+            raise RuntimeError("AttentionProbe.record needs the trainer: call on_start first")
+        model = self._trainer.model
+        rng = get_rng_state()
+        try:
+            cache = capture_inputs(model, self.inputs)
+        finally:
+            set_rng_state(rng)
+        if not (self.dir / _META).exists():
+            self._write_meta(cache.kinds)
+        tensors = {n: w[0].float().cpu().contiguous() for n, w in cache.attentions.items()}
+        path = self.dir / f"step-{step:08d}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"step": str(step)})
+        os.replace(tmp, path)
+        return path
+
+    def _write_meta(self, kinds: dict[str, str]) -> None:
+        inputs = self.inputs
+        sequences = (
+            {"tokens": list(inputs.tokens)}
+            if inputs.kind == "lm"
+            else {"source": list(inputs.source_tokens), "target": list(inputs.target_tokens)}
+        )
+        meta = {
+            "text": self.text,
+            "every": self.every,
+            "inputs": inputs.to_dict(),
+            "sequences": sequences,
+            "kinds": kinds,
+            "layer_sequences": {n: list(_sides(inputs, n, k)) for n, k in kinds.items()},
+        }
+        tmp = self.dir / (_META + ".tmp")
+        tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+        os.replace(tmp, self.dir / _META)
+
+
+def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
+    """The recorded probe of a run, every step in order.
+
+    Raises:
+        ValueError: the run recorded no probe (train with ``--probe TEXT``).
+    """
+    from attnlab.viz.evolution import ProbeHistory
+
+    d = Path(run_dir) / PROBE_DIR
+    if not (d / _META).is_file():
+        raise ValueError(
+            f"{run_dir} recorded no attention probe; train with --probe TEXT --probe-every N"
+        )
+    meta: dict[str, Any] = json.loads((d / _META).read_text(encoding="utf-8"))
+    records = sorted(
+        (int(m.group(1)), f) for f in d.iterdir() if (m := _STEP.match(f.name)) is not None
+    )
+    if not records:
+        raise ValueError(f"{d} holds no recorded step")
+    frames = [load_file(str(f)) for _, f in records]
+    names = list(meta["kinds"])
+    attentions = {n: torch.stack([fr[n] for fr in frames]) for n in names}  # (S, H, T_q, T_k)
+    return ProbeHistory(
+        steps=[s for s, _ in records],
+        attentions=attentions,
+        kinds=dict(meta["kinds"]),
+        sequences={k: list(v) for k, v in meta["sequences"].items()},
+        layer_sequences={n: (q, k) for n, (q, k) in meta["layer_sequences"].items()},
+    )

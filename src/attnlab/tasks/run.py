@@ -1,0 +1,174 @@
+"""A trained run, loaded: its model, its task and the task's one path from text to input.
+
+Accepted paths:
+
+* a run folder (its latest checkpoint), its ``checkpoints`` folder, or one checkpoint directory
+  written by :mod:`attnlab.training.checkpoint` — the model is built from ``config.json``'s
+  ``"model"`` entry, and the task named by ``"task"`` rebuilds its
+  :class:`~attnlab.tasks.base.TaskIO` from the saved options and tokenizers;
+* a Hugging Face GPT-2 directory (``config.json`` with ``"model_type": "gpt2"``), loaded with
+  :meth:`attnlab.GPT.from_hf`, its ``tokenizer.json`` read when there is one.
+
+A checkpoint without a task (saved by hand) or a GPT-2 directory gets the plain path of its model
+family: a language model reads the text's tokens; an encoder-decoder reads the text's tokens and
+decodes greedily.
+
+Example:
+    >>> run = load_run("runs/demo")
+    >>> inputs = run.inputs("abcdef")          # what the model reads, and its own output
+    >>> inputs.output
+    'fedcba'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.data.tokenizers import tokenizer_from_json
+from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
+from attnlab.models.gpt import GPT
+from attnlab.models.transformer import Transformer
+from attnlab.tasks.base import ModelInputs, TaskIO
+from attnlab.tasks.lm import LMIO
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.seq2seq import Seq2SeqIO
+from attnlab.training.checkpoint import (
+    CheckpointError,
+    load_config,
+    load_model_weights,
+    resolve_checkpoint,
+)
+
+__all__ = ["Run", "load_run"]
+
+#: checkpoint files that are not the task's
+_INTERNAL = {"config.json", "model.safetensors", "manifest.json"}
+
+
+@dataclass
+class Run:
+    """A model ready to run (eval mode), with its task's text path.
+
+    Attributes:
+        model: an :class:`attnlab.GPT` or :class:`attnlab.Transformer`.
+        config: its config.
+        io: the task's :class:`~attnlab.tasks.base.TaskIO`.
+        task: the task's name, or ``None`` (a checkpoint saved by hand, a GPT-2 directory).
+        args: the task's saved options (``config.json``'s ``"args"``).
+        path: the checkpoint (or GPT-2) directory it came from.
+    """
+
+    model: nn.Module
+    config: GPTConfig | TransformerConfig
+    io: TaskIO
+    task: str | None
+    args: dict[str, Any]
+    path: Path
+
+    @property
+    def is_seq2seq(self) -> bool:
+        """Whether the model is the encoder-decoder."""
+        return isinstance(self.config, TransformerConfig)
+
+    def inputs(self, text: str, **options: Any) -> ModelInputs:
+        """What the model reads for ``text`` and what it writes (see ``TaskIO.inputs``)."""
+        return self.io.inputs(self.model, text, **options)
+
+
+def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Run:
+    """Load the model and the task's text path of a run, a checkpoint or a GPT-2 directory.
+
+    Args:
+        path: see the module docstring.
+        device: where to put the model. Default ``"cpu"``.
+
+    Returns:
+        A :class:`Run` (model in eval mode).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the folder holds no loadable model or no tokenizer (one line naming why).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no such run or checkpoint folder: {p} (the path does not exist)")
+    hf = _hf_gpt2_dir(p)
+    if hf is not None:
+        gpt = GPT.from_hf(hf)
+        files = {}
+        if (hf / "tokenizer.json").is_file():
+            files["tokenizer.json"] = (hf / "tokenizer.json").read_text(encoding="utf-8")
+        io = _plain_io(gpt.config, files, hf)
+        return Run(gpt.to(device).eval(), gpt.config, io, None, {}, hf)
+    ckpt = resolve_checkpoint(p)
+    run_config = load_config(ckpt)
+    model_dict = run_config.get("model") if isinstance(run_config, dict) else None
+    if not isinstance(model_dict, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: config.json has no 'model' entry to build from")
+    config = _config_of(model_dict, ckpt)
+    model: nn.Module = GPT(config) if isinstance(config, GPTConfig) else Transformer(config)
+    load_model_weights(ckpt, model, verify=False)
+    files = _task_files(ckpt)
+    name = run_config.get("task")
+    args = dict(run_config.get("args") or {})
+    task = get_task(name) if isinstance(name, str) else None
+    io = task.io(args, files) if task is not None and hasattr(task, "io") else None
+    if io is None:
+        io = _plain_io(config, files, ckpt)
+    return Run(model.to(device).eval(), config, io, name if task else None, args, ckpt)
+
+
+def _task_files(ckpt: Path) -> dict[str, str]:
+    """The task's text files of a checkpoint (the tokenizers), by name."""
+    files = {}
+    for f in sorted(ckpt.iterdir()):
+        if f.is_file() and f.suffix == ".json" and f.name not in _INTERNAL:
+            if not f.name.startswith("training_state"):
+                files[f.name] = f.read_text(encoding="utf-8")
+    return files
+
+
+def _plain_io(config: GPTConfig | TransformerConfig, files: dict[str, str], where: Path) -> TaskIO:
+    """The text path of a model family, for a run that names no task."""
+    text = files.get("tokenizer.json") or files.get("src_tokenizer.json")
+    tok = None if text is None else tokenizer_from_json(text)
+    if isinstance(config, GPTConfig):
+        return LMIO(tok, config.n_positions)
+    if tok is None:
+        raise ValueError(f"{where} holds no tokenizer.json, so a text cannot be encoded")
+    tgt = tokenizer_from_json(files["tgt_tokenizer.json"]) if "tgt_tokenizer.json" in files else tok
+    return Seq2SeqIO(
+        src_tok=tok, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,
+        pad_id=config.pad_id, source_suffix=(), max_source_len=config.max_len,
+        max_new_tokens=lambda n: min(config.max_len - 1, 2 * n + 10),
+    )  # fmt: skip
+
+
+def _config_of(data: dict[str, Any], ckpt: Path) -> GPTConfig | TransformerConfig:
+    kind = data.get("kind")
+    if kind is None:  # no class name saved: tell the two apart by their fields
+        kind = "GPTConfig" if "n_embd" in data else "TransformerConfig"
+    classes = {"GPTConfig": GPTConfig, "TransformerConfig": TransformerConfig}
+    if kind not in classes:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: model kind must be GPTConfig or TransformerConfig, got {kind!r}"
+        )
+    return config_from_dict(classes[kind], data)  # type: ignore[no-any-return]
+
+
+def _hf_gpt2_dir(p: Path) -> Path | None:
+    cfg = p / "config.json"
+    if not p.is_dir() or not cfg.is_file() or (p / "manifest.json").exists():
+        return None
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return p if isinstance(data, dict) and data.get("model_type") == "gpt2" else None

@@ -1,0 +1,340 @@
+"""The encoder-decoder tasks' shared parts: decoding, scoring, the Noam optimizer, the loss, and
+:class:`Seq2SeqIO` — the one path between text and an encoder-decoder's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from attnlab.data.batching import Seq2SeqBatch, pad_batch
+from attnlab.decoding.generate import generate
+from attnlab.tasks.base import ModelInputs, token_labels
+from attnlab.training.losses import TokenLoss, token_loss
+from attnlab.training.schedules import NoamLR, noam_rate
+
+__all__ = [
+    "Seq2SeqIO",
+    "cooldown_factor",
+    "decode_sources",
+    "exact_match_accuracy",
+    "noam_adam",
+    "seq2seq_loss",
+    "strip_special",
+]
+
+
+def strip_special(ids: Sequence[int], *, bos_id: int, eos_id: int, pad_id: int) -> list[int]:
+    """The tokens of a decoded row: ``<bos>`` dropped, cut at the first ``<eos>``, no padding."""
+    out = []
+    for i, t in enumerate(int(x) for x in ids):
+        if t == eos_id:
+            break
+        if (i == 0 and t == bos_id) or t == pad_id:
+            continue
+        out.append(t)
+    return out
+
+
+def _trim(row: Sequence[int], eos_id: int, pad_id: int) -> list[int]:
+    """A decoded row up to and including its first ``<eos>``, without the padding after it."""
+    out = []
+    for t in (int(x) for x in row):
+        if t == eos_id:
+            out.append(t)
+            break
+        if t != pad_id:
+            out.append(t)
+    return out
+
+
+@torch.no_grad()
+def decode_sources(
+    model: nn.Module,
+    sources: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int | Callable[[int], int],
+    strategy: str = "greedy",
+    num_beams: int = 4,
+    batch_size: int = 256,
+    raw: bool = False,
+) -> list[list[int]]:
+    """Decode every source with :func:`attnlab.generate` (KV cache), in batches.
+
+    Sources with the same step limit are decoded together, so a source's output never depends on
+    which other sources share its batch (the limit is a function of the source alone).
+
+    Args:
+        model: an encoder-decoder (:class:`attnlab.Transformer`).
+        sources: what the encoder reads, one token list per source (special tokens included).
+        max_new_tokens: the most target tokens (``<eos>`` included), or a function of a
+            source's length giving it.
+        strategy: ``"greedy"`` or ``"beam"``.
+        num_beams: beams for ``"beam"``.
+        batch_size: sources per call.
+        raw: return the decoded rows as they are (``<bos>`` first, up to and including the first
+            ``<eos>``) instead of the output tokens alone.
+
+    Returns:
+        One token list per source, in the order given: the output tokens without special tokens,
+        or the raw rows with ``raw=True``.
+    """
+    cfg: Any = model.config
+    device = next(model.parameters()).device
+    limit = max_new_tokens if callable(max_new_tokens) else (lambda n: max_new_tokens)
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(sources):
+        groups.setdefault(int(limit(len(s))), []).append(i)
+    out: list[list[int]] = [[] for _ in sources]
+    for steps, members in groups.items():
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            src = pad_batch([sources[i] for i in chunk], cfg.pad_id).to(device)
+            ids = generate(model, src, max_new_tokens=steps, strategy=strategy, num_beams=num_beams)
+            for i, row in zip(chunk, ids.tolist()):
+                out[i] = (
+                    _trim(row, cfg.eos_id, cfg.pad_id)
+                    if raw
+                    else strip_special(row, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+                )
+    return out
+
+
+def exact_match_accuracy(
+    predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+) -> float:
+    """The fraction of predictions equal to their target, token for token.
+
+    Args:
+        predictions: decoded token lists.
+        targets: the correct token lists (same count).
+
+    Returns:
+        A number in [0, 1].
+    """
+    if len(predictions) != len(targets):
+        raise ValueError(
+            f"predictions and targets must have the same count, got {len(predictions)} and "
+            f"{len(targets)}"
+        )
+    if not targets:
+        raise ValueError("targets must not be empty")
+    hits = sum(list(p) == list(t) for p, t in zip(predictions, targets))
+    return hits / len(targets)
+
+
+def cooldown_factor(step: int, cooldown: int, end: int) -> float:
+    """1 until ``end - cooldown``, then falling linearly to 0 at step ``end`` (steps from 1).
+
+    factor(s) = clamp((end - s + 1) / cooldown, 0, 1); ``cooldown = 0`` means no cool-down.
+    """
+    if cooldown == 0:
+        return 1.0
+    return min(1.0, max(0.0, (end - step + 1) / cooldown))
+
+
+def noam_adam(
+    d_model: int, warmup: int, factor: float, *, cooldown: int = 0, cooldown_end: int = 0
+) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
+    """``model -> (Adam, schedule)`` as in Vaswani et al. (2017) §5.3: β = (0.9, 0.98), ε = 1e-9,
+
+    lr(s) = factor · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5) · cooldown_factor(s)
+
+    With ``cooldown = 0`` the schedule is :class:`attnlab.training.NoamLR` itself; otherwise the
+    Noam rate is annealed linearly to 0 over the ``cooldown`` steps that end at ``cooldown_end``
+    (a fixed step, part of the run's configuration, so that a resumed run follows the same rates).
+    """
+    if cooldown < 0 or (cooldown and cooldown_end < cooldown):
+        raise ValueError(
+            f"--cooldown-end must be >= --cooldown ({cooldown}) when cooling down, got {cooldown_end}"
+        )
+
+    def make(model: nn.Module) -> tuple[torch.optim.Optimizer, LRScheduler]:
+        opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        if not cooldown:
+            return opt, NoamLR(opt, d_model, warmup_steps=warmup, factor=factor)
+        # LambdaLR's epoch e is the number of steps done, so the coming step is e + 1
+        return opt, LambdaLR(
+            opt,
+            lambda e: (
+                noam_rate(e + 1, d_model, warmup, factor)
+                * cooldown_factor(e + 1, cooldown, cooldown_end)
+            ),
+        )
+
+    return make
+
+
+def seq2seq_loss(pad_id: int, smoothing: float) -> Callable[[nn.Module, Any], TokenLoss]:
+    """``(model, Seq2SeqBatch) -> TokenLoss``: label-smoothed cross-entropy over non-pad targets."""
+
+    def loss(model: nn.Module, batch: Seq2SeqBatch) -> TokenLoss:
+        logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
+        return token_loss(logits.float(), batch.targets, smoothing=smoothing, ignore_index=pad_id)
+
+    return loss
+
+
+@dataclass(frozen=True)
+class Seq2SeqIO:
+    """The one path between text and an encoder-decoder's inputs (see :mod:`attnlab.tasks.base`).
+
+    Args:
+        src_tok / tgt_tok: the tokenizers (the same object when the vocabulary is shared).
+        bos_id / eos_id / pad_id: the model's special ids.
+        source_suffix: tokens the encoder reads after the text (the copy/reverse/sort tasks end
+            the source with ``<eos>``; translation adds nothing).
+        max_source_len: the longest source (suffix included) the model takes; a longer text is an
+            error, never silently cut.
+        max_new_tokens: the decoding step limit as a function of the source length.
+        reference: the correct target ids for the source ids (without suffix), when the task
+            knows it (copy/reverse/sort); used for the training probe.
+        reject_unknown: refuse a text with tokens outside the vocabulary (a character-level
+            task's alphabet) instead of reading them as ``<unk>``.
+        beams: the beam size of the task's own evaluation (1: greedy), the default everywhere.
+    """
+
+    src_tok: Any
+    tgt_tok: Any
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    source_suffix: tuple[int, ...]
+    max_source_len: int
+    max_new_tokens: Callable[[int], int]
+    reference: Callable[[list[int]], list[int]] | None = None
+    reject_unknown: bool = False
+    beams: int = 1
+    kind: Literal["seq2seq"] = "seq2seq"
+
+    def source_ids(self, ids: Sequence[int]) -> list[int]:
+        """What the encoder reads for the text's token ids: ``ids`` then the suffix."""
+        return [*(int(i) for i in ids), *self.source_suffix]
+
+    def encode_source(self, text: str, *, lenient: bool = False) -> list[int]:
+        """What the encoder reads for ``text``.
+
+        Args:
+            text: the source text.
+            lenient: for corpus evaluation: cut a long text to the model's limit and read an
+                empty one as ``<unk>``, instead of raising.
+
+        Raises:
+            ValueError: ``text`` encodes to no token, or to more than the model takes.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        body = list(self.src_tok.encode(text))
+        unk = self.src_tok.unk_id
+        if self.reject_unknown and unk is not None and unk in body:
+            outside = sorted({c for c, i in zip(text, body) if i == unk})
+            raise ValueError(
+                f"the text holds characters outside the task's alphabet: {''.join(outside)!r}; "
+                f"the alphabet is {self.src_tok.decode(range(self.src_tok.vocab_size))!r}"
+            )
+        if lenient:
+            body = body[: self.max_source_len - len(self.source_suffix)]
+            body = body or [unk if unk is not None else self.pad_id + 1]
+        ids = self.source_ids(body)
+        if not body:
+            raise ValueError(f"the text {text!r} encodes to no tokens")
+        if len(ids) > self.max_source_len:
+            raise ValueError(
+                f"the text has {len(ids)} tokens (with special tokens), more than the model's "
+                f"limit of {self.max_source_len}"
+            )
+        return ids
+
+    def decode_output(self, ids: Sequence[int]) -> str:
+        """The text of output ids (special tokens dropped)."""
+        return str(self.tgt_tok.decode(list(ids)))
+
+    def translate(
+        self,
+        model: nn.Module,
+        texts: Sequence[str],
+        *,
+        beams: int | None = None,
+        batch_size: int = 64,
+        lenient: bool = False,
+    ) -> list[str]:
+        """Decode ``texts`` (greedy with ``beams=1``, else beam search; default :attr:`beams`) to
+        output text. ``lenient`` is :meth:`encode_source`'s (corpus evaluation)."""
+        sources = [self.encode_source(t, lenient=lenient) for t in texts]
+        return [self._output_text(row) for row in self._decode(model, sources, beams, batch_size)]
+
+    def _output_text(self, row: Sequence[int]) -> str:
+        ids = strip_special(row, bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id)
+        return self.decode_output(ids)
+
+    def _decode(
+        self, model: nn.Module, sources: list[list[int]], beams: int | None, batch_size: int = 64
+    ) -> list[list[int]]:
+        beams = self.beams if beams is None else beams
+        if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+            raise ValueError(f"beams must be a positive int, got {beams!r}")
+        return decode_sources(
+            model, sources, max_new_tokens=self.max_new_tokens,
+            strategy="beam" if beams > 1 else "greedy", num_beams=beams, batch_size=batch_size,
+            raw=True,
+        )  # fmt: skip
+
+    def inputs(
+        self,
+        model: nn.Module,
+        text: str,
+        *,
+        target: str | None = None,
+        beams: int | None = None,
+        source_ids: Sequence[int] | None = None,
+    ) -> ModelInputs:
+        """What ``model`` reads for ``text``: the source, and its own decoded output as target.
+
+        Args:
+            model: the encoder-decoder.
+            text: the source text.
+            target: teacher-force this target text instead of decoding (``<bos> … <eos>``).
+            beams: decode with this many beams (1: greedy), as ``attnlab translate --beams``;
+                default the task's evaluation (:attr:`beams`).
+            source_ids: the encoder's input ids verbatim, instead of ``text``.
+
+        Returns:
+            :class:`~attnlab.tasks.base.ModelInputs`.
+        """
+        src = list(source_ids) if source_ids is not None else self.encode_source(text)
+        if target is not None:
+            tgt = [self.bos_id, *self.tgt_tok.encode(target), self.eos_id]
+        else:
+            tgt = self._decode(model, [src], beams)[0]
+        return self._model_inputs(src, tgt)
+
+    def probe_inputs(self, text: str) -> ModelInputs:
+        """A fixed teacher-forced input: the source and its correct target.
+
+        The target is the task's reference answer when it knows one (copy/reverse/sort);
+        otherwise ``text`` may carry it as ``"SOURCE ||| TARGET"``; without either the decoder
+        reads ``<bos>`` alone.
+        """
+        source, sep, target = text.partition(" ||| ")
+        src = self.encode_source(source)
+        if sep:
+            body = list(self.tgt_tok.encode(target))
+        elif self.reference is not None:
+            body = self.reference(src[: len(src) - len(self.source_suffix)])
+        else:
+            body = []
+        return self._model_inputs(src, [self.bos_id, *body, self.eos_id])
+
+    def _model_inputs(self, src: list[int], tgt: list[int]) -> ModelInputs:
+        return ModelInputs(
+            kind="seq2seq",
+            source_ids=tuple(src),
+            target_ids=tuple(tgt),
+            source_tokens=tuple(token_labels(self.src_tok, src)),
+            target_tokens=tuple(token_labels(self.tgt_tok, tgt[1:])),
+            output=self._output_text(tgt),
+        )
