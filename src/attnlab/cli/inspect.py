@@ -24,10 +24,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from attnlab.cli import CLIError
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.inspect.ablation import HeadImportance, head_importance, pruning_curve
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.tasks.figures import capture_inputs
-from attnlab.tasks.run import load_run
+from attnlab.tasks.options import positive_int
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.run import Run, load_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +42,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and print entropy, max weight, row sums, masked rows and NaN/inf per layer and head.",
     )
     p.add_argument("run", metavar="RUN", help="run folder, checkpoint folder or GPT-2 directory")
-    add_input_arguments(p)
+    add_input_arguments(p, text_required=False)
+    p.add_argument(
+        "--ablate",
+        action="store_true",
+        help="instead of a text: the loss (and the task's score) when each head alone is "
+        "removed, the Michel et al. (2019) gradient importance, and a figure of loss against "
+        "heads pruned in importance order (--figure)",
+    )
+    p.add_argument(
+        "--by",
+        choices=("ablation", "gradient"),
+        default="ablation",
+        help="--ablate: the importance that orders the pruning (default ablation)",
+    )
+    p.add_argument(
+        "--examples",
+        type=positive_int,
+        default=200,
+        help="--ablate: held-out examples to measure on (default 200)",
+    )
+    p.add_argument("--figure", default="pruning.png", help="--ablate: the figure to write")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
     p.add_argument("--atol", type=float, default=None, help="row-sum tolerance")
     p.add_argument(
@@ -88,6 +112,10 @@ def _table(report: HealthReport) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_run(args.run, device=args.device)
+    if args.ablate:
+        return _ablate(loaded, args)
+    if args.text is None and args.ids is None:
+        raise CLIError("inspect needs --text TEXT (or --ids), or --ablate")
     inputs = model_inputs(loaded, args)
     names = None
     if args.layer:
@@ -119,3 +147,69 @@ def run(args: argparse.Namespace) -> int:
         for line in report.problems():
             console.print(f"[red]{line}[/]")
     return 0 if report.ok else 1
+
+
+def _ablate(loaded: Run, args: argparse.Namespace) -> int:
+    from attnlab.viz.pruning import pruning_figure
+
+    if args.text is not None or args.ids is not None or args.layer:
+        raise CLIError(
+            "--ablate measures every head on held-out data; it takes no --text/--ids/--layer"
+        )
+    task = get_task(loaded.task) if loaded.task else None
+    if task is None or not hasattr(task, "evaluation_set"):
+        raise CLIError(f"{loaded.path} names no task with held-out data to measure heads on")
+    data = task.evaluation_set(loaded.args, loaded.io, args.examples)
+    importance = head_importance(loaded.model, data.batches)
+    curve = pruning_curve(loaded.model, data.batches, importance.order(args.by), metric=data.metric)
+    pruning_figure(
+        curve,
+        title=f"{loaded.path.parent.parent.name}: heads removed, least important first ({args.by})",
+        metric_label=data.metric_name,
+    ).save(args.figure)
+    if args.json:
+        out = {
+            "metric": data.metric_name,
+            "by": args.by,
+            "importance": importance.to_dict(),
+            "pruning": curve.to_dict(),
+            "figure": str(args.figure),
+        }
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return 0
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(_importance_table(importance, curve.metric[0] if curve.metric else None, data))
+    _print_curve(console, curve, data.metric_name)
+    console.print(f"figure: {args.figure}", soft_wrap=True)
+    return 0
+
+
+def _importance_table(importance: HeadImportance, base_metric: float | None, data: Any) -> Table:
+    t = Table(
+        title=f"head importance (Michel et al. 2019) on {len(data.batches)} held-out batches — "
+        f"Δloss: loss with the head alone removed minus {importance.base_loss:.4f}; "
+        "|∂L/∂ξ|: gradient of the head mask"
+        + (" (normalised per layer)" if importance.normalized else ""),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    t.add_column("layer", no_wrap=True)
+    t.add_column("kind")
+    for h in range(importance.num_heads):
+        t.add_column(f"head {h}", justify="right", no_wrap=True)
+    for li, (layer, kind) in enumerate(zip(importance.layers, importance.kinds)):
+        cells = [
+            f"{importance.ablation[li, h]:+.3f} / {importance.gradient[li, h]:.2f}"
+            for h in range(importance.num_heads)
+        ]
+        t.add_row(layer, kind, *cells)
+    return t
+
+
+def _print_curve(console: Console, curve: Any, metric_name: str) -> None:
+    console.print(f"pruning, least important first ({curve.total_heads} heads):")
+    marks = sorted({0, len(curve.loss) // 4, len(curve.loss) // 2, 3 * len(curve.loss) // 4,
+                    len(curve.loss) - 1})  # fmt: skip
+    for n in marks:
+        metric = "" if curve.metric is None else f"  {metric_name} {100 * curve.metric[n]:.1f}%"
+        console.print(f"  {curve.num_pruned[n]:>3} removed: loss {curve.loss[n]:.4f}{metric}")

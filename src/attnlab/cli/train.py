@@ -68,7 +68,19 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="clip the gradient norm to this ('none' to disable; default 1.0)",
     )
-    g.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    precision = g.add_mutually_exclusive_group()
+    precision.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    precision.add_argument(
+        "--fp16",
+        action="store_true",
+        help="fp16 autocast with a gradient scaler (part of the run's configuration)",
+    )
+    g.add_argument(
+        "--grad-checkpoint",
+        action="store_true",
+        help="gradient checkpointing: recompute activations in the backward pass, trading "
+        "compute for memory; results do not change, so it may differ on --resume",
+    )
     g.add_argument(
         "--eval-every",
         type=non_negative_int,
@@ -156,11 +168,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         seed_everything(args.seed)
         setup = task.build(args, dist.device)
+        # not part of the run's configuration: recomputing activations does not change results
+        if getattr(args, "grad_checkpoint", False):
+            if not hasattr(setup.model, "gradient_checkpointing"):
+                raise ValueError(
+                    f"--grad-checkpoint: the model of task {args.task!r} "
+                    f"({type(setup.model).__name__}) has no gradient checkpointing"
+                )
+            setup.model.gradient_checkpointing = True
         config = TrainConfig(
             steps=args.steps,
             grad_accum=args.grad_accum,
             clip=args.clip,
             bf16=args.bf16,
+            fp16=getattr(args, "fp16", False),
             eval_every=args.eval_every,
             save_every=args.save_every,
             keep_last=args.keep_last,

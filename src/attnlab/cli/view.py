@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnlab.cli import CLIError
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.run import load_run
@@ -27,17 +28,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "path", metavar="RUN_OR_CHECKPOINT", help="run folder, checkpoint folder or GPT-2 directory"
     )
-    add_input_arguments(p)
+    add_input_arguments(p, text_required=False)
+    p.add_argument(
+        "--training",
+        action="store_true",
+        help="the attention recorded while the run trained (--probe), with a step slider",
+    )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.training:
+        return _training_view(args)
+    if args.text is None and args.ids is None:
+        raise CLIError("view needs --text TEXT (or --ids), or --training")
     loaded = load_run(args.path, device=args.device)
     inputs = model_inputs(loaded, args)
     cache = capture_inputs(loaded.model, inputs)
     title = f"attnlab · {Path(args.path).name} · {inputs.output}"
     out = write_viewer(viewer_for(inputs, cache, title), args.output)
     Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def _training_view(args: argparse.Namespace) -> int:
+    from attnlab.tasks.probe import load_probe_history
+    from attnlab.viz.evolution import viewer_data_from_history
+
+    if args.text is not None or args.ids is not None:
+        raise CLIError("--training shows the recorded probe; it takes no --text or --ids")
+    history = load_probe_history(args.path)
+    title = f"attnlab · {Path(args.path).name} · attention during training"
+    out = write_viewer(viewer_data_from_history(history, title=title), args.output)
+    Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({len(history.steps)} steps)")
     return 0

@@ -25,7 +25,7 @@ from attnlab.data.tasks import TASK_NAMES, SequenceTask, SequenceTaskConfig
 from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
-from attnlab.tasks.base import TaskSetup
+from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.figures import save_attention_figures
 from attnlab.tasks.options import add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
@@ -268,6 +268,20 @@ class AlgorithmicTask:
             report=report,
             io=io,
         )
+
+    def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
+        """The first ``limit`` held-out strings: batches of 64 and greedy exact-match accuracy."""
+        task = self.make_task(argparse.Namespace(**args))
+        sources = task.heldout()[:limit]
+        batches = [task.make_batch(sources[i : i + 64]) for i in range(0, len(sources), 64)]
+        targets = [task.target(s) for s in sources]
+        inputs = [io.source_ids(s) for s in sources]
+
+        def accuracy(model: nn.Module) -> float:
+            predictions = decode_sources(model, inputs, max_new_tokens=io.max_new_tokens)
+            return exact_match_accuracy(predictions, targets)
+
+        return EvaluationSet(batches, accuracy, "exact-match accuracy")
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
         """The run's text path, from its saved options and ``tokenizer.json``."""

@@ -40,7 +40,7 @@ from torch import nn
 
 from attnlab.training.trainer import BatchSource
 
-__all__ = ["ModelInputs", "Task", "TaskIO", "TaskSetup", "token_labels"]
+__all__ = ["EvaluationSet", "ModelInputs", "Task", "TaskIO", "TaskSetup", "token_labels"]
 
 
 @dataclass
@@ -154,6 +154,23 @@ class ModelInputs:
         }
 
 
+@dataclass(frozen=True)
+class EvaluationSet:
+    """Held-out data of a run, to measure what removing heads costs
+    (:func:`attnlab.inspect.head_importance`, ``attnlab inspect RUN --ablate``).
+
+    Attributes:
+        batches: teacher-forced batches the model's default loss reads.
+        metric: ``model -> float``, the task's score (e.g. exact-match accuracy of greedy
+            decoding), or ``None``.
+        metric_name: what the metric is.
+    """
+
+    batches: list[Any]
+    metric: Callable[[nn.Module], float] | None = None
+    metric_name: str = "metric"
+
+
 @runtime_checkable
 class TaskIO(Protocol):
     """A task's one path between text and the model (see the module docstring)."""
@@ -186,4 +203,8 @@ class Task(Protocol):
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> TaskIO:
         """The task's :class:`TaskIO` from a run's saved options and files (tokenizers)."""
+        ...
+
+    def evaluation_set(self, args: Mapping[str, Any], io: TaskIO, limit: int) -> EvaluationSet:
+        """At most ``limit`` held-out examples of a run, as batches and a metric (optional)."""
         ...

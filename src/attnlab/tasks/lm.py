@@ -25,7 +25,7 @@ from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_j
 from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.models.config import GPTConfig, config_to_dict
 from attnlab.models.gpt import GPT
-from attnlab.tasks.base import ModelInputs, TaskSetup, token_labels
+from attnlab.tasks.base import EvaluationSet, ModelInputs, TaskSetup, token_labels
 from attnlab.tasks.options import positive_float, positive_int, probability
 from attnlab.tasks.registry import register_task
 from attnlab.training.losses import TokenLoss, token_loss
@@ -409,6 +409,13 @@ class LanguageModelTask:
             report=report,
             io=LMIO(corpus.tokenizer, config.n_positions),
         )
+
+    def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
+        """Validation batches of the run's ``--data`` file (at most ``limit`` sequences)."""
+        corpus = load_corpus(args["data"], bpe=args["bpe"], bpe_vocab=args["bpe_vocab"])
+        block, size = int(args["block_size"]), int(args["batch_size"])
+        val = LMBatchSource(corpus.val, block, size, int(args["seed"]), _VAL_STREAM)
+        return EvaluationSet([val.batch(i) for i in range(max(1, limit // size))])
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> LMIO:
         """The run's text path, from its saved ``tokenizer.json``."""

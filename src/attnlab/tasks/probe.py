@@ -33,7 +33,7 @@ from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
 if TYPE_CHECKING:
     from attnlab.viz.evolution import ProbeHistory
 
-__all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history"]
+__all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history", "write_training_figures"]
 
 PROBE_DIR = "probe"
 _META = "probe.json"
@@ -152,3 +152,28 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         sequences={k: list(v) for k, v in meta["sequences"].items()},
         layer_sequences={n: (q, k) for n, (q, k) in meta["layer_sequences"].items()},
     )
+
+
+def write_training_figures(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Draw a run's recorded probe: ``training.png`` (the heads of one layer from step 0 to the
+    end), ``training_entropy.png`` (every head's mean entropy per step) and ``training.html``
+    (the viewer with a step slider), in the run folder.
+
+    Returns:
+        The paths written.
+    """
+    from attnlab.viz.evolution import (
+        attention_evolution,
+        head_entropy_curves,
+        viewer_data_from_history,
+    )
+    from attnlab.viz.viewer import write_viewer
+
+    run = Path(run_dir)
+    history = load_probe_history(run)
+    paths = [run / "training.png", run / "training_entropy.png", run / "training.html"]
+    attention_evolution(history).save(paths[0])
+    head_entropy_curves(history).save(paths[1])
+    title = f"attnlab · {run.name} · attention during training"
+    write_viewer(viewer_data_from_history(history, title=title), paths[2])
+    return paths

@@ -18,10 +18,11 @@ A :class:`Trainer` takes
   optional task files (the tokenizer) and an optional ``evaluate(model) -> {name: value}``.
 
 Each optimizer step: ``grad_accum`` micro-batches (each rank keeps its slice of every global
-batch), backward in bf16 autocast when asked, gradients scaled to the token-weighted mean, clipped
-to ``clip``, optimizer and scheduler step. Every step appends a line to ``metrics.jsonl`` in the
-run folder (``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
-"elapsed"}``), evaluation lines (``{"kind": "eval", "step", ...}``) every ``eval_every`` steps and
+batch), forward and loss in bf16 or fp16 autocast when asked, gradients scaled to the
+token-weighted mean, clipped to ``clip``, optimizer and scheduler step. Every step appends a line
+to ``metrics.jsonl`` in the run folder (``{"kind": "train", "step", "loss", "lr", "grad_norm",
+"tokens", "tokens_per_s", "elapsed"}``, plus ``"loss_scale"`` and ``"skipped"`` in fp16 runs),
+evaluation lines (``{"kind": "eval", "step", ...}``) every ``eval_every`` steps and
 at the end, and a checkpoint every ``save_every`` steps and at the end (see
 :mod:`attnlab.training.checkpoint`). Evaluation runs under ``torch.no_grad`` in eval mode with the
 random states saved and restored around it, so evaluating never changes the training trajectory.
@@ -31,6 +32,23 @@ checkpoint and return a :class:`TrainResult` with ``interrupted=True``; a second
 once. :meth:`Trainer.resume` restores a run — model, optimizer, scheduler, step, RNG states and
 data position — so that on the CPU the continued run is bit-identical to one that never stopped;
 it refuses (``ValueError``, nothing written) when the run configuration differs from the saved one.
+
+Mixed precision. bf16 has fp32's exponent range, so it needs nothing but autocast. fp16 does
+not: gradients below ~6e-8 flush to zero. With ``fp16=True`` the loss is multiplied by a scale
+``S`` before the backward pass (``torch.amp.GradScaler``), so the fp16 gradients are ``S · g``;
+before clipping they are divided by ``S`` again (``unscale_``), and the optimizer step is taken
+only when they are all finite:
+
+    backward(S · Σ_micro count · loss)      →  grads = S · ∇
+    unscale_: grads /= S                    (records whether any is inf/NaN)
+    clip, then step if all finite else skip;  S ← S / 2 after an overflow,
+                                               S ← 2 · S after 2000 clean steps
+
+A skipped step still counts (the step number, the scheduler and the data move on) and is logged
+as a warning and with ``"skipped": true``. The scaler's state (``S`` and its growth counter) is
+part of the training state, so a resumed fp16 run stays bit-identical. fp16 autocast and the
+gradient scaler run on the CPU too (PyTorch ≥ 2.3), slowly: fp16 is for GPUs; on a CPU bf16
+is the fast reduced precision.
 
 Progress display is a callback (:class:`TrainerCallback`); the command line uses
 :class:`attnlab.training.progress.RichProgress`.
@@ -47,6 +65,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +161,8 @@ class TrainConfig:
         grad_accum: micro-batches per optimizer step. Default: 1.
         clip: clip the gradient's global L2 norm to this (``None``: no clipping). Default: 1.0.
         bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``. Default: False.
+        fp16: run forward and loss under ``torch.autocast(dtype=torch.float16)`` with a gradient
+            scaler (see the module docstring). Not together with ``bf16``. Default: False.
         eval_every: evaluate every this many steps (0: only at the end). Default: 0.
         save_every: checkpoint every this many steps (0: only at the end). Default: 0.
         keep_last: how many checkpoints to keep. Default: 2.
@@ -158,8 +179,18 @@ class TrainConfig:
     keep_last: int = 2
     log_every: int = 1
     eval_at_end: bool = True
+    fp16: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("bf16", "fp16"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+        if self.bf16 and self.fp16:
+            raise ValueError(
+                "bf16 and fp16 exclude each other: choose one reduced precision, "
+                "got bf16=True and fp16=True"
+            )
         for name in ("steps", "eval_every", "save_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -176,8 +207,16 @@ class TrainConfig:
             raise ValueError(f"clip must be a positive float or None, got {self.clip!r}")
 
     def trajectory(self) -> dict[str, Any]:
-        """The fields that change what is computed (saved in ``config.json`` and compared on resume)."""
-        return {"grad_accum": self.grad_accum, "clip": self.clip, "bf16": self.bf16}
+        """The fields that change what is computed (saved in ``config.json`` and compared on resume).
+
+        ``{"grad_accum", "clip", "bf16"}``, plus ``"fp16": True`` only in an fp16 run: the
+        configurations saved before fp16 existed compare equal to fp32/bf16 runs of today, and
+        resuming an fp16 run without fp16 (or the reverse) is refused.
+        """
+        out: dict[str, Any] = {"grad_accum": self.grad_accum, "clip": self.clip, "bf16": self.bf16}
+        if self.fp16:
+            out["fp16"] = True
+        return out
 
 
 @dataclass
@@ -189,10 +228,14 @@ class StepMetrics:
         total_steps: the run's ``TrainConfig.steps``.
         loss: token-weighted mean training loss of the step (over all ranks).
         lr: learning rate used by the step (first parameter group).
-        grad_norm: global gradient L2 norm before clipping.
+        grad_norm: global gradient L2 norm before clipping (unscaled in fp16 runs; inf/NaN
+            when the step was skipped).
         tokens: tokens (loss positions) of the step over all ranks.
         tokens_per_s: tokens per second of the step.
         elapsed: seconds since :meth:`Trainer.fit` started.
+        loss_scale: the fp16 gradient scaler's scale used by the step (``None`` unless fp16).
+        skipped: the fp16 gradients overflowed, so the optimizer step was skipped (the step
+            still counts).
     """
 
     step: int
@@ -203,6 +246,8 @@ class StepMetrics:
     tokens: float
     tokens_per_s: float
     elapsed: float
+    loss_scale: float | None = None
+    skipped: bool = False
 
 
 @dataclass
@@ -361,6 +406,10 @@ class Trainer:
             raise TypeError(
                 f"the scheduler must be a torch LRScheduler, got {type(self.scheduler).__name__}"
             )
+        # fp16: scale the loss so small gradients survive in fp16 (see the module docstring)
+        self.scaler: torch.amp.GradScaler | None = (
+            torch.amp.GradScaler(self.dist.device.type) if config.fp16 else None
+        )
         self.forward_model: nn.Module = self.model
         if self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
@@ -385,6 +434,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "data": self.batches.state_dict(),
             "rng": get_rng_state(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
     def save(self) -> Path | None:
@@ -438,6 +488,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.step = int(state["step"])
@@ -513,9 +565,11 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if not self.config.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
+        if self.config.bf16:
+            return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
+        if self.config.fp16:
+            return torch.autocast(self.dist.device.type, dtype=torch.float16)
+        return contextlib.nullcontext()
 
     def run_evaluation(self) -> dict[str, float] | None:
         """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards)."""
@@ -539,13 +593,22 @@ class Trainer:
         barrier()
         return metrics
 
-    def _train_step(self) -> tuple[float, float, float, bool]:
-        """One optimizer step. Returns (loss, grad_norm, tokens, stop requested on any rank)."""
+    def _train_step(self) -> tuple[float, float, float, bool, bool]:
+        """One optimizer step.
+
+        Returns:
+            ``(loss, grad_norm, tokens, stop requested on any rank, step skipped)``.
+        """
         cfg = self.config
         params = [p for p in self.model.parameters() if p.requires_grad]
         loss_sum = torch.zeros((), dtype=torch.float64)
         weight = 0.0
         tokens = 0.0
+        # fp16: backpropagate count/c · mean instead of count · mean, with c the size of the
+        # step's first global micro-batch (the same number on every rank), so that the scaled
+        # gradients have the size of a mean loss's and do not overflow fp16 merely because a
+        # batch has many tokens. c = 1 otherwise (fp32/bf16 compute exactly as before).
+        c = 1.0
         for micro in range(cfg.grad_accum):
             batch = self.batches.next_batch()
             local = _to_device(
@@ -567,8 +630,14 @@ class Trainer:
                     raise TypeError(
                         f"loss_fn must return a TokenLoss or a tensor, got {type(out).__name__}"
                     )
-                # Σ_micro count · mean  — normalised below by the global count
-                (loss.float() * count).backward()
+                if self.scaler is not None and micro == 0 and isinstance(out, TokenLoss):
+                    first = _first_tensor(batch)
+                    c = float(max(first.numel(), 1)) if first is not None else 1.0
+                # Σ_micro count/c · mean  — normalised below by the global count
+                total = loss.float() * (count / c)
+                if self.scaler is not None:
+                    total = self.scaler.scale(total)  # S · Σ count/c · mean (fp16)
+                total.backward()
             loss_sum += loss.detach().double().cpu() * count
             weight += count
             tokens += n_tok
@@ -577,22 +646,34 @@ class Trainer:
         )
         totals = all_reduce_sum(totals)
         g_loss, g_weight, g_tokens, g_stop = totals.tolist()
-        # DDP averages gradients over ranks, so grad = (1/W) Σ count·∇mean; rescale to the
-        # token-weighted mean over the global batch: ∇ = W / Σcount · grad
-        scale = self.dist.world_size / max(g_weight, 1e-12)
+        # DDP averages gradients over ranks, so grad = (1/W) Σ count/c·∇mean; rescale to the
+        # token-weighted mean over the global batch: ∇ = W·c / Σcount · grad
+        scale = self.dist.world_size * c / max(g_weight, 1e-12)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(scale)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # grads /= S, before the norm and clipping
         if cfg.clip is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
         else:
             grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
             norm = float(torch.stack(grads).norm()) if grads else 0.0
-        self.optimizer.step()
+        skipped = False
+        if self.scaler is not None:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skipped when a gradient is inf/NaN
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < before  # the scale backs off only on overflow
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
-            self.scheduler.step()
-        return g_loss / max(g_weight, 1e-12), norm, g_tokens, g_stop > 0
+            with warnings.catch_warnings():
+                if skipped:  # a skipped first step still counts: the schedule moves on
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+                self.scheduler.step()
+        return g_loss / max(g_weight, 1e-12), norm, g_tokens, g_stop > 0, skipped
 
     def fit(self) -> TrainResult:
         """Train up to ``config.steps`` (from the current step; see :meth:`resume`).
@@ -613,13 +694,22 @@ class Trainer:
         with self._signals():
             while self.step < cfg.steps:
                 lr = float(self.optimizer.param_groups[0]["lr"])
+                loss_scale = self.scaler.get_scale() if self.scaler is not None else None
                 t0 = time.perf_counter()
-                loss, norm, tokens, stop = self._train_step()
+                loss, norm, tokens, stop, skipped = self._train_step()
                 self.step += 1
                 dt = max(time.perf_counter() - t0, 1e-9)
                 losses.append(loss)
                 if not math.isfinite(loss):
                     logger.warning("step %d: the loss is %s", self.step, loss)
+                if skipped and self.scaler is not None:
+                    logger.warning(
+                        "step %d: fp16 gradients overflowed at loss scale %g; the optimizer step "
+                        "was skipped and the scale lowered to %g",
+                        self.step,
+                        loss_scale,
+                        self.scaler.get_scale(),
+                    )
                 m = StepMetrics(
                     step=self.step,
                     total_steps=cfg.steps,
@@ -629,9 +719,14 @@ class Trainer:
                     tokens=tokens,
                     tokens_per_s=tokens / dt,
                     elapsed=time.perf_counter() - start,
+                    loss_scale=loss_scale,
+                    skipped=skipped,
                 )
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    self._log({"kind": "train", **dataclasses.asdict(m)})
+                    record = dataclasses.asdict(m)
+                    if not cfg.fp16:  # the lines of fp32/bf16 runs stay as they were
+                        del record["loss_scale"], record["skipped"]
+                    self._log({"kind": "train", **record})
                 for cb in self.callbacks:
                     cb.on_step(m)
                 # one process stops at once; several stop together at the next step's all-reduce

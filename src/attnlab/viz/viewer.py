@@ -3,14 +3,18 @@
 The page (``templates/viewer.html`` with its ``.js`` and ``.css`` inlined at render time) shows
 token-to-token lines and the weight matrix (drawn on a canvas, so 1,000 tokens stay usable), lets
 one choose the attention group (encoder self, decoder self, decoder cross — or a GPT's self), the
-layer and the head (or all heads), shows exact values on hover and the mask on demand.
+layer and the head (or all heads), shows exact values on hover and the mask on demand. With
+``steps`` (attention recorded during training, see :mod:`attnlab.viz.evolution`) a slider picks
+the training step.
 
-Weights travel as base64 float32 (exact values), masks as base64 uint8.
+Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
+``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -39,7 +43,8 @@ class AttentionLayer:
 
     Attributes:
         name: module path, e.g. ``"decoder.layers.0.cross_attn"``.
-        weights: ``(H, T_q, T_k)`` float array.
+        weights: ``(H, T_q, T_k)`` float array, or ``(S, H, T_q, T_k)`` when the
+            :class:`ViewerData` has ``steps``.
         mask: boolean ``(T_q, T_k)`` (``True = may attend``) or ``None``.
     """
 
@@ -74,15 +79,29 @@ class ViewerData:
         sequences: token texts by sequence name (``{"tokens": [...]}`` or
             ``{"source": [...], "target": [...]}``).
         groups: attention groups.
+        steps: training steps, strictly ascending, when the weights were recorded during
+            training; then every layer's weights are ``(S, H, T_q, T_k)`` with
+            ``S = len(steps)`` and the page shows a step slider. ``None`` (default): one
+            ``(H, T_q, T_k)`` per layer, no slider.
     """
 
     title: str
     sequences: dict[str, list[str]]
     groups: list[AttentionGroup]
+    steps: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError("groups must hold at least one attention group, got none")
+        if self.steps is not None:
+            steps = list(self.steps)
+            if not steps:
+                raise ValueError("steps must hold at least one step (or be None), got none")
+            for s in steps:
+                if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+                    raise TypeError(f"steps must hold ints, got {type(s).__name__}")
+            if any(b <= a for a, b in itertools.pairwise(steps)):
+                raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
         for g in self.groups:
             for side in (g.query, g.key):
                 if side not in self.sequences:
@@ -92,7 +111,14 @@ class ViewerData:
             t_q, t_k = len(self.sequences[g.query]), len(self.sequences[g.key])
             for layer in g.layers:
                 w = layer.weights
-                if w.ndim != 3 or w.shape[1:] != (t_q, t_k):
+                if self.steps is not None:
+                    n = len(self.steps)
+                    if w.ndim != 4 or w.shape[0] != n or w.shape[2:] != (t_q, t_k):
+                        raise ValueError(
+                            f"weights of {layer.name!r} must be (S, H, T_q, T_k) = ({n}, H, {t_q}, {t_k}) "
+                            f"with steps, got {shape_str(w.shape)}"
+                        )
+                elif w.ndim != 3 or w.shape[1:] != (t_q, t_k):
                     raise ValueError(
                         f"weights of {layer.name!r} must be (H, T_q, T_k) = (H, {t_q}, {t_k}), got {shape_str(w.shape)}"
                     )
@@ -102,13 +128,15 @@ class ViewerData:
                     )
 
     def to_json(self) -> dict:
-        """The page's JSON (weights as base64 little-endian float32, masks as base64 uint8)."""
+        """The page's JSON (weights as base64 little-endian float32, masks as base64 uint8; with
+        ``steps`` each layer's weights are all steps in order, ``(S, H, T_q, T_k)``)."""
 
         def b64(a: np.ndarray) -> str:
             return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
 
         return {
             "title": self.title,
+            "steps": None if self.steps is None else [int(s) for s in self.steps],
             "sequences": self.sequences,
             "groups": [
                 {
@@ -118,7 +146,7 @@ class ViewerData:
                     "layers": [
                         {
                             "name": layer.name,
-                            "heads": int(layer.weights.shape[0]),
+                            "heads": int(layer.weights.shape[-3]),
                             "weights": b64(layer.weights.astype("<f4")),
                             "mask": None
                             if layer.mask is None
@@ -228,14 +256,23 @@ def render_viewer(data: ViewerData) -> str:
     """
     if not isinstance(data, ViewerData):
         raise TypeError(f"data must be a ViewerData, got {type(data).__name__}")
-    payload = json.dumps(data.to_json(), separators=(",", ":")).replace("</", "<\\/")
-    html = _template("viewer.html")
-    # replace in an order where no inserted text can contain a later placeholder
-    html = html.replace("/*@CSS@*/", _template("viewer.css"))
-    html = html.replace("@TITLE@", _escape(data.title))
-    html = html.replace("/*@JS@*/", _template("viewer.js").replace("</", "<\\/"))
-    html = html.replace("/*@DATA@*/", payload)
-    return html
+    payload = _script_json(data.to_json())
+    parts = {
+        "/*@CSS@*/": _template("viewer.css"),
+        "@TITLE@": _escape(data.title),
+        "/*@JS@*/": _template("viewer.js").replace("</", "<\\/"),
+        "/*@DATA@*/": payload,
+    }
+    # one pass: an inserted text (a title, a token) is never searched for placeholders again
+    pattern = re.compile("|".join(re.escape(k) for k in parts))
+    return pattern.sub(lambda m: parts[m.group(0)], _template("viewer.html"))
+
+
+def _script_json(obj: object) -> str:
+    """JSON safe inside ``<script>``: ``<``, ``>`` and ``&`` become ``\\u003c``, ``\\u003e``,
+    ``\\u0026`` (outside strings JSON has none of them, so the text parses to the same value)."""
+    text = json.dumps(obj, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _escape(text: str) -> str:

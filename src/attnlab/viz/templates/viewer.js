@@ -11,7 +11,9 @@
     for (let c = 0; c < 3; c++) LUT[i * 3 + c] = ANCHORS[k][c] + f * (ANCHORS[k + 1][c] - ANCHORS[k][c]);
   }
   const MASK_RGB = [230, 190, 190];
-  const state = { group: 0, layer: 0, head: 0, view: "matrix", showMask: false, threshold: 0.02, focus: -1 };
+  const STEPS = Array.isArray(DATA.steps) && DATA.steps.length ? DATA.steps : null;
+  const state = { group: 0, layer: 0, head: 0, view: "matrix", showMask: false, threshold: 0.02, focus: -1,
+    step: STEPS ? STEPS.length - 1 : 0 };
   const cache = new Map();
   const canvas = document.getElementById("canvas");
   const ctx = canvas.getContext("2d");
@@ -31,9 +33,12 @@
       cache.set(key, { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
     }
     const tq = DATA.sequences[g.query].length, tk = DATA.sequences[g.key].length;
-    return Object.assign({ g, L, tq, tk, q: DATA.sequences[g.query], k: DATA.sequences[g.key] }, cache.get(key));
+    // with steps the weights are (S, H, T_q, T_k): this step's block starts at step · H · T_q · T_k
+    const offset = STEPS ? state.step * L.heads * tq * tk : 0;
+    return Object.assign({ g, L, tq, tk, offset, q: DATA.sequences[g.query], k: DATA.sequences[g.key] }, cache.get(key));
   }
-  function weight(c, h, i, j) { return c.w[(h * c.tq + i) * c.tk + j]; }
+  function weight(c, h, i, j) { return c.w[c.offset + (h * c.tq + i) * c.tk + j]; }
+  function stepText() { return STEPS ? "training step " + STEPS[state.step] : ""; }
   function allowed(c, i, j) { return !c.m || c.m[i * c.tk + j] === 1; }
 
   function buttons(id, items, active, onClick, cls) {
@@ -174,6 +179,7 @@
     if (state.view === "matrix") drawMatrix(c); else drawLines(c);
     renders++;
     document.getElementById("info").textContent = c.L.name + " · " + c.tq + " × " + c.tk +
+      (STEPS ? " · " + stepText() : "") +
       (state.view === "matrix" ? " · colour √(weight / max of the head)" : "");
   }
 
@@ -215,8 +221,9 @@
     if (!t) { tip.hidden = true; return; }
     const v = weight(t.c, t.h, t.i, t.j);
     const masked = !allowed(t.c, t.i, t.j);
-    showTip(ev, "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) + " → key " + t.j + " " +
-      JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : ""), { v, ...t });
+    showTip(ev, (STEPS ? stepText() + "\n" : "") + "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) +
+      " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : ""),
+      { v, ...t });
   });
   canvas.addEventListener("mouseleave", () => {
     tip.hidden = true;
@@ -225,17 +232,34 @@
   function showTip(ev, text, t) {
     tip.textContent = text; tip.hidden = false;
     tip.style.left = ev.clientX + 14 + "px"; tip.style.top = ev.clientY + 14 + "px";
-    if (t) { tip.dataset.value = String(t.v); tip.dataset.head = t.h; tip.dataset.query = t.i; tip.dataset.key = t.j; }
+    if (t) {
+      tip.dataset.value = String(t.v); tip.dataset.head = t.h; tip.dataset.query = t.i; tip.dataset.key = t.j;
+      if (STEPS) tip.dataset.step = String(STEPS[state.step]);
+    }
   }
 
   document.querySelectorAll(".view-btn").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; state.focus = -1; update(); }));
   document.getElementById("show-mask").addEventListener("change", (e) => { state.showMask = e.target.checked; draw(); });
   document.getElementById("threshold").addEventListener("change", (e) => { state.threshold = Number(e.target.value) || 0; draw(); });
   window.addEventListener("resize", () => draw());
+  if (STEPS) {
+    const slider = document.getElementById("step"), label = document.getElementById("step-label");
+    document.getElementById("step-row").hidden = false;
+    slider.max = String(STEPS.length - 1);
+    slider.value = String(state.step);
+    label.textContent = stepText();
+    slider.addEventListener("input", () => {
+      state.step = Number(slider.value);
+      label.textContent = stepText();
+      tip.hidden = true;
+      draw();
+    });
+  }
 
   // a small API for scripts and tests: where a matrix cell is on screen, how often we drew
   window.attnlabViewer = {
     state,
+    steps: STEPS,
     get renders() { return renders; },
     cellCenter(i, j, head) {
       if (!geom || geom.view !== "matrix") return null;

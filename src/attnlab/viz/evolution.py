@@ -1,0 +1,590 @@
+"""Attention during training: the weights of one fixed probe input, recorded every few steps.
+
+A trainer runs the same probe (a sentence, a source/target pair) through the model every ``N``
+steps, from step 0 (before training) on, and keeps the attention weights of every layer in a
+:class:`ProbeHistory`. From it:
+
+* :func:`attention_evolution` — one layer, rows = recorded steps, columns = heads: how each head's
+  pattern forms, from the near-uniform attention of the initial weights to its trained role;
+* :func:`head_entropy_curves` — the mean row entropy of every head against the step, one panel per
+  layer: heads that learn different roles show as curves that separate;
+* :func:`viewer_data_from_history` — the HTML viewer with a step slider.
+
+Recording, e.g. inside a training loop::
+
+    history = ProbeHistory.new(tokens=probe_words)            # a GPT; or source=…, target=…
+    for step in range(num_steps + 1):
+        if step % every == 0:
+            with torch.no_grad(), attnlab.inspect.capture(model) as cache:
+                model(probe_ids)
+            history.record(step, cache.attentions, cache.kinds)
+        ...                                                     # one optimisation step
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnlab._checks import check_positive_int, shape_str
+from attnlab.viz.figures import (
+    Plot,
+    Reduced,
+    _draw_grid,
+    _labels_that_fit,
+    _new_figure,
+    reduce_attention,
+)
+from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData
+
+__all__ = [
+    "ProbeHistory",
+    "attention_evolution",
+    "head_entropy_curves",
+    "row_entropy",
+    "viewer_data_from_history",
+]
+
+KINDS = ("self", "cross")
+
+
+def _is_cross_name(name: str) -> bool:
+    return bool(re.search(r"cross|src_attn|enc_dec", name))
+
+
+def _is_encoder_name(name: str) -> bool:
+    return name.startswith("encoder") or ".encoder." in name
+
+
+@dataclass
+class ProbeHistory:
+    """The attention weights of one fixed probe input, recorded at several training steps.
+
+    Attributes:
+        steps: the recorded steps, strictly ascending (the first is usually 0, before training).
+        attentions: layer path → weights ``(S, H, T_q, T_k)`` with ``S = len(steps)`` (float32,
+            CPU), e.g. ``"transformer.h.0.attn"`` or ``"decoder.layers.1.cross_attn"``.
+        kinds: layer path → ``"self"`` or ``"cross"``.
+        sequences: the probe's token texts by name (``{"tokens": [...]}`` for a GPT,
+            ``{"source": [...], "target": [...]}`` for an encoder-decoder).
+        layer_sequences: layer path → ``(query sequence name, key sequence name)``, e.g.
+            ``("target", "source")`` for a cross-attention layer.
+
+    Build one with :meth:`new` and :meth:`record` (or :meth:`from_records`); the constructor
+    checks that everything agrees.
+
+    Shape:
+        ``attentions[path]``: ``(S, H, T_q, T_k)``, ``T_q = len(sequences[query name])``,
+        ``T_k = len(sequences[key name])``.
+    """
+
+    steps: list[int]
+    attentions: dict[str, torch.Tensor]
+    kinds: dict[str, str]
+    sequences: dict[str, list[str]]
+    layer_sequences: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        steps = [_check_step("steps", s) for s in self.steps]
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
+        self.steps = steps
+        if not self.sequences:
+            raise ValueError("sequences must name at least one token sequence, got none")
+        self.sequences = {str(k): [str(t) for t in v] for k, v in self.sequences.items()}
+        self.attentions = {
+            name: _as_weights(f"attentions[{name!r}]", w) for name, w in self.attentions.items()
+        }
+        self.layer_sequences = {n: (str(q), str(k)) for n, (q, k) in self.layer_sequences.items()}
+        if set(self.layer_sequences) != set(self.attentions):
+            raise ValueError(
+                "layer_sequences must name the query and key sequence of every layer in attentions, "
+                f"got layers {sorted(self.attentions)} and layer_sequences for {sorted(self.layer_sequences)}"
+            )
+        for name, w in self.attentions.items():
+            kind = self.kinds.get(name)
+            if kind not in KINDS:
+                raise ValueError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
+            q_name, k_name = self.layer_sequences[name]
+            for side in (q_name, k_name):
+                if side not in self.sequences:
+                    raise ValueError(
+                        f"layer_sequences[{name!r}] names sequence {side!r}, not in sequences "
+                        f"{list(self.sequences)}"
+                    )
+            want = (len(self.steps), len(self.sequences[q_name]), len(self.sequences[k_name]))
+            if w.dim() != 4 or (w.shape[0], w.shape[2], w.shape[3]) != want:
+                raise ValueError(
+                    f"attentions[{name!r}] must be (S, H, T_q, T_k) = ({want[0]}, H, {want[1]}, "
+                    f"{want[2]}), got {shape_str(w.shape)}"
+                )
+
+    # -- building --
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        tokens: Sequence[str] | None = None,
+        source: Sequence[str] | None = None,
+        target: Sequence[str] | None = None,
+    ) -> ProbeHistory:
+        """An empty history for a GPT's probe (``tokens``) or an encoder-decoder's
+        (``source`` and ``target``: the decoder's input tokens); fill it with :meth:`record`."""
+        if tokens is not None:
+            if source is not None or target is not None:
+                raise ValueError(
+                    "pass tokens (GPT) or source and target (encoder-decoder), not both"
+                )
+            sequences = {"tokens": [str(t) for t in tokens]}
+        elif source is not None and target is not None:
+            sequences = {"source": [str(t) for t in source], "target": [str(t) for t in target]}
+        else:
+            raise ValueError(
+                "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
+            )
+        return cls(steps=[], attentions={}, kinds={}, sequences=sequences, layer_sequences={})
+
+    def record(
+        self,
+        step: int,
+        attentions: Mapping[str, torch.Tensor | np.ndarray],
+        kinds: Mapping[str, str] | None = None,
+        *,
+        batch_index: int = 0,
+    ) -> None:
+        """Append the weights of one step (e.g. ``cache.attentions`` and ``cache.kinds`` of
+        :func:`attnlab.inspect.capture`).
+
+        Args:
+            step: the training step; larger than every recorded one.
+            attentions: layer path → ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``; the same layers
+                at every step.
+            kinds: layer path → ``"self"``/``"cross"`` (default: ``"cross"`` when the path says
+                so, e.g. ``cross_attn``).
+            batch_index: which sequence of the batch is the probe. Default 0.
+
+        Layers are given their token sequences on the first record: a GPT's layers
+        ``("tokens", "tokens")``; an encoder-decoder's encoder layers ``("source", "source")``,
+        cross-attention ``("target", "source")``, decoder self-attention ``("target", "target")``.
+        """
+        step = _check_step("step", step)
+        if self.steps and step <= self.steps[-1]:
+            raise ValueError(
+                f"step must be larger than the last recorded {self.steps[-1]}, got {step}"
+            )
+        if not attentions:
+            raise ValueError("attentions must hold at least one layer, got none")
+        if self.steps and set(attentions) != set(self.attentions):
+            raise ValueError(
+                f"attentions must hold the same layers at every step: recorded {sorted(self.attentions)}, "
+                f"got {sorted(attentions)}"
+            )
+        kinds = dict(kinds or {})
+        rows: dict[str, torch.Tensor] = {}
+        for name, w in attentions.items():
+            t = torch.as_tensor(w).detach().to("cpu", torch.float32)
+            if t.dim() == 4:
+                if not 0 <= batch_index < t.shape[0]:
+                    raise ValueError(f"batch_index must be in [0, {t.shape[0]}), got {batch_index}")
+                t = t[batch_index]
+            if t.dim() != 3:
+                raise ValueError(
+                    f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(t.shape)}"
+                )
+            rows[name] = t
+        new_layers = [n for n in rows if n not in self.attentions]
+        for name in new_layers:
+            kind = kinds.get(name) or ("cross" if _is_cross_name(name) else "self")
+            if kind not in KINDS:
+                raise ValueError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
+            self.kinds[name] = kind
+            self.layer_sequences[name] = self._sequences_of(name, kind)
+        for name, t in rows.items():
+            q_name, k_name = self.layer_sequences[name]
+            want = (len(self.sequences[q_name]), len(self.sequences[k_name]))
+            if tuple(t.shape[1:]) != want:
+                raise ValueError(
+                    f"attentions[{name!r}] must have (T_q, T_k) = {want} (sequences {q_name!r}, "
+                    f"{k_name!r}), got {shape_str(t.shape)}"
+                )
+            old = self.attentions.get(name)
+            if old is not None and old.shape[1] != t.shape[0]:
+                raise ValueError(
+                    f"attentions[{name!r}] has {t.shape[0]} heads, recorded {old.shape[1]}"
+                )
+        for name, t in rows.items():
+            old = self.attentions.get(name)
+            self.attentions[name] = t[None] if old is None else torch.cat([old, t[None]])
+        self.steps.append(step)
+
+    def _sequences_of(self, name: str, kind: str) -> tuple[str, str]:
+        if "tokens" in self.sequences and len(self.sequences) == 1:
+            return ("tokens", "tokens")
+        if {"source", "target"} <= set(self.sequences):
+            if kind == "cross":
+                return ("target", "source")
+            return ("source", "source") if _is_encoder_name(name) else ("target", "target")
+        raise ValueError(
+            f"cannot tell which sequences layer {name!r} reads from {list(self.sequences)}; "
+            "set layer_sequences yourself"
+        )
+
+    @classmethod
+    def from_records(
+        cls,
+        steps: Sequence[int],
+        records: Sequence[Mapping[str, torch.Tensor | np.ndarray]],
+        *,
+        tokens: Sequence[str] | None = None,
+        source: Sequence[str] | None = None,
+        target: Sequence[str] | None = None,
+        kinds: Mapping[str, str] | None = None,
+        batch_index: int = 0,
+    ) -> ProbeHistory:
+        """A history from one ``cache.attentions``-like mapping per step (see :meth:`record`)."""
+        if len(steps) != len(records):
+            raise ValueError(
+                f"steps and records must have the same length, got {len(steps)} and {len(records)}"
+            )
+        history = cls.new(tokens=tokens, source=source, target=target)
+        for step, rec in zip(steps, records):
+            history.record(step, rec, kinds, batch_index=batch_index)
+        return history
+
+    # -- reading --
+
+    @property
+    def layers(self) -> list[str]:
+        """The recorded layer paths, in the order they ran."""
+        return list(self.attentions)
+
+    def tokens(self, layer: str) -> tuple[list[str], list[str]]:
+        """The query and key token texts of ``layer``."""
+        self._check_layer("layer", layer)
+        q_name, k_name = self.layer_sequences[layer]
+        return self.sequences[q_name], self.sequences[k_name]
+
+    def _check_layer(self, arg: str, layer: object) -> str:
+        if not isinstance(layer, str) or layer not in self.attentions:
+            known = ", ".join(self.attentions) or "none recorded"
+            raise ValueError(f"{arg} must be a recorded layer ({known}), got {layer!r}")
+        return layer
+
+    # -- saving --
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, strings, tensors) for ``torch.save`` or a checkpoint."""
+        return {
+            "steps": list(self.steps),
+            "attentions": dict(self.attentions),
+            "kinds": dict(self.kinds),
+            "sequences": {k: list(v) for k, v in self.sequences.items()},
+            "layer_sequences": {k: list(v) for k, v in self.layer_sequences.items()},
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> ProbeHistory:
+        """The history saved by :meth:`state_dict`."""
+        missing = {"steps", "attentions", "kinds", "sequences", "layer_sequences"} - set(state)
+        if missing:
+            raise ValueError(f"state is missing {sorted(missing)}")
+        return cls(
+            steps=list(state["steps"]),
+            attentions=dict(state["attentions"]),
+            kinds=dict(state["kinds"]),
+            sequences={k: list(v) for k, v in state["sequences"].items()},
+            layer_sequences={k: (v[0], v[1]) for k, v in state["layer_sequences"].items()},
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the history with ``torch.save`` (parent folders created)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProbeHistory:
+        """Read a history written by :meth:`save` (tensors and plain data only: ``weights_only``)."""
+        return cls.from_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
+
+
+def _check_step(name: str, step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"{name} must hold ints, got {type(step).__name__}")
+    if step < 0:
+        raise ValueError(f"{name} must be ≥ 0, got {step}")
+    return int(step)
+
+
+def _as_weights(name: str, w: object) -> torch.Tensor:
+    if isinstance(w, np.ndarray):
+        w = torch.from_numpy(w)
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {w.dtype}")
+    return w.detach().to("cpu", torch.float32)
+
+
+def _check_history(history: object) -> ProbeHistory:
+    if not isinstance(history, ProbeHistory):
+        raise TypeError(f"history must be a ProbeHistory, got {type(history).__name__}")
+    if not history.steps or not history.attentions:
+        raise ValueError("history holds no recorded step; record at least one first")
+    return history
+
+
+def _default_layer(history: ProbeHistory) -> str:
+    cross = [n for n in history.attentions if history.kinds.get(n) == "cross"]
+    return cross[-1] if cross else list(history.attentions)[-1]
+
+
+def _chosen_steps(n_steps: int, max_steps: int) -> np.ndarray:
+    """Up to ``max_steps`` evenly spread indices into ``n_steps`` records, first and last always."""
+    if n_steps <= max_steps:
+        return np.arange(n_steps)
+    return np.unique(np.round(np.linspace(0, n_steps - 1, max_steps)).astype(int))
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def attention_evolution(
+    history: ProbeHistory,
+    *,
+    layer: str | None = None,
+    max_steps: int = 6,
+    max_tokens: int = 32,
+) -> Plot:
+    """How the heads of one layer change during training: rows = steps, columns = heads.
+
+    The rows are up to ``max_steps`` recorded steps spread evenly from the first (usually step 0,
+    before training: near-uniform attention) to the last; each panel is one head's weights on the
+    probe, queries down and keys across, on one colour scale (0 to 1). Long sides are
+    block-averaged to ``max_tokens`` (see :func:`~attnlab.viz.figures.reduce_attention`).
+
+    Args:
+        history: the recorded :class:`ProbeHistory`.
+        layer: the layer path; default the last cross-attention layer if any, else the last layer.
+        max_steps: the most rows (at least 2). Default 6.
+        max_tokens: per-side limit before reduction. Default 32.
+
+    Returns:
+        :class:`~attnlab.viz.figures.Plot` with ``data["weights"]`` ``(R, H, R_q, R_k)`` (as drawn,
+        ``R`` chosen steps), ``data["steps"]`` (their step numbers) and ``data["step_index"]``
+        (their positions in ``history.steps``).
+    """
+    history = _check_history(history)
+    layer = _default_layer(history) if layer is None else history._check_layer("layer", layer)
+    check_positive_int("max_steps", max_steps)
+    if max_steps < 2:
+        raise ValueError(
+            f"max_steps must be at least 2 (the first and the last step), got {max_steps}"
+        )
+    check_positive_int("max_tokens", max_tokens)
+    w = history.attentions[layer].numpy()  # (S, H, T_q, T_k)
+    q_tok, k_tok = history.tokens(layer)
+    idx = _chosen_steps(w.shape[0], max_steps)
+    cells: list[list[Reduced | None]] = [
+        [
+            reduce_attention(w[s, h], max_tokens=max_tokens, query_tokens=q_tok, key_tokens=k_tok)
+            for h in range(w.shape[1])
+        ]
+        for s in idx
+    ]
+    n_rows, n_heads = len(idx), w.shape[1]
+    cell = 2.0 if n_heads > 4 else 2.5
+    fig = _new_figure(cell * n_heads + 2.4, (cell + 0.15) * n_rows + 1.6)
+    axes = fig.subplots(n_rows, n_heads, squeeze=False)
+    steps = [history.steps[i] for i in idx]
+    img = _draw_grid(
+        axes,
+        cells,
+        col_titles=[f"head {h}" for h in range(n_heads)],
+        row_names=[f"step {s}" for s in steps],
+        max_labels=_labels_that_fit(cell - 0.4),
+        vmax=1.0,
+    )
+    kind = history.kinds.get(layer, "self")
+    fig.suptitle(
+        f"{layer} ({kind}-attention): how the heads change from step {steps[0]} to step {steps[-1]}\n"
+        "rows: training steps (top: first recorded) · columns: heads · queries down, keys across",
+        fontsize=10,
+    )
+    if img is not None:
+        fig.colorbar(img, ax=axes, shrink=0.5, label="weight")
+    drawn = np.stack([np.stack([c.matrix for c in row if c is not None]) for row in cells])
+    return Plot(fig, {"weights": drawn, "steps": np.array(steps), "step_index": np.asarray(idx)})
+
+
+def row_entropy(weights: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Mean row entropy ``mean_i H_i``, ``H_i = −Σ_j w_ij log w_ij`` in nats (``0 log 0 = 0``),
+    over the rows that see a key (rows of zeros — queries that may see nothing — are left out).
+
+    Shape:
+        weights ``(..., T_q, T_k)`` → ``(...)``; NaN where no row sees a key.
+    """
+    w = np.asarray(weights.numpy() if isinstance(weights, torch.Tensor) else weights, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
+    h = -plogp.sum(-1)  # (..., T_q)
+    live = w.sum(-1) > 0
+    count = live.sum(-1)
+    total = np.where(live, h, 0.0).sum(-1)
+    return np.divide(total, count, out=np.full(total.shape, np.nan), where=count > 0)
+
+
+def _uniform_entropy(w: np.ndarray) -> float:
+    """The mean row entropy of uniform attention over the keys each row ever sees: ``mean log n_i``."""
+    seen = (w > 0).any(axis=(0, 1)).sum(-1)  # (T_q,) keys with weight at any step, any head
+    seen = seen[seen > 0]
+    return float(np.log(seen).mean()) if seen.size else float("nan")
+
+
+def head_entropy_curves(
+    history: ProbeHistory,
+    *,
+    layers: Sequence[str] | None = None,
+) -> Plot:
+    """Mean row entropy of every head against the training step, one panel per layer.
+
+    At step 0 attention is near-uniform, so every head sits near the dashed line
+    ``mean_i log n_i`` (uniform over the ``n_i`` keys row ``i`` may see). As training goes on the
+    heads sharpen at different rates and to different levels: heads that learn different roles
+    show as curves that separate (a positional head that looks at one key falls towards 0 nats; a
+    head that averages stays high).
+
+    Args:
+        history: the recorded :class:`ProbeHistory`.
+        layers: the layer paths to draw, in order; default all.
+
+    Returns:
+        :class:`~attnlab.viz.figures.Plot` with ``data["entropy"]`` ``(L, S, H)`` in nats (NaN for
+        heads a layer does not have), ``data["steps"]`` ``(S,)``, ``data["layers"]`` and
+        ``data["uniform"]`` ``(L,)``.
+    """
+    history = _check_history(history)
+    if layers is None:
+        names = list(history.attentions)
+    else:
+        if isinstance(layers, str):
+            raise TypeError(
+                "layers must be a sequence of layer paths, got one str; wrap it in a list"
+            )
+        names = [history._check_layer("layers", n) for n in layers]
+        if not names:
+            raise ValueError("layers must name at least one layer, got none")
+    steps = np.asarray(history.steps)
+    ent = [row_entropy(history.attentions[n].numpy()) for n in names]  # each (S, H)
+    uniform = np.array([_uniform_entropy(history.attentions[n].numpy()) for n in names])
+    n_heads = max(e.shape[1] for e in ent)
+    grid = np.full((len(names), len(steps), n_heads), np.nan)
+    for i, e in enumerate(ent):
+        grid[i, :, : e.shape[1]] = e
+
+    ncols = min(len(names), 3)
+    nrows = math.ceil(len(names) / ncols)
+    fig = _new_figure(4.2 * ncols + 0.4, 3.0 * nrows + 0.9)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    colors = [f"C{i % 10}" for i in range(n_heads)]
+    for i, name in enumerate(names):
+        ax = axes.flat[i]
+        for h in range(ent[i].shape[1]):
+            ax.plot(
+                steps, ent[i][:, h], color=colors[h], marker="o", ms=2.5, lw=1.5, label=f"head {h}"
+            )
+        if math.isfinite(uniform[i]):
+            ax.axhline(uniform[i], color="0.5", ls="--", lw=1, label="uniform")
+        ax.set_title(f"{name} ({history.kinds.get(name, 'self')})", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0.0)
+        if i % ncols == 0:
+            ax.set_ylabel("mean row entropy (nats)")
+        if i // ncols == nrows - 1 or i + ncols >= len(names):
+            ax.set_xlabel("training step")
+    for ax in axes.flat[len(names) :]:
+        ax.axis("off")
+    handles, labels = [], []
+    for ax in axes.flat[: len(names)]:
+        for hd, lb in zip(*ax.get_legend_handles_labels()):
+            if lb not in labels:
+                handles.append(hd)
+                labels.append(lb)
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.suptitle(
+        "Attention entropy per head during training: curves that separate are heads taking "
+        "different roles",
+        fontsize=10,
+    )
+    return Plot(
+        fig, {"entropy": grid, "steps": steps, "layers": np.array(names), "uniform": uniform}
+    )
+
+
+# ----------------------------------------------------------------------------- viewer
+
+
+def _group_name(history: ProbeHistory, kind: str, q_name: str, k_name: str) -> str:
+    if len(history.sequences) == 1:
+        return f"{kind}-attention"
+    if kind == "cross":
+        return (
+            "decoder cross-attention"
+            if (q_name, k_name) == ("target", "source")
+            else f"cross-attention ({q_name} → {k_name})"
+        )
+    return {"source": "encoder self-attention", "target": "decoder self-attention"}.get(
+        q_name, f"self-attention ({q_name})"
+    )
+
+
+def viewer_data_from_history(
+    history: ProbeHistory, *, title: str = "attnlab: attention during training"
+) -> ViewerData:
+    """The HTML viewer's data with a step slider (:class:`~attnlab.viz.viewer.ViewerData` with
+    ``steps``): every layer's weights ``(S, H, T_q, T_k)``.
+
+    Layers are grouped by kind and token sequences as :func:`~attnlab.viz.viewer.viewer_data`
+    groups them; self-attention over the target (or a GPT's tokens) carries the look-ahead mask.
+
+    Args:
+        history: the recorded :class:`ProbeHistory`.
+        title: the page title.
+
+    Returns:
+        :class:`~attnlab.viz.viewer.ViewerData`; write it with
+        :func:`~attnlab.viz.viewer.write_viewer`.
+    """
+    history = _check_history(history)
+    groups: dict[str, AttentionGroup] = {}
+    for name, w in history.attentions.items():
+        kind = history.kinds[name]
+        q_name, k_name = history.layer_sequences[name]
+        label = _group_name(history, kind, q_name, k_name)
+        group = groups.setdefault(label, AttentionGroup(label, q_name, k_name))
+        t_q, t_k = w.shape[2], w.shape[3]
+        mask = None
+        if (
+            kind == "self"
+            and q_name == k_name
+            and q_name != "source"
+            and not _is_encoder_name(name)
+        ):
+            mask = np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (t_k - t_q)
+        group.layers.append(AttentionLayer(name, w.numpy().astype(np.float32), mask))
+    return ViewerData(
+        title=title,
+        sequences={k: list(v) for k, v in history.sequences.items()},
+        groups=list(groups.values()),
+        steps=list(history.steps),
+    )
