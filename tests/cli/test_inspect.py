@@ -135,3 +135,18 @@ def test_long_mode_uses_row_statistics(gpt_run: Path, capsys: pytest.CaptureFixt
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and len(report["heads"]) == 8
     assert all(h["row_sum_error"] is None and h["rows"] == 24 for h in report["heads"])
+
+
+def test_an_inf_weight_is_traced_to_its_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    model = _sharp(GPT(cfg))
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_attn.weight[3, 5] = float("inf")
+    _save(tmp_path / "inf", model)
+    assert main(["inspect", str(tmp_path / "inf"), "--text", "abcd", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["origin"]["module"] == "transformer.h.1.attn.c_attn"
+    assert report["origin"]["layer"] == 1 and report["origin"]["parameter"] == "transformer.h.1.attn.c_attn.weight"
+    assert report["problems"][0].startswith("first non-finite output: ")

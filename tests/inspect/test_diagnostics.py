@@ -205,7 +205,7 @@ def test_plain_tensor_shapes_and_bad_thresholds() -> None:
     assert len(full.heads) == 3 and full.heads[0].rows == 8
     assert len(diagnose(w[0]).heads) == 3 and diagnose(w[0]).heads[0].rows == 4
     assert len(diagnose(w[0, 0]).heads) == 1
-    with pytest.raises(ValueError, match=r"must have shape \(B, H, T_q, T_k\), .* got \(5,\)|got \(5,\)"):
+    with pytest.raises(ValueError, match=r"or \(T_q, T_k\), got \(5,\)"):
         diagnose(w[0, 0, 0])
     with pytest.raises(ValueError, match=r"uniform_tol must lie in \[0, 1\), got 1.5"):
         diagnose(w, uniform_tol=1.5)

@@ -26,15 +26,19 @@ def _gpt() -> GPT:
 
 
 def _no_hooks_left(model: nn.Module) -> bool:
-    return all(
-        not m._forward_hooks and not m._forward_pre_hooks for m in model.modules()
-    )
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
 def test_healthy_model_gives_none() -> None:
     model = _gpt()
-    assert find_nonfinite(model, torch.randint(0, 50, (2, 6))) is None
+    x = torch.randint(0, 50, (2, 6))
+    assert find_nonfinite(model, x) is None
     assert _no_hooks_left(model)
+    # hook points are left alone: attention keeps its fast path (no weights are formed)
+    with watch_nonfinite(model) as watch:
+        assert not any(b.attn.hook_weights.active for b in model.transformer.h)
+        out = model(x).logits
+    assert watch.origin is None and torch.equal(out, model(x).logits)
 
 
 def test_inf_in_one_c_attn_weight_names_that_c_attn() -> None:
@@ -54,7 +58,9 @@ def test_inf_in_one_c_attn_weight_names_that_c_attn() -> None:
     assert origin.parameter_index == (40, 7) and origin.parameter_value == "inf"
     text = str(origin)
     assert "\n" not in text
-    assert text.startswith(f"{origin.value} first appears in the output of transformer.h.1.attn.c_attn")
+    assert text.startswith(
+        f"{origin.value} first appears in the output of transformer.h.1.attn.c_attn"
+    )
     assert "(Linear, layer 1) at index (0, 0, 40); made there (its inputs were finite)" in text
     assert text.endswith("its parameter transformer.h.1.attn.c_attn.weight holds inf at (40, 7)")
     d = origin.to_dict()
@@ -167,7 +173,7 @@ def test_hooks_are_removed_when_forward_raises() -> None:
     with pytest.raises(ValueError):
         find_nonfinite(model, torch.randint(0, 50, (1, 40)))  # longer than n_positions
     assert _no_hooks_left(model)
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got int"):
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module, got int"):
         with watch_nonfinite(3):  # type: ignore[arg-type]
             pass
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -11,7 +12,16 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.viz.viewer import render_viewer, viewer_data, write_viewer
+from attnlab.viz.evolution import viewer_data_from_history
+from attnlab.viz.viewer import (
+    AttentionGroup,
+    AttentionLayer,
+    ViewerData,
+    render_viewer,
+    viewer_data,
+    write_viewer,
+)
+from tests.viz.histories import gpt_history, seq2seq_history
 
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
@@ -142,3 +152,152 @@ def test_viewer_gpt_1000_tokens_fast(browser, tmp_path):
     assert errors == []
     assert load_s < 10 and click_s < 5, (load_s, click_s)
     page.close()
+
+
+# ----------------------------------------------------------------------------- steps and escaping
+
+
+def _hover(page, i: int, j: int, head: int | None = None) -> tuple[int, int, float, str]:
+    c = page.evaluate(
+        f"window.attnlabViewer.cellCenter({i}, {j}{'' if head is None else f', {head}'})"
+    )
+    page.mouse.move(c["x"], c["y"])
+    tip = page.locator("#tip")
+    return (
+        int(tip.get_attribute("data-query")),
+        int(tip.get_attribute("data-key")),
+        float(tip.get_attribute("data-value")),
+        tip.text_content(),
+    )
+
+
+def test_viewer_without_steps_has_no_slider(browser, tmp_path):
+    data = viewer_data(_seq2seq_weights(), source=list("abcdef"), target=list("vwxyz"))
+    assert data.steps is None and data.to_json()["steps"] is None
+    page, errors, _ = _open(browser, write_viewer(data, tmp_path / "plain.html"))
+    assert not page.locator("#step-row").is_visible()
+    assert page.evaluate("window.attnlabViewer.steps") is None
+    assert "training step" not in page.locator("header").inner_text()
+    assert errors == []
+    page.close()
+
+
+def test_viewer_step_slider_redraws_and_hover_matches_that_step(browser, tmp_path):
+    history = seq2seq_history()
+    data = viewer_data_from_history(history, title="reversal: attention during training")
+    assert data.steps == history.steps
+    page, errors, requests = _open(browser, write_viewer(data, tmp_path / "steps.html"))
+    slider = page.locator("#step")
+    assert page.locator("#step-row").is_visible()
+    # it opens on the last step
+    assert page.locator("#step-label").inner_text() == f"training step {history.steps[-1]}"
+    page.locator("#groups button", has_text="cross").click()
+    page.locator("#heads button", has_text="1").click()
+    w = history.attentions["decoder.layers.0.cross_attn"]  # (S, H, T, S)
+    for i, j in ((0, 6), (3, 3), (6, 0)):
+        qi, kj, value, text = _hover(page, i, j)
+        assert (qi, kj) == (i, j)
+        assert value == pytest.approx(float(w[-1, 1, i, j]), rel=1e-6)
+        assert f"training step {history.steps[-1]}" in text
+    last = _canvas_hash(page)
+    # keyboard on the slider: Home → step 0, the drawing changes, hover reads step 0
+    slider.focus()
+    page.keyboard.press("Home")
+    assert page.locator("#step-label").inner_text() == "training step 0"
+    assert f"training step {history.steps[0]}" in page.locator("#info").inner_text()
+    first = _canvas_hash(page)
+    assert first != last
+    for i, j in ((0, 6), (2, 5), (6, 1)):
+        qi, kj, value, _ = _hover(page, i, j)
+        assert (qi, kj) == (i, j)
+        assert value == pytest.approx(float(w[0, 1, i, j]), rel=1e-6)
+        assert page.locator("#tip").get_attribute("data-step") == "0"
+    # one step to the right: step index 1, values of that step, on every head of "all"
+    slider.focus()
+    page.keyboard.press("ArrowRight")
+    assert page.locator("#step-label").inner_text() == f"training step {history.steps[1]}"
+    assert _canvas_hash(page) not in (first, last)
+    page.locator("#heads button", has_text="all").click()
+    for h in (0, 1):
+        _, _, value, _ = _hover(page, 4, 2, head=h)
+        assert value == pytest.approx(float(w[1, h, 4, 2]), rel=1e-6)
+    # other groups and the lines view follow the slider too
+    page.locator("#groups button", has_text="decoder self").click()
+    page.check("#show-mask")
+    page.locator("#heads button", has_text="0").click()
+    dec = history.attentions["decoder.layers.0.self_attn"]
+    _, _, value, _ = _hover(page, 5, 2)
+    assert value == pytest.approx(float(dec[1, 0, 5, 2]), rel=1e-6)
+    page.locator(".view-btn", has_text="lines").click()
+    before = _canvas_hash(page)
+    slider.focus()
+    page.keyboard.press("End")
+    assert _canvas_hash(page) != before
+    assert errors == [] and requests == []
+    page.close()
+
+
+def test_viewer_gpt_history_screenshot(browser, tmp_path):
+    history = gpt_history()
+    data = viewer_data_from_history(history, title="GPT probe during training")
+    assert [g.name for g in data.groups] == ["self-attention"]
+    page, errors, _ = _open(browser, write_viewer(data, tmp_path / "gpt.html"))
+    page.locator("#heads button", has_text="all").click()
+    page.locator("#step").focus()
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.locator("#step-label").inner_text() == f"training step {history.steps[2]}"
+    shot = Path(os.environ.get("ATTNLAB_SHOT_DIR", tmp_path)) / "viewer_steps.png"
+    page.screenshot(path=str(shot), full_page=True)
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert pixels.std() > 10, "the screenshot is blank"
+    assert errors == []
+    page.close()
+
+
+def test_embedded_json_is_escaped_and_round_trips(browser, tmp_path):
+    nasty = ["</script><script>window.pwned=1</script>", "a&b", "<!--", "x>y", "é✓"]
+    w = torch.softmax(torch.randn(1, 2, 5, 5), -1)
+    data = viewer_data({"transformer.h.0.attn": w}, tokens=nasty, title="</title><b>&")
+    html = render_viewer(data)
+    start = html.index('id="attnlab-data">') + len('id="attnlab-data">')
+    payload = html[start : html.index("</script>", start)]
+    assert not any(ch in payload for ch in "<>&")
+    assert json.loads(payload) == data.to_json()
+    assert "<title>&lt;/title&gt;&lt;b&gt;&amp;</title>" in html
+    page, errors, _ = _open(browser, write_viewer(data, tmp_path / "nasty.html"))
+    assert page.evaluate("window.pwned") is None
+    got = page.evaluate("JSON.parse(document.getElementById('attnlab-data').textContent)")
+    assert got["sequences"]["tokens"] == nasty
+    assert page.title() == "</title><b>&"
+    assert errors == []
+    page.close()
+
+
+def test_viewer_data_with_steps_checks_shapes():
+    w = np.full((3, 2, 4, 4), 0.25, dtype=np.float32)
+    layer = AttentionLayer("a", w)
+    ViewerData(
+        "t", {"tokens": list("abcd")}, [AttentionGroup("g", "tokens", "tokens", [layer])], [0, 5, 9]
+    )
+    with pytest.raises(ValueError, match=r"must be \(S, H, T_q, T_k\) = \(2, H, 4, 4\)"):
+        ViewerData(
+            "t",
+            {"tokens": list("abcd")},
+            [AttentionGroup("g", "tokens", "tokens", [layer])],
+            [0, 5],
+        )
+    with pytest.raises(ValueError, match="strictly ascending"):
+        ViewerData(
+            "t",
+            {"tokens": list("abcd")},
+            [AttentionGroup("g", "tokens", "tokens", [layer])],
+            [0, 9, 5],
+        )
+    with pytest.raises(ValueError, match=r"must be \(H, T_q, T_k\)"):
+        ViewerData(
+            "t", {"tokens": list("abcd")}, [AttentionGroup("g", "tokens", "tokens", [layer])]
+        )

@@ -28,6 +28,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.inspect.ablation import HeadImportance, head_importance, pruning_curve
 from attnlab.inspect.diagnostics import HealthReport, diagnose
+from attnlab.inspect.nonfinite import watch_nonfinite
 from attnlab.tasks.figures import capture_inputs
 from attnlab.tasks.options import positive_int
 from attnlab.tasks.registry import get_task
@@ -120,10 +121,12 @@ def run(args: argparse.Namespace) -> int:
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
-    cache = capture_inputs(
-        loaded.model, inputs, names=names, weights=not args.long, stats=args.long
-    )
-    report = diagnose(cache, atol=args.atol)
+    # the first module (any module) whose output holds a NaN/inf is named, not only attention
+    with watch_nonfinite(loaded.model) as watch:
+        cache = capture_inputs(
+            loaded.model, inputs, names=names, weights=not args.long, stats=args.long
+        )
+    report = diagnose(cache, atol=args.atol, origin=watch.origin)
     if args.json:
         out: dict[str, Any] = {
             "source_tokens": list(inputs.source_tokens),

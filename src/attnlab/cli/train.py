@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                     f"--grad-checkpoint: the model of task {args.task!r} "
                     f"({type(setup.model).__name__}) has no gradient checkpointing"
                 )
-            setup.model.gradient_checkpointing = True
+            setattr(setup.model, "gradient_checkpointing", True)  # noqa: B010
         config = TrainConfig(
             steps=args.steps,
             grad_accum=args.grad_accum,

@@ -190,6 +190,9 @@ def watch_nonfinite(model: nn.Module) -> Iterator[NonFiniteWatch]:
     def post(
         path: str, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
+        # a forward that raised and was caught inside the model left its frame behind
+        while running and running[-1].module is not mod:
+            running.pop()
         frame = running.pop() if running else _Frame(path, mod, True)
         if watch.origin is not None:
             return
@@ -221,27 +224,15 @@ def watch_nonfinite(model: nn.Module) -> Iterator[NonFiniteWatch]:
             if isinstance(module, HookPoint):
                 continue
             handles.append(
-                module.register_forward_pre_hook(
-                    functools.partial(_call_pre, pre, path), with_kwargs=True
-                )
+                module.register_forward_pre_hook(functools.partial(pre, path), with_kwargs=True)
             )
             handles.append(
-                module.register_forward_hook(
-                    functools.partial(_call_post, post, path), with_kwargs=True
-                )
+                module.register_forward_hook(functools.partial(post, path), with_kwargs=True)
             )
         yield watch
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _call_pre(fn: Any, path: str, mod: nn.Module, args: Any, kwargs: Any) -> None:
-    fn(path, mod, args, kwargs)
-
-
-def _call_post(fn: Any, path: str, mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
-    fn(path, mod, args, kwargs, out)
 
 
 def find_nonfinite(model: nn.Module, *args: Any, **kwargs: Any) -> NonFiniteOrigin | None:
@@ -338,7 +329,7 @@ def _origin(
     layer, stack = _layer_of(path)
     param: tuple[str, tuple[int, ...], str] | None = None
     # the module's own parameters first (its own code uses them), then its submodules'
-    named = dict(mod.named_parameters(prefix=path, recurse=False))
+    named: dict[str, torch.Tensor] = dict(mod.named_parameters(prefix=path, recurse=False))
     named.update(mod.named_buffers(prefix=path, recurse=False))
     named.update(mod.named_parameters(prefix=path))
     named.update(mod.named_buffers(prefix=path))
