@@ -100,15 +100,18 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
         tokenizer: the run's saved tokenizer; default the task's own (they are equal).
     """
     tok = task.tokenizer if tokenizer is None else tokenizer
+    bos, eos, pad = tok.bos_id, tok.eos_id, tok.pad_id
+    if bos is None or eos is None or pad is None:
+        raise ValueError("the tokenizer of a copy/reverse/sort run must have <bos>, <eos>, <pad>")
     model_len = max(64, task.config.max_len + 2)  # the model's max_len (task_model_config)
     shortest = task.max_target_len
     return Seq2SeqIO(
         src_tok=tok,
         tgt_tok=tok,
-        bos_id=tok.bos_id,
-        eos_id=tok.eos_id,
-        pad_id=tok.pad_id,
-        source_suffix=(tok.eos_id,),
+        bos_id=bos,
+        eos_id=eos,
+        pad_id=pad,
+        source_suffix=(eos,),
         max_source_len=model_len,
         # the target is as long as the source (<eos> included): held-out strings get max_len + 1
         max_new_tokens=lambda n: min(model_len - 1, max(shortest, n)),

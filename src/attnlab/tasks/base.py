@@ -1,8 +1,9 @@
 """What a task is: the protocol, what it hands the trainer, and the one path from text to input.
 
 A task is an object with a ``name``, a one-line ``help``, ``add_arguments(parser)`` (its own
-options; the common ones — ``--out --steps --seed --resume --grad-accum --clip --bf16
---eval-every --save-every --keep-last --device`` — are already there, and a task may change their
+options; the common ones — ``--out --steps --seed --resume --grad-accum --clip --bf16 --fp16
+--grad-checkpoint --eval-every --save-every --keep-last --device --probe --probe-every`` — are
+already there, and a task may change their
 defaults with ``parser.set_defaults(eval_every=200, ...)``), ``build(args, device) -> TaskSetup``
 and ``io(args, files) -> TaskIO``. ``build`` runs after the random generators are seeded with
 ``--seed``; it must create the model, the data and the optimizer deterministically from ``args``.
@@ -17,10 +18,10 @@ saw.
 What ends up in the checkpoint's ``config.json``::
 
     {"task": NAME, "args": {"seed": S, <every option the task added>: value, ...},
-     "model": TaskSetup.model_config, "train": {"grad_accum", "clip", "bf16"}}
+     "model": TaskSetup.model_config, "train": {"grad_accum", "clip", "bf16"[, "fp16"]}}
 
-(``--steps``, ``--out``, ``--resume``, ``--device`` and the eval/save/keep cadence are not part of
-it, so they may change on resume; everything else must match or ``--resume`` fails.) A schedule
+(``--steps``, ``--out``, ``--resume``, ``--device``, ``--grad-checkpoint``, the probe and the
+eval/save/keep cadence are not part of it, so they may change on resume; everything else must match or ``--resume`` fails.) A schedule
 that depends on the length of the run (warmup + cosine) should take it from a task option such as
 ``--decay-steps`` rather than from ``args.steps``: then ``--steps 20`` followed by ``--resume
 --steps 40`` follows the same trajectory as ``--steps 40``. Batch sources must be synchronous and
@@ -173,17 +174,25 @@ class EvaluationSet:
 
 @runtime_checkable
 class TaskIO(Protocol):
-    """A task's one path between text and the model (see the module docstring)."""
+    """A task's one path between text and the model (see the module docstring).
 
-    kind: Literal["seq2seq", "lm"]
+    ``inputs(model, text, **options) -> ModelInputs``: what ``model`` reads for ``text``, with its
+    own decoded output as the target (the options are the family's: ``target``/``beams`` for an
+    encoder-decoder, ``max_new_tokens``/``strategy`` for a language model; ``source_ids`` for
+    token ids read verbatim). ``probe_inputs(text) -> ModelInputs``: a fixed input for recording
+    attention during training (no model needed).
+    """
 
-    def inputs(self, model: nn.Module, text: str, **options: Any) -> ModelInputs:
-        """What ``model`` reads for ``text``, with its own decoded output as the target."""
+    @property
+    def kind(self) -> str:
+        """``"seq2seq"`` or ``"lm"``."""
         ...
 
-    def probe_inputs(self, text: str) -> ModelInputs:
-        """A fixed input for recording attention during training (no model needed)."""
-        ...
+    @property
+    def inputs(self) -> Callable[..., ModelInputs]: ...
+
+    @property
+    def probe_inputs(self) -> Callable[[str], ModelInputs]: ...
 
 
 @runtime_checkable

@@ -119,9 +119,11 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
     name = run_config.get("task")
     args = dict(run_config.get("args") or {})
     task = get_task(name) if isinstance(name, str) else None
-    io = task.io(args, files) if task is not None and hasattr(task, "io") else None
-    if io is None:
-        io = _plain_io(config, files, ckpt)
+    io = (
+        task.io(args, files)
+        if task is not None and hasattr(task, "io")
+        else _plain_io(config, files, ckpt)
+    )
     return Run(model.to(device).eval(), config, io, name if task else None, args, ckpt)
 
 

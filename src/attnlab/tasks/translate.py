@@ -27,7 +27,7 @@ from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
-from attnlab.tasks.base import TaskSetup
+from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.options import add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam, seq2seq_loss
@@ -244,6 +244,21 @@ class TranslationTask:
             report=report,
             io=io,
         )
+
+    def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
+        """The run's dev pairs (else its test pairs), at most ``limit``, as batches of 32."""
+        split = "dev" if args.get("dev_src") else "test"
+        if not args.get(f"{split}_src"):
+            raise ValueError("the run was trained without --dev-src/--test-src: no held-out pairs")
+        pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
+        src = [io.encode_source(s, lenient=True) for s in pairs.src[:limit]]
+        tgt = _encode_all(io.tgt_tok, pairs.tgt[:limit], MAX_LEN - 2)
+        batches = [
+            make_seq2seq_batch(src[i : i + 32], tgt[i : i + 32], pad_id=io.pad_id,
+                               bos_id=io.bos_id, eos_id=io.eos_id)
+            for i in range(0, len(src), 32)
+        ]  # fmt: skip
+        return EvaluationSet(batches)
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
         """The run's text path, from its two saved tokenizers."""

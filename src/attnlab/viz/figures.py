@@ -824,15 +824,26 @@ def step_panel(
         (rf"7  $Z = A\,V$   ({t_q} × {va.shape[1]})", output, rows, dims_v, None),
     ]
 
+    # numbers in the cells of small panels; when a row of panels would be too wide to view,
+    # the widest group of numbered panels (x, then Q/K/V/Z) is drawn without numbers
+    numbered = {id(p[1]): _readable(*p[1].shape) for p in (*top, *bottom)}
+    cell_w = 0.38  # inches per numbered column
+
     def width(a: np.ndarray) -> float:
-        r, c = a.shape
-        return 0.42 * c if _readable(r, c) else min(5.0, max(1.6, 0.14 * c))
+        c = a.shape[1]
+        return cell_w * c if numbered[id(a)] else min(5.0, max(1.6, 0.14 * c))
 
     def height(panels: list) -> float:
-        h = [p[1].shape[0] * (0.3 if _readable(*p[1].shape) else 0.14) for p in panels]
+        h = [p[1].shape[0] * (0.3 if numbered[id(p[1])] else 0.14) for p in panels]
         return min(7.0, max(1.6, *h))
 
     overhead = 1.6  # row labels, colour bar, padding (inches per panel)
+    max_width = 24.0
+    for group in ((xa,), (qa, ka, va, output)):
+        if max(sum(width(p[1]) + overhead for p in row) for row in (top, bottom)) <= max_width:
+            break
+        for a in group:
+            numbered[id(a)] = False
     w_top = [width(p[1]) + overhead for p in top]
     w_bot = [width(p[1]) + overhead for p in bottom]
     h_top, h_bot = height(top) + 1.0, height(bottom) + 1.0
@@ -848,8 +859,8 @@ def step_panel(
             axes[-1].axis("off")
         for ax, (name, a, r_lab, c_lab, pm) in zip(axes, panels):
             is_weights = a is weights
+            square = a is scores or a is weights  # T_q × T_k: tokens on both axes
             lim = _signed_limit(a)
-            readable = _readable(*a.shape)
             img = _draw_matrix(
                 ax,
                 np.where(pm, a, 0.0) if pm is not None else a,
@@ -860,10 +871,11 @@ def step_panel(
                 vmin=0.0 if is_weights else -lim,
                 vmax=1.0 if is_weights else lim,
                 cmap=CMAP if is_weights else DIVERGING,
-                annotate=readable,
+                annotate=numbered[id(a)],
                 max_labels=_labels_that_fit(max(1.6, 0.14 * a.shape[0]), 0.12),
                 max_col_labels=_labels_that_fit(width(a), 0.12),
                 masked_text="−∞" if a is scores else None,
+                numbered=(True, square),
             )
             ax.set_ylabel("key" if a is ka or a is va else "query", fontsize=8)
             sub.colorbar(
