@@ -35,6 +35,7 @@ from attnlab.tasks.seq2seq import (
     exact_match_accuracy,
     noam_adam,
     seq2seq_loss,
+    transformer_config,
 )
 from attnlab.training.trainer import IndexedBatches
 
@@ -56,25 +57,16 @@ _HELP = {
 }
 
 
+def model_len(task: SequenceTask) -> int:
+    """The positions of a copy/reverse/sort model: the longest string, ``<bos>``/``<eos>``, and
+    room to spare (at least 64)."""
+    return max(64, task.config.max_len + 2)
+
+
 def task_model_config(task: SequenceTask, args: argparse.Namespace) -> TransformerConfig:
     """The encoder-decoder for ``task``: one vocabulary (shared embeddings), sizes from ``args``."""
     tok = task.tokenizer
-    return TransformerConfig(
-        src_vocab_size=tok.vocab_size,
-        tgt_vocab_size=tok.vocab_size,
-        d_model=args.d_model,
-        num_heads=args.heads,
-        num_encoder_layers=args.layers,
-        num_decoder_layers=args.layers,
-        d_ff=args.d_ff,
-        dropout=args.dropout,
-        label_smoothing=args.label_smoothing,
-        share_embeddings=True,
-        max_len=max(64, task.config.max_len + 2),
-        pad_id=tok.pad_id,  # type: ignore[arg-type]
-        bos_id=tok.bos_id,  # type: ignore[arg-type]
-        eos_id=tok.eos_id,  # type: ignore[arg-type]
-    )
+    return transformer_config(args, tok, tok, max_len=model_len(task), share=True)
 
 
 @dataclass(frozen=True)
@@ -103,7 +95,7 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
     bos, eos, pad = tok.bos_id, tok.eos_id, tok.pad_id
     if bos is None or eos is None or pad is None:
         raise ValueError("the tokenizer of a copy/reverse/sort run must have <bos>, <eos>, <pad>")
-    model_len = max(64, task.config.max_len + 2)  # the model's max_len (task_model_config)
+    positions = model_len(task)
     shortest = task.max_target_len
     return Seq2SeqIO(
         src_tok=tok,
@@ -112,9 +104,9 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
         eos_id=eos,
         pad_id=pad,
         source_suffix=(eos,),
-        max_source_len=model_len,
+        max_source_len=positions,
         # the target is as long as the source (<eos> included): held-out strings get max_len + 1
-        max_new_tokens=lambda n: min(model_len - 1, max(shortest, n)),
+        max_new_tokens=lambda n: min(positions - 1, max(shortest, n)),
         reference=task.target,
         reject_unknown=True,
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
+from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, token_labels
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
@@ -25,6 +27,7 @@ __all__ = [
     "noam_adam",
     "seq2seq_loss",
     "strip_special",
+    "transformer_config",
 ]
 
 
@@ -102,6 +105,31 @@ def decode_sources(
                     else strip_special(row, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
                 )
     return out
+
+
+def transformer_config(
+    args: argparse.Namespace, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
+) -> TransformerConfig:
+    """The encoder-decoder of a task: sizes from the options of ``add_transformer_arguments``,
+    vocabularies and special ids from the tokenizers (``share``: one embedding for both)."""
+    if src_tok.pad_id != tgt_tok.pad_id:
+        raise ValueError("the source and target tokenizers must share the padding id")
+    return TransformerConfig(
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        d_model=args.d_model,
+        num_heads=args.heads,
+        num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+        label_smoothing=args.label_smoothing,
+        share_embeddings=share,
+        max_len=max_len,
+        pad_id=tgt_tok.pad_id,
+        bos_id=tgt_tok.bos_id,
+        eos_id=tgt_tok.eos_id,
+    )
 
 
 def exact_match_accuracy(

@@ -25,12 +25,12 @@ from torch import nn
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
-from attnlab.models.config import TransformerConfig, config_to_dict
+from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.options import add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
-from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam, seq2seq_loss
+from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam, seq2seq_loss, transformer_config
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -154,24 +154,8 @@ class TranslationTask:
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
         data = load_translate_data(args)
         src_tok, tgt_tok = data.src_tok, data.tgt_tok
-        if src_tok.pad_id != tgt_tok.pad_id:
-            raise ValueError("the source and target tokenizers must share the padding id")
         max_len = MAX_LEN
-        config = TransformerConfig(
-            src_vocab_size=src_tok.vocab_size,
-            tgt_vocab_size=tgt_tok.vocab_size,
-            d_model=args.d_model,
-            num_heads=args.heads,
-            num_encoder_layers=args.layers,
-            num_decoder_layers=args.layers,
-            d_ff=args.d_ff,
-            dropout=args.dropout,
-            label_smoothing=args.label_smoothing,
-            max_len=max_len,
-            pad_id=tgt_tok.pad_id,  # type: ignore[arg-type]
-            bos_id=tgt_tok.bos_id,  # type: ignore[arg-type]
-            eos_id=tgt_tok.eos_id,  # type: ignore[arg-type]
-        )
+        config = transformer_config(args, src_tok, tgt_tok, max_len=max_len)
         model = Transformer(config)
         io = translation_io(src_tok, tgt_tok, args.beams, max_len)
         limit = max_len - 2
