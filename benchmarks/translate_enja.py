@@ -23,10 +23,10 @@ from pathlib import Path
 from rich.console import Console
 
 from attnlab.cli import build_parser
+from attnlab.tasks import get_task
 from attnlab.training.distributed import DistInfo
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
-from attnlab.tasks import get_task
 from attnlab.training.trainer import StepMetrics, TrainConfig, Trainer, TrainerCallback
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "small_parallel_enja"

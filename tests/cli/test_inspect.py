@@ -148,5 +148,8 @@ def test_an_inf_weight_is_traced_to_its_module(
     assert main(["inspect", str(tmp_path / "inf"), "--text", "abcd", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["origin"]["module"] == "transformer.h.1.attn.c_attn"
-    assert report["origin"]["layer"] == 1 and report["origin"]["parameter"] == "transformer.h.1.attn.c_attn.weight"
+    assert (
+        report["origin"]["layer"] == 1
+        and report["origin"]["parameter"] == "transformer.h.1.attn.c_attn.weight"
+    )
     assert report["problems"][0].startswith("first non-finite output: ")

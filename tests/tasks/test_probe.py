@@ -34,8 +34,8 @@ def probed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
 def test_probe_records_steps_and_the_last_one_equals_the_final_model(probed: Path) -> None:
     history = load_probe_history(probed)
     assert history.steps == [0, 2, 4, 6]
-    assert history.sequences == {"source": list("abcd") + ["<eos>"],
-                                 "target": list("dcba") + ["<eos>"]}  # fmt: skip
+    assert history.sequences == {"source": [*"abcd", "<eos>"],
+                                 "target": [*"dcba", "<eos>"]}  # fmt: skip
     assert history.kinds["decoder.layers.0.cross_attn"] == "cross"
     assert history.layer_sequences["decoder.layers.0.cross_attn"] == ("target", "source")
     # the record of the last step is the trained model's attention on the probe, exactly

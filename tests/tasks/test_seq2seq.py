@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.models.config import TransformerConfig
+from attnlab.models.transformer import Transformer
 from attnlab.tasks.seq2seq import (
     decode_sources,
     exact_match_accuracy,
     strip_special,
 )
 from attnlab.tasks.translate import corpus_bleu
-from attnlab.models.config import TransformerConfig
-from attnlab.models.transformer import Transformer
 
 
 def test_strip_special() -> None:

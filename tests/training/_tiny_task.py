@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.tasks import TaskSetup, register_task
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR
-from attnlab.tasks import TaskSetup, register_task
 
 VOCAB = 11
 PAD = -100

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.cli import main
+from attnlab.tasks.registry import register_task
 from attnlab.training.checkpoint import resolve_checkpoint
 from attnlab.training.distributed import DistInfo, init_distributed, shard_batch
-from attnlab.tasks.registry import register_task
 from tests.training._tiny_task import TASK
 
 HERE = Path(__file__).resolve().parent

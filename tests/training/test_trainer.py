@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.cli import main
+from attnlab.tasks.registry import register_task
 from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallback
 from attnlab.training.checkpoint import load_training_state, resolve_checkpoint
 from attnlab.training.rng import seed_everything
-from attnlab.tasks.registry import register_task
 from tests.training._tiny_task import (
     TASK,
     TinyBatches,
