@@ -381,3 +381,78 @@ def test_bf16_autocast_runs() -> None:
         ]
         full = model.decode(TGT, memory, src_mask=src_mask).logits
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=5e-2, rtol=5e-2)
+
+
+# ---------------------------------------------------------------- gradient checkpointing
+
+
+def _loss_and_grads(
+    model: al.Transformer, **head_masks: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    torch.manual_seed(1)  # the same dropout masks in both runs
+    loss = model(SRC, TGT[:, :-1], targets=TGT[:, 1:], **head_masks).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_gradient_checkpointing_gives_identical_loss_and_gradients(norm_first: bool) -> None:
+    """Bit-identical: the recomputed forward replays the same operations on the same inputs
+    with the same dropout masks (the RNG state is saved and restored), so every gradient equals
+    the plain run's exactly — checked with torch.equal, no tolerance."""
+    model = al.Transformer(
+        tiny(dropout=0.2, attention_dropout=0.1, norm_first=norm_first, num_kv_heads=2)
+    ).train()
+    assert model.gradient_checkpointing is False
+    loss, grads = _loss_and_grads(model)
+    model.gradient_checkpointing = True  # settable after construction (as the CLI does)
+    assert model.encoder.gradient_checkpointing and model.decoder.gradient_checkpointing
+    calls = []
+    handle = model.encoder.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    ckpt_loss, ckpt_grads = _loss_and_grads(model)
+    handle.remove()
+    assert len(calls) == 2  # forward, then recomputed in backward: checkpointing did happen
+    assert torch.equal(ckpt_loss, loss)
+    assert grads.keys() == ckpt_grads.keys()
+    for name in grads:
+        assert torch.equal(ckpt_grads[name], grads[name]), name
+    assert all(g.abs().sum() > 0 for n, g in grads.items() if "norm" not in n or norm_first)
+
+
+def test_gradient_checkpointing_with_head_masks_and_its_switches() -> None:
+    model = al.Transformer(tiny(dropout=0.1, gradient_checkpointing=True)).train()
+    assert model.gradient_checkpointing is True
+    masks_ = {
+        "head_mask": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        "decoder_head_mask": torch.rand(2, 4),
+        "cross_attn_head_mask": torch.tensor([0.0, 1.0, 1.0, 1.0]),
+    }
+    loss, grads = _loss_and_grads(model, **masks_)
+    model.gradient_checkpointing = False
+    plain_loss, plain_grads = _loss_and_grads(model, **masks_)
+    assert torch.equal(loss, plain_loss)
+    for name in grads:
+        assert torch.equal(grads[name], plain_grads[name]), name
+    # only while training with grad enabled, and never with a KV cache
+    model.gradient_checkpointing = True
+    calls = []
+    model.decoder.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        model(SRC, TGT[:, :-1])
+    model.eval()
+    model(SRC, TGT[:, :-1]).logits.sum().backward()
+    model.train()
+    cache = model.new_cache(2, 8)
+    model.decode(TGT[:, :2], model.encode(SRC), cache=cache).logits.sum().backward()
+    assert len(calls) == 3
+    with pytest.raises(TypeError, match="gradient_checkpointing must be a bool, got int"):
+        model.gradient_checkpointing = 1  # type: ignore[assignment]
+
+
+def test_gradient_checkpointing_config_field() -> None:
+    assert al.TransformerConfig().gradient_checkpointing is False
+    with pytest.raises(TypeError, match="gradient_checkpointing must be a bool"):
+        tiny(gradient_checkpointing="yes")
+    c = tiny(gradient_checkpointing=True)
+    assert config_from_dict(al.TransformerConfig, config_to_dict(c)) == c

@@ -26,7 +26,12 @@ from rich.table import Table
 
 from attnlab.cli import CLIError
 from attnlab.cli._inputs import add_input_arguments, model_inputs
-from attnlab.inspect.ablation import HeadImportance, head_importance, pruning_curve
+from attnlab.inspect.ablation import (
+    HeadImportance,
+    head_importance,
+    pruning_curve,
+    pruning_order,
+)
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
 from attnlab.tasks.figures import capture_inputs
@@ -62,6 +67,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=200,
         help="--ablate: held-out examples to measure on (default 200)",
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="--ablate: order the pruning by one estimate on the full model, instead of "
+        "estimating again after each head removed (Michel et al.'s and run_bertology's way)",
     )
     p.add_argument("--figure", default="pruning.png", help="--ablate: the figure to write")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
@@ -167,13 +178,15 @@ def _ablate(loaded: Run, args: argparse.Namespace) -> int:
     curve = pruning_curve(loaded.model, data.batches, importance.order(args.by), metric=data.metric)
     pruning_figure(
         curve,
-        title=f"{loaded.path.parent.parent.name}: heads removed, least important first ({args.by})",
+        title=f"{loaded.path.parent.parent.name}: heads removed, least important first "
+        f"({args.by}, {'one estimate' if args.once else 're-estimated after each'})",
         metric_label=data.metric_name,
     ).save(args.figure)
     if args.json:
         out = {
             "metric": data.metric_name,
             "by": args.by,
+            "order": "once" if args.once else "iterative",
             "importance": importance.to_dict(),
             "pruning": curve.to_dict(),
             "figure": str(args.figure),

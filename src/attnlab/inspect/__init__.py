@@ -9,8 +9,9 @@
 - :func:`attention_stats`: entropy, maximum weight and log-sum-exp per query row, blockwise —
   never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
-- :func:`masked_heads` / :func:`head_importance` / :func:`pruning_curve`: switch heads off, score
-  them by ablation and by the gradient of their mask, and prune them (Michel et al. 2019).
+- :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
+  switch heads off, score them by ablation and by the gradient of their mask, and prune them
+  (Michel et al. 2019).
 """
 
 from attnlab.inspect.ablation import (
@@ -19,6 +20,7 @@ from attnlab.inspect.ablation import (
     head_importance,
     masked_heads,
     pruning_curve,
+    pruning_order,
 )
 from attnlab.inspect.capture import ActivationCache, attention_modules, capture, run_with_cache
 from attnlab.inspect.diagnostics import (
@@ -61,6 +63,7 @@ __all__ = [
     "kv_cache_bytes",
     "masked_heads",
     "pruning_curve",
+    "pruning_order",
     "run_with_cache",
     "watch_nonfinite",
 ]

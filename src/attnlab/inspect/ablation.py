@@ -15,7 +15,11 @@ so ``ξ_h = 0`` removes head ``h``. Two ways to score how much a trained model n
   one backward pass for all heads instead of one forward pass per head.
 
 Heads are then pruned least important first, cumulatively, and the loss (and any metric, e.g.
-exact-match accuracy of greedy decoding) is measured after each step (§4.2, Figure 3).
+exact-match accuracy of greedy decoding) is measured after each step (§4.2, Figure 3). The order
+comes from one estimate on the full model (:meth:`HeadImportance.order`), or from
+:func:`pruning_order`, which estimates again after every few heads with those removed, as the
+authors' code and Hugging Face's ``run_bertology.py`` do: heads that are each redundant given the
+others are not all removed together.
 
     importance = head_importance(model, batches)
     curve = pruning_curve(model, batches, importance.order("gradient"), metric=accuracy)
@@ -48,6 +52,7 @@ __all__ = [
     "head_importance",
     "masked_heads",
     "pruning_curve",
+    "pruning_order",
 ]
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -290,7 +295,7 @@ class HeadImportance:
     Attributes:
         layers: attention module paths, in the order the layers run.
         kinds: ``"self"`` or ``"cross"`` for each layer.
-        base_loss: the mean loss over the batches with every head kept.
+        base_loss: the mean loss over the batches with every head kept (but ``pruned``).
         ablation: ``(L, H)`` float64: the mean loss with that one head removed, minus
             ``base_loss`` (larger = more important; negative = the model is better without it).
         gradient: ``(L, H)`` float64: ``I_h = E_x |∂L(x)/∂ξ_h|`` at ``ξ = 1``, with ``x`` one
@@ -299,6 +304,8 @@ class HeadImportance:
             after Molchanov et al. 2017) so that scores compare across layers.
         normalized: whether ``gradient`` is normalised per layer.
         num_batches: how many batches the estimates average.
+        pruned: heads that were already removed while measuring (``base_loss`` is the loss
+            without them); their scores are NaN and :meth:`order` leaves them out.
     """
 
     layers: tuple[str, ...]
@@ -308,6 +315,7 @@ class HeadImportance:
     gradient: torch.Tensor
     normalized: bool
     num_batches: int
+    pruned: tuple[Head, ...] = ()
 
     @property
     def num_heads(self) -> int:
@@ -315,7 +323,7 @@ class HeadImportance:
         return int(self.ablation.shape[1])
 
     def heads(self) -> list[Head]:
-        """Every ``(layer path, head)`` pair, layers in execution order."""
+        """Every ``(layer path, head)`` pair, layers in execution order (``pruned`` included)."""
         return [(path, h) for path in self.layers for h in range(self.num_heads)]
 
     def scores(self, by: ImportanceKind = "ablation") -> torch.Tensor:
@@ -325,9 +333,15 @@ class HeadImportance:
         return self.ablation if by == "ablation" else self.gradient
 
     def order(self, by: ImportanceKind = "ablation") -> list[Head]:
-        """Every head, least important first (ties: earlier layer, then lower head index)."""
+        """Every head not yet ``pruned``, least important first (ties: earlier layer, then lower
+        head index)."""
         s = self.scores(by).tolist()
-        keyed = [(s[li][h], li, h) for li in range(len(self.layers)) for h in range(self.num_heads)]
+        keyed = [
+            (s[li][h], li, h)
+            for li in range(len(self.layers))
+            for h in range(self.num_heads)
+            if not math.isnan(s[li][h])
+        ]
         return [(self.layers[li], h) for _, li, h in sorted(keyed)]
 
     def masks(self, pruned: Iterable[Head]) -> dict[str, torch.Tensor]:
@@ -336,16 +350,21 @@ class HeadImportance:
         return _masks_without(heads, dict.fromkeys(self.layers, self.num_heads))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (lists of floats)."""
+        """A JSON-ready dict (lists of floats; ``None`` for the NaN scores of pruned heads)."""
+
+        def rows(t: torch.Tensor) -> list[list[float | None]]:
+            return [[None if math.isnan(v) else v for v in row] for row in t.tolist()]
+
         return {
             "layers": list(self.layers),
             "kinds": list(self.kinds),
             "num_heads": self.num_heads,
             "base_loss": self.base_loss,
-            "ablation": self.ablation.tolist(),
-            "gradient": self.gradient.tolist(),
+            "ablation": rows(self.ablation),
+            "gradient": rows(self.gradient),
             "normalized": self.normalized,
             "num_batches": self.num_batches,
+            "pruned": [[path, h] for path, h in self.pruned],
         }
 
 
@@ -355,6 +374,7 @@ def head_importance(
     loss_fn: LossFn | None = None,
     *,
     normalize: bool = True,
+    pruned: Iterable[Head] = (),
 ) -> HeadImportance:
     """Score every attention head by ablation and by the gradient of its mask (Michel et al. 2019).
 
@@ -371,12 +391,15 @@ def head_importance(
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``; default see :func:`default_loss_fn`.
         normalize: divide each layer's gradient scores by their L2 norm (the paper's choice).
             Default ``True``.
+        pruned: ``(layer path, head)`` pairs removed during every measurement (the model as it
+            is after pruning them); they score NaN. Default none.
 
     Returns:
         A :class:`HeadImportance`.
 
     Raises:
-        ValueError: no batches, no attention layer ran, or layers with different head counts.
+        ValueError: no batches, no attention layer ran, layers with different head counts, or a
+            bad ``pruned`` entry.
         TypeError: no default loss for the model, or ``loss_fn`` returned no scalar tensor.
 
     Example:
@@ -384,11 +407,25 @@ def head_importance(
         >>> imp.order("gradient")[:3]
         [('encoder.layers.1.self_attn', 2), ('decoder.layers.0.self_attn', 0), ...]
     """
+    return _importance(model, batches, loss_fn, normalize=normalize, pruned=pruned)
+
+
+def _importance(
+    model: nn.Module,
+    batches: Iterable[Any],
+    loss_fn: LossFn | None,
+    *,
+    normalize: bool,
+    pruned: Iterable[Head],
+    ablation: bool = True,
+    gradient: bool = True,
+) -> HeadImportance:
     items = _batches(batches)
     loss = loss_fn if loss_fn is not None else default_loss_fn(model)
     if not callable(loss):
         raise TypeError(f"loss_fn must be callable, got {type(loss).__name__}")
     modules = attention_modules(model)
+    removed = _check_heads(list(pruned), {p: m.num_heads for p, m in modules.items()}, "pruned")
     with _evaluating(model):
         with torch.no_grad():
             layers, kinds, _ = _trace(model, loss, items[0])
@@ -399,41 +436,60 @@ def head_importance(
                     "head_importance needs one H for all layers"
                 )
             num_heads = counts.pop()
-            base = _mean_loss(model, loss, items)
-            ablation = torch.zeros(len(layers), num_heads, dtype=torch.float64)
+            per_layer = dict.fromkeys(layers, num_heads)
+            off = [(p, h) for p, h in removed if p in per_layer]
+            with masked_heads(model, _masks_without(off, per_layer)):
+                base = _mean_loss(model, loss, items)
+            ablated = torch.full((len(layers), num_heads), math.nan, dtype=torch.float64)
             for li, path in enumerate(layers):
                 for h in range(num_heads):
-                    with masked_heads(model, _masks_without([(path, h)], {path: num_heads})):
-                        ablation[li, h] = _mean_loss(model, loss, items) - base
-        gradient = _gradient_importance(model, loss, items, layers, num_heads)
+                    if not ablation or (path, h) in off:
+                        continue
+                    with masked_heads(model, _masks_without([*off, (path, h)], per_layer)):
+                        ablated[li, h] = _mean_loss(model, loss, items) - base
+        if gradient:
+            grads = _gradient_importance(model, loss, items, layers, num_heads, off)
+        else:
+            grads = torch.full((len(layers), num_heads), math.nan, dtype=torch.float64)
+    for path, h in off:
+        grads[layers.index(path), h] = math.nan
     if normalize:
         # Michel et al. §4.1: "we normalize the importance scores by layer (using the ℓ2 norm)"
-        gradient = gradient / gradient.norm(dim=1, keepdim=True).clamp_min(1e-20)
+        norm = grads.nan_to_num(0.0).norm(dim=1, keepdim=True)
+        grads = grads / norm.clamp_min(1e-20)
     return HeadImportance(
         layers=tuple(layers),
         kinds=tuple(kinds),
         base_loss=base,
-        ablation=ablation,
-        gradient=gradient,
+        ablation=ablated,
+        gradient=grads,
         normalized=normalize,
         num_batches=len(items),
+        pruned=tuple(removed),
     )
 
 
 def _gradient_importance(
-    model: nn.Module, loss_fn: LossFn, batches: list[Any], layers: list[str], num_heads: int
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: list[Any],
+    layers: list[str],
+    num_heads: int,
+    pruned: list[Head],
 ) -> torch.Tensor:
-    # I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1 (Michel et al. 2019, §4.1, their eq. for I_h)
+    # I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1 (Michel et al. 2019, §4.1, their eq. for I_h); pruned heads
+    # sit at ξ = 0
     p = next(model.parameters(), None)
     dtype = p.dtype if p is not None and p.is_floating_point() else torch.float32
     device = _device(model)
     total = torch.zeros(len(layers), num_heads, dtype=torch.float64)
     with torch.enable_grad():
         for batch in batches:
-            xi = {
-                path: torch.ones(num_heads, dtype=dtype, device=device, requires_grad=True)
-                for path in layers
-            }
+            xi = {path: torch.ones(num_heads, dtype=dtype, device=device) for path in layers}
+            for path, h in pruned:
+                xi[path][h] = 0.0
+            for t in xi.values():
+                t.requires_grad_(True)
             with masked_heads(model, xi):
                 loss = _scalar(loss_fn(model, batch))
             if not loss.requires_grad:
@@ -443,6 +499,64 @@ def _gradient_importance(
                 if g is not None:
                     total[li] += g.detach().abs().double().cpu()
     return total / len(batches)
+
+
+def pruning_order(
+    model: nn.Module,
+    batches: Iterable[Any],
+    loss_fn: LossFn | None = None,
+    *,
+    by: ImportanceKind = "ablation",
+    heads_per_step: int = 1,
+    max_heads: int | None = None,
+    normalize: bool = True,
+) -> list[Head]:
+    """An order to prune heads in, estimating importance again as heads are removed.
+
+    Repeatedly: score the remaining heads with :func:`head_importance` on the model with the
+    heads chosen so far removed, and choose the ``heads_per_step`` least important (as the
+    authors' code and Hugging Face's ``run_bertology.py`` prune). Unlike one estimate on the full
+    model, this sees that heads which can each go while the others stay may not all go together.
+
+    Args:
+        model: as for :func:`head_importance`.
+        batches: an iterable of batches (read into a list).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; default see :func:`default_loss_fn`.
+        by: ``"ablation"`` (a pass over the batches per remaining head, each step) or
+            ``"gradient"`` (one backward pass per batch, each step). Default ``"ablation"``.
+        heads_per_step: heads chosen per estimate (more is faster, less adaptive). Default 1.
+        max_heads: stop after this many heads. Default all of them.
+        normalize: normalise gradient scores per layer (see :func:`head_importance`).
+
+    Returns:
+        ``(layer path, head)`` pairs, the first to prune first; feed it to :func:`pruning_curve`
+        or take a prefix for :meth:`HeadImportance.masks`.
+    """
+    if by not in ("ablation", "gradient"):
+        raise ValueError(f"by must be 'ablation' or 'gradient', got {by!r}")
+    if (
+        isinstance(heads_per_step, bool)
+        or not isinstance(heads_per_step, int)
+        or heads_per_step < 1
+    ):
+        raise ValueError(f"heads_per_step must be a positive int, got {heads_per_step!r}")
+    if max_heads is not None and (
+        isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 0
+    ):
+        raise ValueError(f"max_heads must be a non-negative int, got {max_heads!r}")
+    items = _batches(batches)
+    chosen: list[Head] = []
+    limit = max_heads
+    while limit is None or len(chosen) < limit:
+        imp = _importance(
+            model, items, loss_fn, normalize=normalize, pruned=chosen,
+            ablation=by == "ablation", gradient=by == "gradient",
+        )  # fmt: skip
+        remaining = imp.order(by)
+        if limit is None or limit > len(chosen) + len(remaining):
+            limit = len(chosen) + len(remaining)
+        chosen += remaining[: min(heads_per_step, limit - len(chosen))]
+    return chosen
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -535,9 +649,7 @@ def pruning_curve(
     )
 
 
-def _check_heads(
-    heads: list[Any], num_heads: Mapping[str, int], name: str = "order"
-) -> list[Head]:
+def _check_heads(heads: list[Any], num_heads: Mapping[str, int], name: str = "order") -> list[Head]:
     out: list[Head] = []
     seen: set[Head] = set()
     for item in heads:

@@ -10,7 +10,7 @@ Both take the results of :mod:`attnlab.inspect.ablation` and return a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,9 +81,16 @@ def pruning_figure(
         ax2.tick_params(axis="y", colors="C1")
     total = int(curve.total_heads)
     if total > 0:
-        top = ax.secondary_xaxis("top", functions=(lambda n: n / total, lambda f: f * total))
+
+        def to_fraction(n: Any) -> Any:
+            return np.asarray(n, dtype=np.float64) / total
+
+        def to_count(f: Any) -> Any:
+            return np.asarray(f, dtype=np.float64) * total
+
+        top = ax.secondary_xaxis("top", functions=(to_fraction, to_count))
         top.set_xlabel(f"fraction of the {total} heads removed")
-    ax.legend(lines, [line.get_label() for line in lines], loc="center left")
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="center left")
     ax.set_title(title if title is not None else "Pruning heads, least important first")
     return Plot(fig, data)
 
@@ -111,7 +118,8 @@ def importance_figure(
     fig = _new_figure(max(4.0, 1.0 + 0.7 * n_heads + 2.5), max(2.5, 0.9 + 0.4 * n_layers))
     ax = fig.add_subplot()
     if by == "ablation":
-        lim = float(np.abs(scores).max()) or 1.0
+        lim = float(np.nanmax(np.abs(scores))) if np.isfinite(scores).any() else 1.0
+        lim = lim or 1.0
         img = ax.imshow(scores, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         label = "loss increase when removed"
     else:
@@ -119,7 +127,14 @@ def importance_figure(
         label = "E|∂L/∂ξ|" + (" (layer-normalised)" if importance.normalized else "")
     for i in range(n_layers):
         for j in range(n_heads):
-            ax.text(j, i, f"{scores[i, j]:.2g}", ha="center", va="center", fontsize=7)
+            v = scores[i, j]
+            if np.isnan(v):  # a head pruned before the estimate
+                ax.text(j, i, "pruned", ha="center", va="center", fontsize=6, color="gray")
+                continue
+            r, g, b, _ = img.cmap(img.norm(v))
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # luminance: white text on dark cells
+            ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")  # fmt: skip
     ax.set_xticks(range(n_heads))
     ax.set_xticklabels([str(h) for h in range(n_heads)], fontsize=8)
     ax.set_yticks(range(n_layers))
