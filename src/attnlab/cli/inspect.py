@@ -175,7 +175,12 @@ def _ablate(loaded: Run, args: argparse.Namespace) -> int:
         raise CLIError(f"{loaded.path} names no task with held-out data to measure heads on")
     data = task.evaluation_set(loaded.args, loaded.io, args.examples)
     importance = head_importance(loaded.model, data.batches)
-    curve = pruning_curve(loaded.model, data.batches, importance.order(args.by), metric=data.metric)
+    order = (
+        importance.order(args.by)
+        if args.once
+        else pruning_order(loaded.model, data.batches, by=args.by)
+    )
+    curve = pruning_curve(loaded.model, data.batches, order, metric=data.metric)
     pruning_figure(
         curve,
         title=f"{loaded.path.parent.parent.name}: heads removed, least important first "
