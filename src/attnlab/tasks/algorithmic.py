@@ -33,7 +33,7 @@ from attnlab.tasks.seq2seq import (
     Seq2SeqIO,
     decode_sources,
     exact_match_accuracy,
-    noam_adam,
+    noam_adam_from_args,
     seq2seq_loss,
     transformer_config,
 )
@@ -248,13 +248,7 @@ class AlgorithmicTask:
         io = sequence_io(task)
         return TaskSetup(
             model=model,
-            make_optimizer=noam_adam(
-                config.d_model,
-                args.warmup,
-                args.lr_factor,
-                cooldown=args.cooldown,
-                cooldown_end=args.cooldown_end,
-            ),
+            make_optimizer=noam_adam_from_args(args, config.d_model),
             batches=IndexedBatches(lambda step: task.batch(step, batch_size)),
             loss_fn=seq2seq_loss(config.pad_id, config.label_smoothing),
             model_config=config_to_dict(config),

@@ -20,7 +20,14 @@ from attnlab.tasks.base import ModelInputs
 from attnlab.viz.figures import attention_heatmap, head_grid
 from attnlab.viz.viewer import ViewerData, viewer_data
 
-__all__ = ["capture_inputs", "layer_labels", "save_attention_figures", "viewer_for"]
+__all__ = [
+    "capture_inputs",
+    "layer_labels",
+    "layer_sequences",
+    "save_attention_figures",
+    "token_sequences",
+    "viewer_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,21 +54,35 @@ def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> Act
     return cache
 
 
-def layer_labels(inputs: ModelInputs, name: str, kind: str) -> tuple[list[str], list[str]]:
-    """``(query labels, key labels)`` of one attention layer of the model that read ``inputs``.
+def token_sequences(inputs: ModelInputs) -> dict[str, list[str]]:
+    """The labelled token sequences of ``inputs``: ``tokens`` (a language model), or ``source``
+    and ``target`` (an encoder-decoder; target positions labelled by the token they wrote)."""
+    if inputs.kind == "lm":
+        return {"tokens": list(inputs.tokens)}
+    return {"source": list(inputs.source_tokens), "target": list(inputs.target_tokens)}
+
+
+def layer_sequences(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str]:
+    """Which of :func:`token_sequences` label one attention layer's queries and keys.
 
     Encoder self-attention: source × source; decoder self-attention: target × target;
-    cross-attention: target × source (target positions labelled by the token they wrote); a
-    language model: its tokens × its tokens.
+    cross-attention: target × source; a language model: its tokens × its tokens.
     """
     if inputs.kind == "lm":
-        return list(inputs.tokens), list(inputs.tokens)
-    src, tgt = list(inputs.source_tokens), list(inputs.target_tokens)
+        return "tokens", "tokens"
     if kind == "cross":
-        return tgt, src
+        return "target", "source"
     if name.startswith("encoder") or ".encoder." in name:
-        return src, src
-    return tgt, tgt
+        return "source", "source"
+    return "target", "target"
+
+
+def layer_labels(inputs: ModelInputs, name: str, kind: str) -> tuple[list[str], list[str]]:
+    """``(query labels, key labels)`` of one attention layer of the model that read ``inputs``
+    (see :func:`layer_sequences`)."""
+    seqs = token_sequences(inputs)
+    query, key = layer_sequences(inputs, name, kind)
+    return seqs[query], seqs[key]
 
 
 def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> ViewerData:

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab.tasks.base import ModelInputs
-from attnlab.tasks.figures import capture_inputs
+from attnlab.tasks.figures import capture_inputs, layer_sequences, token_sequences
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
 
@@ -38,17 +38,6 @@ __all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history", "write_training_
 PROBE_DIR = "probe"
 _META = "probe.json"
 _STEP = re.compile(r"^step-(\d{8})\.safetensors$")
-
-
-def _sides(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str]:
-    """Which token sequences label a layer's queries and keys."""
-    if inputs.kind == "lm":
-        return "tokens", "tokens"
-    if kind == "cross":
-        return "target", "source"
-    if name.startswith("encoder") or ".encoder." in name:
-        return "source", "source"
-    return "target", "target"
 
 
 class AttentionProbe(TrainerCallback):
@@ -105,18 +94,13 @@ class AttentionProbe(TrainerCallback):
 
     def _write_meta(self, kinds: dict[str, str]) -> None:
         inputs = self.inputs
-        sequences = (
-            {"tokens": list(inputs.tokens)}
-            if inputs.kind == "lm"
-            else {"source": list(inputs.source_tokens), "target": list(inputs.target_tokens)}
-        )
         meta = {
             "text": self.text,
             "every": self.every,
             "inputs": inputs.to_dict(),
-            "sequences": sequences,
+            "sequences": token_sequences(inputs),
             "kinds": kinds,
-            "layer_sequences": {n: list(_sides(inputs, n, k)) for n, k in kinds.items()},
+            "layer_sequences": {n: list(layer_sequences(inputs, n, k)) for n, k in kinds.items()},
         }
         tmp = self.dir / (_META + ".tmp")
         tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")

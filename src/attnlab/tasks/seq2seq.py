@@ -25,6 +25,7 @@ __all__ = [
     "decode_sources",
     "exact_match_accuracy",
     "noam_adam",
+    "noam_adam_from_args",
     "seq2seq_loss",
     "strip_special",
     "transformer_config",
@@ -195,6 +196,19 @@ def noam_adam(
         )
 
     return make
+
+
+def noam_adam_from_args(
+    args: argparse.Namespace, d_model: int
+) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
+    """:func:`noam_adam` with the options of ``add_transformer_arguments``."""
+    return noam_adam(
+        d_model,
+        args.warmup,
+        args.lr_factor,
+        cooldown=args.cooldown,
+        cooldown_end=args.cooldown_end,
+    )
 
 
 def seq2seq_loss(pad_id: int, smoothing: float) -> Callable[[nn.Module, Any], TokenLoss]:

@@ -30,7 +30,7 @@ from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.options import add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
-from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam, seq2seq_loss, transformer_config
+from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -213,13 +213,7 @@ class TranslationTask:
 
         return TaskSetup(
             model=model,
-            make_optimizer=noam_adam(
-                config.d_model,
-                args.warmup,
-                args.lr_factor,
-                cooldown=args.cooldown,
-                cooldown_end=args.cooldown_end,
-            ),
+            make_optimizer=noam_adam_from_args(args, config.d_model),
             batches=IndexedBatches(source.batch),
             loss_fn=loss_fn,
             model_config=config_to_dict(config),
