@@ -4,13 +4,13 @@ The public API; everything else is reachable through the subpackages.
 """
 
 from attnlab import inspect, training
-from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.decoding.generate import generate
 from attnlab.models.config import GPTConfig, TransformerConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 from attnlab.nn import masks
 from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.positional import (
     LearnedPositionalEmbedding,

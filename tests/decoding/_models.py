@@ -47,3 +47,15 @@ def tiny_transformer(vocab_size: int = 23, *, dtype: torch.dtype = torch.float64
         max_len=32,
     )
     return Transformer(cfg).to(dtype).eval()
+
+
+@torch.no_grad()
+def greedy_without_cache(
+    model: GPT, ids: torch.Tensor, n: int, **forward_kw: object
+) -> torch.Tensor:
+    """Greedy decoding the slow way: the whole sequence through ``forward`` at every step, no
+    cache — the reference that cached decoding must reproduce."""
+    for _ in range(n):
+        nxt = model(ids, **forward_kw).logits[:, -1].argmax(-1)  # type: ignore[arg-type]
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+    return ids

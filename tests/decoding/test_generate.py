@@ -6,16 +6,12 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.decoding.fast import FastDecoder
 from attnlab.decoding.steppers import CausalStepper
-from tests.decoding._models import tiny_gpt
-
-FAST = [pytest.param(True, id="fast"), pytest.param(False, id="forward")]
+from tests.decoding._models import greedy_without_cache, tiny_gpt
 
 
-@pytest.mark.parametrize("fast", FAST)
 @pytest.mark.parametrize("padded", [False, True])
-def test_cached_decoding_equals_full_forward_at_every_step(fast: bool, padded: bool) -> None:
+def test_cached_decoding_equals_full_forward_at_every_step(padded: bool) -> None:
     model = tiny_gpt()
     prompt = torch.randint(0, 61, (3, 6))
     mask = None
@@ -24,10 +20,9 @@ def test_cached_decoding_equals_full_forward_at_every_step(fast: bool, padded: b
         mask[0, :2] = 0
         mask[2, :4] = 0
         prompt = prompt.masked_fill(mask == 0, 7)
-    out = al.generate(model, prompt, max_new_tokens=9, attention_mask=mask, fast=fast)
+    out = al.generate(model, prompt, max_new_tokens=9, attention_mask=mask)
     # the same tokens, stepped by hand, and their logits against one full forward
-    step_fn = FastDecoder.for_model(model) if fast else None
-    stepper = CausalStepper(model, prompt, mask, 6 + 9, step_fn)
+    stepper = CausalStepper(model, prompt, mask, 6 + 9)
     full_mask = None if mask is None else torch.cat([mask, torch.ones(3, 9, dtype=mask.dtype)], 1)
     full = model(out, attention_mask=full_mask).logits  # (B, 15, V)
     logits = stepper.prefill()
@@ -38,13 +33,12 @@ def test_cached_decoding_equals_full_forward_at_every_step(fast: bool, padded: b
             logits = stepper.step(out[:, 6 + i])
 
 
-@pytest.mark.parametrize("fast", FAST)
-def test_four_tokens_equal_three_then_one(fast: bool) -> None:
+def test_four_tokens_equal_three_then_one() -> None:
     model = tiny_gpt()
     prompt = torch.randint(0, 61, (2, 5))
-    four = al.generate(model, prompt, max_new_tokens=4, fast=fast)
-    three = al.generate(model, prompt, max_new_tokens=3, fast=fast)
-    assert torch.equal(al.generate(model, three, max_new_tokens=1, fast=fast), four)
+    four = al.generate(model, prompt, max_new_tokens=4)
+    three = al.generate(model, prompt, max_new_tokens=3)
+    assert torch.equal(al.generate(model, three, max_new_tokens=1), four)
     assert four.shape == (2, 9) and torch.equal(four[:, :5], prompt)
 
 
@@ -60,9 +54,8 @@ def test_sampling_continuation_with_the_same_generator() -> None:
     assert torch.equal(al.generate(model, three, max_new_tokens=1, generator=g, **kw), four)
 
 
-@pytest.mark.parametrize("fast", FAST)
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
-def test_left_padded_batch_equals_each_row_alone(fast: bool, strategy: str) -> None:
+def test_left_padded_batch_equals_each_row_alone(strategy: str) -> None:
     model = tiny_gpt()
     rows = [torch.randint(0, 61, (n,)) for n in (3, 7, 5)]
     width = max(len(r) for r in rows)
@@ -71,7 +64,7 @@ def test_left_padded_batch_equals_each_row_alone(fast: bool, strategy: str) -> N
     for i, r in enumerate(rows):
         batch[i, width - len(r) :] = r
         mask[i, width - len(r) :] = 1
-    kw = dict(max_new_tokens=6, strategy=strategy, num_beams=3, fast=fast)
+    kw = dict(max_new_tokens=6, strategy=strategy, num_beams=3)
     together = al.generate(model, batch, attention_mask=mask, **kw)
     for i, r in enumerate(rows):
         alone = al.generate(model, r[None], **kw)
@@ -128,7 +121,7 @@ def test_eval_mode_during_generation_and_restored() -> None:
     assert torch.equal(a, al.generate(model.eval(), prompt, max_new_tokens=5))
 
 
-def test_fast_path_is_remade_after_the_weights_change() -> None:
+def test_decoding_follows_the_weights_after_they_change() -> None:
     model = tiny_gpt()
     prompt = torch.randint(0, 61, (1, 4))
     al.generate(model, prompt, max_new_tokens=3)
@@ -137,7 +130,7 @@ def test_fast_path_is_remade_after_the_weights_change() -> None:
             p.add_(torch.randn_like(p) * 0.3)
     assert torch.equal(
         al.generate(model, prompt, max_new_tokens=6),
-        al.generate(model, prompt, max_new_tokens=6, fast=False),
+        greedy_without_cache(model, prompt, 6),
     )
 
 
@@ -147,11 +140,9 @@ def test_hooks_use_the_model_forward() -> None:
     handle = model.transformer.h[0].hook_attn_out.register_forward_hook(
         lambda m, i, o: seen.append(o.shape)
     )
-    assert not FastDecoder.supports(model)
     al.generate(model, torch.randint(0, 61, (1, 4)), max_new_tokens=3)
     handle.remove()
     assert len(seen) == 3  # the prompt and two one-token steps
-    assert FastDecoder.supports(model)
 
 
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
@@ -167,7 +158,7 @@ def test_bf16_model_generates() -> None:
     model = tiny_gpt(dtype=torch.bfloat16)
     prompt = torch.randint(0, 61, (2, 5))
     a = al.generate(model, prompt, max_new_tokens=6)
-    b = al.generate(model, prompt, max_new_tokens=6, fast=False)
+    b = greedy_without_cache(model, prompt, 6)
     assert a.shape == (2, 11)
     # bf16 sums in another order can flip a near tie; most tokens agree
     assert (a == b).float().mean() > 0.8

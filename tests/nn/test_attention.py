@@ -357,8 +357,8 @@ def test_auto_backend_is_a_real_choice() -> None:
 @pytest.mark.parametrize(("block", "query_block"), [(1, 1), (7, 5), (16, 64), (1000, 3)])
 def test_blockwise_block_sizes(block: int, query_block: int) -> None:
     """The online softmax depends on neither block size (odd sizes, a block of one key or row)."""
-    from attnlab.nn.attention import Masking
     from attnlab.nn.backends.blockwise import blockwise_attention
+    from attnlab.nn.masking import Masking
 
     q = torch.randn(1, 2, 23, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 29, 8, dtype=torch.float64, requires_grad=True)
@@ -380,8 +380,8 @@ def test_blockwise_block_sizes(block: int, query_block: int) -> None:
 def test_row_hidden_in_first_block_with_very_negative_scores(backend: str) -> None:
     """A row whose first key block is hidden and whose visible scores are all far below zero must
     not underflow (the running maximum must not be clamped to 0)."""
-    from attnlab.nn.attention import Masking
     from attnlab.nn.backends.blockwise import blockwise_attention
+    from attnlab.nn.masking import Masking
 
     q = torch.randn(1, 1, 4, 8)
     k = torch.randn(1, 1, 12, 8)

@@ -154,7 +154,7 @@ def test_hooks_see_the_masked_weights_and_outputs() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kv_cache_steps_with_a_head_mask_equal_the_full_pass(backend: str) -> None:
-    from attnlab.decoding.cache import KVCache
+    from attnlab.nn.kv_cache import KVCache
 
     mha = mha_of(backend, num_kv_heads=2)
     x, xi = torch.randn(2, 6, D), torch.tensor([0.0, 1.0, 1.0, 0.0])

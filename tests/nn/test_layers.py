@@ -273,7 +273,7 @@ def test_decoder_layer_matches_torch(norm_first: bool) -> None:
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_cached_steps_equal_full(norm_first: bool) -> None:
-    from attnlab.decoding.cache import KVCache
+    from attnlab.nn.kv_cache import KVCache
 
     layer = DecoderLayer(D, H, FF, norm_first=norm_first, num_kv_heads=2).eval()
     x, memory = torch.randn(2, 6, D), torch.randn(2, 4, D)

@@ -1,8 +1,8 @@
 """Decoding: the KV cache and generation strategies (greedy, sampling, beam search)."""
 
-from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.decoding.strategies import greedy_choice, sample_choice, top_k_filter, top_p_filter
+from attnlab.nn.kv_cache import KVCache, ModelCache
 
 __all__ = [
     "STRATEGIES",

@@ -6,7 +6,7 @@ Decoding factorises the output distribution left to right,
 
 and picks ``y_t`` one token at a time: the most likely one (greedy), a draw from the (filtered)
 distribution (sampling), or the continuation of the ``K`` best partial outputs (beam search). A
-preallocated KV cache (:mod:`attnlab.decoding.cache`) keeps the keys and values of past positions,
+preallocated KV cache (:mod:`attnlab.nn.kv_cache`) keeps the keys and values of past positions,
 so each step processes only the new token.
 """
 
@@ -47,7 +47,6 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
-    fast: bool = True,
 ) -> torch.Tensor:
     """Generate tokens with a KV cache, from a decoder-only or an encoder-decoder model.
 
@@ -86,9 +85,6 @@ def generate(
             ``input_ids != pad_id``).
         pad_token_id: fills rows after they stop. Default ``config.pad_id`` for an encoder-decoder;
             for a decoder-only model the first EOS id, else 0.
-        fast: for a GPT with learned positions and no hooks, run the one-token steps through
-            :class:`attnlab.decoding.fast.FastDecoder` (decode-time weight layout, same tokens).
-            Default ``True``.
 
     Returns:
         token ids ``(B, T + n)`` for a decoder-only model, ``(B, 1 + n)`` for an encoder-decoder,
@@ -149,7 +145,7 @@ def generate(
     try:
         n_rows = ids.shape[0] * (num_beams if strategy == "beam" else 1)
         expand = num_beams if strategy == "beam" else 1
-        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, fast)
+        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq)
         if strategy == "beam":
             best = beam_search(
                 stepper,
@@ -228,20 +224,13 @@ def _make_stepper(
     max_new_tokens: int,
     expand: int,
     seq2seq: bool,
-    fast: bool,
 ) -> Stepper:
     if expand > 1:  # beam search: row b·K + k is beam k of prompt b
         ids = ids.repeat_interleave(expand, dim=0)
         mask = None if mask is None else mask.repeat_interleave(expand, dim=0)
     if seq2seq:
         return Seq2SeqStepper(model, ids, mask, 1 + max_new_tokens)
-    step_fn = None
-    if fast:
-        from attnlab.decoding.fast import FastDecoder
-
-        if FastDecoder.supports(model):
-            step_fn = FastDecoder.for_model(model)
-    return CausalStepper(model, ids, mask, ids.shape[1] + max_new_tokens, step_fn)
+    return CausalStepper(model, ids, mask, ids.shape[1] + max_new_tokens)
 
 
 # -- argument checks --

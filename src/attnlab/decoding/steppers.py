@@ -41,8 +41,10 @@ class CausalStepper:
         input_ids: prompt ``(N, T)``, left-padded when ``attention_mask`` has zeros.
         attention_mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
         capacity: cache size, ``T + max_new_tokens``.
-        step_fn: optional fast one-token step ``(tokens (N, 1), mask | None, cache) -> logits (N, V)``
-            used instead of ``model.forward`` after the prompt (see :mod:`attnlab.decoding.fast`).
+
+    The prompt goes through ``model.forward`` (which checks it); each later token through
+    ``model.decode_step`` where the model has one (:meth:`attnlab.GPT.decode_step`: the same
+    forward, without the checks that read values back from the device), else ``forward``.
     """
 
     def __init__(
@@ -51,7 +53,6 @@ class CausalStepper:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         capacity: int,
-        step_fn: Any = None,
     ) -> None:
         n, t = input_ids.shape
         self.model = model
@@ -61,9 +62,9 @@ class CausalStepper:
         self.mask: torch.Tensor | None = None
         if attention_mask is not None:
             # preallocated: the mask of past + new tokens is a prefix view at every step
-            self.mask = torch.ones(n, capacity, dtype=torch.long, device=input_ids.device)
-            self.mask[:, :t] = attention_mask
-        self.step_fn = step_fn
+            self.mask = torch.ones(n, capacity, dtype=torch.bool, device=input_ids.device)
+            self.mask[:, :t] = attention_mask.bool()
+        self.decode_step = getattr(model, "decode_step", None)
 
     def _visible(self) -> torch.Tensor | None:
         return None if self.mask is None else self.mask[:, : self.length]
@@ -74,8 +75,8 @@ class CausalStepper:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.length += 1
-        if self.step_fn is not None:
-            return self.step_fn(tokens[:, None], self._visible(), self.cache)
+        if self.decode_step is not None:
+            return self.decode_step(tokens[:, None], self.cache, self._visible())
         out = self.model(tokens[:, None], attention_mask=self._visible(), cache=self.cache)
         return out.logits[:, -1]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import check_floating, check_positive_int, check_tensor, shape_str
-from attnlab.nn.attention import _normalize_mask
-from attnlab.nn.backends._common import compute_dtype
+from attnlab.nn.backends.common import compute_dtype
+from attnlab.nn.masking import normalize_mask
 
 __all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats"]
 
@@ -119,7 +119,7 @@ def attention_stats(
         scale = query.shape[-1] ** -0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    masking = _normalize_mask(query, key, mask, is_causal)
+    masking = normalize_mask(query, key, mask, is_causal)
 
     lead, h, t_q, d = query.shape[:-3], query.shape[-3], query.shape[-2], query.shape[-1]
     h_kv, t_k = key.shape[-3], key.shape[-2]

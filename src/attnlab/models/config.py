@@ -3,34 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, TypeVar
 
-__all__ = ["GPTConfig", "config_from_dict", "config_to_dict"]
+from attnlab._checks import check_choice, check_positive_int, check_probability
+from attnlab.nn.backends import check_backend
+
+__all__ = ["GPTConfig", "TransformerConfig", "config_from_dict", "config_to_dict"]
 
 C = TypeVar("C")
 
 
-def config_to_dict(config: object) -> dict[str, Any]:
-    """A config as a JSON-ready dict, with its class name under ``"kind"``."""
-    return {"kind": type(config).__name__, **dataclasses.asdict(config)}  # type: ignore[call-overload]
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A config (a dataclass instance) as a JSON-ready dict, with its class name under ``"kind"``."""
+    return {"kind": type(config).__name__, **dataclasses.asdict(config)}
 
 
 def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
-    """Rebuild a config; unknown keys are an error that names them."""
+    """Rebuild a config of dataclass ``cls``; unknown keys are an error that names them."""
     data = {k: v for k, v in data.items() if k != "kind"}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
     return cls(**data)
-
-
-def dumps(config: object) -> str:
-    return json.dumps(config_to_dict(config), indent=2, sort_keys=True)
-
-
-# --- TransformerConfig (encoder-decoder) goes below this line ---
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +91,6 @@ class TransformerConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
-        from attnlab._checks import check_choice, check_positive_int, check_probability
-        from attnlab.nn.attention import BACKENDS
-
         for name in (
             "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_encoder_layers",
             "num_decoder_layers", "d_ff", "max_len",
@@ -119,7 +111,7 @@ class TransformerConfig:
         check_probability("attention_dropout", self.attention_dropout)
         check_probability("label_smoothing", self.label_smoothing)
         check_choice("activation", self.activation, ("relu", "gelu"))
-        check_choice("backend", self.backend, BACKENDS)
+        check_backend(self.backend)
         for name in ("norm_first", "share_embeddings", "tie_output", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
@@ -161,9 +153,6 @@ class TransformerConfig:
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
-# --- GPTConfig goes below this line ---
-
-
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     """Configuration of :class:`attnlab.GPT`, a GPT-2 style decoder (Radford et al. 2019).
@@ -203,9 +192,6 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        from attnlab._checks import check_choice, check_positive_int, check_probability
-        from attnlab.nn.attention import BACKENDS
-
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
             check_positive_int(name, getattr(self, name))
         if self.n_embd % self.n_head != 0:
@@ -230,7 +216,7 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive float, got {value!r}")
-        check_choice("backend", self.backend, BACKENDS)
+        check_backend(self.backend)
 
     @property
     def d_head(self) -> int:

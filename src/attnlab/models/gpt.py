@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +22,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
-from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.models.config import GPTConfig
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
+from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
@@ -73,22 +73,11 @@ class GPTSelfAttention(MultiHeadAttention):
         self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)  # type: ignore[arg-type]
         self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)  # type: ignore[arg-type]
 
-    def project_qkv(
-        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        d, kv = self.d_model, self.num_kv_heads * self.d_head
-        if key is None:  # self-attention: one matmul
-            q, k, v = self.c_attn(query).split(
-                [d, kv, kv], dim=-1
-            )  # (B, T, d) (B, T, kv) (B, T, kv)
-            return q, k, v
-        w, b = self.c_attn.weight, self.c_attn.bias
-        q = F.linear(query, w[:d], None if b is None else b[:d])
-        k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
-        v = F.linear(
-            value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :]
-        )
-        return q, k, v
+    def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.c_attn.weight, self.c_attn.bias
+
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_attn(x)  # through the module, so that hooks on c_attn see it
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_dropout(self.c_proj(x))
@@ -165,6 +154,7 @@ class GPTBlock(nn.Module):
             cache=cache,
             positions=positions,
             head_mask=head_mask,
+            check_positions=False,  # GPT.forward checked them once for every block
         )
         x = x + self.hook_attn_out(a)
         x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
@@ -238,6 +228,39 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=residual_std)
+        self._store_matrices_in_out()
+
+    def _store_matrices_in_out(self) -> None:
+        """Keep every matrix ``(in, out)`` in memory, as GPT-2's own ``Conv1D`` does, while the
+        parameters keep ``nn.Linear``'s ``(out, in)`` shape, names and values (only the strides
+        differ; state dicts, checkpoints and Hugging Face weights are unchanged).
+
+        Why: at batch 1 a decoding step is a chain of matrix-vector products, each bound by reading
+        its matrix once. A CPU BLAS streams ``x @ W`` over a contiguous ``(in, out)`` matrix faster
+        than it reduces the rows of an ``(out, in)`` one: 27 against 16 GB/s for the 50257 × 768
+        tied embedding in fp32 (``benchmarks/generate.py``). Training matmuls run at the same speed
+        either way. ``.to()``, ``load_state_dict`` and optimisers keep the strides, and
+        :meth:`state_dict` hands out contiguous tensors (what safetensors and other writers expect).
+        """
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    w = module.weight
+                    if w.is_contiguous():  # (lm_head shares its weight with wte)
+                        w.data = w.data.t().contiguous().t()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module.state_dict`` with each matrix as a contiguous tensor (a weight shared by two
+        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`_store_matrices_in_out`."""
+        state = super().state_dict(*args, **kwargs)
+        if kwargs.get("keep_vars"):
+            return state
+        prefix = kwargs.get("prefix", "")
+        plain: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+        for name, t in state.items():
+            if name.startswith(prefix) and isinstance(t, torch.Tensor) and not t.is_contiguous():
+                state[name] = plain.setdefault((t.data_ptr(), t.stride()), t.contiguous())
+        return state
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -271,7 +294,7 @@ class GPT(nn.Module):
                 ``labels[t + 1]``); ``-100`` is ignored.
             position_ids: ``(B, T)`` or ``(T,)``; overrides the ones derived from the mask.
                 (ALiBi reads no position ids: its bias depends on distances ``i − j`` only.)
-            cache: a :class:`~attnlab.decoding.cache.ModelCache` from :meth:`new_cache`; the new
+            cache: a :class:`~attnlab.nn.kv_cache.ModelCache` from :meth:`new_cache`; the new
                 keys/values are appended to it.
             head_mask: ``(n_layer, n_head)``, or ``(n_head,)`` for every layer, floating or bool:
                 head ``h`` of block ``l`` has its output multiplied by ``head_mask[l, h]`` (1 keeps
@@ -295,20 +318,84 @@ class GPT(nn.Module):
                 f"the position table: n_positions = {cfg.n_positions}"
             )
         keep = self._check_attention_mask(attention_mask, b, past + t)
-        padding, positions = None, None
-        if keep is not None and not bool(keep.all()):
-            padding = masks.from_key_padding_mask(~keep)  # (B, 1, 1, T_past + T), True = attend
-            # left padding: a token's position counts only the real tokens before it
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if keep is not None and bool(keep.all()):
+            keep = None  # nothing is padded: the plain causal path
+        positions = None
         if position_ids is not None:
             positions = self._check_position_ids(position_ids, b, t)
+        head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
+        logits = self._run(input_ids, keep, positions, cache, head_masks)
+        loss = None
+        if labels is not None:
+            loss = self.loss(logits, labels)
+        return CausalLMOutput(logits=logits, loss=loss, cache=cache)
+
+    def decode_step(
+        self, tokens: torch.Tensor, cache: ModelCache, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One decoding step: feed one new token per row, get the logits of the token after it.
+
+        The same computation as ``forward(tokens, attention_mask, cache=cache).logits[:, -1]``,
+        without what only a call from outside needs: the token ids and the mask are trusted
+        (:func:`attnlab.generate` checked the prompt, and every later token comes from this
+        model's own vocabulary), so nothing is read back from the device — no host
+        synchronisation, and the step can be captured whole by ``torch.compile`` (as gpt-fast's
+        ``decode_one_token``).
+
+        Args:
+            tokens: ``(B, 1)`` token ids.
+            cache: the :class:`~attnlab.nn.kv_cache.ModelCache` holding the past positions; the
+                new key and value are appended.
+            attention_mask: ``(B, T_past + 1)`` bool, ``True`` for real tokens (left padding), or
+                ``None`` when no row is padded.
+
+        Returns:
+            logits ``(B, vocab_size)``.
+
+        Shape:
+            tokens ``(B, 1)``; attention_mask ``(B, T_past + 1)``; logits ``(B, vocab_size)``.
+        """
+        if tokens.dim() != 2 or tokens.shape[1] != 1:
+            raise ValueError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
+        if cache.length + 1 > self.config.n_positions:
+            raise ValueError(
+                f"position {cache.length} is past the model's position table "
+                f"n_positions = {self.config.n_positions}"
+            )
+        heads: list[torch.Tensor | None] = [None] * self.config.n_layer
+        return self._run(tokens, attention_mask, None, cache, heads)[:, -1]
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        keep: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        cache: ModelCache | None,
+        head_masks: list[torch.Tensor | None],
+    ) -> torch.Tensor:
+        """The forward computation on checked inputs; reads no tensor value back to the host.
+
+        Shape:
+            input_ids ``(B, T)``; keep ``(B, T_past + T)`` bool (True = real token) or ``None``;
+            positions ``(B, T)``/``(T,)`` or ``None``; logits ``(B, T, vocab_size)``.
+        """
+        cfg = self.config
+        t = input_ids.shape[1]
+        past = 0 if cache is None else cache.length
+        padding = None
+        if keep is not None:
+            padding = keep[:, None, None, :]  # (B, 1, 1, T_past + T), True = attend
+            if positions is None:
+                # left padding: a token's position counts only the real tokens before it
+                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         if positions is None and cfg.positions != "alibi":
             positions = torch.arange(past, past + t, device=input_ids.device)  # (T,)
 
         # h_0 = W_e[x_t] + W_p[pos_t]   (token embedding plus, for learned positions, position embedding)
         x = self.transformer.wte(input_ids)  # (B, T, n_embd)
-        if self.transformer.wpe is not None:
-            x = x + self.transformer.wpe(positions)  # (B, T, n_embd) or (T, n_embd), broadcast
+        if self.transformer.wpe is not None and positions is not None:
+            # (B, T, n_embd) or (T, n_embd), broadcast; in range: checked, or derived from the mask
+            x = x + self.transformer.wpe(positions, check=False)
         x = self.transformer.drop(x)
 
         mask: torch.Tensor | None = padding
@@ -317,7 +404,6 @@ class GPT(nn.Module):
             bias = alibi_bias(cfg.n_head, t, past + t, device=x.device)  # (H, T, T_past + T)
             mask = masks.combine(bias, padding)
         rope_positions = positions if cfg.positions == "rope" else None
-        head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
 
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.h):
@@ -330,12 +416,7 @@ class GPT(nn.Module):
                 x = block(x, mask, layer_cache, rope_positions, head_masks[i])
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
-
-        loss = None
-        if labels is not None:
-            loss = self.loss(logits, labels)
-        return CausalLMOutput(logits=logits, loss=loss, cache=cache)
+        return self.lm_head(x)  # (B, T, vocab_size)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy, in fp32:
@@ -372,7 +453,7 @@ class GPT(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> ModelCache:
-        """An empty KV cache for decoding: one :class:`~attnlab.decoding.cache.KVCache` per block.
+        """An empty KV cache for decoding: one :class:`~attnlab.nn.kv_cache.KVCache` per block.
 
         Args:
             batch: batch size ``B``.
@@ -382,7 +463,7 @@ class GPT(nn.Module):
             device: default the parameters' device.
 
         Returns:
-            a :class:`~attnlab.decoding.cache.ModelCache` holding
+            a :class:`~attnlab.nn.kv_cache.ModelCache` holding
             ``2 · n_layer · B · H_kv · capacity · d_head`` numbers.
         """
         check_positive_int("batch", batch)
@@ -479,8 +560,7 @@ class GPT(nn.Module):
             )
         return mask.bool()
 
-    @staticmethod
-    def _check_position_ids(position_ids: object, batch: int, t: int) -> torch.Tensor:
+    def _check_position_ids(self, position_ids: object, batch: int, t: int) -> torch.Tensor:
         pos = check_tensor("position_ids", position_ids)
         if pos.is_floating_point() or pos.dtype == torch.bool:
             raise TypeError(f"position_ids must be integers, got dtype {pos.dtype}")
@@ -490,5 +570,11 @@ class GPT(nn.Module):
             raise ValueError(
                 f"position_ids must have shape (B, T) = ({batch}, {t}) or (T,) = ({t},), "
                 f"got {shape_str(pos.shape)}"
+            )
+        limit = self.config.n_positions
+        if int(pos.min()) < 0 or int(pos.max()) >= limit:
+            raise ValueError(
+                f"positions must lie in [0, {limit}) (the position table's length, n_positions = "
+                f"{limit}), got values from {int(pos.min())} up to {int(pos.max())}"
             )
         return pos

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.decoding.cache import ModelCache
+from attnlab.nn.kv_cache import ModelCache
 
 __all__ = ["CausalLMOutput", "Seq2SeqOutput"]
 
@@ -18,7 +18,7 @@ class CausalLMOutput:
     Attributes:
         logits: ``(B, T, vocab_size)``.
         loss: mean cross-entropy of next-token prediction when labels were given, else ``None``.
-        cache: the :class:`~attnlab.decoding.cache.ModelCache` that was used, if any.
+        cache: the :class:`~attnlab.nn.kv_cache.ModelCache` that was used, if any.
     """
 
     logits: torch.Tensor
@@ -33,7 +33,7 @@ class Seq2SeqOutput:
     Attributes:
         logits: ``(B, T_tgt, tgt_vocab_size)``.
         loss: label-smoothed cross-entropy over non-padding targets when targets were given.
-        cache: the decoder's :class:`~attnlab.decoding.cache.ModelCache`, if any.
+        cache: the decoder's :class:`~attnlab.nn.kv_cache.ModelCache`, if any.
     """
 
     logits: torch.Tensor

@@ -28,11 +28,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
-from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.models.config import TransformerConfig
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
+from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import SinusoidalPositionalEncoding
@@ -41,7 +41,7 @@ __all__ = ["Seq2SeqCache", "Transformer", "TransformerDecoder", "TransformerEnco
 
 
 class Seq2SeqCache(ModelCache):
-    """A decoder's :class:`~attnlab.decoding.cache.ModelCache` that also remembers the target
+    """A decoder's :class:`~attnlab.nn.kv_cache.ModelCache` that also remembers the target
     tokens seen so far (for their padding mask) and the source mask given on the first step.
 
     Attributes:
@@ -462,7 +462,7 @@ class Transformer(nn.Module):
 
         Returns:
             a :class:`Seq2SeqCache` with one self-attention and one cross-attention
-            :class:`~attnlab.decoding.cache.KVCache` per decoder layer.
+            :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer.
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)

@@ -27,8 +27,8 @@ from attnlab.nn.hooks import HookPoint
 from attnlab.nn.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:
-    from attnlab.decoding.cache import KVCache
     from attnlab.nn.attention import Backend
+    from attnlab.nn.kv_cache import KVCache
 
 __all__ = ["ACTIVATIONS", "DecoderLayer", "EncoderLayer", "FeedForward", "residual"]
 
@@ -292,7 +292,7 @@ class DecoderLayer(nn.Module):
             self_mask: self-attention mask over ``T_past + T`` keys.
             is_causal: the look-ahead rule on self-attention (bottom-right, works with a cache).
             memory_mask: cross-attention mask, e.g. the source padding mask ``(B, 1, 1, S)``.
-            self_cache: self-attention :class:`~attnlab.decoding.cache.KVCache` (grows).
+            self_cache: self-attention :class:`~attnlab.nn.kv_cache.KVCache` (grows).
             cross_cache: cross-attention cache (static: filled on first use, then reused).
             head_mask: ``ξ`` of the self-attention heads, ``(H,)`` or ``(B, H)`` (Hugging Face
                 BART's ``layer_head_mask``); see :meth:`MultiHeadAttention.forward

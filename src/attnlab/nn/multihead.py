@@ -23,17 +23,17 @@ from torch import nn
 
 from attnlab._checks import (
     broadcast_or_raise,
-    check_choice,
     check_positive_int,
     check_probability,
     check_tensor,
     shape_str,
 )
-from attnlab.nn.attention import BACKENDS, Backend, scaled_dot_product_attention
+from attnlab.nn.attention import Backend, scaled_dot_product_attention
+from attnlab.nn.backends import check_backend
 from attnlab.nn.hooks import HookPoint
+from attnlab.nn.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from attnlab.decoding.cache import KVCache
     from attnlab.nn.positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention", "check_head_mask", "layer_head_masks"]
@@ -163,7 +163,7 @@ class MultiHeadAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
         self.dropout = check_probability("dropout", dropout)
-        self.backend: Backend = check_choice("backend", backend, BACKENDS)  # type: ignore[assignment]
+        self.backend: Backend = check_backend(backend)
         self.rotary = rotary
         self._build_projections(bias, device, dtype)
         self.hook_q = HookPoint()
@@ -171,6 +171,9 @@ class MultiHeadAttention(nn.Module):
         self.hook_v = HookPoint()
         self.hook_weights = HookPoint()  # (B, H, T_q, T_k), computed only when something listens
         self.hook_z = HookPoint()  # per-head outputs, (B, H, T_q, d_head)
+        if rotary is not None:  # the queries and keys after the rotation, as the scores see them
+            self.hook_rot_q = HookPoint()  # (B, H, T_q, d_head)
+            self.hook_rot_k = HookPoint()  # (B, H_kv, T_new, d_head), before the cache
 
     # -- projections (subclasses may store them under other names, e.g. GPT-2's c_attn/c_proj) --
 
@@ -191,25 +194,49 @@ class MultiHeadAttention(nn.Module):
         if bias:
             nn.init.zeros_(self.out_proj.bias)
 
-    def project_qkv(
-        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``Q = x W^Q``, ``K = y W^K``, ``V = y W^V`` (``key is None``: self-attention, one matmul).
+    def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused projection ``[W^Q; W^K; W^V]`` ``(d_model + 2 · H_kv · d_head, d_model)`` and
+        its bias (or ``None``); a subclass that stores them elsewhere returns its own."""
+        return self.in_proj_weight, self.in_proj_bias
 
-        Returns ``(q, k, v)`` with the heads still merged in the last dim; ``k``/``v`` are ``None``
-        when only the query was asked for (``key is None and value is None`` with ``query_only``).
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [W^Q; W^K; W^V]ᵀ + b``: self-attention's three projections in one matmul
+        ``(B, T, d_model)`` → ``(B, T, d_model + 2 · H_kv · d_head)``."""
+        w, b = self.qkv_parameters()
+        return F.linear(x, w, b)
+
+    def project_qkv(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        project_kv: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``Q = x W^Qᵀ + b^Q``, ``K = y W^Kᵀ + b^K``, ``V = y' W^Vᵀ + b^V``.
+
+        Self-attention (``key is None``): ``x = y = y'`` and one matmul with the fused weight.
+        Cross-attention: the query rows of the weight for ``query``, the key and value rows for
+        ``key`` and ``value`` (default ``key``); with ``project_kv=False`` (the keys and values
+        are already in a cache) only ``Q`` is computed and ``K``, ``V`` are ``None``.
+
+        Shape:
+            query ``(B, T_q, d_model)``, key/value ``(B, T_k, d_model)`` → ``q`` ``(B, T_q, d_model)``,
+            ``k``, ``v`` ``(B, T_k, H_kv · d_head)`` (heads still merged in the last dim).
         """
-        w, b = self.in_proj_weight, self.in_proj_bias
         d, kv = self.d_model, self.num_kv_heads * self.d_head
         if key is None:
-            q, k, v = F.linear(query, w, b).split([d, kv, kv], dim=-1)
+            q, k, v = self.fused_qkv(query).split([d, kv, kv], dim=-1)
             return q, k, v
-        q = F.linear(query, w[:d], None if b is None else b[:d])
-        k = F.linear(key, w[d : d + kv], None if b is None else b[d : d + kv])
-        v = F.linear(
-            value if value is not None else key, w[d + kv :], None if b is None else b[d + kv :]
-        )
-        return q, k, v
+        w, b = self.qkv_parameters()
+
+        def rows(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+            return F.linear(x, w[lo:hi], None if b is None else b[lo:hi])
+
+        q = rows(query, 0, d)
+        if not project_kv:
+            return q, None, None
+        return q, rows(key, d, d + kv), rows(key if value is None else value, d + kv, d + 2 * kv)
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
         """``Concat(heads) W^O``."""
@@ -229,6 +256,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
+        check_positions: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when ``key`` is ``None``).
 
@@ -240,7 +268,7 @@ class MultiHeadAttention(nn.Module):
                 ``(B, H, T_q, T_k)``; ``T_k`` includes cached positions.
             is_causal: bottom-right causal masking (works across a KV cache).
             need_weights: also return the per-head weights ``(B, H, T_q, T_k)``.
-            cache: a :class:`~attnlab.decoding.cache.KVCache`. Self-attention appends the new
+            cache: a :class:`~attnlab.nn.kv_cache.KVCache`. Self-attention appends the new
                 keys/values to it; a static (cross-attention) cache is filled on first use and
                 reused afterwards.
             positions: position ids ``(B, T_q)`` or ``(T_q,)`` for rotary embeddings; default
@@ -252,6 +280,10 @@ class MultiHeadAttention(nn.Module):
                 (``hook_z``) are the masked ones. Differentiable with respect to a floating mask
                 (Michel et al. 2019 score heads by ``|∂L/∂ξ_h|``). ``None`` (default) and an
                 all-ones mask give bit-identical results.
+            check_positions: check that ``positions`` lie in the rotary table. ``False`` is for
+                callers that have checked them already (the models do, once per forward): the
+                check reads the largest position back to the host, a synchronisation a decoding
+                step should not pay.
 
         Returns:
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
@@ -275,35 +307,30 @@ class MultiHeadAttention(nn.Module):
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         past = cache.length if cache is not None and not cache.static else 0
 
-        reuse = cross and cache is not None and cache.static
-        if reuse:
-            q, k, v = self.project_qkv(query, query, query)[0], None, None
-        else:
-            q, k, v = self.project_qkv(query, key if cross else None, value if cross else None)
-        q = self.hook_q(
-            q.unflatten(-1, (self.num_heads, self.d_head)).transpose(1, 2)
-        )  # (B, H, T_q, d_head)
+        # Q, K, V with the heads split: (B, H, T_q, d_head), (B, H_kv, T_k, d_head)
+        cached_kv = cross and cache is not None and cache.static  # cross K/V computed once
+        q, k, v = self.project_qkv(
+            query, key if cross else None, value if cross else None, project_kv=not cached_kv
+        )
+        q = self.hook_q(self._split_heads(q, self.num_heads))
         if k is not None and v is not None:
-            k = k.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(
-                1, 2
-            )  # (B, H_kv, T_k, d_head)
-            v = v.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)
-        if self.rotary is not None and not cross:
-            pos = (
-                positions
-                if positions is not None
-                else torch.arange(past, past + t_q, device=q.device)
-            )
-            q, k = self.rotary(q, pos), self.rotary(k, pos)
+            k, v = self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
+        if self.rotary is not None and not cross and k is not None:
+            q, k = self._rotate(q, k, positions, past, check_positions)
         if cache is not None:
-            if cross:
-                k, v = (cache.keys, cache.values) if cache.static else cache.set_static(k, v)  # type: ignore[arg-type]
-            else:
-                k, v = cache.append(k, v)  # type: ignore[arg-type]
-            if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
-                k, v = k.to(q.dtype), v.to(q.dtype)  # type: ignore[union-attr]
+            if cached_kv:
+                k, v = cache.keys, cache.values
+            elif cross and k is not None and v is not None:
+                k, v = cache.set_static(k, v)
+            elif k is not None and v is not None:
+                k, v = cache.append(k, v)
+        if k is None or v is None:  # unreachable: only a static cache skips the projection
+            raise RuntimeError("keys and values were neither projected nor cached")
+        if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
+            k, v = k.to(q.dtype), v.to(q.dtype)
         k, v = self.hook_k(k), self.hook_v(v)
 
+        # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
         want_weights = need_weights or self.hook_weights.active
         backend = self.backend
         if backend == "auto" and not need_weights:
@@ -320,10 +347,7 @@ class MultiHeadAttention(nn.Module):
             backend=backend,
             need_weights=want_weights,
         )
-        if want_weights:
-            z, weights = result  # type: ignore[misc]
-        else:
-            z, weights = result, None  # type: ignore[assignment]
+        z, weights = result if isinstance(result, tuple) else (result, None)
         if xi is not None:
             # head_i ← ξ_i · head_i  (Michel et al. 2019): the weights too, as Hugging Face did
             xi = xi.to(device=z.device, dtype=z.dtype)
@@ -333,10 +357,41 @@ class MultiHeadAttention(nn.Module):
         if weights is not None:
             weights = self.hook_weights(weights)
         z = self.hook_z(z)
-        out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))  # (B, T_q, d_model)
+        # Concat(head_1, …, head_H) W^O                                  (B, T_q, d_model)
+        out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))
         if need_weights:
-            return out, weights  # type: ignore[return-value]
+            if weights is None:
+                raise RuntimeError("the attention backend returned no weights")
+            return out, weights
         return out
+
+    def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""
+        return x.unflatten(-1, (heads, self.d_head)).transpose(1, 2)
+
+    def _rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None,
+        past: int,
+        check: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary embedding of the new queries and keys (before the keys enter the cache)."""
+        rotary = self.rotary
+        if rotary is None:
+            return q, k
+        t_q = q.shape[-2]
+        if positions is None:  # the next T_q positions: their range is known on the host
+            if past + t_q > rotary.max_len:
+                raise ValueError(
+                    f"positions must lie in [0, {rotary.max_len}) (the rotary table's length, "
+                    f"max_len = {rotary.max_len}), got values up to {past + t_q - 1}"
+                )
+            positions, check = torch.arange(past, past + t_q, device=q.device), False
+        q = self.hook_rot_q(rotary(q, positions, check=check))
+        k = self.hook_rot_k(rotary(k, positions, check=False))
+        return q, k
 
     def _check_input(self, name: str, x: object) -> None:
         x = check_tensor(name, x)

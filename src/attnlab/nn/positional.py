@@ -79,8 +79,11 @@ class LearnedPositionalEmbedding(nn.Embedding):
         super().__init__(max_len, d_model, **kwargs)  # type: ignore[arg-type]
         self.max_len = max_len
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        _check_range(positions, self.max_len)
+    def forward(self, positions: torch.Tensor, *, check: bool = True) -> torch.Tensor:  # type: ignore[override]
+        """The position vectors; ``check=False`` skips the range check, which reads the largest
+        position back to the host (a caller that has proven the range, e.g. :class:`attnlab.GPT`)."""
+        if check:
+            _check_range(positions, self.max_len)
         return super().forward(positions)
 
 
@@ -116,11 +119,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angle.cos().float(), persistent=False)
         self.register_buffer("sin", angle.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        """Rotate ``x`` by its positions; ``check=False`` skips the range check of ``positions``,
+        which reads their largest value back to the host (for callers that have proven it)."""
         check_tensor("x", x)
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
-        _check_range(positions, self.max_len)
+        if check:
+            _check_range(positions, self.max_len)
         cos_t: torch.Tensor = self.cos  # type: ignore[assignment]
         sin_t: torch.Tensor = self.sin  # type: ignore[assignment]
         cos, sin = cos_t[positions], sin_t[positions]  # (T, d/2) or (B, T, d/2)

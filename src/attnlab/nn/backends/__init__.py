@@ -1,30 +1,82 @@
-"""Attention backends. Each takes validated inputs and a :class:`~attnlab.nn.attention.Masking`
-in which every query row has at least one visible key, and returns ``(output, weights | None)``."""
+"""The attention backends, as a registry: a name → a function with one signature.
+
+Every backend takes validated inputs and a :class:`~attnlab.nn.masking.Masking` in which every
+query row has at least one visible key, and returns ``(output, weights | None)`` (the weights only
+when ``need_weights``). :func:`attnlab.scaled_dot_product_attention` checks the arguments, handles
+rows that may see no key, and calls the backend by name — so a new kernel is one
+:func:`register_backend` call away from every module and model (as Hugging Face's
+``AttentionInterface``). ``"auto"`` is not a backend but a choice among them, made per call.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from attnlab.nn.attention import Masking
+from attnlab._checks import check_choice
 from attnlab.nn.backends.blockwise import blockwise_attention
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.backends.sdpa import sdpa_attention
+from attnlab.nn.masking import Masking
 
-__all__ = ["blockwise_attention", "math_attention", "run_backend", "sdpa_attention"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "backend_names",
+    "blockwise_attention",
+    "check_backend",
+    "get_backend",
+    "math_attention",
+    "register_backend",
+    "sdpa_attention",
+]
+
+# (query, key, value, masking, scale, dropout_p, need_weights) -> (output, weights | None)
+AttentionBackend = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, Masking, float, float, bool],
+    tuple[torch.Tensor, torch.Tensor | None],
+]
+
+ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
+    "math": math_attention,
+    "sdpa": sdpa_attention,
+    "blockwise": blockwise_attention,
+}
 
 
-def run_backend(
-    name: str,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    masking: Masking,
-    scale: float,
-    dropout_p: float,
-    need_weights: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if name == "math":
-        return math_attention(query, key, value, masking, scale, dropout_p, need_weights)
-    if name == "sdpa":
-        return sdpa_attention(query, key, value, masking, scale, dropout_p, need_weights)
-    return blockwise_attention(query, key, value, masking, scale, dropout_p, need_weights)
+def backend_names() -> tuple[str, ...]:
+    """Every name ``backend=`` accepts: ``"auto"`` and the registered backends."""
+    return ("auto", *ATTENTION_BACKENDS)
+
+
+def check_backend(backend: object) -> str:
+    """``backend`` if it names a registered backend or ``"auto"``, else a ``ValueError``."""
+    return check_choice("backend", backend, backend_names())
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """The function registered under ``name`` (``"auto"`` is resolved by the caller)."""
+    return ATTENTION_BACKENDS[check_choice("backend", name, tuple(ATTENTION_BACKENDS))]
+
+
+def register_backend(name: str, fn: AttentionBackend, *, replace: bool = False) -> None:
+    """Make ``fn`` available as ``backend=name`` everywhere.
+
+    Args:
+        name: the backend's name; not ``"auto"``.
+        fn: ``fn(query, key, value, masking, scale, dropout_p, need_weights) -> (output, weights)``
+            with the shapes of :func:`~attnlab.nn.backends.math.math_attention`.
+        replace: allow replacing a registered backend (built-ins included). Default ``False``.
+
+    Raises:
+        ValueError: ``name`` is ``"auto"``, empty, or already registered without ``replace``.
+        TypeError: ``fn`` is not callable.
+    """
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"name must be a non-empty str other than 'auto', got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if name in ATTENTION_BACKENDS and not replace:
+        raise ValueError(f"backend {name!r} is already registered; pass replace=True to replace it")
+    ATTENTION_BACKENDS[name] = fn

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from attnlab.nn.attention import Masking
-from attnlab.nn.backends._common import compute_dtype, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, repeat_kv
+from attnlab.nn.masking import Masking
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 8192

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.attention import Masking
-from attnlab.nn.backends._common import compute_dtype, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, repeat_kv
+from attnlab.nn.masking import Masking
 
 
 def math_attention(

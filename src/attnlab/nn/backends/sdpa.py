@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.attention import Masking
-from attnlab.nn.backends._common import repeat_kv
+from attnlab.nn.backends.common import repeat_kv
+from attnlab.nn.backends.math import math_attention
+from attnlab.nn.masking import Masking
 
 # enable_gqa arrived in torch 2.5; the fused function is a builtin without a Python signature
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -73,7 +74,5 @@ def sdpa_attention(
     )
     weights = None
     if need_weights:
-        from attnlab.nn.backends.math import math_attention
-
         _, weights = math_attention(query, key, value, masking, scale, 0.0, True)
     return out, weights

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.decoding.cache import KVCache, ModelCache
 from attnlab.decoding.steppers import CausalStepper
+from attnlab.nn.kv_cache import KVCache, ModelCache
 from tests.decoding._models import tiny_gpt
 
 

@@ -1,0 +1,121 @@
+"""Masks after validation: the one form every attention backend reads.
+
+:func:`normalize_mask` checks a user's mask against the query and key shapes and turns it, with
+``is_causal``, into a :class:`Masking`: a boolean ``allowed`` tensor (``True = may attend``), a
+finite additive ``bias``, and the causal rule kept as *structure* (``causal_offset``) rather than
+as a dense ``T_q × T_k`` tensor, so that a backend can skip the tiles the rule hides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab._checks import broadcast_or_raise, check_tensor
+from attnlab.nn.masks import is_masked_bias
+
+__all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Masks after validation, in the one form every backend reads.
+
+    Attributes:
+        allowed: boolean, ``True = may attend``, broadcastable to ``(..., H, T_q, T_k)``; ``None``
+            when every key is allowed (apart from the causal rule).
+        bias: a finite additive bias in the query's dtype, or ``None``. Hidden entries of a
+            floating mask have moved into ``allowed``.
+        causal_offset: ``T_k - T_q`` when causal (query ``i`` sees ``j <= i + offset``), else ``None``.
+    """
+
+    allowed: torch.Tensor | None
+    bias: torch.Tensor | None
+    causal_offset: int | None
+
+    def visible(self, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
+        """``allowed`` and the causal rule together, as one boolean mask (or ``None``)."""
+        vis = self.allowed
+        if self.causal_offset is not None:
+            i = torch.arange(t_q, device=device)[:, None]
+            j = torch.arange(t_k, device=device)[None, :]
+            causal = j <= i + self.causal_offset
+            vis = causal if vis is None else vis & causal
+        return vis
+
+    def open_rows(self, rows: torch.Tensor, t_q: int, t_k: int, device: torch.device) -> Masking:
+        """The same masking, except that the given query rows may see every key.
+
+        Shape:
+            rows ``(..., T_q, 1)`` boolean, broadcastable against the mask.
+        """
+        vis = self.visible(t_q, t_k, device)
+        if vis is None:  # nothing is hidden, so no row needs opening
+            return self
+        return Masking(vis | rows, self.bias, None)
+
+
+def normalize_mask(
+    query: torch.Tensor, key: torch.Tensor, mask: object, is_causal: bool
+) -> Masking:
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    causal_offset = t_k - t_q if is_causal else None
+    if mask is None:
+        return Masking(None, None, causal_offset)
+    mask = check_tensor("mask", mask)
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(
+            f"mask must be bool (True = may attend) or floating (additive), got dtype {mask.dtype}"
+        )
+    if mask.device != query.device:
+        raise ValueError(f"mask must be on the query's device {query.device}, got {mask.device}")
+    target = (*query.shape[:-1], t_k)
+    broadcast_or_raise("mask", mask.shape, target, "(..., H, T_q, T_k)")
+    if mask.dtype == torch.bool:
+        return Masking(mask, None, causal_offset)
+    hidden = is_masked_bias(mask)
+    bias = mask.masked_fill(hidden, 0.0).to(query.dtype)
+    return Masking(~hidden, bias, causal_offset)
+
+
+def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean ``(..., T_q, 1)``: rows that may attend to no key, or ``None`` if there are none.
+
+    Computed without a ``T_q × T_k`` tensor beyond the mask itself: a row has a key iff its first
+    allowed key is not in the future.
+    """
+    offset = masking.causal_offset
+    allowed = masking.allowed
+    if allowed is None:
+        if offset is None or offset >= 0:
+            return None
+        return torch.arange(t_q, device=device)[:, None] + offset < 0  # T_q > T_k: top rows
+    if offset is None:
+        empty = ~allowed.any(dim=-1, keepdim=True)
+    else:
+        # the first allowed key of each row (argmax returns the first maximum); t_k when none
+        first = allowed.to(torch.uint8).argmax(dim=-1, keepdim=True)
+        first = first.masked_fill(~allowed.any(dim=-1, keepdim=True), t_k)
+        rows = torch.arange(
+            allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device
+        )
+        empty = first > rows[:, None] + offset
+    if not bool(empty.any()):
+        return None
+    return empty
+
+
+def hide_unseen_keys(
+    allowed: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN)."""
+    seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
+    if bool(seen.all()):
+        return key, value
+    h, h_kv = allowed.shape[-3] if allowed.dim() >= 3 else 1, key.shape[-3]
+    if h not in (1, h_kv):  # query heads → their key/value head: seen by any head of the group
+        seen = seen.unflatten(-2, (h_kv, h // h_kv)).any(dim=-2)
+    seen = seen.unsqueeze(-1)
+    zero = torch.zeros((), dtype=key.dtype, device=key.device)
+    return torch.where(seen, key, zero), torch.where(seen, value, zero)
