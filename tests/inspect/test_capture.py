@@ -178,3 +178,24 @@ def test_stats_for_cross_attention() -> None:
     st = cache.stats["decoder.layers.0.cross_attn"]
     assert torch.allclose(st.max_weight, w.amax(-1), atol=1e-5)
     assert torch.allclose(st.entropy, -torch.special.xlogy(w, w).sum(-1), atol=1e-4)
+
+
+def test_rotated_queries_and_keys_by_name() -> None:
+    """hook_rot_q / hook_rot_k: each hook point has one name (the module path), and the rotated
+    queries are what the rotary module makes of hook_q's, at the tokens' positions."""
+    from attnlab.nn.hooks import hook_points
+
+    model = _gpt(positions="rope")
+    names = hook_points(model)
+    assert "transformer.h.1.attn.hook_rot_q" in names and "transformer.h.0.hook_resid_pre" in names
+    assert "transformer.h.0.attn.hook_rot_q" not in hook_points(_gpt())  # no rotation, no hook
+    x = torch.randint(0, 50, (2, 7))
+    _, cache = run_with_cache(model, x, hooks=["hook_q", "hook_rot_q", "hook_rot_k"])
+    layer = "transformer.h.1.attn"
+    q, rot_q = cache[f"{layer}.hook_q"], cache[f"{layer}.hook_rot_q"]
+    assert rot_q.shape == q.shape == (2, 4, 7, 8)
+    rotary = model.transformer.h[1].attn.rotary
+    torch.testing.assert_close(rot_q, rotary(q, torch.arange(7)), rtol=0, atol=0)
+    assert cache[f"{layer}.hook_rot_k"].shape[-2] == 7
+    with pytest.raises(ValueError, match="hooks must name hook points"):
+        run_with_cache(_gpt(), x, hooks=["hook_rot_q"])

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnlab.inspect.stats import AttentionStats, attention_stats
-from attnlab.nn.hooks import HookPoint
+from attnlab.nn.hooks import hook_points
 from attnlab.nn.multihead import MultiHeadAttention
 
 __all__ = ["ActivationCache", "attention_modules", "capture", "run_with_cache"]
@@ -139,8 +139,10 @@ def capture(
             single attention layer).
         names: which layers to record: module paths (exact, or a prefix such as ``"decoder."``),
             or a predicate on the path. Default all.
-        hooks: other hook points of the selected layers to record too, by attribute name
-            (``"hook_q"``, ``"hook_k"``, ``"hook_v"``, ``"hook_z"``).
+        hooks: other hook points of the selected layers to record too, by their name within the
+            layer (``"hook_q"``, ``"hook_k"``, ``"hook_v"``, ``"hook_z"``, and ``"hook_rot_q"``,
+            ``"hook_rot_k"`` for rotary layers); stored under the full name
+            (:func:`attnlab.nn.hooks.hook_points`).
         weights: record the ``(B, H, T_q, T_k)`` weights (default). ``False`` leaves the layers
             on their fast path, which never forms them.
         stats: record per-row entropy, max weight and log-sum-exp in ``cache.stats``, computed
@@ -175,8 +177,9 @@ def capture(
         )
     if not (weights or stats or hooks):
         raise ValueError("nothing to capture: weights=False, stats=False and no hooks")
+    points = hook_points(model)
     for hook_name in hooks:
-        if not isinstance(getattr(next(iter(selected.values())), hook_name, None), HookPoint):
+        if not any(_path(name, hook_name) in points for name in selected):
             raise ValueError(
                 f"hooks must name hook points of the attention layers, got {hook_name!r}"
             )
@@ -190,7 +193,6 @@ def capture(
 
     handles: list[torch.utils.hooks.RemovableHandle] = []
     calls: dict[str, dict[str, Any]] = {}  # per layer, what the running call has shown so far
-    current: list[str] = []  # the layer whose forward is running (for a shared rotary module)
     try:
         for name, module in selected.items():
 
@@ -199,13 +201,11 @@ def capture(
             ) -> None:
                 cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
                 calls[name] = {"mask": kwargs.get("mask"), "causal": bool(kwargs.get("is_causal"))}
-                current.append(name)
 
             def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
-                current.pop()
                 call = calls.pop(name, {})
                 if stats and "q" in call and "k" in call:
-                    q = call["rotated"][0] if call.get("rotated") else call["q"]
+                    q = call.get("rot_q", call["q"])  # the queries the scores saw
                     result = attention_stats(q, call["k"], call["mask"], is_causal=call["causal"])
                     cache.stats[name] = AttentionStats(*(keep(t) for t in (
                         result.entropy, result.max_weight, result.logsumexp
@@ -222,36 +222,34 @@ def capture(
             def on_k(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
                 calls.setdefault(name, {})["k"] = out.detach()
 
+            def on_rot_q(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
+                calls.setdefault(name, {})["rot_q"] = out.detach()
+
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(module.register_forward_hook(post))
-            if weights:
-                handles.append(module.hook_weights.register_forward_hook(on_weights))
-            if stats:
-                handles.append(module.hook_q.register_forward_hook(on_q))
-                handles.append(module.hook_k.register_forward_hook(on_k))
+            listen = {"hook_weights": on_weights} if weights else {}
+            if stats:  # hook_k holds the keys as the scores see them (rotated, cache included)
+                listen.update(hook_q=on_q, hook_k=on_k, hook_rot_q=on_rot_q)
+            for hook_name, fn in listen.items():
+                if _path(name, hook_name) in points:
+                    handles.append(points[_path(name, hook_name)].register_forward_hook(fn))
             for hook_name in hooks:
-                path = f"{name}.{hook_name}" if name else hook_name
+                path = _path(name, hook_name)
 
                 def on_act(mod: nn.Module, args: Any, out: torch.Tensor, path: str = path) -> None:
                     cache.activations[path] = keep(out)
 
-                handles.append(getattr(module, hook_name).register_forward_hook(on_act))
-        if stats:
-            # hook_q sees the queries before a rotary embedding turns them; the rotary module's
-            # first call of a layer's forward returns the turned queries
-            rotaries = {id(m.rotary): m.rotary for m in selected.values() if m.rotary is not None}
-
-            def on_rotary(mod: nn.Module, args: Any, out: torch.Tensor) -> None:
-                if current:
-                    call = calls.setdefault(current[-1], {})
-                    call.setdefault("rotated", []).append(out.detach())
-
-            for rotary in rotaries.values():
-                handles.append(rotary.register_forward_hook(on_rotary))
+                if path in points:
+                    handles.append(points[path].register_forward_hook(on_act))
         yield cache
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _path(layer: str, hook_name: str) -> str:
+    """The full name of a layer's hook point (``layer`` is ``""`` for the model itself)."""
+    return f"{layer}.{hook_name}" if layer else hook_name
 
 
 def _selected(name: str, names: Sequence[str] | Callable[[str], bool] | None) -> bool:

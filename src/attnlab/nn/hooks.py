@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["HookPoint"]
+__all__ = ["HookPoint", "hook_points"]
 
 
 class HookPoint(nn.Module):
@@ -30,3 +30,15 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         """Whether anything is listening (a forward hook is registered)."""
         return bool(self._forward_hooks) or bool(self._forward_pre_hooks)
+
+
+def hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Every hook point of ``model`` under its one name, the module path (TransformerLens's
+    ``hook_dict``): ``"transformer.h.0.attn.hook_rot_q"``, ``"decoder.layers.1.cross_attn.hook_z"``, …
+
+    Example:
+        >>> names = hook_points(attnlab.GPT(attnlab.GPTConfig(n_layer=1, n_embd=32, n_head=4)))
+        >>> "transformer.h.0.attn.hook_weights" in names
+        True
+    """
+    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}

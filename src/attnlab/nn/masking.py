@@ -83,7 +83,9 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     """Boolean ``(..., T_q, 1)``: rows that may attend to no key, or ``None`` if there are none.
 
     Computed without a ``T_q × T_k`` tensor beyond the mask itself: a row has a key iff its first
-    allowed key is not in the future.
+    allowed key is not in the future. Whether any row is empty is read back to the host (to keep
+    the fast path when none is) except while ``torch.compile`` traces: a captured graph takes the
+    path that handles empty rows, which gives the same numbers when there are none.
     """
     offset = masking.causal_offset
     allowed = masking.allowed
@@ -101,7 +103,7 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
             allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device
         )
         empty = first > rows[:, None] + offset
-    if not bool(empty.any()):
+    if not _tracing() and not bool(empty.any()):
         return None
     return empty
 
@@ -109,9 +111,13 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
 def hide_unseen_keys(
     allowed: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN)."""
+    """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN).
+
+    As in :func:`empty_rows`, the check that every key is seen runs on the host except while
+    ``torch.compile`` traces.
+    """
     seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
-    if bool(seen.all()):
+    if not _tracing() and bool(seen.all()):
         return key, value
     h, h_kv = allowed.shape[-3] if allowed.dim() >= 3 else 1, key.shape[-3]
     if h not in (1, h_kv):  # query heads → their key/value head: seen by any head of the group
@@ -119,3 +125,8 @@ def hide_unseen_keys(
     seen = seen.unsqueeze(-1)
     zero = torch.zeros((), dtype=key.dtype, device=key.device)
     return torch.where(seen, key, zero), torch.where(seen, value, zero)
+
+
+def _tracing() -> bool:
+    """Whether ``torch.compile`` is tracing: no tensor value may be read back to the host then."""
+    return torch.compiler.is_compiling()
