@@ -9,7 +9,7 @@ import torch
 from _common import parse_args
 
 import attnlab as al
-from attnlab.viz import figures
+from attnlab import viz as figures
 
 args = parse_args(__doc__.splitlines()[0])
 torch.manual_seed(0)

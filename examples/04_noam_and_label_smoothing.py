@@ -10,9 +10,9 @@ and the loss is lowest for a prediction that keeps some mass on the other classe
 import torch
 from _common import parse_args
 
+from attnlab import viz as figures
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.schedules import NoamLR
-from attnlab.viz import figures
 
 args = parse_args(__doc__.splitlines()[0])
 steps = 2000 if args.small else 20000

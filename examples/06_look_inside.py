@@ -9,8 +9,8 @@ import torch
 from _common import parse_args
 
 import attnlab as al
+from attnlab import viz as figures
 from attnlab.inspect import capture
-from attnlab.viz import figures
 from attnlab.viz.viewer import viewer_data, write_viewer
 
 args = parse_args(__doc__.splitlines()[0])

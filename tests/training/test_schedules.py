@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import attnlab
 from attnlab.training import NoamLR, WarmupCosineLR
+from attnlab.training.schedules import noam_rate
 
 
 def _opt(groups: int = 1, lr: float = 1.0) -> torch.optim.Optimizer:
@@ -93,6 +95,19 @@ def test_noam_state_dict_resumes_the_same_rates() -> None:
 def test_noam_bad_arguments(kwargs: dict, exc: type, message: str) -> None:
     with pytest.raises(exc, match=message):
         NoamLR(_opt(), **kwargs)
+
+
+def test_noam_rate_of_an_array_or_a_tensor_equals_the_rate_of_each_step() -> None:
+    steps = list(range(1, 31))
+    want = [noam_rate(s, 64, 10, 2.0) for s in steps]
+    assert want == pytest.approx([_noam(s, 64, 10, 2.0) for s in steps], rel=1e-12)
+    arr = noam_rate(np.array(steps).reshape(5, 6), 64, 10, 2.0)
+    assert arr.shape == (5, 6) and arr.dtype == np.float64
+    np.testing.assert_allclose(arr.ravel(), want, rtol=1e-12)
+    ten = noam_rate(torch.tensor(steps), 64, 10, 2.0)
+    assert ten.shape == (30,) and ten.dtype == torch.float64
+    np.testing.assert_allclose(ten.numpy(), want, rtol=1e-12)
+    assert noam_rate(torch.tensor(steps, dtype=torch.float32), 64, 10, 2.0).dtype == torch.float32
 
 
 def test_warmup_cosine_shape() -> None:

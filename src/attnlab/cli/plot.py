@@ -23,7 +23,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 
 if TYPE_CHECKING:
-    from attnlab.viz.figures import Plot
+    from attnlab.viz import Plot
 
 __all__ = ["register", "run"]
 
@@ -64,9 +64,9 @@ def _lesson_tokens(args: argparse.Namespace) -> list[str]:
 
 
 def _model_figure(args: argparse.Namespace) -> Plot:
+    from attnlab import viz as F
     from attnlab.tasks.figures import capture_inputs, layer_labels
     from attnlab.tasks.run import load_run
-    from attnlab.viz import figures as F
 
     if args.text is None and args.ids is None:
         raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
@@ -123,7 +123,7 @@ def _check_head(head: int, heads: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.viz import figures as F
+    from attnlab import viz as F
 
     out = Path(args.output or f"{args.kind}.png")
     written = [out]

@@ -17,7 +17,7 @@ from torch import nn
 
 from attnlab.inspect.capture import ActivationCache, capture
 from attnlab.tasks.base import ModelInputs
-from attnlab.viz.figures import attention_heatmap, head_grid
+from attnlab.viz.attention import attention_heatmap, head_grid
 from attnlab.viz.viewer import ViewerData, viewer_data
 
 __all__ = [

@@ -9,7 +9,10 @@ that of step ``k + 1`` (``step = last_epoch + 1``).
 from __future__ import annotations
 
 import math
+from typing import overload
 
+import numpy as np
+import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -34,19 +37,57 @@ def _check_positive_float(name: str, value: object) -> float:
     return float(value)
 
 
-def noam_rate(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
-    """The Noam learning rate of one step (Vaswani et al. 2017, §5.3).
+@overload
+def noam_rate(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float: ...
+
+
+@overload
+def noam_rate(
+    step: np.ndarray, d_model: int, warmup_steps: int, factor: float = 1.0
+) -> np.ndarray: ...
+
+
+@overload
+def noam_rate(
+    step: torch.Tensor, d_model: int, warmup_steps: int, factor: float = 1.0
+) -> torch.Tensor: ...
+
+
+def noam_rate(
+    step: int | np.ndarray | torch.Tensor, d_model: int, warmup_steps: int, factor: float = 1.0
+) -> float | np.ndarray | torch.Tensor:
+    """The Noam learning rate of one step, or of many (Vaswani et al. 2017, §5.3).
+
+    The rate of :class:`NoamLR`, and of the curves of :func:`attnlab.viz.lessons.noam_curve`.
 
     Args:
-        step: the step number, counted from 1.
+        step: the step number, counted from 1: an ``int``, or an array / tensor of step numbers.
         d_model: the model width.
         warmup_steps: steps of linear warmup.
-        factor: a constant multiplier.
+        factor: a constant multiplier. Default: 1.0.
 
     Returns:
-        ``factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)``.
+        ``factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)``: a ``float`` for an
+        ``int`` step, else an array / tensor of rates (float64 for integer steps, else the steps'
+        dtype).
+
+    Shape:
+        - step: ``()`` for an ``int``, or any shape ``(*)``.
+        - output: the shape of ``step``, ``(*)``.
+
+    Example:
+        >>> noam_rate(4000, d_model=512, warmup_steps=4000)  # the peak, (512 · 4000)^-0.5
+        0.000698...
+        >>> noam_rate(np.arange(1, 20001), 512, 4000).shape
+        (20000,)
     """
     # lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
+    if isinstance(step, torch.Tensor):
+        s = step if step.is_floating_point() else step.to(torch.float64)
+        return factor * d_model**-0.5 * torch.minimum(s**-0.5, s * warmup_steps**-1.5)
+    if isinstance(step, np.ndarray):
+        a = step if np.issubdtype(step.dtype, np.floating) else step.astype(np.float64)
+        return factor * d_model**-0.5 * np.minimum(a**-0.5, a * warmup_steps**-1.5)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 

@@ -1,6 +1,26 @@
 """attnlab.viz — figures (matplotlib), attention during training, and the self-contained HTML
-attention viewer."""
+attention viewer.
 
+- attention views: :func:`attention_heatmap`, :func:`head_grid`, :func:`layer_head_grid`,
+  :func:`reduce_attention` (``attention``)
+- the step panel: :func:`step_panel`, :func:`step_panel_from_module`,
+  :func:`step_panel_from_model` (``steps``)
+- lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
+  (``lessons``)
+- attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``)
+
+Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
+PNG or SVG.
+"""
+
+from attnlab.viz._draw import Plot, save_figure
+from attnlab.viz.attention import (
+    Reduced,
+    attention_heatmap,
+    head_grid,
+    layer_head_grid,
+    reduce_attention,
+)
 from attnlab.viz.evolution import (
     ProbeHistory,
     attention_evolution,
@@ -8,13 +28,8 @@ from attnlab.viz.evolution import (
     row_entropy,
     viewer_data_from_history,
 )
-from attnlab.viz.figures import (
-    Plot,
-    layer_head_grid,
-    step_panel,
-    step_panel_from_model,
-    step_panel_from_module,
-)
+from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
+from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
 from attnlab.viz.viewer import (
     AttentionGroup,
     AttentionLayer,
@@ -29,12 +44,20 @@ __all__ = [
     "AttentionLayer",
     "Plot",
     "ProbeHistory",
+    "Reduced",
     "ViewerData",
     "attention_evolution",
+    "attention_heatmap",
     "head_entropy_curves",
+    "head_grid",
     "layer_head_grid",
+    "mask_panel",
+    "noam_curve",
+    "positional_encoding_figure",
+    "reduce_attention",
     "render_viewer",
     "row_entropy",
+    "save_figure",
     "step_panel",
     "step_panel_from_model",
     "step_panel_from_module",

@@ -35,14 +35,8 @@ import numpy as np
 import torch
 
 from attnlab._checks import check_positive_int, shape_str
-from attnlab.viz.figures import (
-    Plot,
-    Reduced,
-    _draw_grid,
-    _labels_that_fit,
-    _new_figure,
-    reduce_attention,
-)
+from attnlab.viz._draw import Plot, _labels_that_fit, _new_figure
+from attnlab.viz.attention import Reduced, _draw_grid, reduce_attention
 from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData
 
 __all__ = [
@@ -371,7 +365,7 @@ def attention_evolution(
     The rows are up to ``max_steps`` recorded steps spread evenly from the first (usually step 0,
     before training: near-uniform attention) to the last; each panel is one head's weights on the
     probe, queries down and keys across, on one colour scale (0 to 1). Long sides are
-    block-averaged to ``max_tokens`` (see :func:`~attnlab.viz.figures.reduce_attention`).
+    block-averaged to ``max_tokens`` (see :func:`~attnlab.viz.attention.reduce_attention`).
 
     Args:
         history: the recorded :class:`ProbeHistory`.
@@ -380,7 +374,7 @@ def attention_evolution(
         max_tokens: per-side limit before reduction. Default 32.
 
     Returns:
-        :class:`~attnlab.viz.figures.Plot` with ``data["weights"]`` ``(R, H, R_q, R_k)`` (as drawn,
+        :class:`~attnlab.viz.Plot` with ``data["weights"]`` ``(R, H, R_q, R_k)`` (as drawn,
         ``R`` chosen steps), ``data["steps"]`` (their step numbers) and ``data["step_index"]``
         (their positions in ``history.steps``).
     """
@@ -469,7 +463,7 @@ def head_entropy_curves(
         layers: the layer paths to draw, in order; default all.
 
     Returns:
-        :class:`~attnlab.viz.figures.Plot` with ``data["entropy"]`` ``(L, S, H)`` in nats (NaN for
+        :class:`~attnlab.viz.Plot` with ``data["entropy"]`` ``(L, S, H)`` in nats (NaN for
         heads a layer does not have), ``data["steps"]`` ``(S,)``, ``data["layers"]`` and
         ``data["uniform"]`` ``(L,)``.
     """

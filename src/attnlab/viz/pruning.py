@@ -5,7 +5,7 @@
 - :func:`importance_figure`: head importance as a layers × heads heatmap.
 
 Both take the results of :mod:`attnlab.inspect.ablation` and return a
-:class:`~attnlab.viz.figures.Plot` holding the arrays they drew.
+:class:`~attnlab.viz.Plot` holding the arrays they drew.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnlab._checks import check_choice
-from attnlab.viz.figures import Plot, _new_figure
+from attnlab.viz._draw import Plot, _new_figure
 
 if TYPE_CHECKING:
     from attnlab.inspect.ablation import HeadImportance, PruningCurve
@@ -42,7 +42,7 @@ def pruning_figure(
             Default ``"metric"``.
 
     Returns:
-        :class:`~attnlab.viz.figures.Plot` with ``data["num_pruned"]`` ``(N + 1,)``,
+        :class:`~attnlab.viz.Plot` with ``data["num_pruned"]`` ``(N + 1,)``,
         ``data["loss"]`` ``(N + 1,)`` and, with a metric, ``data["metric"]`` ``(N + 1,)``.
 
     Example:
@@ -108,7 +108,7 @@ def importance_figure(
         title: the figure title. Default names the score.
 
     Returns:
-        :class:`~attnlab.viz.figures.Plot` with ``data["scores"]`` ``(L, H)``.
+        :class:`~attnlab.viz.Plot` with ``data["scores"]`` ``(L, H)``.
     """
     check_choice("by", by, ("ablation", "gradient"))
     if not hasattr(importance, "scores") or not hasattr(importance, "layers"):
