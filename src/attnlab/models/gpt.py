@@ -62,7 +62,7 @@ class GPTSelfAttention(MultiHeadAttention):
             num_kv_heads=config.num_kv_heads,
             dropout=config.dropout,
             bias=config.bias,
-            backend=config.backend,  # type: ignore[arg-type]
+            backend=config.backend,
             rotary=rotary,
         )
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -70,8 +70,8 @@ class GPTSelfAttention(MultiHeadAttention):
     def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
         kv = self.num_kv_heads * self.d_head
         factory = {"device": device, "dtype": dtype}
-        self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)  # type: ignore[arg-type]
-        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)  # type: ignore[arg-type]
+        self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)
+        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.c_attn.weight, self.c_attn.bias

@@ -473,13 +473,12 @@ class Transformer(nn.Module):
         if dtype is None:
             autocast = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type) if autocast else param.dtype
-        kw = dict(dtype=dtype, device=device)
         layers = [
-            KVCache(batch, c.kv_heads, capacity, c.d_head, **kw)  # type: ignore[arg-type]
+            KVCache(batch, c.kv_heads, capacity, c.d_head, dtype=dtype, device=device)
             for _ in range(c.num_decoder_layers)
         ]
         cross = [
-            KVCache(batch, c.kv_heads, src_len, c.d_head, **kw)  # type: ignore[arg-type]
+            KVCache(batch, c.kv_heads, src_len, c.d_head, dtype=dtype, device=device)
             for _ in range(c.num_decoder_layers)
         ]
         tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)

@@ -16,7 +16,7 @@ stream and what each sub-layer adds to it; attention weights are captured throug
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ class FeedForward(nn.Module):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("d_ff", d_ff)
-        self.activation: Activation = check_choice("activation", activation, ACTIVATIONS)  # type: ignore[assignment]
+        self.activation = cast(Activation, check_choice("activation", activation, ACTIVATIONS))
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
@@ -193,7 +193,7 @@ class EncoderLayer(nn.Module):
         x = self.hook_resid_pre(x)
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(h, mask=mask, head_mask=head_mask)  # type: ignore[return-value]
+            return self.self_attn(h, mask=mask, head_mask=head_mask)
 
         x = self.hook_resid_mid(
             residual(
@@ -255,9 +255,20 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        kwargs = dict(num_kv_heads=num_kv_heads, dropout=attention_dropout, backend=backend)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, **kwargs)  # type: ignore[arg-type]
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, **kwargs)  # type: ignore[arg-type]
+        self.self_attn = MultiHeadAttention(
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            dropout=attention_dropout,
+            backend=backend,
+        )
+        self.cross_attn = MultiHeadAttention(
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            dropout=attention_dropout,
+            backend=backend,
+        )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -305,12 +316,12 @@ class DecoderLayer(nn.Module):
         x = self.hook_resid_pre(x)
 
         def self_attend(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(  # type: ignore[return-value]
+            return self.self_attn(
                 h, mask=self_mask, is_causal=is_causal, cache=self_cache, head_mask=head_mask
             )
 
         def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            return self.cross_attn(  # type: ignore[return-value]
+            return self.cross_attn(
                 h, memory, mask=memory_mask, cache=cross_cache, head_mask=cross_attn_head_mask
             )
 

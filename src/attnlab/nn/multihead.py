@@ -183,13 +183,13 @@ class MultiHeadAttention(nn.Module):
         kv = self.num_kv_heads * self.d_head
         self.in_proj_weight = nn.Parameter(
             torch.empty(self.d_model + 2 * kv, self.d_model, device=device, dtype=dtype)
-        )  # type: ignore[arg-type]
+        )
         self.in_proj_bias = (
-            nn.Parameter(torch.zeros(self.d_model + 2 * kv, device=device, dtype=dtype))  # type: ignore[arg-type]
+            nn.Parameter(torch.zeros(self.d_model + 2 * kv, device=device, dtype=dtype))
             if bias
             else None
         )
-        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias, device=device, dtype=dtype)  # type: ignore[arg-type]
+        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias, device=device, dtype=dtype)
         nn.init.xavier_uniform_(self.in_proj_weight)
         if bias:
             nn.init.zeros_(self.out_proj.bias)

@@ -6,6 +6,7 @@ Attention itself is permutation-equivariant; these tell it where tokens are.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,6 +55,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         ``offset + arange(T)``).
     """
 
+    table: torch.Tensor  # (max_len, d_model), a buffer
+
     def __init__(self, d_model: int, max_len: int = 5000) -> None:
         super().__init__()
         self.d_model = d_model
@@ -64,8 +67,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0
     ) -> torch.Tensor:
         pos = _positions(x.shape[1], offset, positions, self.max_len, x.device)
-        table: torch.Tensor = self.table  # type: ignore[assignment]
-        return x + table[pos].to(x.dtype)
+        return x + self.table[pos].to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
@@ -75,11 +77,11 @@ class LearnedPositionalEmbedding(nn.Embedding):
         ``positions`` ``(T,)`` or ``(B, T)`` → ``(..., T, d_model)``.
     """
 
-    def __init__(self, max_len: int, d_model: int, **kwargs: object) -> None:
-        super().__init__(max_len, d_model, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, max_len: int, d_model: int, **kwargs: Any) -> None:
+        super().__init__(max_len, d_model, **kwargs)
         self.max_len = max_len
 
-    def forward(self, positions: torch.Tensor, *, check: bool = True) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, positions: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """The position vectors; ``check=False`` skips the range check, which reads the largest
         position back to the host (a caller that has proven the range, e.g. :class:`attnlab.GPT`)."""
         if check:
@@ -107,6 +109,9 @@ class RotaryEmbedding(nn.Module):
         x ``(B, H, T, d_head)``; positions ``(T,)`` or ``(B, T)`` → ``(B, H, T, d_head)``.
     """
 
+    cos: torch.Tensor  # (max_len, d_head / 2), a buffer
+    sin: torch.Tensor
+
     def __init__(self, d_head: int, max_len: int = 4096, base: float = 10000.0) -> None:
         super().__init__()
         check_positive_int("d_head", d_head)
@@ -129,9 +134,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
         if check:
             _check_range(positions, self.max_len)
-        cos_t: torch.Tensor = self.cos  # type: ignore[assignment]
-        sin_t: torch.Tensor = self.sin  # type: ignore[assignment]
-        cos, sin = cos_t[positions], sin_t[positions]  # (T, d/2) or (B, T, d/2)
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
         if positions.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): broadcast over heads
         x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()

@@ -40,7 +40,6 @@ from attnlab.nn.masking import Masking
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 8192
-BLOCK_SIZE = KEY_BLOCK  # kept for callers that name the key block size
 
 
 def blockwise_attention(
