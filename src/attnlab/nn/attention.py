@@ -28,6 +28,7 @@ Conventions every backend keeps:
 
 from __future__ import annotations
 
+import math
 from typing import Literal, overload
 
 import torch
@@ -146,6 +147,8 @@ def scaled_dot_product_attention(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
 
     masking = normalize_mask(query, key, mask, is_causal)
     if backend == "auto":

@@ -8,6 +8,7 @@ as a dense ``T_q × T_k`` tensor, so that a backend can skip the tiles the rule 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -72,11 +73,40 @@ def normalize_mask(
         raise ValueError(f"mask must be on the query's device {query.device}, got {mask.device}")
     target = (*query.shape[:-1], t_k)
     broadcast_or_raise("mask", mask.shape, target, "(..., H, T_q, T_k)")
+    if mask.dim() < len(target):  # any rank that broadcasts: the missing leading dims are 1
+        mask = mask.reshape((1,) * (len(target) - mask.dim()) + tuple(mask.shape))
     if mask.dtype == torch.bool:
         return Masking(mask, None, causal_offset)
+    if not _tracing():
+        _check_bias_values(mask)
     hidden = is_masked_bias(mask)
     bias = mask.masked_fill(hidden, 0.0).to(query.dtype)
     return Masking(~hidden, bias, causal_offset)
+
+
+def _check_bias_values(mask: torch.Tensor) -> None:
+    """A floating mask is an additive bias: ``−inf`` (or the dtype's minimum) hides a key, any other
+    value must be finite. Only 0s and 1s is a boolean mask passed as floats by mistake (adding 1
+    to a score does not hide anything): a warning, once."""
+    not_finite, zero_one, has_one = torch.stack(
+        [
+            (torch.isnan(mask) | (mask == float("inf"))).any(),
+            ((mask == 0) | (mask == 1)).all(),
+            (mask == 1).any(),
+        ]
+    ).tolist()
+    if not_finite:
+        raise ValueError(
+            "mask must not hold NaN or +inf: a floating mask is added to the scores (-inf or the "
+            "dtype's minimum hides a key, other values must be finite)"
+        )
+    if zero_one and has_one:
+        warnings.warn(
+            "mask is floating and holds only 0 and 1, so it is added to the scores and hides "
+            "nothing; for 'True/1 = may attend' pass a bool mask (mask.bool())",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
