@@ -18,6 +18,7 @@ import torch
 from attnlab.training import checkpoint as ck
 from attnlab.training.checkpoint import (
     CheckpointError,
+    config_as_saved,
     load_config,
     load_model_weights,
     load_training_state,
@@ -91,6 +92,13 @@ def test_round_trip(tmp_path: Path) -> None:
     for f in path.rglob("*"):
         if f.is_file() and f.suffix not in (".json", ".bin"):
             assert f.suffix == ".safetensors", f
+
+
+def test_config_as_saved_is_what_load_config_returns(tmp_path: Path) -> None:
+    config = {"model": {"dims": (4, 8)}, "ids": {1: "a"}}
+    save_checkpoint(tmp_path, step=0, model=torch.nn.Linear(1, 1), config=config)
+    expected = {"model": {"dims": [4, 8]}, "ids": {"1": "a"}}
+    assert config_as_saved(config) == load_config(tmp_path) == expected
 
 
 def test_keep_last_and_latest(tmp_path: Path) -> None:

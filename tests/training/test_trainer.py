@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from attnlab.cli import main
 from attnlab.tasks.registry import register_task
 from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallback
+from attnlab.training import checkpoint as ck
 from attnlab.training.checkpoint import load_training_state, resolve_checkpoint
 from attnlab.training.rng import seed_everything
 from tests.training._tiny_task import (
@@ -104,6 +105,64 @@ def test_request_stop_saves_and_resumes_identically(tmp_path: Path) -> None:
     again.resume()
     again.fit()
     _assert_same(full, again)
+
+
+def test_resume_resolves_the_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Config, state and weights all come from the one checkpoint resolved first."""
+    _trainer(tmp_path, 4, save_every=2).fit()  # step-2 and step-4 are kept
+    ckpts = tmp_path / "checkpoints"
+    real = ck.resolve_checkpoint
+    calls: list[Path] = []
+
+    def moving(path: str | os.PathLike[str]) -> Path:
+        calls.append(Path(path))
+        # the true answer first; any later one as if `latest` had moved meanwhile
+        return real(path) if len(calls) == 1 else ckpts / "step-00000002"
+
+    monkeypatch.setattr(ck, "resolve_checkpoint", moving)
+    trainer = _trainer(tmp_path, 6)
+    assert trainer.resume() == 4
+    assert calls == [tmp_path]
+    assert trainer.last_checkpoint == ckpts / "step-00000004"
+    saved = load_file(ckpts / "step-00000004" / "model.safetensors")
+    assert all(torch.equal(v, saved[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_resume_from_a_step_folder_drops_the_later_metrics(tmp_path: Path) -> None:
+    _trainer(tmp_path, 4, save_every=2).fit()
+    losses = _train_losses(tmp_path)
+    trainer = _trainer(tmp_path, 4)
+    assert trainer.resume(tmp_path / "checkpoints" / "step-00000002") == 2
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["kind"], x["step"]) for x in lines] == [("train", 1), ("train", 2), ("eval", 2)]
+    trainer.fit()
+    assert _train_losses(tmp_path) == losses
+
+
+def test_sigterm_during_fit_stops_and_the_handlers_come_back(tmp_path: Path) -> None:
+    def previous(signum: int, frame: object) -> None:
+        raise AssertionError("the handler from before fit() ran")
+
+    class TermAt(TrainerCallback):
+        def on_step(self, metrics: object) -> None:
+            if trainer.step == 2:
+                signal.raise_signal(signal.SIGTERM)
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in saved:
+            signal.signal(s, previous)
+        trainer = _trainer(tmp_path, 5, eval_every=0)
+        trainer.callbacks.append(TermAt())
+        result = trainer.fit()
+        assert result.interrupted and result.step == 2
+        assert resolve_checkpoint(tmp_path).name == "step-00000002"
+        assert all(signal.getsignal(s) is previous for s in saved)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def test_resume_with_a_different_config_changes_nothing(tmp_path: Path) -> None:

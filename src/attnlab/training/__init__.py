@@ -3,7 +3,9 @@
 - :class:`NoamLR`, :class:`WarmupCosineLR` (``schedules``)
 - :func:`label_smoothed_cross_entropy`, :func:`token_loss`, :class:`TokenLoss` (``losses``)
 - :class:`Trainer`, :class:`TrainConfig`, :class:`BatchSource`, :class:`IndexedBatches`
-  (``trainer``); :class:`~attnlab.training.progress.RichProgress` (``progress``)
+  (``trainer``); :class:`~attnlab.training.progress.RichProgress` (``progress``); the trainer's
+  parts: :class:`~attnlab.training.metrics_log.MetricsLog` (``metrics_log``),
+  :class:`~attnlab.training.stop.GracefulStop` (``stop``), durable writes (``files``)
 - :func:`save_checkpoint`, :func:`load_config`, :func:`load_model_weights`,
   :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``)
 - :func:`init_distributed`, :func:`shard_batch` (``distributed``)

@@ -27,6 +27,12 @@ checkpoint directory are all accepted), and :func:`verify_checkpoint` checks eve
 the manifest, so a truncated or corrupted checkpoint gives one :class:`CheckpointError` line.
 Tensors are read only with ``safetensors`` (never pickle).
 
+The ``load_*`` functions take any such ``path`` and resolve (and verify) it themselves. A caller
+that reads several parts of one checkpoint resolves it once —
+``ckpt = verify_checkpoint(path)`` — and reads that very directory with :func:`read_config`,
+:func:`read_training_state` and :func:`read_model_weights`, which never resolve again (so a
+``latest`` pointer moving meanwhile cannot mix two checkpoints).
+
 The training state is a nested tree of dicts (any hashable JSON-able keys), lists, tuples,
 numbers, strings, ``None``, numpy arrays and tensors; :func:`save_checkpoint` stores the tensors
 in ``training_state.safetensors`` and the rest in JSON, and :func:`load_training_state` rebuilds
@@ -50,13 +56,19 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from attnlab.training.files import fsync_dir, fsync_file, replace_file, write_synced
+
 __all__ = [
     "CheckpointError",
+    "config_as_saved",
     "list_checkpoints",
     "load_config",
     "load_model_weights",
     "load_training_state",
     "read_checkpoint_file",
+    "read_config",
+    "read_model_weights",
+    "read_training_state",
     "resolve_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
@@ -125,25 +137,24 @@ def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return obj
 
 
+def _config_text(config: Mapping[str, Any]) -> str:
+    """The text of ``config.json``."""
+    return json.dumps(dict(config), indent=2, sort_keys=True)
+
+
+def config_as_saved(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as :func:`load_config` will return it once :func:`save_checkpoint` wrote it.
+
+    JSON knows no tuples and only string keys, so ``(1, 2)`` comes back as ``[1, 2]`` and
+    ``{1: x}`` as ``{"1": x}``. A run's configuration is compared with a saved one in this form.
+
+    Raises:
+        TypeError: ``config`` holds a value JSON cannot represent.
+    """
+    return json.loads(_config_text(config))
+
+
 # --------------------------------------------------------------------------- files
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:
@@ -152,13 +163,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _check_name(name: str) -> str:
@@ -254,36 +258,36 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        _write_bytes(tmp / CONFIG, json.dumps(dict(config), indent=2, sort_keys=True).encode())
+        write_synced(tmp / CONFIG, _config_text(config).encode())
         save_model(model, str(tmp / MODEL), metadata={"format": "pt"})
         if training_state is not None:
             tensors: dict[str, torch.Tensor] = {}
             tree = _encode(dict(training_state), tensors)
             save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": "pt"})
-            _write_bytes(tmp / STATE_JSON, json.dumps(tree).encode())
+            write_synced(tmp / STATE_JSON, json.dumps(tree).encode())
         for name, content in (files or {}).items():
             target = tmp / _check_name(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, str):
-                _write_bytes(target, content.encode("utf-8"))
+                write_synced(target, content.encode("utf-8"))
             elif isinstance(content, bytes):
-                _write_bytes(target, content)
+                write_synced(target, content)
             else:
                 shutil.copyfile(content, target)
         entries = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
-                _fsync_file(p)
+                fsync_file(p)
                 entries[p.relative_to(tmp).as_posix()] = {
                     "size": p.stat().st_size,
                     "sha256": _sha256(p),
                 }
         manifest = {"format": FORMAT, "version": 1, "step": step, "files": entries}
-        _write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
-            _fsync_dir(d)
+            fsync_dir(d)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -296,10 +300,7 @@ def save_checkpoint(
 
 
 def _write_latest(root: Path, name: str) -> None:
-    tmp = root / f"{LATEST}.tmp"
-    _write_bytes(tmp, (name + "\n").encode())
-    os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    replace_file(root / LATEST, (name + "\n").encode())
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -347,7 +348,11 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
     Raises:
         CheckpointError: one line naming the first problem (missing, truncated or corrupted file).
     """
-    ckpt = resolve_checkpoint(path)
+    return _check_manifest(resolve_checkpoint(path))
+
+
+def _check_manifest(ckpt: Path) -> Path:
+    """:func:`verify_checkpoint` of a resolved checkpoint directory; returns it."""
     mpath = ckpt / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: {MANIFEST} is missing")
@@ -375,9 +380,23 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
     return ckpt
 
 
+def _locate(path: str | os.PathLike[str], verify: bool) -> Path:
+    """The checkpoint directory of ``path``, verified when ``verify``."""
+    return verify_checkpoint(path) if verify else resolve_checkpoint(path)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line (its type's name when it has no message), for one-line errors."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def load_config(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
     """The ``config.json`` of a checkpoint (verified first unless ``verify=False``)."""
-    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    return read_config(_locate(path, verify))
+
+
+def read_config(ckpt: Path) -> dict[str, Any]:
+    """The ``config.json`` of the checkpoint directory ``ckpt``, as it is (no resolution)."""
     try:
         return json.loads((ckpt / CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -411,23 +430,33 @@ def load_model_weights(
     Returns:
         The checkpoint directory.
     """
-    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    ckpt = _locate(path, verify)
+    read_model_weights(ckpt, model, strict=strict)
+    return ckpt
+
+
+def read_model_weights(ckpt: Path, model: torch.nn.Module, *, strict: bool = True) -> None:
+    """:func:`load_model_weights` from the checkpoint directory ``ckpt`` as it is (no resolution)."""
     try:
         missing, unexpected = load_model(model, str(ckpt / MODEL), strict=False)
     except (SafetensorError, OSError, RuntimeError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"checkpoint {ckpt}: cannot load {MODEL} ({msg})") from None
+        raise CheckpointError(
+            f"checkpoint {ckpt}: cannot load {MODEL} ({_first_line(exc)})"
+        ) from None
     if strict and (missing or unexpected):
         raise CheckpointError(
             f"checkpoint {ckpt} does not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    return ckpt
 
 
 def load_training_state(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
     """The training state tree saved by :func:`save_checkpoint` (tensors on the CPU)."""
-    ckpt = verify_checkpoint(path) if verify else resolve_checkpoint(path)
+    return read_training_state(_locate(path, verify))
+
+
+def read_training_state(ckpt: Path) -> dict[str, Any]:
+    """:func:`load_training_state` of the checkpoint directory ``ckpt`` as it is (no resolution)."""
     if not (ckpt / STATE_JSON).is_file():
         raise CheckpointError(f"checkpoint {ckpt} holds weights only (no {STATE_JSON})")
     try:
@@ -435,7 +464,6 @@ def load_training_state(path: str | os.PathLike[str], *, verify: bool = True) ->
         tree = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8"))
         return _decode(tree, tensors)
     except (SafetensorError, OSError, ValueError, KeyError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(
-            f"checkpoint {ckpt}: cannot read the training state ({msg})"
+            f"checkpoint {ckpt}: cannot read the training state ({_first_line(exc)})"
         ) from None

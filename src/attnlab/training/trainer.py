@@ -51,22 +51,22 @@ gradient scaler run on the CPU too (PyTorch ≥ 2.3), slowly: fp16 is for GPUs; 
 is the fast reduced precision.
 
 Progress display is a callback (:class:`TrainerCallback`); the command line uses
-:class:`attnlab.training.progress.RichProgress`.
+:class:`attnlab.training.progress.RichProgress`. The trainer's parts live beside it:
+:class:`~attnlab.training.metrics_log.MetricsLog` (``metrics.jsonl``),
+:class:`~attnlab.training.stop.GracefulStop` (the signals) and
+:mod:`attnlab.training.checkpoint` (saving, resolving and reading checkpoints).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import signal
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -77,10 +77,10 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from attnlab.training.checkpoint import (
-    load_config,
-    load_model_weights,
-    load_training_state,
-    resolve_checkpoint,
+    config_as_saved,
+    read_config,
+    read_model_weights,
+    read_training_state,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -92,9 +92,12 @@ from attnlab.training.distributed import (
     shard_batch,
 )
 from attnlab.training.losses import TokenLoss
+from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
 from attnlab.training.rng import get_rng_state, set_rng_state
+from attnlab.training.stop import GracefulStop
 
 __all__ = [
+    "METRICS_FILE",
     "BatchSource",
     "IndexedBatches",
     "StepMetrics",
@@ -106,8 +109,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
 
 
 @runtime_checkable
@@ -333,11 +334,6 @@ def _first_tensor(batch: Any) -> torch.Tensor | None:
     return None
 
 
-def _json_ready(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Round-trip through JSON so that tuples and lists compare equal to what is saved."""
-    return json.loads(json.dumps(dict(config)))
-
-
 class Trainer:
     """The training loop (see the module docstring for the protocol of its arguments).
 
@@ -391,7 +387,8 @@ class Trainer:
         self.files = dict(files or {})
         self.evaluate = evaluate
         self.callbacks = list(callbacks) if self.dist.is_main else []
-        self.run_config = _json_ready({**dict(run_config or {}), "train": config.trajectory()})
+        # as config.json will hold it (tuples as lists…), so that it compares equal on resume
+        self.run_config = config_as_saved({**dict(run_config or {}), "train": config.trajectory()})
         made = make_optimizer(self.model)
         if isinstance(made, tuple):
             self.optimizer, self.scheduler = made
@@ -420,9 +417,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._saved_step: int | None = None
         self._evaluated_step: int | None = None
-        self._stop = False
-        self._interrupts = 0
-        self._first_signal = 0.0
+        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE)
+        self._graceful_stop = GracefulStop()  # a fresh one for each fit()
 
     # ------------------------------------------------------------------ state
 
@@ -461,7 +457,11 @@ class Trainer:
         """Restore the run from a checkpoint (default: the latest one of ``run_dir``).
 
         Args:
-            path: a checkpoint, or a run folder.
+            path: a run folder, its ``checkpoints`` folder (both: the checkpoint ``latest``
+                names) or one ``step-*`` checkpoint (see
+                :func:`~attnlab.training.checkpoint.resolve_checkpoint`). It is resolved and
+                verified once; the configuration, training state and weights are all read from
+                that one directory.
 
         Returns:
             The step reached by the checkpoint.
@@ -471,20 +471,20 @@ class Trainer:
             ValueError: the checkpoint's configuration differs from this run's, or it has done
                 more than ``config.steps`` steps. Nothing is changed then.
         """
-        ckpt = verify_checkpoint(resolve_checkpoint(path or self.run_dir))
-        saved = load_config(ckpt, verify=False)
+        ckpt = verify_checkpoint(path or self.run_dir)  # resolved once: all below reads ckpt
+        saved = read_config(ckpt)
         diff = config_difference(saved, self.run_config)
         if diff:
             raise ValueError(
                 f"cannot resume {ckpt} with a different configuration ({diff}); nothing was changed"
             )
-        state = load_training_state(ckpt, verify=False)
+        state = read_training_state(ckpt)
         if int(state["step"]) > self.config.steps:
             raise ValueError(
                 f"steps must be at least the {int(state['step'])} steps the checkpoint has done, "
                 f"got {self.config.steps}"
             )
-        load_model_weights(ckpt, self.model, verify=False)
+        read_model_weights(ckpt, self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -496,7 +496,7 @@ class Trainer:
         self._saved_step = self.step
         self.last_checkpoint = ckpt
         if self.dist.is_main:
-            self._truncate_metrics(self.step)
+            self.metrics_log.truncate_after(self.step)
         barrier()
         return self.step
 
@@ -504,63 +504,18 @@ class Trainer:
 
     @property
     def metrics_path(self) -> Path:
-        return self.run_dir / METRICS_FILE
+        """The run's ``metrics.jsonl``."""
+        return self.metrics_log.path
 
     def _log(self, record: Mapping[str, Any]) -> None:
-        if not self.dist.is_main:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record)) + "\n")
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines past ``step`` (written after the checkpoint we resume from)."""
-        if not self.metrics_path.exists():
-            return
-        keep = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                if int(json.loads(line).get("step", 0)) <= step:
-                    keep.append(line)
-            except (ValueError, AttributeError):
-                continue
-        if len(keep) == len(self.metrics_path.read_text(encoding="utf-8").splitlines()):
-            return
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-        os.replace(tmp, self.metrics_path)
+        if self.dist.is_main:
+            self.metrics_log.append(record)
 
     # ------------------------------------------------------------------ stopping
 
     def request_stop(self) -> None:
         """Stop after the current step (saving a checkpoint), as Ctrl-C does."""
-        self._stop = True
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        # a second Ctrl-C aborts; one arriving within a second of the first is the same Ctrl-C
-        # delivered twice (terminal + torchrun forwarding it to its workers)
-        if signum == signal.SIGINT and self._interrupts and now - self._first_signal > 1.0:
-            raise KeyboardInterrupt
-        if not self._interrupts:
-            self._first_signal = now
-        self._interrupts += 1
-        logger.warning("stopping after this step and saving a checkpoint (Ctrl-C again aborts)")
-        self._stop = True
-
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in old:
-            signal.signal(s, self._on_signal)
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+        self._graceful_stop.request()
 
     # ------------------------------------------------------------------ loop
 
@@ -642,7 +597,8 @@ class Trainer:
             weight += count
             tokens += n_tok
         totals = torch.tensor(
-            [float(loss_sum), weight, tokens, float(self._stop)], dtype=torch.float64
+            [float(loss_sum), weight, tokens, float(self._graceful_stop.requested)],
+            dtype=torch.float64,
         )
         totals = all_reduce_sum(totals)
         g_loss, g_weight, g_tokens, g_stop = totals.tolist()
@@ -682,8 +638,7 @@ class Trainer:
             A :class:`TrainResult`.
         """
         cfg = self.config
-        self._stop = False
-        self._interrupts = 0
+        self._graceful_stop = GracefulStop()
         losses: list[float] = []
         eval_metrics: dict[str, float] | None = None
         start = time.perf_counter()
@@ -691,7 +646,7 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_start(self)
         stopped = False
-        with self._signals():
+        with self._graceful_stop:
             while self.step < cfg.steps:
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 loss_scale = self.scaler.get_scale() if self.scaler is not None else None
@@ -730,7 +685,7 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_step(m)
                 # one process stops at once; several stop together at the next step's all-reduce
-                if stop or (self._stop and not self.dist.distributed):
+                if stop or (self._graceful_stop.requested and not self.dist.distributed):
                     stopped = True
                     break
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
