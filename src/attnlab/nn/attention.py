@@ -143,7 +143,8 @@ def scaled_dot_product_attention(
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if scale is None:
-        scale = query.shape[-1] ** -0.5
+        # with D = 0 every score is 0 whatever the scale: uniform weights, the mean of the values
+        scale = query.shape[-1] ** -0.5 if query.shape[-1] else 1.0
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     scale = float(scale)
@@ -153,6 +154,10 @@ def scaled_dot_product_attention(
     masking = normalize_mask(query, key, mask, is_causal)
     if backend == "auto":
         backend = "math" if need_weights else "sdpa"
+    if _empty(query, key, value):
+        # empty in, empty out (PyTorch's rule); the explicit equation handles every empty case
+        # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)
+        backend = "math"
 
     empty = empty_rows(masking, query.shape[-2], key.shape[-2], query.device)
     if empty is not None:
@@ -176,6 +181,11 @@ def scaled_dot_product_attention(
             f"the {backend!r} backend returned no weights although they were asked for"
         )
     return out, weights
+
+
+def _empty(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether some dimension of the problem is zero (batch, heads, lengths or head dims)."""
+    return 0 in (*query.shape, *key.shape, *value.shape)
 
 
 def _check_qkv(query: object, key: object, value: object) -> None:
@@ -206,13 +216,6 @@ def _check_qkv(query: object, key: object, value: object) -> None:
             f"query, key and value must share leading (batch) dims, got {shape_str(q.shape[:-3])}, "
             f"{shape_str(k.shape[:-3])} and {shape_str(v.shape[:-3])}"
         )
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if t.shape[-1] <= 0:
-            raise ValueError(f"{name} head dimension must be positive, got {t.shape[-1]}")
-        if t.shape[-2] <= 0:
-            raise ValueError(f"{name} sequence length must be positive, got {t.shape[-2]}")
-        if t.shape[-3] <= 0:
-            raise ValueError(f"{name} must have at least one head, got {t.shape[-3]}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}"
@@ -223,5 +226,8 @@ def _check_qkv(query: object, key: object, value: object) -> None:
             f"{shape_str(k.shape[-3:-1])} and {shape_str(v.shape[-3:-1])}"
         )
     h, h_kv = q.shape[-3], k.shape[-3]
-    if h % h_kv != 0:
+    if h_kv == 0:
+        if h != 0:
+            raise ValueError(f"query heads H = {h} need key/value heads, got H_kv = 0")
+    elif h % h_kv != 0:
         raise ValueError(f"query heads H = {h} must be a multiple of key/value heads H_kv = {h_kv}")

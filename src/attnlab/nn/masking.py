@@ -119,6 +119,8 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     """
     offset = masking.causal_offset
     allowed = masking.allowed
+    if t_k == 0:  # no key at all: every row is empty
+        return torch.ones(t_q, 1, dtype=torch.bool, device=device) if t_q else None
     if allowed is None:
         if offset is None or offset >= 0:
             return None

@@ -14,11 +14,13 @@ mask a query block reads only the keys it may see: the keys every row of the blo
 unmasked blocks, and only the keys of the last block that cross the diagonal are masked. Keys
 that no query of a block sees are never touched.
 
-The passes over each tile are kept few: the scale is folded into ``Q`` once (fp32/fp64) instead
-of into every tile, ``Kᵀ`` is laid out contiguously once, the exponentials are taken in place, and
-only the tile that crosses the diagonal pays for a causal mask. Query blocks of 64 rows against
-key blocks of up to 8192 keys measured fastest on a 2-core CPU (``benchmarks/attention.py``): few
-Python-level steps, and one rescaling of the running output per query block at most lengths.
+The passes over each tile are kept few: the scale is folded into ``Q`` once instead of into every
+tile, ``Kᵀ`` is laid out contiguously once, the exponentials are taken in place, and only the tile
+that crosses the diagonal pays for a causal mask. Scores are formed in fp32 for half types (the
+operands are upcast once): a half-precision ``Q Kᵀ`` overflows in fp16 and rounds in bf16.
+Query blocks of 64 rows against key blocks of up to 8192 keys measured fastest on a 2-core CPU
+(``benchmarks/attention.py``): few Python-level steps, and one rescaling of the running output per
+query block at most lengths.
 
 The backward pass (FlashAttention, Algorithm 2) recomputes each tile's weights from the saved
 log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
@@ -29,13 +31,12 @@ log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from attnlab.nn.backends.common import compute_dtype, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
 from attnlab.nn.masking import Masking
 
 QUERY_BLOCK = 64
@@ -62,7 +63,7 @@ def blockwise_attention(
     Shape:
         as :func:`attnlab.nn.backends.math.math_attention`.
     """
-    groups = query.shape[-3] // key.shape[-3]
+    groups = head_groups(query, key)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
     bias = masking.bias
@@ -75,7 +76,8 @@ def blockwise_attention(
     if need_weights:
         # P = exp(S − LSE), hidden entries 0: exactly the softmax the pass normalised by
         visible = masking.visible(query.shape[-2], key.shape[-2], query.device)
-        scores = torch.matmul(query, key.transpose(-2, -1)).to(lse.dtype) * scale
+        acc = lse.dtype
+        scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
         if bias is not None:
             scores = scores + bias
         if visible is not None:
@@ -137,14 +139,10 @@ class _Operands:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> None:
         self.acc = compute_dtype(q.dtype)
-        self.half = q.dtype != self.acc
-        # fold the scale into Q once: fp32/fp64 (one rounding, like scaling the scores), and half
-        # types when the scale is a power of two (exact, e.g. 1/8 for D = 64); otherwise half
-        # types scale the fp32 scores (a scaled bf16 Q would round twice)
-        self.prescaled = not self.half or math.frexp(scale)[0] == 0.5
-        self.q = q * scale if self.prescaled else q
-        self.scale = scale
-        self.k_t = k.transpose(-2, -1).contiguous()  # (..., D, T_k)
+        # the scale folded into Q once, in the accumulation dtype (one rounding, like scaling
+        # the scores); half types are upcast here, so that every tile's scores are fp32
+        self.q = q.to(self.acc) * scale
+        self.k_t = k.transpose(-2, -1).to(self.acc).contiguous()  # (..., D, T_k)
         self.v = v
 
     def scores(
@@ -157,10 +155,6 @@ class _Operands:
         """``S_b = Q_b Kᵀ_b · scale + B_b`` with hidden entries at ``−∞``   (..., rows, cols)."""
         rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
         s = torch.matmul(self.q[..., rows, :], self.k_t[..., cols])
-        if self.half:
-            s = s.to(self.acc)
-        if not self.prescaled:
-            s = s.mul_(self.scale)
         if bias is not None:  # s has the full (..., H, rows, cols) shape; the bias broadcasts
             s = s.add_(_slice(bias, rows, cols))
         if hidden is not None:
@@ -247,7 +241,7 @@ class _Blockwise(torch.autograd.Function):
         )  # D = rowsum(dO ∘ O)   (..., T_q, 1)
         lse = lse.unsqueeze(-1)
         v_t = v.transpose(-2, -1).to(acc).contiguous()  # (..., D_v, T_k)
-        k_a, q_s = k.to(acc), ops.q.to(acc)
+        k_a, q_s = k.to(acc), ops.q
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
@@ -273,16 +267,13 @@ class _Blockwise(torch.autograd.Function):
                     dv[..., cols, :] += torch.matmul(p.transpose(-2, -1), d_o)  # dV_b = P_bᵀ dO
                 ds = p.mul_(dp.sub_(delta_b))  # dS_b = P_b ∘ (dP_b − D)
                 dq_b += torch.matmul(ds, k_a[..., cols, :])
-                # Q was scaled already when prescaled; otherwise dK is scaled below
-                dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)
+                dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)  # Q holds the scale
                 if dbias is not None:
                     target = _slice(dbias, rows, cols)
                     target += ds.sum_to_size(target.shape)
                 index += 1
             dq[..., rows, :] = dq_b
         dq.mul_(scale)
-        if not ops.prescaled:
-            dk.mul_(scale)
         return (
             dq.to(q.dtype),
             dk.to(k.dtype),

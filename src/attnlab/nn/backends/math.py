@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.backends.common import compute_dtype, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
 from attnlab.nn.masking import Masking
 
 
@@ -24,12 +24,14 @@ def math_attention(
         query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``
         → output ``(..., H, T_q, D_v)``, weights ``(..., H, T_q, T_k)``.
     """
-    groups = query.shape[-3] // key.shape[-3]
+    groups = head_groups(query, key)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     t_q, t_k = query.shape[-2], key.shape[-2]
 
-    # S = Q Kᵀ · scale + B                                          (..., H, T_q, T_k)
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    # S = Q Kᵀ · scale + B    (..., H, T_q, T_k); in fp32 for half types, as the fused kernels
+    # do: a half-precision Q Kᵀ overflows (fp16) or rounds (bf16) before it is scaled
+    acc = compute_dtype(query.dtype)
+    scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
     if masking.bias is not None:
         scores = scores + masking.bias
     visible = masking.visible(t_q, t_k, query.device)
@@ -37,9 +39,9 @@ def math_attention(
         scores = scores.masked_fill(~visible, float("-inf"))
 
     # P = softmax(S) along the keys (in fp32 for half types)
-    weights = torch.softmax(scores, dim=-1, dtype=compute_dtype(query.dtype)).to(query.dtype)
+    weights = torch.softmax(scores, dim=-1)
 
-    # O = dropout(P) V                                              (..., H, T_q, D_v)
+    # O = dropout(P) V   (..., H, T_q, D_v); accumulated in fp32 for half types, as P is
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = torch.matmul(dropped, value)
-    return out, (weights if need_weights else None)
+    out = torch.matmul(dropped, value.to(acc)).to(query.dtype)
+    return out, (weights.to(query.dtype) if need_weights else None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.backends.common import repeat_kv
+from attnlab.nn.backends.common import head_groups, repeat_kv
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.masking import Masking
 
@@ -51,7 +51,7 @@ def sdpa_attention(
         else:
             attn_mask = masking.bias.masked_fill(~visible, float("-inf"))
 
-    groups = query.shape[-3] // key.shape[-3]
+    groups = head_groups(query, key)
     kwargs: dict[str, bool] = {}
     # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
     # type (2x the error of repeating the heads first); half types that need gradients repeat
