@@ -129,3 +129,41 @@ def test_seq2seq_wide_beam_equals_brute_force() -> None:
     got = out[0, 1:].tolist()
     assert out[0, 0] == 1
     assert got[: len(want)] == want and all(t == 0 for t in got[len(want) :])
+
+
+class _Scripted:
+    """A stepper whose next-token distribution depends only on the last token fed."""
+
+    def __init__(self, table: dict[int | None, list[float]], rows: int) -> None:
+        self.table = {k: torch.tensor(v).log() for k, v in table.items()}
+        self.rows = rows
+
+    def prefill(self) -> torch.Tensor:
+        return self.table[None].expand(self.rows, -1).clone()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.table[int(t)] for t in tokens])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        pass
+
+
+def test_live_beams_compete_on_the_last_step() -> None:
+    """Tokens a = 0, EOS = 1, b = 2, two beams, two steps, α = 1. On the last step [a, EOS] fills
+    the finished list (with [EOS]); early stopping must not hide the live [a, a]:
+    log(0.6 · 0.5) / 2 = −0.602 beats log(0.6 · 0.45) / 2 = −0.655."""
+    from attnlab.decoding.beam import beam_search
+
+    table = {None: [0.6, 0.3, 0.1], 0: [0.5, 0.45, 0.05], 2: [0.1, 0.1, 0.8], 1: [0.3, 0.3, 0.4]}
+    for early in (True, False):
+        best = beam_search(
+            _Scripted(table, 2),
+            batch=1,
+            num_beams=2,
+            max_new_tokens=2,
+            eos_token_ids=[1],
+            pad_token_id=1,
+            length_penalty=1.0,
+            early_stopping=early,
+        )
+        assert best == [[0, 0]], early

@@ -204,6 +204,10 @@ def test_token_id_out_of_range(bad: int) -> None:
         ({"pad_token_id": -1}, ValueError, "pad_token_id must lie in"),
         ({"generator": 3}, TypeError, "generator must be a torch.Generator"),
         ({"length_penalty": "long"}, TypeError, "length_penalty must be a float"),
+        ({"length_penalty": float("nan")}, ValueError, "length_penalty must be finite, got nan"),
+        ({"length_penalty": float("inf")}, ValueError, "length_penalty must be finite, got inf"),
+        ({"temperature": float("inf")}, ValueError, "temperature must be > 0 and finite"),
+        ({"temperature": float("nan")}, ValueError, "temperature must be > 0 and finite"),
         ({"early_stopping": "yes"}, TypeError, "early_stopping must be a bool"),
     ],
 )

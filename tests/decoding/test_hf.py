@@ -68,3 +68,47 @@ def test_greedy_with_eos_matches_hf_generate() -> None:
     want = _hf_greedy(hf, ids, torch.ones_like(ids), 12, eos_token_id=eos)
     got = al.generate(gpt, ids, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_beam_search_matches_hf_generate_over_a_grid(seed: int) -> None:
+    """Beams × lengths × length penalties × early stopping, against Hugging Face's beam search.
+    attnlab's ``early_stopping=False`` is the exact rule, Hugging Face's ``"never"`` (its ``False``
+    is a heuristic). Outputs are compared up to and including the first EOS."""
+    import itertools
+
+    hf, gpt = _pair(0)
+    hf, gpt = hf.double(), gpt.double()
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 211, (2, 5), generator=gen)
+    eos = int(al.generate(gpt, ids, max_new_tokens=2)[0, -1])  # a token the model does write
+
+    def cut(row: torch.Tensor) -> list[int]:
+        tokens = row.tolist()
+        return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+    for beams, n, alpha, early in itertools.product([2, 4], [4, 6], [0.0, 1.0, 2.0], [True, False]):
+        want = hf.generate(  # type: ignore[attr-defined]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            num_beams=beams,
+            do_sample=False,
+            length_penalty=alpha,
+            early_stopping=early if early else "never",
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+        got = al.generate(
+            gpt,
+            ids,
+            max_new_tokens=n,
+            strategy="beam",
+            num_beams=beams,
+            length_penalty=alpha,
+            early_stopping=early,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+        config = f"beams={beams} n={n} alpha={alpha} early={early}"
+        assert [cut(r) for r in got[:, 5:]] == [cut(r) for r in want[:, 5:]], config

@@ -138,7 +138,8 @@ def beam_search(
             best_live = float(new_scores[b, 0])
             if best_live == -math.inf:
                 done[b] = True  # every candidate ended in EOS
-            elif finished[b].full():
+            elif finished[b].full() and length < max_new_tokens:
+                # (on the last step the live beams are compared below, as finished ones)
                 bound = _best_possible(best_live, length, max_new_tokens, length_penalty)
                 done[b] = early_stopping or bound <= finished[b].worst()
 

@@ -13,6 +13,7 @@ so each step processes only the new token.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,6 +120,8 @@ def generate(
     check_positive_int("num_beams", num_beams)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
         raise TypeError(f"length_penalty must be a float, got {type(length_penalty).__name__}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be finite, got {length_penalty}")
     if not isinstance(early_stopping, bool):
         raise TypeError(f"early_stopping must be a bool, got {type(early_stopping).__name__}")
     cfg = model.config
@@ -279,8 +282,8 @@ def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:
 def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be > 0 and finite, got {temperature}")
     if top_k is not None:
         check_positive_int("top_k", top_k)
     if top_p is not None:

@@ -55,6 +55,8 @@ class GPTSelfAttention(MultiHeadAttention):
         as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
     """
 
+    causal = True  # forward hides future keys unless is_causal=False is passed
+
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__(
             config.n_embd,

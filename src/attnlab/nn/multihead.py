@@ -133,6 +133,9 @@ class MultiHeadAttention(nn.Module):
         torch.Size([2, 10, 64])
     """
 
+    #: whether ``forward`` hides future keys when ``is_causal`` is not given
+    causal: bool = False
+
     def __init__(
         self,
         d_model: int,
@@ -251,7 +254,7 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor | None = None,
         *,
         mask: torch.Tensor | None = None,
-        is_causal: bool = False,
+        is_causal: bool | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
@@ -266,7 +269,9 @@ class MultiHeadAttention(nn.Module):
             value: ``(B, T_k, d_model)``; default ``key``.
             mask: boolean (``True = may attend``) or additive float, broadcastable to
                 ``(B, H, T_q, T_k)``; ``T_k`` includes cached positions.
-            is_causal: bottom-right causal masking (works across a KV cache).
+            is_causal: bottom-right causal masking (works across a KV cache); ``None`` (default)
+                takes the layer's own default, :attr:`causal` (``False`` here, ``True`` for GPT's
+                self-attention).
             need_weights: also return the per-head weights ``(B, H, T_q, T_k)``.
             cache: a :class:`~attnlab.nn.kv_cache.KVCache`. Self-attention appends the new
                 keys/values to it; a static (cross-attention) cache is filled on first use and
@@ -289,6 +294,8 @@ class MultiHeadAttention(nn.Module):
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
         """
         self._check_input("query", query)
+        if is_causal is None:
+            is_causal = self.causal
         cross = key is not None and key is not query
         if key is not None and cross:
             self._check_input("key", key)
