@@ -34,3 +34,10 @@ def test_runs_the_attention_benchmark_quickly(capfd: pytest.CaptureFixture[str])
 def test_a_failing_benchmark_fails_the_command(capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "attention", "--args", "--dtypes fp8"]) == 2
     assert "benchmarks failed: attention (exit 2)" in capfd.readouterr().err
+
+
+def test_unbalanced_quotes_in_args_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "attention", "--args", '--dtypes "fp32']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab: error: --args must be options as a shell would split them")
+    assert err.count("\n") == 1

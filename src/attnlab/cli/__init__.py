@@ -2,7 +2,9 @@
 
 Each command lives in its own module of this package and exposes ``register(subparsers)``, which
 adds its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and returning
-an exit code). Errors a user can cause end as one line on stderr and exit code 2; no traceback.
+an exit code). Errors a user can cause end as one line on stderr and exit code 2, no traceback;
+a bug (an exception attnlab did not raise on purpose) prints its traceback and exits with 1.
+:mod:`attnlab.cli.errors` holds the rule; ``-v/--verbose`` prints every error's traceback.
 """
 
 from __future__ import annotations
@@ -13,14 +15,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from attnlab.cli.errors import CLIError, report
+
 __all__ = ["CLIError", "main"]
 
 # command modules, in the order `attnlab --help` lists them
 COMMANDS = ("demo", "train", "generate", "translate", "view", "inspect", "plot", "flops", "bench")
-
-
-class CLIError(Exception):
-    """An error to report as one line (``attnlab: error: …``) with a non-zero exit."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,7 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="attnlab",
         description="Transformer attention from the equations up: train, generate, look inside.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at INFO level and print the traceback of every error",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -62,18 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("attnlab: interrupted\n")
         return 130
-    except (
-        CLIError,
-        ValueError,
-        TypeError,
-        FileNotFoundError,
-        IsADirectoryError,
-        PermissionError,
-        UnicodeDecodeError,
-        NotADirectoryError,
-    ) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(exc, UnicodeDecodeError):
-            message = f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        sys.stderr.write(f"attnlab: error: {message}\n")
-        return 2
+    except Exception as exc:
+        # a user's mistake: one line, exit 2; a bug: its traceback, exit 1 (see cli/errors.py)
+        return report(exc, verbose=args.verbose)

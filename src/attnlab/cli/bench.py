@@ -83,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"unknown benchmark {unknown[0]!r}; expected one of: {', '.join(available) or '(none)'}"
         )
-    extra = shlex.split(args.args)
+    try:
+        extra = shlex.split(args.args)
+    except ValueError:  # shlex's error for an unclosed quote or a trailing escape
+        raise CLIError(
+            f"--args must be options as a shell would split them, got {args.args!r}"
+        ) from None
     failed = []
     for name in names:
         script = available[name.removesuffix(".py")]

@@ -23,6 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from attnlab.cli.errors import CLIError
 from attnlab.nn.attention import scaled_dot_product_attention
 
 # the demo's length: about two minutes on a 2-core laptop CPU (see benchmarks/reverse.py)
@@ -74,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if args.walkthrough:
         return walkthrough(args.seed)
     if args.steps < 1:
-        raise ValueError(f"--steps must be a positive int, got {args.steps}")
+        raise CLIError(f"--steps must be a positive int, got {args.steps}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out} already exists and is not empty; choose another folder")
+        raise CLIError(f"--out {out} already exists and is not empty; choose another folder")
     # the demo is `attnlab train reverse` (see demo_train_argv)
     from attnlab.cli import build_parser
     from attnlab.cli.train import run as train_run

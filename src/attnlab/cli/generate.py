@@ -14,6 +14,7 @@ import argparse
 
 from rich.console import Console
 
+from attnlab.cli._device import device
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.options import positive_int
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--beams", type=positive_int, default=4, help="beams for --strategy beam (default 4)"
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--device", default="cpu", help="default cpu")
+    p.add_argument("--device", type=device, default="cpu", help="default cpu")
     p.set_defaults(func=run)
 
 

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnlab.cli import CLIError
+from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.inspect.ablation import (
     HeadImportance,
@@ -83,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="for long texts: blockwise row statistics, never the T×T weights (no row-sum check)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=run)
 
 

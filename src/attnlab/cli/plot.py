@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 
 from attnlab.cli import CLIError
+from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, default=100, help="positional: positions")
     p.add_argument("--max-tokens", type=int, default=64, help="longer sides are block-averaged")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu")
     p.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ import sys
 from rich.console import Console
 
 from attnlab.cli import CLIError
+from attnlab.cli._device import device
 from attnlab.tasks.options import positive_int
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="beam size; 1 is greedy (default: the run's own evaluation)",
     )
-    p.add_argument("--device", default="cpu", help="default cpu")
+    p.add_argument("--device", type=device, default="cpu", help="default cpu")
     p.set_defaults(func=run)
 
 

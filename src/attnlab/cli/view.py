@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from attnlab.cli import CLIError
+from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.run import load_run
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the attention recorded while the run trained (--probe), with a step slider",
     )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu")
     p.set_defaults(func=run)
 
 

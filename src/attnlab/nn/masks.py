@@ -51,6 +51,8 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
         raise ValueError(f"tokens must have shape (B, T), got {shape_str(tokens.shape)}")
     if tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise TypeError(f"pad_id must be an int (the padding token id), got {pad_id!r}")
     return (tokens != pad_id)[:, None, None, :]
 
 

@@ -406,6 +406,15 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}"
             )
+        weight = self.qkv_parameters()[0]
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor of activations, got dtype {x.dtype}")
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if x.dtype != weight.dtype and not autocast:
+            raise TypeError(
+                f"{name} has dtype {x.dtype} but the layer's weights are {weight.dtype}; convert "
+                f"one of them (e.g. layer.to({x.dtype}) or {name}.to({weight.dtype}))"
+            )
 
     @classmethod
     def from_torch(
