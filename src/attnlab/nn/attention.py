@@ -35,9 +35,9 @@ import torch
 
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, get_backend
-from attnlab.nn.masking import empty_rows, hide_unseen_keys, normalize_mask
+from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
 
-__all__ = ["BACKENDS", "Backend", "scaled_dot_product_attention"]
+__all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]
 
 # a backend's name: "auto" or a registered one (attnlab.nn.backends.register_backend)
 Backend = str
@@ -152,6 +152,27 @@ def scaled_dot_product_attention(
         raise ValueError(f"scale must be finite, got {scale}")
 
     masking = normalize_mask(query, key, mask, is_causal)
+    return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
+
+
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masking: Masking,
+    scale: float,
+    dropout_p: float,
+    backend: Backend,
+    need_weights: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The core of :func:`scaled_dot_product_attention` on checked arguments and a normalised
+    mask: rows that may see no key, keys that no query sees, the backend. For callers that build
+    ``query``, ``key`` and ``value`` themselves (:class:`~attnlab.nn.multihead.MultiHeadAttention`),
+    so that a decoding step does not pay for checks its inputs pass by construction.
+
+    Shape:
+        as :func:`scaled_dot_product_attention`.
+    """
     if backend == "auto":
         backend = "math" if need_weights else "sdpa"
     if _empty(query, key, value):
@@ -168,8 +189,7 @@ def scaled_dot_product_attention(
     if masking.allowed is not None:
         key, value = hide_unseen_keys(masking.allowed, key, value)
 
-    attend = get_backend(backend)
-    out, weights = attend(query, key, value, masking, scale, dropout_p, need_weights)
+    out, weights = get_backend(backend)(query, key, value, masking, scale, dropout_p, need_weights)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
         if weights is not None:

@@ -1,7 +1,8 @@
 """Hook points: named identity modules where activations can be captured (after TransformerLens).
 
 A :class:`HookPoint` returns its input unchanged, so inspection never changes what forward
-computes. Modules that can produce something expensive only for an observer (attention weights)
+computes. Forward hooks and pre-hooks registered on the point itself run; global module hooks
+(``torch.nn.modules.module.register_module_forward_hook``) are not called for hook points. Modules that can produce something expensive only for an observer (attention weights)
 ask ``hook.active`` first.
 """
 
@@ -24,6 +25,13 @@ class HookPoint(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # what no one listens to costs one check, not nn.Module's call machinery: a model has
+        # ~10 hook points a layer, and a decoding step passes every one of them
+        if self._forward_hooks or self._forward_pre_hooks:
+            return super().__call__(x)  # type: ignore[no-any-return]
         return x
 
     @property

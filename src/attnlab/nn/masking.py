@@ -61,7 +61,8 @@ def normalize_mask(
     query: torch.Tensor, key: torch.Tensor, mask: object, is_causal: bool
 ) -> Masking:
     t_q, t_k = query.shape[-2], key.shape[-2]
-    causal_offset = t_k - t_q if is_causal else None
+    # the causal rule hides nothing from a single query aligned bottom-right (a decoding step)
+    causal_offset = t_k - t_q if is_causal and t_q != 1 else None
     if mask is None:
         return Masking(None, None, causal_offset)
     mask = check_tensor("mask", mask)

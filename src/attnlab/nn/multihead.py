@@ -28,10 +28,11 @@ from attnlab._checks import (
     check_tensor,
     shape_str,
 )
-from attnlab.nn.attention import Backend, scaled_dot_product_attention
+from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masking import normalize_mask
 
 if TYPE_CHECKING:
     from attnlab.nn.positional import RotaryEmbedding
@@ -344,16 +345,10 @@ class MultiHeadAttention(nn.Module):
             # an observer (a hook on hook_weights) must not change what forward computes: keep the
             # kernel "auto" picks when no weights are wanted; it returns exact weights as well
             backend = "sdpa"
-        result = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            backend=backend,
-            need_weights=want_weights,
-        )
+        # q, k, v are built here, consistent by construction: only the mask needs checking
+        masking = normalize_mask(q, k, mask, is_causal)
+        dropout_p = self.dropout if self.training else 0.0
+        result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
         z, weights = result if isinstance(result, tuple) else (result, None)
         if xi is not None:
             # head_i ← ξ_i · head_i  (Michel et al. 2019): the weights too, as Hugging Face did
