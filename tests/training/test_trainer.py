@@ -20,6 +20,7 @@ from attnlab.training import IndexedBatches, TrainConfig, Trainer, TrainerCallba
 from attnlab.training import checkpoint as ck
 from attnlab.training.checkpoint import load_training_state, resolve_checkpoint
 from attnlab.training.rng import seed_everything
+from attnlab.training.run_lock import LOCK_FILE
 from tests.training._tiny_task import (
     TASK,
     TinyBatches,
@@ -301,7 +302,7 @@ def test_cli_errors_are_one_line_and_change_nothing(
     out = tmp_path / "run"
     assert _cli("--out", str(out), "--steps", "2", "--seed", "1") == 0
     capsys.readouterr()
-    before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*")}
+    before = _snapshot(out)
     args = (
         ["--out", str(out), "--seed", "1", *argv]
         if "--seed" not in argv
@@ -318,7 +319,15 @@ def test_cli_errors_are_one_line_and_change_nothing(
     import re
 
     assert re.search(message, lines[0]), lines[0]
-    assert {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*")} == before
+    assert _snapshot(out) == before
+    assert (out / LOCK_FILE).read_text() == ""  # the lock was taken and given back
+
+
+def _snapshot(out: Path) -> dict[Path, tuple[int, int]]:
+    """Every file's mtime and size, but the lock file's (each attempt takes and releases it)."""
+    return {
+        p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*") if p.name != LOCK_FILE
+    }
 
 
 def test_cli_resume_from_corrupted_checkpoint(

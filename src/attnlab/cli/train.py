@@ -17,6 +17,9 @@ from typing import Any
 
 from rich.console import Console
 
+from attnlab.cli._device import device
+from attnlab.cli._terminal import TextConsole
+from attnlab.cli.errors import CLIError
 from attnlab.tasks.options import non_negative_int, positive_int
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
@@ -24,10 +27,8 @@ from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
 from attnlab.training.distributed import cleanup_distributed, init_distributed
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
+from attnlab.training.run_dir import check_run_dir, claim_run_dir
 from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer, TrainerCallback
-
-# options of the driver that are not part of the run's configuration
-_COMMON_UNSAVED = ("out", "steps", "resume", "eval_every", "save_every", "keep_last", "device")
 
 
 def _clip(text: str) -> float | None:
@@ -39,7 +40,7 @@ def _clip(text: str) -> float | None:
         raise argparse.ArgumentTypeError(
             f"expected a positive float or 'none', got {text!r}"
         ) from None
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}")
     return value
 
@@ -96,7 +97,22 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--keep-last", type=positive_int, default=2, help="checkpoints to keep (default 2)"
     )
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument(
+        "--device",
+        type=device,
+        default=None,
+        help="cpu or cuda (default: cuda when available)",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="train in a non-empty --out that is not an attnlab run (overwrites its files)",
+    )
+    g.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="--resume even though a data file changed since the checkpoint",
+    )
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,27 +167,39 @@ def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]
     return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}
 
 
+def _check_resumable(out: Path, steps: int) -> None:
+    """A one-line error when ``out`` has no checkpoint to resume, or one past ``--steps``."""
+    ckpt = resolve_checkpoint(out)
+    done = dict((path, step) for step, path in list_checkpoints(out)).get(ckpt)
+    if done is not None and done > steps:
+        raise CLIError(
+            f"--steps must be at least the {done} steps the checkpoint has done, got {steps}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out must be a folder, got the file {out}")
+        raise CLIError(f"--out must be a folder, got the file {out}")
     has_ckpt = bool(list_checkpoints(out)) or (out / "checkpoints" / "latest").exists()
     if args.resume:
-        resolve_checkpoint(out)  # one-line error when there is nothing to resume
+        _check_resumable(out, args.steps)
     elif has_ckpt:
-        raise ValueError(
+        raise CLIError(
             f"{out} already holds a checkpoint; pass --resume to continue it or choose another --out"
         )
+    check_run_dir(out, force=args.force)  # a user's folder is refused before any set-up
     dist = init_distributed(args.device)
     console = Console(stderr=True)
+    lock = None
     try:
         seed_everything(args.seed)
         setup = task.build(args, dist.device)
         # not part of the run's configuration: recomputing activations does not change results
         if getattr(args, "grad_checkpoint", False):
             if not hasattr(setup.model, "gradient_checkpointing"):
-                raise ValueError(
+                raise CLIError(
                     f"--grad-checkpoint: the model of task {args.task!r} "
                     f"({type(setup.model).__name__}) has no gradient checkpointing"
                 )
@@ -190,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         callbacks: list[TrainerCallback] = [progress]
         if args.probe is not None:
             if setup.io is None:
-                raise ValueError(f"--probe: the task {args.task!r} has no text path to encode it")
+                raise CLIError(f"--probe: the task {args.task!r} has no text path to encode it")
             probe = setup.io.probe_inputs(args.probe)
             callbacks.append(AttentionProbe(out, probe, args.probe_every, args.probe))
         trainer = Trainer(
@@ -205,14 +233,13 @@ def run(args: argparse.Namespace) -> int:
             evaluate=setup.evaluate,
             callbacks=callbacks,
             dist=dist,
+            data_files=setup.data_files,
         )
+        # every option checked: lock the folder for this one training before writing into it
+        if dist.is_main:
+            lock = claim_run_dir(out, resume=args.resume, force=args.force)
         if args.resume:
-            try:
-                trainer.resume()
-            except ValueError as exc:
-                if str(exc).startswith("steps must be"):
-                    raise ValueError(f"--{exc}") from None
-                raise
+            trainer.resume(allow_data_change=args.allow_data_change)
         elif dist.is_main and (out / METRICS_FILE).exists():
             (out / METRICS_FILE).unlink()  # left by a run killed before its first checkpoint
         result = trainer.fit()
@@ -224,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                 f"continue with --resume"
             )
             return 130
-        stdout = Console()
+        stdout = TextConsole()  # a report's text: control characters escaped on a terminal
         if result.losses:
             stdout.print(f"step {result.step}: loss {result.losses[-1]:.4f}")
         if result.eval_metrics:
@@ -235,4 +262,6 @@ def run(args: argparse.Namespace) -> int:
             setup.report(trainer.model, out, stdout)
         return 0
     finally:
+        if lock is not None:
+            lock.release()
         cleanup_distributed()

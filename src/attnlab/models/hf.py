@@ -6,14 +6,20 @@ attnlab uses ``nn.Linear`` (``y = x Wᵀ + b``, ``W`` of shape ``(out, in)``), s
 ``c_attn``, ``c_proj`` and ``c_fc`` are transposed on the way in and out.
 
 ``transformers`` is imported only when these functions are called; nothing is ever downloaded.
+A directory is read only from ``safetensors`` weights (``model.safetensors``, or the shards an
+``model.safetensors.index.json`` names), never from a pickle (``pytorch_model.bin``), and its
+``config.json`` sizes are checked against the shapes the weights' headers record before anything is
+allocated (:func:`check_directory`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from attnlab.models.config import GPTConfig
 
@@ -22,7 +28,9 @@ if TYPE_CHECKING:
 
     from attnlab.models.gpt import GPT
 
-__all__ = ["config_from_hf", "config_to_hf", "from_hf", "to_hf"]
+__all__ = ["check_directory", "config_from_hf", "config_to_hf", "from_hf", "to_hf"]
+
+_WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -123,7 +131,10 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
                 f"model_or_directory must be a GPT2LMHeadModel or a local directory, got {str(path)!r} "
                 "(not a directory; attnlab never downloads from the Hub)"
             )
-        model_or_directory = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
+        check_directory(path)
+        model_or_directory = GPT2LMHeadModel.from_pretrained(
+            path, local_files_only=True, use_safetensors=True
+        )
     if not isinstance(model_or_directory, GPT2LMHeadModel):
         raise TypeError(
             "model_or_directory must be a transformers.GPT2LMHeadModel or a directory path, "
@@ -144,6 +155,88 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
     gpt.load_state_dict(state, strict=True, assign=True)
     gpt.lm_head.weight = gpt.transformer.wte.weight  # assign=True made two Parameters: tie again
     return gpt.train(hf.training)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face directory (one, or the shards of its index)."""
+    if (path / _WEIGHTS).is_file():
+        return [path / _WEIGHTS]
+    if (path / _INDEX).is_file():
+        try:
+            weight_map = json.loads((path / _INDEX).read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            raise ValueError(f"{path / _INDEX} is not a safetensors index") from None
+        shards = [path / n for n in names if isinstance(n, str)]
+        if len(shards) != len(names) or any(
+            not s.resolve().is_relative_to(path.resolve()) or not s.is_file() for s in shards
+        ):
+            raise ValueError(f"{path / _INDEX} names shards that are not files of {path}")
+        return shards
+    pickled = [p.name for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))]
+    held = (
+        f" (it holds {', '.join(pickled)}, a pickle, which attnlab never loads)" if pickled else ""
+    )
+    raise ValueError(
+        f"{path} holds no safetensors weights{held}: attnlab needs {_WEIGHTS}; convert the model "
+        f"with transformers' save_pretrained, which writes safetensors"
+    )
+
+
+def _stored_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor names (without a ``transformer.`` prefix) and shapes, from the files' headers."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:  # type: ignore[no-untyped-call]
+                for k in st.keys():
+                    shapes[k.removeprefix("transformer.")] = tuple(st.get_slice(k).get_shape())
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"{f} is not a readable safetensors file ({exc})") from None
+    return shapes
+
+
+def check_directory(path: str | Path) -> GPTConfig:
+    """Check a Hugging Face GPT-2 directory before anything is allocated from it.
+
+    Its weights must be safetensors (never a pickle), and the sizes of its ``config.json`` —
+    vocabulary, positions, width, layers — must be the shapes the weights' headers record, so
+    that a crafted config cannot make the process allocate a model of any size.
+
+    Returns:
+        The :class:`~attnlab.models.config.GPTConfig` of the directory.
+
+    Raises:
+        ValueError: one line naming the file, the size and what the weights hold.
+    """
+    from transformers import GPT2Config
+
+    path = Path(path)
+    files = _weight_files(path)
+    try:
+        hf_config = GPT2Config.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"{path / 'config.json'} is not a GPT-2 config ({exc})") from None
+    config = config_from_hf(hf_config)
+    shapes = _stored_shapes(files)
+    expected = {
+        "wte.weight": (config.vocab_size, config.n_embd),
+        "wpe.weight": (config.n_positions, config.n_embd),
+        "ln_f.weight": (config.n_embd,),
+    }
+    for name, shape in expected.items():
+        if shapes.get(name) != shape:
+            raise ValueError(
+                f"{path / 'config.json'} gives {name} the shape {shape} (vocab_size, n_positions, "
+                f"n_embd) but the weights store {shapes.get(name, 'no such tensor')}"
+            )
+    layers = {n.split(".", 2)[1] for n in shapes if n.startswith("h.")}
+    if len(layers) != config.n_layer:
+        raise ValueError(
+            f"{path / 'config.json'} gives n_layer = {config.n_layer} but the weights store "
+            f"{len(layers)} layers"
+        )
+    return config
 
 
 def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:

@@ -8,6 +8,11 @@ defaults with ``parser.set_defaults(eval_every=200, ...)``), ``build(args, devic
 and ``io(args, files) -> TaskIO``. ``build`` runs after the random generators are seeded with
 ``--seed``; it must create the model, the data and the optimizer deterministically from ``args``.
 
+Every option is checked before the first step: by its argparse ``type``/``choices``, or in
+``build`` (which runs before training) — never first when it is used at an evaluation or in the
+final report, where a mistake would cost the whole run. ``build`` also names the files its data
+came from (``TaskSetup.data_files``), so that a resumed run notices changed data.
+
 ``io`` rebuilds, from a run's saved options (``config.json``'s ``"args"``) and its files (the
 tokenizers), the task's :class:`TaskIO`: the one way a text becomes exactly what the model saw at
 evaluation (special tokens, source and target sides) and the model's output becomes text. The
@@ -39,9 +44,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from attnlab.training.divergence import all_finite, first_non_finite
 from attnlab.training.trainer import BatchSource
 
-__all__ = ["EvaluationSet", "ModelInputs", "Task", "TaskIO", "TaskSetup", "token_labels"]
+__all__ = [
+    "EvaluationSet",
+    "ModelInputs",
+    "Task",
+    "TaskIO",
+    "TaskSetup",
+    "check_finite_weights",
+    "token_labels",
+]
 
 
 @dataclass
@@ -64,6 +78,8 @@ class TaskSetup:
             the task's summary (accuracy, decoded examples, BLEU, figures), or ``None``.
         io: the task's :class:`TaskIO` (text ↔ model input), the same object ``Task.io``
             rebuilds from the saved run.
+        data_files: every file the data came from, by its option (``{"--data": path}``): their
+            size and SHA-256 are kept with the run, and ``--resume`` refuses changed data.
     """
 
     model: nn.Module
@@ -75,6 +91,25 @@ class TaskSetup:
     files: Mapping[str, str | bytes | os.PathLike[str]] = field(default_factory=dict)
     report: Callable[..., None] | None = None
     io: TaskIO | None = None
+    data_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
+
+
+def check_finite_weights(model: nn.Module) -> None:
+    """Refuse to decode with a model whose weights hold NaN or infinities (a diverged run).
+
+    Its logits would be NaN: sampling would fail deep in torch and greedy decoding would return
+    token 0 over and over. One device sync when the weights are finite.
+
+    Raises:
+        ValueError: one line naming the first non-finite parameter.
+    """
+    if all_finite(model.parameters()):
+        return
+    name = first_non_finite(model.named_parameters())
+    raise ValueError(
+        f"the model's weights are not finite (NaN or infinity in {name}), so it cannot decode: "
+        f"the run diverged; use a checkpoint from before it diverged"
+    )
 
 
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:

@@ -25,8 +25,14 @@ from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_j
 from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.models.config import GPTConfig, config_to_dict
 from attnlab.models.gpt import GPT
-from attnlab.tasks.base import EvaluationSet, ModelInputs, TaskSetup, token_labels
-from attnlab.tasks.options import positive_float, positive_int, probability
+from attnlab.tasks.base import (
+    EvaluationSet,
+    ModelInputs,
+    TaskSetup,
+    check_finite_weights,
+    token_labels,
+)
+from attnlab.tasks.options import non_negative_float, positive_float, positive_int, probability
 from attnlab.tasks.registry import register_task
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
@@ -233,6 +239,7 @@ class LMIO:
         ids = list(source_ids) if source_ids is not None else self.encode(text or "")
         if max_new_tokens == 0:
             return ids
+        check_finite_weights(model)
         kwargs: dict[str, Any] = {"strategy": strategy}
         if strategy == "sample":
             device = next(model.parameters()).device
@@ -345,7 +352,7 @@ class LanguageModelTask:
             "--lr-decay-steps", type=positive_int, default=2000,
             help="steps of the cosine decay (default 2000)",
         )  # fmt: skip
-        o.add_argument("--weight-decay", type=float, default=0.1, help="default 0.1")
+        o.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="default 0.1")
         o.add_argument(
             "--eval-iters", type=positive_int, default=20,
             help="batches per loss estimate (default 20)",
@@ -353,11 +360,13 @@ class LanguageModelTask:
         parser.set_defaults(eval_every=250, clip=1.0)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
-        corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         if args.warmup >= args.lr_decay_steps:
             raise ValueError(
                 f"--warmup must be < --lr-decay-steps ({args.lr_decay_steps}), got {args.warmup}"
             )
+        if args.min_lr > args.lr:
+            raise ValueError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
+        corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         config = GPTConfig(
             vocab_size=corpus.tokenizer.vocab_size,
             n_positions=args.block_size,
@@ -408,11 +417,23 @@ class LanguageModelTask:
             files={"tokenizer.json": corpus.tokenizer.to_json()},
             report=report,
             io=LMIO(corpus.tokenizer, config.n_positions),
+            data_files={"--data": args.data},
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
-        """Validation batches of the run's ``--data`` file (at most ``limit`` sequences)."""
+        """Validation batches of the run's ``--data`` file (at most ``limit`` sequences).
+
+        Raises:
+            ValueError: the file changed since the run was trained, so that its tokens would not
+                be the ones the model knows (its vocabulary is not the run's saved one).
+        """
         corpus = load_corpus(args["data"], bpe=args["bpe"], bpe_vocab=args["bpe_vocab"])
+        saved = getattr(io, "tokenizer", None)
+        if saved is not None and corpus.tokenizer.to_json() != saved.to_json():
+            raise ValueError(
+                f"the --data file {args['data']} changed since the run was trained: its "
+                f"vocabulary is not the run's, so its tokens would be read as other ones"
+            )
         block, size = int(args["block_size"]), int(args["batch_size"])
         val = LMBatchSource(corpus.val, block, size, int(args["seed"]), _VAL_STREAM)
         return EvaluationSet([val.batch(i) for i in range(max(1, limit // size))])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 __all__ = [
     "add_transformer_arguments",
+    "non_negative_float",
     "non_negative_int",
     "positive_float",
     "positive_int",
@@ -36,13 +38,24 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
+    """argparse type: a finite float > 0."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive float, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive float, got {value}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite positive float, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative float, got {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite non-negative float, got {value}")
     return value
 
 

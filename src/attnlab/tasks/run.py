@@ -13,6 +13,11 @@ A checkpoint without a task (saved by hand) or a GPT-2 directory gets the plain 
 family: a language model reads the text's tokens; an encoder-decoder reads the text's tokens and
 decodes greedily.
 
+A checkpoint is verified against its manifest once, and nothing is allocated before the sizes of
+``config.json`` are borne out by the tensors ``model.safetensors`` stores (its header: names and
+shapes): the layer counts first, then every tensor of the model built on the ``meta`` device (see
+:mod:`attnlab.training.sizes`). A crafted checkpoint gives one ``CheckpointError`` line.
+
 Example:
     >>> run = load_run("runs/demo")
     >>> inputs = run.inputs("abcdef")          # what the model reads, and its own output
@@ -40,11 +45,14 @@ from attnlab.tasks.lm import LMIO
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.seq2seq import Seq2SeqIO
 from attnlab.training.checkpoint import (
+    MODEL,
     CheckpointError,
-    load_config,
-    load_model_weights,
-    resolve_checkpoint,
+    read_config,
+    read_manifest,
+    read_model_weights,
+    verify_checkpoint,
 )
+from attnlab.training.sizes import check_model_fits, read_tensor_shapes
 
 __all__ = ["Run", "load_run"]
 
@@ -107,33 +115,73 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
             files["tokenizer.json"] = (hf / "tokenizer.json").read_text(encoding="utf-8")
         io = _plain_io(gpt.config, files, hf)
         return Run(gpt.to(device).eval(), gpt.config, io, None, {}, hf)
-    ckpt = resolve_checkpoint(p)
-    run_config = load_config(ckpt)
-    model_dict = run_config.get("model") if isinstance(run_config, dict) else None
+    ckpt = verify_checkpoint(p)  # resolved and verified once: everything below reads ckpt
+    run_config = read_config(ckpt)
+    model_dict = run_config.get("model")
     if not isinstance(model_dict, dict):
         raise CheckpointError(f"checkpoint {ckpt}: config.json has no 'model' entry to build from")
     config = _config_of(model_dict, ckpt)
+    _check_sizes(config, ckpt)  # before anything is allocated
     model: nn.Module = GPT(config) if isinstance(config, GPTConfig) else Transformer(config)
-    load_model_weights(ckpt, model, verify=False)
+    read_model_weights(ckpt, model)
     files = _task_files(ckpt)
     name = run_config.get("task")
-    args = dict(run_config.get("args") or {})
+    args = run_config.get("args") or {}
+    if not isinstance(args, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: config.json's 'args' must be a JSON object")
     task = get_task(name) if isinstance(name, str) else None
-    io = (
-        task.io(args, files)
-        if task is not None and hasattr(task, "io")
-        else _plain_io(config, files, ckpt)
-    )
-    return Run(model.to(device).eval(), config, io, name if task else None, args, ckpt)
+    try:
+        io = (
+            task.io(args, files)
+            if task is not None and hasattr(task, "io")
+            else _plain_io(config, files, ckpt)
+        )
+    except (KeyError, TypeError, AttributeError) as exc:  # saved options that do not fit the task
+        raise CheckpointError(
+            f"checkpoint {ckpt}: config.json's options do not fit task {name!r} "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    return Run(model.to(device).eval(), config, io, name if task else None, dict(args), ckpt)
+
+
+#: the parameter-name prefix of each layer stack, by the config field that counts its layers
+_LAYER_STACKS = {
+    GPTConfig: (("n_layer", "transformer.h."),),
+    TransformerConfig: (
+        ("num_encoder_layers", "encoder.layers."),
+        ("num_decoder_layers", "decoder.layers."),
+    ),
+}
+
+
+def _check_sizes(config: GPTConfig | TransformerConfig, ckpt: Path) -> None:
+    """Refuse sizes in config.json that the stored tensors do not bear out, before allocating.
+
+    The layer counts are compared with the layers stored (so that not even a skeleton of a
+    million layers is built), then the model is built on the ``meta`` device and compared
+    tensor by tensor (:func:`~attnlab.training.sizes.check_model_fits`).
+    """
+    stored = read_tensor_shapes(ckpt / MODEL)
+    for field, prefix in _LAYER_STACKS[type(config)]:
+        layers = {n[len(prefix) :].split(".", 1)[0] for n in stored if n.startswith(prefix)}
+        if getattr(config, field) != len(layers):
+            raise CheckpointError(
+                f"checkpoint {ckpt}: config.json gives {field} = {getattr(config, field)} but "
+                f"{MODEL} stores {len(layers)} such layers"
+            )
+    with torch.device("meta"):  # shapes only, no memory
+        skeleton: nn.Module = GPT(config) if isinstance(config, GPTConfig) else Transformer(config)
+    check_model_fits(skeleton, ckpt / MODEL, where=f"checkpoint {ckpt}")
 
 
 def _task_files(ckpt: Path) -> dict[str, str]:
-    """The task's text files of a checkpoint (the tokenizers), by name."""
+    """The task's text files of a checkpoint (the tokenizers), by name: the top-level JSON files
+    its manifest lists (so verified), other than attnlab's own."""
     files = {}
-    for f in sorted(ckpt.iterdir()):
-        if f.is_file() and f.suffix == ".json" and f.name not in _INTERNAL:
-            if not f.name.startswith("training_state"):
-                files[f.name] = f.read_text(encoding="utf-8")
+    for name in sorted(read_manifest(ckpt).files):
+        if "/" not in name and name.endswith(".json") and name not in _INTERNAL:
+            if not name.startswith("training_state"):
+                files[name] = (ckpt / name).read_text(encoding="utf-8")
     return files
 
 
@@ -158,11 +206,16 @@ def _config_of(data: dict[str, Any], ckpt: Path) -> GPTConfig | TransformerConfi
     if kind is None:  # no class name saved: tell the two apart by their fields
         kind = "GPTConfig" if "n_embd" in data else "TransformerConfig"
     classes = {"GPTConfig": GPTConfig, "TransformerConfig": TransformerConfig}
-    if kind not in classes:
+    if not isinstance(kind, str) or kind not in classes:
         raise CheckpointError(
             f"checkpoint {ckpt}: model kind must be GPTConfig or TransformerConfig, got {kind!r}"
         )
-    return config_from_dict(classes[kind], data)  # type: ignore[no-any-return]
+    try:
+        return config_from_dict(classes[kind], data)  # type: ignore[no-any-return]
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: config.json's model is invalid ({exc})"
+        ) from None
 
 
 def _hf_gpt2_dir(p: Path) -> Path | None:

@@ -15,7 +15,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
 from attnlab.models.config import TransformerConfig
-from attnlab.tasks.base import ModelInputs, token_labels
+from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
 
@@ -319,6 +319,7 @@ class Seq2SeqIO:
         beams = self.beams if beams is None else beams
         if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
             raise ValueError(f"beams must be a positive int, got {beams!r}")
+        check_finite_weights(model)
         return decode_sources(
             model, sources, max_new_tokens=self.max_new_tokens,
             strategy="beam" if beams > 1 else "greedy", num_beams=beams, batch_size=batch_size,

@@ -34,6 +34,7 @@ from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, 
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
+    "BLEU_TOKENIZERS",
     "TranslateData",
     "TranslationTask",
     "corpus_bleu",
@@ -44,6 +45,28 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
+
+#: sacrebleu's tokenizers that work offline (its sentencepiece ones download a model)
+BLEU_TOKENIZERS = ("13a", "intl", "char", "zh", "ja-mecab", "ko-mecab", "none")
+
+
+def check_bleu_tokenizer(tokenize: str) -> None:
+    """Score one sentence with ``tokenize`` now, so that a tokenizer that cannot run (an extra
+    package missing, e.g. ``ja-mecab``) fails before training rather than at its first evaluation.
+
+    Raises:
+        ValueError: the tokenizer is not one of :data:`BLEU_TOKENIZERS` or cannot run.
+    """
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"--bleu-tokenize must be one of {', '.join(BLEU_TOKENIZERS)}, got {tokenize!r}"
+        )
+    try:
+        corpus_bleu(["a b c d"], ["a b c d"], tokenize)
+    except Exception as exc:  # sacrebleu reports a missing package in many ways
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        why = lines[0] if lines else type(exc).__name__
+        raise ValueError(f"--bleu-tokenize {tokenize} cannot run here: {why}") from None
 
 
 def corpus_bleu(
@@ -78,6 +101,17 @@ def _pair(args: argparse.Namespace, split: str) -> ParallelCorpus | None:
     if (src is None) != (tgt is None):
         raise ValueError(f"--{split}-src and --{split}-tgt must be given together")
     return None if src is None else read_parallel(src, tgt, what=split)
+
+
+def _data_files(args: argparse.Namespace) -> dict[str, str]:
+    """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given)."""
+    files = {"--src": args.src, "--tgt": args.tgt}
+    for split in ("dev", "test"):
+        for side in ("src", "tgt"):
+            path = getattr(args, f"{split}_{side}")
+            if path is not None:
+                files[f"--{split}-{side}"] = path
+    return files
 
 
 def load_translate_data(args: argparse.Namespace) -> TranslateData:
@@ -142,7 +176,7 @@ class TranslationTask:
             "--beams", type=positive_int, default=4, help="beam size at the end (default 4)"
         )
         g.add_argument(
-            "--bleu-tokenize", default="13a",
+            "--bleu-tokenize", default="13a", choices=BLEU_TOKENIZERS,
             help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",
         )  # fmt: skip
         add_transformer_arguments(
@@ -152,6 +186,8 @@ class TranslationTask:
         parser.set_defaults(eval_every=1000)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        # the options the evaluation and the final report use, checked before any step
+        check_bleu_tokenizer(args.bleu_tokenize)
         data = load_translate_data(args)
         src_tok, tgt_tok = data.src_tok, data.tgt_tok
         max_len = MAX_LEN
@@ -221,6 +257,7 @@ class TranslationTask:
             files={SRC_TOKENIZER: src_tok.to_json(), TGT_TOKENIZER: tgt_tok.to_json()},
             report=report,
             io=io,
+            data_files=_data_files(args),
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:

@@ -7,7 +7,13 @@
   parts: :class:`~attnlab.training.metrics_log.MetricsLog` (``metrics_log``),
   :class:`~attnlab.training.stop.GracefulStop` (``stop``), durable writes (``files``)
 - :func:`save_checkpoint`, :func:`load_config`, :func:`load_model_weights`,
-  :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``)
+  :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``;
+  the manifest's validation in ``manifest``, sizes bounded by the stored tensors in ``sizes``,
+  strict JSON in ``jsonio``)
+- :class:`DivergenceError` (``divergence``): a non-finite loss, gradient norm or weight stops a run
+- :class:`RunLock`, :func:`claim_run_dir` (``run_lock``, ``run_dir``): one training per run
+  folder, and no surprise overwrite of a folder that is not a run; data files' fingerprints
+  (``data_files``) let a resumed run notice changed data
 - :func:`init_distributed`, :func:`shard_batch` (``distributed``)
 """
 
@@ -22,8 +28,11 @@ from attnlab.training.checkpoint import (
     verify_checkpoint,
 )
 from attnlab.training.distributed import DistInfo, init_distributed, shard_batch
+from attnlab.training.divergence import DivergenceError
 from attnlab.training.losses import TokenLoss, label_smoothed_cross_entropy, token_loss
 from attnlab.training.rng import get_rng_state, seed_everything, set_rng_state
+from attnlab.training.run_dir import claim_run_dir
+from attnlab.training.run_lock import RunLock
 from attnlab.training.schedules import NoamLR, WarmupCosineLR
 from attnlab.training.trainer import (
     BatchSource,
@@ -39,8 +48,10 @@ __all__ = [
     "BatchSource",
     "CheckpointError",
     "DistInfo",
+    "DivergenceError",
     "IndexedBatches",
     "NoamLR",
+    "RunLock",
     "StepMetrics",
     "TokenLoss",
     "TrainConfig",
@@ -48,6 +59,7 @@ __all__ = [
     "Trainer",
     "TrainerCallback",
     "WarmupCosineLR",
+    "claim_run_dir",
     "get_rng_state",
     "init_distributed",
     "label_smoothed_cross_entropy",

@@ -25,7 +25,12 @@ previous checkpoint and a ``latest`` that names a complete directory. Old checkp
 Loading goes through :func:`resolve_checkpoint` (a run folder, its ``checkpoints`` folder or one
 checkpoint directory are all accepted), and :func:`verify_checkpoint` checks every file against
 the manifest, so a truncated or corrupted checkpoint gives one :class:`CheckpointError` line.
-Tensors are read only with ``safetensors`` (never pickle).
+The manifest itself is validated first (:mod:`attnlab.training.manifest`: its schema, and names
+confined to the checkpoint folder), JSON files nested deeper than
+:data:`~attnlab.training.jsonio.MAX_DEPTH` levels are refused, and tensors are read only with
+``safetensors`` (never pickle). Every JSON file written here is strict JSON: a non-finite float of
+the training state is stored as ``{"__float__": "nan"}`` (and read back as it was), and a
+configuration holding one is refused.
 
 The ``load_*`` functions take any such ``path`` and resolve (and verify) it themselves. A caller
 that reads several parts of one checkpoint resolves it once —
@@ -41,9 +46,9 @@ the same tree.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -57,6 +62,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from attnlab.training.files import fsync_dir, fsync_file, replace_file, write_synced
+from attnlab.training.jsonio import dumps_strict, read_json
+from attnlab.training.manifest import (
+    FORMAT,
+    MANIFEST,
+    CheckpointError,
+    confined_path,
+    file_entry,
+    read_manifest,
+    verify_files,
+)
 
 __all__ = [
     "CheckpointError",
@@ -67,6 +82,7 @@ __all__ = [
     "load_training_state",
     "read_checkpoint_file",
     "read_config",
+    "read_manifest",
     "read_model_weights",
     "read_training_state",
     "resolve_checkpoint",
@@ -78,18 +94,12 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
-MANIFEST = "manifest.json"
 CONFIG = "config.json"
 MODEL = "model.safetensors"
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
-FORMAT = "attnlab-checkpoint"
 _RESERVED = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST}
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupted or does not fit the model."""
 
 
 # --------------------------------------------------------------------------- tree <-> JSON
@@ -104,7 +114,9 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
     if isinstance(obj, np.generic):
-        return obj.item()
+        return _encode(obj.item(), tensors)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {"__float__": str(obj)}  # "nan", "inf", "-inf": strict JSON has no NaN
     if isinstance(obj, Mapping):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: _encode(v, tensors) for k, v in obj.items()}
@@ -125,8 +137,13 @@ def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     if isinstance(obj, dict):
         if "__tensor__" in obj:
             return tensors[obj["__tensor__"]]
+        if "__float__" in obj:
+            return float(obj["__float__"])
         if "__ndarray__" in obj:
-            return np.asarray(obj["__ndarray__"], dtype=obj["dtype"])
+            dtype = np.dtype(obj["dtype"])
+            if dtype.kind not in "biufc":  # numbers only: no object arrays, no giant void items
+                raise ValueError(f"an array of dtype {dtype} is not a training state's")
+            return np.asarray(obj["__ndarray__"], dtype=dtype)
         if "__tuple__" in obj:
             return tuple(_decode(v, tensors) for v in obj["__tuple__"])
         if "__items__" in obj:
@@ -138,8 +155,8 @@ def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 
 
 def _config_text(config: Mapping[str, Any]) -> str:
-    """The text of ``config.json``."""
-    return json.dumps(dict(config), indent=2, sort_keys=True)
+    """The text of ``config.json`` (strict JSON: a non-finite number is refused, naming its key)."""
+    return dumps_strict(dict(config), what="config", indent=2, sort_keys=True)
 
 
 def config_as_saved(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,19 +167,12 @@ def config_as_saved(config: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         TypeError: ``config`` holds a value JSON cannot represent.
+        ValueError: ``config`` holds a NaN or an infinity (the message names where).
     """
     return json.loads(_config_text(config))
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check_name(name: str) -> str:
@@ -264,7 +274,7 @@ def save_checkpoint(
             tensors: dict[str, torch.Tensor] = {}
             tree = _encode(dict(training_state), tensors)
             save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": "pt"})
-            write_synced(tmp / STATE_JSON, json.dumps(tree).encode())
+            write_synced(tmp / STATE_JSON, dumps_strict(tree, what="training state").encode())
         for name, content in (files or {}).items():
             target = tmp / _check_name(name)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -278,10 +288,7 @@ def save_checkpoint(
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
                 fsync_file(p)
-                entries[p.relative_to(tmp).as_posix()] = {
-                    "size": p.stat().st_size,
-                    "sha256": _sha256(p),
-                }
+                entries[p.relative_to(tmp).as_posix()] = file_entry(p)
         manifest = {"format": FORMAT, "version": 1, "step": step, "files": entries}
         write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
@@ -324,7 +331,8 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     root = p if (p / LATEST).exists() or p.name == CHECKPOINTS else p / CHECKPOINTS
     latest = root / LATEST
     if latest.is_file():
-        name = latest.read_text(encoding="utf-8", errors="replace").strip()
+        with open(latest, "rb") as f:  # a step name is short: never read a crafted giant
+            name = f.read(256).decode("utf-8", errors="replace").strip()
         if not _STEP_DIR.match(name) or not (root / name).is_dir():
             raise CheckpointError(
                 f"checkpoint pointer {latest} names {name!r}, which is not a checkpoint directory"
@@ -353,30 +361,12 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
 
 def _check_manifest(ckpt: Path) -> Path:
     """:func:`verify_checkpoint` of a resolved checkpoint directory; returns it."""
-    mpath = ckpt / MANIFEST
-    if not mpath.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {MANIFEST} is missing")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        if manifest.get("format") != FORMAT or not isinstance(files, dict):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise CheckpointError(f"checkpoint {ckpt} is corrupted: {MANIFEST} is unreadable") from None
-    for name, entry in files.items():
-        f = ckpt / name
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint {ckpt} is incomplete: {name} is missing")
-        size = f.stat().st_size
-        if size != entry["size"]:
-            raise CheckpointError(
-                f"checkpoint {ckpt} is truncated or corrupted: {name} has {size} bytes, "
-                f"expected {entry['size']}"
-            )
-        if _sha256(f) != entry["sha256"]:
-            raise CheckpointError(
-                f"checkpoint {ckpt} is corrupted: {name} does not match its SHA-256 checksum"
-            )
+    verify_files(
+        ckpt,
+        read_manifest(ckpt),
+        required=(CONFIG, MODEL),
+        covered=(STATE_JSON, STATE_TENSORS),
+    )
     return ckpt
 
 
@@ -396,17 +386,26 @@ def load_config(path: str | os.PathLike[str], *, verify: bool = True) -> dict[st
 
 
 def read_config(ckpt: Path) -> dict[str, Any]:
-    """The ``config.json`` of the checkpoint directory ``ckpt``, as it is (no resolution)."""
+    """The ``config.json`` of the checkpoint directory ``ckpt``, as it is (no resolution).
+
+    Raises:
+        CheckpointError: the file is unreadable, not a JSON object, or nested too deeply.
+    """
     try:
-        return json.loads((ckpt / CONFIG).read_text(encoding="utf-8"))
+        config = read_json(ckpt / CONFIG)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {ckpt}: cannot read {CONFIG} ({exc})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"checkpoint {ckpt}: {CONFIG} must hold a JSON object, got {type(config).__name__}"
+        )
+    return config
 
 
 def read_checkpoint_file(path: str | os.PathLike[str], name: str) -> bytes:
     """The bytes of a task file saved with ``files={name: ...}`` (e.g. the tokenizer)."""
     ckpt = resolve_checkpoint(path)
-    f = ckpt / _check_name(name)
+    f = confined_path(ckpt, _check_name(name))
     if not f.is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no file {name!r}")
     return f.read_bytes()
@@ -461,9 +460,9 @@ def read_training_state(ckpt: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {ckpt} holds weights only (no {STATE_JSON})")
     try:
         tensors = load_file(str(ckpt / STATE_TENSORS))
-        tree = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8"))
+        tree = read_json(ckpt / STATE_JSON)
         return _decode(tree, tensors)
-    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(
             f"checkpoint {ckpt}: cannot read the training state ({_first_line(exc)})"
         ) from None

@@ -4,6 +4,7 @@ The trainer writes ``{"kind": "train", "step": ...}`` after optimizer steps and
 ``{"kind": "eval", "step": ...}`` after evaluations (see :mod:`attnlab.training.trainer`). A
 resumed run first drops the records written after the checkpoint it resumes from
 (:meth:`MetricsLog.truncate_after`), so that the log reads as if the run had never stopped.
+Every line is strict JSON: a NaN or infinite value (a diverged loss) is written as ``null``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.training.files import replace_file
+from attnlab.training.jsonio import finite_or_none
 
 __all__ = ["METRICS_FILE", "MetricsLog"]
 
@@ -39,10 +41,11 @@ class MetricsLog:
         self.path = Path(path)
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` as one JSON line at the end of the file."""
+        """Write ``record`` as one JSON line at the end of the file (NaN and infinities as null)."""
+        line = json.dumps(finite_or_none(dict(record)), allow_nan=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record)) + "\n")
+            f.write(line + "\n")
 
     def truncate_after(self, step: int) -> None:
         """Drop the records of steps after ``step``, and lines that are not such a record.

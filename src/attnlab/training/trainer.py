@@ -26,12 +26,23 @@ evaluation lines (``{"kind": "eval", "step", ...}``) every ``eval_every`` steps 
 at the end, and a checkpoint every ``save_every`` steps and at the end (see
 :mod:`attnlab.training.checkpoint`). Evaluation runs under ``torch.no_grad`` in eval mode with the
 random states saved and restored around it, so evaluating never changes the training trajectory.
+A step's checkpoint is written *before* its evaluation, and an evaluation that raises first saves
+the step it evaluated: an evaluation error never costs the training. Non-finite numbers are
+logged as ``null`` (``metrics.jsonl`` is strict JSON).
+
+Divergence. A non-finite loss or gradient norm stops the run before the optimizer step: the step
+is not taken, the data position and random states go back to before it, that last finite state
+is saved (the checkpoint ``latest`` names) and :meth:`Trainer.fit` raises
+:class:`~attnlab.training.divergence.DivergenceError` naming the step. Weights that are not finite
+are never saved (see :mod:`attnlab.training.divergence`).
 
 SIGINT (Ctrl-C) and SIGTERM during :meth:`Trainer.fit` finish the current step, save a
 checkpoint and return a :class:`TrainResult` with ``interrupted=True``; a second Ctrl-C aborts at
 once. :meth:`Trainer.resume` restores a run — model, optimizer, scheduler, step, RNG states and
 data position — so that on the CPU the continued run is bit-identical to one that never stopped;
-it refuses (``ValueError``, nothing written) when the run configuration differs from the saved one.
+it refuses (``ValueError``, nothing written) when the run configuration differs from the saved one,
+or when a data file (``data_files``) changed since the checkpoint (its size and SHA-256 are kept
+in ``config.json``; see :mod:`attnlab.training.data_files`), unless ``allow_data_change=True``.
 
 Mixed precision. bf16 has fp32's exponent range, so it needs nothing but autocast. fp16 does
 not: gradients below ~6e-8 flush to zero. With ``fp16=True`` the loss is multiplied by a scale
@@ -77,13 +88,16 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from attnlab.training.checkpoint import (
+    CheckpointError,
     config_as_saved,
     read_config,
+    read_manifest,
     read_model_weights,
     read_training_state,
     save_checkpoint,
     verify_checkpoint,
 )
+from attnlab.training.data_files import DATA_FILES_KEY, data_change, fingerprint_files
 from attnlab.training.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -91,6 +105,7 @@ from attnlab.training.distributed import (
     map_batch,
     shard_batch,
 )
+from attnlab.training.divergence import DivergenceError, all_finite
 from attnlab.training.losses import TokenLoss
 from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
 from attnlab.training.rng import get_rng_state, set_rng_state
@@ -99,6 +114,7 @@ from attnlab.training.stop import GracefulStop
 __all__ = [
     "METRICS_FILE",
     "BatchSource",
+    "DivergenceError",
     "IndexedBatches",
     "StepMetrics",
     "TrainConfig",
@@ -351,6 +367,9 @@ class Trainer:
         evaluate: ``model -> {name: float}``, run on rank 0 with the unwrapped model.
         callbacks: :class:`TrainerCallback` objects (rank 0 only).
         dist: the process's :class:`DistInfo` (default: one CPU process).
+        data_files: the files the run's data came from, by the name messages give them (e.g.
+            ``{"--data": "input.txt"}``); their size and SHA-256 go into ``config.json`` and
+            :meth:`resume` refuses when they changed.
     """
 
     def __init__(
@@ -367,6 +386,7 @@ class Trainer:
         evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
         callbacks: Sequence[TrainerCallback] = (),
         dist: DistInfo | None = None,
+        data_files: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -389,6 +409,8 @@ class Trainer:
         self.callbacks = list(callbacks) if self.dist.is_main else []
         # as config.json will hold it (tuples as lists…), so that it compares equal on resume
         self.run_config = config_as_saved({**dict(run_config or {}), "train": config.trajectory()})
+        # what the data files are now: saved beside the configuration, compared on resume
+        self.data_fingerprints = fingerprint_files(data_files or {})
         made = make_optimizer(self.model)
         if isinstance(made, tuple):
             self.optimizer, self.scheduler = made
@@ -433,27 +455,56 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
+    def saved_config(self) -> dict[str, Any]:
+        """What ``config.json`` holds: the run configuration, and the data files' fingerprints."""
+        if not self.data_fingerprints:
+            return dict(self.run_config)
+        return {**self.run_config, DATA_FILES_KEY: self.data_fingerprints}
+
     def save(self) -> Path | None:
-        """Write a checkpoint of the current step (rank 0; other ranks wait). Returns its path."""
-        path = None
-        if self.dist.is_main:
-            path = save_checkpoint(
-                self.run_dir,
-                step=self.step,
-                model=self.model,
-                config=self.run_config,
-                training_state=self.state_dict(),
-                files=self.files,
-                keep_last=self.config.keep_last,
+        """Write a checkpoint of the current step (rank 0; other ranks wait). Returns its path.
+
+        Raises:
+            DivergenceError: the weights are not finite (nothing is written).
+        """
+        if not all_finite(self.model.parameters()):
+            raise DivergenceError(
+                f"training diverged at step {self.step}: the weights hold NaN or infinite values "
+                f"after it, so no checkpoint was written; {self._latest_text()}; lower the "
+                f"learning rate or clip the gradients",
+                self.step,
             )
-            self.last_checkpoint = path
-            for cb in self.callbacks:
-                cb.on_save(self.step, path)
+        path = self._write_checkpoint() if self.dist.is_main else None
         self._saved_step = self.step
         barrier()
         return path
 
-    def resume(self, path: str | os.PathLike[str] | None = None) -> int:
+    def _write_checkpoint(self) -> Path:
+        """Rank 0's part of :meth:`save`: the checkpoint of the current step, written now."""
+        path = save_checkpoint(
+            self.run_dir,
+            step=self.step,
+            model=self.model,
+            config=self.saved_config(),
+            training_state=self.state_dict(),
+            files=self.files,
+            keep_last=self.config.keep_last,
+        )
+        self.last_checkpoint = path
+        self._saved_step = self.step
+        for cb in self.callbacks:
+            cb.on_save(self.step, path)
+        return path
+
+    def _latest_text(self) -> str:
+        """Where the last finite checkpoint is, for the divergence message."""
+        if self.last_checkpoint is None:
+            return "no checkpoint was saved before"
+        return f"the latest checkpoint stays {self.last_checkpoint}"
+
+    def resume(
+        self, path: str | os.PathLike[str] | None = None, *, allow_data_change: bool = False
+    ) -> int:
         """Restore the run from a checkpoint (default: the latest one of ``run_dir``).
 
         Args:
@@ -462,37 +513,59 @@ class Trainer:
                 :func:`~attnlab.training.checkpoint.resolve_checkpoint`). It is resolved and
                 verified once; the configuration, training state and weights are all read from
                 that one directory.
+            allow_data_change: resume even when a data file changed since the checkpoint (a
+                warning is logged; the new fingerprints are saved from then on).
 
         Returns:
             The step reached by the checkpoint.
 
         Raises:
-            CheckpointError: no valid checkpoint (one line).
-            ValueError: the checkpoint's configuration differs from this run's, or it has done
-                more than ``config.steps`` steps. Nothing is changed then.
+            CheckpointError: no valid checkpoint, or a training state that does not fit this run
+                (one line; the trainer may then be half restored: build a new one).
+            ValueError: the checkpoint's configuration differs from this run's, a data file
+                changed, or the checkpoint has done more than ``config.steps`` steps. Nothing is
+                changed then.
         """
         ckpt = verify_checkpoint(path or self.run_dir)  # resolved once: all below reads ckpt
         saved = read_config(ckpt)
+        saved_data = saved.pop(DATA_FILES_KEY, None)
         diff = config_difference(saved, self.run_config)
         if diff:
             raise ValueError(
                 f"cannot resume {ckpt} with a different configuration ({diff}); nothing was changed"
             )
-        state = read_training_state(ckpt)
-        if int(state["step"]) > self.config.steps:
+        change = data_change(saved_data, self.data_fingerprints)
+        if change and not allow_data_change:
             raise ValueError(
-                f"steps must be at least the {int(state['step'])} steps the checkpoint has done, "
+                f"cannot resume {ckpt}: {change}; its tokens would not be the ones the model "
+                f"learned. Nothing was changed; restore the file, or allow the change explicitly "
+                f"(--allow-data-change)"
+            )
+        if change:
+            logger.warning("resuming on changed data: %s", change)
+        state = read_training_state(ckpt)
+        step = _checkpoint_step(state, ckpt)
+        if step > self.config.steps:
+            raise ValueError(
+                f"steps must be at least the {step} steps the checkpoint has done, "
                 f"got {self.config.steps}"
             )
         read_model_weights(ckpt, self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.batches.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        self.step = int(state["step"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            self.batches.load_state_dict(state["data"])
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointError(
+                f"checkpoint {ckpt}: its training state does not fit this run "
+                f"({type(exc).__name__}: {first})"
+            ) from None
+        self.step = step
         self._saved_step = self.step
         self.last_checkpoint = ckpt
         if self.dist.is_main:
@@ -548,11 +621,11 @@ class Trainer:
         barrier()
         return metrics
 
-    def _train_step(self) -> tuple[float, float, float, bool, bool]:
-        """One optimizer step.
+    def _train_step(self) -> tuple[float, float, float, bool, bool, bool]:
+        """One optimizer step, not taken when the loss or the gradient norm is not finite.
 
         Returns:
-            ``(loss, grad_norm, tokens, stop requested on any rank, step skipped)``.
+            ``(loss, grad_norm, tokens, stop requested on any rank, step skipped, diverged)``.
         """
         cfg = self.config
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -605,6 +678,10 @@ class Trainer:
         # DDP averages gradients over ranks, so grad = (1/W) Σ count/c·∇mean; rescale to the
         # token-weighted mean over the global batch: ∇ = W·c / Σcount · grad
         scale = self.dist.world_size * c / max(g_weight, 1e-12)
+        g_mean = g_loss / max(g_weight, 1e-12)
+        if not math.isfinite(g_mean):  # diverged: no step (the same verdict on every rank)
+            self.optimizer.zero_grad(set_to_none=True)
+            return g_mean, math.nan, g_tokens, g_stop > 0, False, True
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(scale)
@@ -615,6 +692,10 @@ class Trainer:
         else:
             grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
             norm = float(torch.stack(grads).norm()) if grads else 0.0
+        if self.scaler is None and not math.isfinite(norm):
+            # (fp16: a non-finite gradient is the scaler's business — it skips the step)
+            self.optimizer.zero_grad(set_to_none=True)
+            return g_mean, norm, g_tokens, g_stop > 0, False, True
         skipped = False
         if self.scaler is not None:
             before = self.scaler.get_scale()
@@ -629,13 +710,58 @@ class Trainer:
                 if skipped:  # a skipped first step still counts: the schedule moves on
                     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
                 self.scheduler.step()
-        return g_loss / max(g_weight, 1e-12), norm, g_tokens, g_stop > 0, skipped
+        return g_mean, norm, g_tokens, g_stop > 0, skipped, False
+
+    def _evaluate_or_save(self) -> dict[str, float] | None:
+        """:meth:`run_evaluation`; when it raises, the step is saved first (rank 0) if it is not."""
+        try:
+            return self.run_evaluation()
+        except Exception:
+            if self.dist.is_main and self._saved_step != self.step:
+                if all_finite(self.model.parameters()):
+                    self._write_checkpoint()
+                    logger.warning(
+                        "the evaluation of step %d failed; the step is saved in %s",
+                        self.step,
+                        self.last_checkpoint,
+                    )
+            raise
+
+    def _diverged(self, step: int, loss: float, norm: float, lr: float, position: Any) -> None:
+        """Stop a run whose step ``step`` gave a non-finite loss or gradient norm (not taken).
+
+        The data position and random states go back to before the step, the last finite state
+        is saved (if not yet), and :class:`DivergenceError` is raised.
+        """
+        data, rng = position
+        self.batches.load_state_dict(data)
+        set_rng_state(rng)
+        self._log({"kind": "diverged", "step": step, "loss": loss, "grad_norm": norm, "lr": lr})
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        value = loss if not math.isfinite(loss) else norm
+        where = self._latest_text()
+        if self._saved_step != self.step and all_finite(self.model.parameters()):
+            self.save()
+            where = f"the last finite state, step {self.step}, is saved as the latest checkpoint"
+            if self.last_checkpoint is not None:
+                where += f" ({self.last_checkpoint})"
+        elif self._saved_step == self.step and self.last_checkpoint is not None:
+            where = f"the last finite state is the latest checkpoint ({self.last_checkpoint})"
+        raise DivergenceError(
+            f"training diverged at step {step}: the {what} is {value}, so the step was not "
+            f"taken; {where}; lower the learning rate or clip the gradients",
+            step,
+        )
 
     def fit(self) -> TrainResult:
         """Train up to ``config.steps`` (from the current step; see :meth:`resume`).
 
         Returns:
             A :class:`TrainResult`.
+
+        Raises:
+            DivergenceError: a step's loss or gradient norm, or the weights, were not finite
+                (see the module docstring); the callbacks' ``on_end`` has run.
         """
         cfg = self.config
         self._graceful_stop = GracefulStop()
@@ -646,64 +772,96 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_start(self)
         stopped = False
-        with self._graceful_stop:
-            while self.step < cfg.steps:
-                lr = float(self.optimizer.param_groups[0]["lr"])
-                loss_scale = self.scaler.get_scale() if self.scaler is not None else None
-                t0 = time.perf_counter()
-                loss, norm, tokens, stop, skipped = self._train_step()
-                self.step += 1
-                dt = max(time.perf_counter() - t0, 1e-9)
-                losses.append(loss)
-                if not math.isfinite(loss):
-                    logger.warning("step %d: the loss is %s", self.step, loss)
-                if skipped and self.scaler is not None:
-                    logger.warning(
-                        "step %d: fp16 gradients overflowed at loss scale %g; the optimizer step "
-                        "was skipped and the scale lowered to %g",
-                        self.step,
-                        loss_scale,
-                        self.scaler.get_scale(),
+
+        def result() -> TrainResult:
+            return TrainResult(
+                step=self.step,
+                interrupted=stopped,
+                losses=losses,
+                checkpoint=self.last_checkpoint if self.dist.is_main else None,
+                eval_metrics=eval_metrics,
+                elapsed=time.perf_counter() - start,
+            )
+
+        try:
+            with self._graceful_stop:
+                while self.step < cfg.steps:
+                    lr = float(self.optimizer.param_groups[0]["lr"])
+                    loss_scale = self.scaler.get_scale() if self.scaler is not None else None
+                    position = (self.batches.state_dict(), get_rng_state())  # before the step
+                    t0 = time.perf_counter()
+                    loss, norm, tokens, stop, skipped, diverged = self._train_step()
+                    if diverged:
+                        self._diverged(self.step + 1, loss, norm, lr, position)
+                    self.step += 1
+                    dt = max(time.perf_counter() - t0, 1e-9)
+                    losses.append(loss)
+                    if skipped and self.scaler is not None:
+                        logger.warning(
+                            "step %d: fp16 gradients overflowed at loss scale %g; the optimizer "
+                            "step was skipped and the scale lowered to %g",
+                            self.step,
+                            loss_scale,
+                            self.scaler.get_scale(),
+                        )
+                    m = StepMetrics(
+                        step=self.step,
+                        total_steps=cfg.steps,
+                        loss=loss,
+                        lr=lr,
+                        grad_norm=norm,
+                        tokens=tokens,
+                        tokens_per_s=tokens / dt,
+                        elapsed=time.perf_counter() - start,
+                        loss_scale=loss_scale,
+                        skipped=skipped,
                     )
-                m = StepMetrics(
-                    step=self.step,
-                    total_steps=cfg.steps,
-                    loss=loss,
-                    lr=lr,
-                    grad_norm=norm,
-                    tokens=tokens,
-                    tokens_per_s=tokens / dt,
-                    elapsed=time.perf_counter() - start,
-                    loss_scale=loss_scale,
-                    skipped=skipped,
-                )
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    record = dataclasses.asdict(m)
-                    if not cfg.fp16:  # the lines of fp32/bf16 runs stay as they were
-                        del record["loss_scale"], record["skipped"]
-                    self._log({"kind": "train", **record})
-                for cb in self.callbacks:
-                    cb.on_step(m)
-                # one process stops at once; several stop together at the next step's all-reduce
-                if stop or (self._graceful_stop.requested and not self.dist.distributed):
-                    stopped = True
-                    break
-                if cfg.eval_every and self.step % cfg.eval_every == 0:
-                    eval_metrics = self.run_evaluation() or eval_metrics
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                    if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                        record = dataclasses.asdict(m)
+                        if not cfg.fp16:  # the lines of fp32/bf16 runs stay as they were
+                            del record["loss_scale"], record["skipped"]
+                        self._log({"kind": "train", **record})
+                    for cb in self.callbacks:
+                        cb.on_step(m)
+                    # one process stops at once; several stop together at the next all-reduce
+                    if stop or (self._graceful_stop.requested and not self.dist.distributed):
+                        stopped = True
+                        break
+                    # saved before evaluated: an evaluation error never costs the step
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0:
+                        eval_metrics = self._evaluate_or_save() or eval_metrics
+                if self._saved_step != self.step or self.last_checkpoint is None:
                     self.save()
-            if not stopped and cfg.eval_at_end and self._evaluated_step != self.step:
-                eval_metrics = self.run_evaluation() or eval_metrics
-            if self._saved_step != self.step or self.last_checkpoint is None:
-                self.save()
-        result = TrainResult(
-            step=self.step,
-            interrupted=stopped,
-            losses=losses,
-            checkpoint=self.last_checkpoint if self.dist.is_main else None,
-            eval_metrics=eval_metrics,
-            elapsed=time.perf_counter() - start,
-        )
+                if not stopped and cfg.eval_at_end and self._evaluated_step != self.step:
+                    eval_metrics = self.run_evaluation() or eval_metrics
+        except DivergenceError:
+            for cb in self.callbacks:
+                cb.on_end(result())
+            raise
+        done = result()
         for cb in self.callbacks:
-            cb.on_end(result)
-        return result
+            cb.on_end(done)
+        return done
+
+
+def _checkpoint_step(state: Any, ckpt: Path) -> int:
+    """The step of a training state, checked: a non-negative int, the manifest's own step.
+
+    Raises:
+        CheckpointError: a crafted or inconsistent step (negative, not an int, or not the step
+            the manifest records).
+    """
+    step = state.get("step") if isinstance(state, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the training state's step must be a non-negative int, got {step!r}"
+        )
+    recorded = read_manifest(ckpt).step
+    if step != recorded:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the training state's step {step} is not the step "
+            f"{recorded} its manifest records"
+        )
+    return step

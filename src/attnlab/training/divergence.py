@@ -1,0 +1,45 @@
+"""Divergence: a non-finite loss, gradient norm or weight stops the run.
+
+Training on once the loss is NaN only overwrites good checkpoints with NaN ones. The trainer
+checks each step's loss and gradient norm *before* the optimizer step; when one is not finite it
+does not take the step, puts the data position and random states back to where they were before
+it, saves that last finite state (unless it is saved already) and raises :class:`DivergenceError`
+naming the step. It never saves weights that are not finite (:func:`all_finite`).
+
+In fp16 runs a non-finite gradient is the gradient scaler's business (the step is skipped and
+the scale lowered); only a non-finite loss stops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+__all__ = ["DivergenceError", "all_finite", "first_non_finite"]
+
+
+class DivergenceError(ValueError):
+    """Training diverged: a loss, gradient norm or weight became NaN or infinite.
+
+    Attributes:
+        step: the step that diverged (not taken when its loss or gradient norm was not finite).
+    """
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every element of every floating tensor is finite (one device sync)."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first floating tensor holding a NaN or an infinity, or None."""
+    for name, t in named:
+        if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
+            return name
+    return None
