@@ -78,15 +78,15 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from attnlab.training.batches import BatchSource, IndexedBatches
 from attnlab.training.checkpoint import (
     CheckpointError,
     config_as_saved,
@@ -109,6 +109,13 @@ from attnlab.training.divergence import DivergenceError, all_finite
 from attnlab.training.losses import TokenLoss
 from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
 from attnlab.training.rng import get_rng_state, set_rng_state
+from attnlab.training.run_types import (
+    StepMetrics,
+    TrainConfig,
+    TrainerCallback,
+    TrainResult,
+    config_difference,
+)
 from attnlab.training.stop import GracefulStop
 
 __all__ = [
@@ -125,210 +132,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class BatchSource(Protocol):
-    """Where batches come from, with a position that checkpoints can save and restore."""
-
-    def next_batch(self) -> Any:
-        """The next global batch (a tensor or a dict/tuple/dataclass of tensors)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position (JSON-able values and tensors)."""
-        ...
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Go back to a position returned by :meth:`state_dict`."""
-        ...
-
-
-class IndexedBatches:
-    """A :class:`BatchSource` from a function of the batch index (0, 1, 2, …).
-
-    Args:
-        make_batch: ``index -> batch``; must be deterministic (derive any randomness from the
-            index, e.g. ``torch.Generator().manual_seed(seed * 1_000_003 + index)``).
-        start: the first index. Default: 0.
-    """
-
-    def __init__(self, make_batch: Callable[[int], Any], start: int = 0) -> None:
-        self.make_batch = make_batch
-        self.index = int(start)
-
-    def next_batch(self) -> Any:
-        batch = self.make_batch(self.index)
-        self.index += 1
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"index": self.index}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.index = int(state["index"])
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train (what to train is the task's business).
-
-    Args:
-        steps: total number of optimizer steps of the run (a resumed run continues up to it).
-        grad_accum: micro-batches per optimizer step. Default: 1.
-        clip: clip the gradient's global L2 norm to this (``None``: no clipping). Default: 1.0.
-        bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``. Default: False.
-        fp16: run forward and loss under ``torch.autocast(dtype=torch.float16)`` with a gradient
-            scaler (see the module docstring). Not together with ``bf16``. Default: False.
-        eval_every: evaluate every this many steps (0: only at the end). Default: 0.
-        save_every: checkpoint every this many steps (0: only at the end). Default: 0.
-        keep_last: how many checkpoints to keep. Default: 2.
-        log_every: write a train line to ``metrics.jsonl`` every this many steps. Default: 1.
-        eval_at_end: evaluate after the last step. Default: True.
-    """
-
-    steps: int
-    grad_accum: int = 1
-    clip: float | None = 1.0
-    bf16: bool = False
-    eval_every: int = 0
-    save_every: int = 0
-    keep_last: int = 2
-    log_every: int = 1
-    eval_at_end: bool = True
-    fp16: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("bf16", "fp16"):
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
-        if self.bf16 and self.fp16:
-            raise ValueError(
-                "bf16 and fp16 exclude each other: choose one reduced precision, "
-                "got bf16=True and fp16=True"
-            )
-        for name in ("steps", "eval_every", "save_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
-        for name in ("grad_accum", "keep_last", "log_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.clip is not None and (
-            isinstance(self.clip, bool)
-            or not isinstance(self.clip, (int, float))
-            or not self.clip > 0
-        ):
-            raise ValueError(f"clip must be a positive float or None, got {self.clip!r}")
-
-    def trajectory(self) -> dict[str, Any]:
-        """The fields that change what is computed (saved in ``config.json`` and compared on resume).
-
-        ``{"grad_accum", "clip", "bf16"}``, plus ``"fp16": True`` only in an fp16 run: the
-        configurations saved before fp16 existed compare equal to fp32/bf16 runs of today, and
-        resuming an fp16 run without fp16 (or the reverse) is refused.
-        """
-        out: dict[str, Any] = {"grad_accum": self.grad_accum, "clip": self.clip, "bf16": self.bf16}
-        if self.fp16:
-            out["fp16"] = True
-        return out
-
-
-@dataclass
-class StepMetrics:
-    """What one optimizer step did.
-
-    Attributes:
-        step: steps done so far (1 after the first step).
-        total_steps: the run's ``TrainConfig.steps``.
-        loss: token-weighted mean training loss of the step (over all ranks).
-        lr: learning rate used by the step (first parameter group).
-        grad_norm: global gradient L2 norm before clipping (unscaled in fp16 runs; inf/NaN
-            when the step was skipped).
-        tokens: tokens (loss positions) of the step over all ranks.
-        tokens_per_s: tokens per second of the step.
-        elapsed: seconds since :meth:`Trainer.fit` started.
-        loss_scale: the fp16 gradient scaler's scale used by the step (``None`` unless fp16).
-        skipped: the fp16 gradients overflowed, so the optimizer step was skipped (the step
-            still counts).
-    """
-
-    step: int
-    total_steps: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens: float
-    tokens_per_s: float
-    elapsed: float
-    loss_scale: float | None = None
-    skipped: bool = False
-
-
-@dataclass
-class TrainResult:
-    """The end of :meth:`Trainer.fit`.
-
-    Attributes:
-        step: steps done in total.
-        interrupted: stopped early by SIGINT/SIGTERM or :meth:`Trainer.request_stop`.
-        losses: the training loss of each step run by this call.
-        checkpoint: the last checkpoint written (``None`` on ranks other than 0).
-        eval_metrics: the last evaluation, if any.
-        elapsed: seconds.
-    """
-
-    step: int
-    interrupted: bool
-    losses: list[float]
-    checkpoint: Path | None
-    eval_metrics: dict[str, float] | None
-    elapsed: float
-
-
-class TrainerCallback:
-    """Hooks for display; override what you need (all run on rank 0 only)."""
-
-    def on_start(self, trainer: Trainer) -> None:
-        """Before the first step of :meth:`Trainer.fit`."""
-
-    def on_step(self, metrics: StepMetrics) -> None:
-        """After every optimizer step."""
-
-    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
-        """After every evaluation."""
-
-    def on_save(self, step: int, path: Path) -> None:
-        """After every checkpoint."""
-
-    def on_end(self, result: TrainResult) -> None:
-        """When :meth:`Trainer.fit` returns (also when interrupted)."""
-
-
-def config_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
-    """The first difference between two JSON trees as ``"key: A (saved) vs B (now)"``, or None."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        for key in sorted(set(saved) | set(current)):
-            name = f"{prefix}.{key}" if prefix else str(key)
-            if key not in saved:
-                return f"{name}: absent in the checkpoint vs {current[key]!r} now"
-            if key not in current:
-                return f"{name}: {saved[key]!r} in the checkpoint vs absent now"
-            diff = config_difference(saved[key], current[key], name)
-            if diff:
-                return diff
-        return None
-    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
-        for i, (a, b) in enumerate(zip(saved, current)):
-            diff = config_difference(a, b, f"{prefix}[{i}]")
-            if diff:
-                return diff
-        return None
-    if saved != current:
-        return f"{prefix or 'config'}: {saved!r} in the checkpoint vs {current!r} now"
-    return None
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
