@@ -2,7 +2,8 @@
 
 Defaults are nanoGPT's ``shakespeare_char`` recipe for a CPU (Karpathy's README): 4 layers,
 4 heads, ``n_embd = 128``, context 64, batch 12, no dropout, AdamW (β₂ = 0.99, weight decay 0.1
-on matrices), learning rate 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over 2000 steps.
+on matrices), learning rate 1e-3 with 100 warm-up steps and cosine decay to 1e-4 by the last step
+(``--lr-decay-steps`` defaults to ``--steps``: a short run ends at the low rate, not the peak).
 The first 90% of the text trains, the last 10% validates. Characters are the tokens unless
 ``--bpe`` trains a byte-level BPE vocabulary (on the training part only).
 """
@@ -349,8 +350,8 @@ class LanguageModelTask:
             "--warmup", type=positive_int, default=100, help="warm-up steps (default 100)"
         )
         o.add_argument(
-            "--lr-decay-steps", type=positive_int, default=2000,
-            help="steps of the cosine decay (default 2000)",
+            "--lr-decay-steps", type=positive_int, default=None,
+            help="step at which the cosine decay reaches --min-lr (default --steps)",
         )  # fmt: skip
         o.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="default 0.1")
         o.add_argument(
@@ -360,9 +361,12 @@ class LanguageModelTask:
         parser.set_defaults(eval_every=250, clip=1.0)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
-        if args.warmup >= args.lr_decay_steps:
+        decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
+        if args.warmup >= decay_steps:
+            where = "--lr-decay-steps" if args.lr_decay_steps is not None else "--steps"
             raise ValueError(
-                f"--warmup must be < --lr-decay-steps ({args.lr_decay_steps}), got {args.warmup}"
+                f"--warmup must be < the cosine decay's length ({where} = {decay_steps}, "
+                f"--lr-decay-steps defaults to --steps), got {args.warmup}"
             )
         if args.min_lr > args.lr:
             raise ValueError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
@@ -408,7 +412,7 @@ class LanguageModelTask:
         return TaskSetup(
             model=model,
             make_optimizer=adamw_nanogpt(
-                args.lr, args.weight_decay, args.warmup, args.lr_decay_steps, args.min_lr
+                args.lr, args.weight_decay, args.warmup, decay_steps, args.min_lr
             ),
             batches=IndexedBatches(train.batch),
             loss_fn=lm_loss,
