@@ -78,7 +78,8 @@ def test_bad_data_files_are_one_line_and_create_nothing(content, message, tmp_pa
     if content is not None:
         data.write_bytes(content)
     run = tmp_path / "run"
-    assert main(["train", "lm", "--data", str(data), "--out", str(run), "--steps", "1"]) == 2
+    # TINY: options that are valid with --steps 1 (the default --warmup 100 is not)
+    assert main(["train", "lm", "--data", str(data), "--out", str(run), "--steps", "1", *TINY]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and str(data) in err
     assert not run.exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from attnlab.data.tokenizers import (
@@ -97,3 +99,34 @@ def test_training_arguments_are_checked() -> None:
         train_bpe(TEXT, vocab_size=0)
     with pytest.raises(ValueError, match="must include '<unk>'"):
         train_word_level(TEXT, vocab_size=10, specials=("<pad>",))
+
+
+@pytest.mark.parametrize("index", [2, 3, 100, -1, -2])
+def test_char_id_to_token_refuses_ids_outside_the_vocabulary(index: int) -> None:
+    # a negative id used to count from the end (a wrong token), one past the end an IndexError
+    tok = CharTokenizer.train("ab")
+    with pytest.raises(ValueError, match=rf"index must be in \[0, 2\), got {index}$"):
+        tok.id_to_token(index)
+    with pytest.raises(TypeError, match="index must be an int, got float"):
+        tok.id_to_token(1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="index must be an int, got bool"):
+        tok.id_to_token(True)
+    assert [tok.id_to_token(i) for i in range(2)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"kind": "char"}, "tokenizer JSON of kind 'char' must hold 'chars', a list of single"),
+        ({"kind": "char", "chars": 5}, "'chars' must be a list of single characters, got int"),
+        ({"kind": "char", "chars": {"a": 1}}, "'chars' must be a list of single .*, got dict"),
+        ({"kind": "char", "chars": ["ab"]}, "'chars' must be a list of single .*, holds 'ab'"),
+        ({"kind": "char", "chars": [1]}, "'chars' must be a list of single characters, holds 1"),
+        ({"kind": "char", "chars": ["a"], "specials": 3}, "'specials' must be a list of strings"),
+        ({"kind": "char", "chars": ["a"], "specials": [0]}, "'specials' .* strings, holds 0"),
+    ],
+)
+def test_crafted_char_tokenizer_json_names_the_entry(content: dict, message: str) -> None:
+    # these were a KeyError or "'int' object is not iterable" from deep inside
+    with pytest.raises(ValueError, match=message):
+        tokenizer_from_json(json.dumps(content))

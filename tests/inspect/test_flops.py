@@ -111,3 +111,25 @@ def test_bad_arguments() -> None:
         flops(GPTConfig(), 10, num_kv_heads=5)
     with pytest.raises(ValueError, match="src_len is only for the encoder-decoder"):
         flops(GPTConfig(), 10, src_len=4)
+
+
+def test_a_length_past_the_models_positions_is_refused() -> None:
+    # GPT-2 has 1024 positions: 4096 tokens is a model that cannot run, not a FLOP count
+    with pytest.raises(
+        ValueError, match=r"seq_len must be at most config.n_positions = 1024 .*4096"
+    ):
+        flops(GPTConfig(), 4096)
+    with pytest.raises(ValueError, match=r"seq_len must be at most config.n_positions = 1024"):
+        kv_cache_bytes(GPTConfig(), 1025)
+    rope = GPTConfig(positions="rope", n_positions=256)  # rope and alibi keep the limit too
+    with pytest.raises(ValueError, match=r"config.n_positions = 256 .*got 257"):
+        flops(rope, 257)
+    tc = TransformerConfig(max_len=64)
+    with pytest.raises(ValueError, match=r"src_len must be at most config.max_len = 64 .*got 65"):
+        flops(tc, 10, src_len=65)
+    with pytest.raises(ValueError, match=r"seq_len must be at most config.max_len = 64"):
+        kv_cache_bytes(tc, 65, src_len=10)
+    # the limit itself, and a longer context when the config has one
+    assert flops(GPTConfig(), 1024).seq_len == 1024
+    longer = flops(dataclasses.replace(GPTConfig(), n_positions=4096), 4096)
+    assert longer.params["embedding/position"] == 4096 * 768

@@ -196,3 +196,58 @@ def test_viewer_data_from_history():
     assert data.groups[1].layers[0].mask is not None and not data.groups[1].layers[0].mask[0, 1]
     js = data.to_json()
     assert js["steps"] == h.steps and js["groups"][2]["layers"][0]["heads"] == 2
+
+
+def _state(**changes):
+    state = gpt_history([0, 10], layers=1).state_dict()
+    state.update(changes)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "message"),
+    [
+        # what a damaged or crafted probe file holds where a dict or a list belongs: these were
+        # "string indices must be integers", "'int' object is not subscriptable", …
+        (3, TypeError, "state must be a mapping, got int"),
+        ("x", TypeError, "state must be a mapping, got str"),
+        ({"steps": [0]}, ValueError, "state is missing"),
+        (_state(steps=5), TypeError, "steps must be a list, got int"),
+        (_state(steps="0"), TypeError, "steps must be a list, got str"),
+        (_state(attentions=[1]), TypeError, "attentions must be a mapping, got list"),
+        (_state(kinds=3), TypeError, "kinds must be a mapping, got int"),
+        (_state(sequences="abc"), TypeError, "sequences must be a mapping, got str"),
+        (
+            _state(sequences={"tokens": 3}),
+            TypeError,
+            r"sequences\['tokens'\] must be a list, got int",
+        ),
+        (_state(layer_sequences=3), TypeError, "layer_sequences must be a mapping, got int"),
+        (
+            _state(layer_sequences={"transformer.h.0.attn": 3}),
+            TypeError,
+            r"layer_sequences\['transformer.h.0.attn'\] must be a list, got int",
+        ),
+        (
+            _state(layer_sequences={"transformer.h.0.attn": "ab"}),
+            TypeError,
+            r"layer_sequences\['transformer.h.0.attn'\] must be a list, got str",
+        ),
+        (
+            _state(layer_sequences={"transformer.h.0.attn": ["tokens"]}),
+            ValueError,
+            r"must be a \(query, key\) pair of sequence names, got \['tokens'\]",
+        ),
+    ],
+)
+def test_a_crafted_state_names_the_entry(state, error, message):
+    with pytest.raises(error, match=message):
+        ProbeHistory.from_state_dict(state)
+
+
+def test_a_state_round_trips_through_json_types():
+    h = gpt_history([0, 10], layers=1)
+    state = h.state_dict()
+    state["layer_sequences"] = {k: list(v) for k, v in state["layer_sequences"].items()}
+    back = ProbeHistory.from_state_dict(state)
+    assert back.layer_sequences == h.layer_sequences and back.steps == [0, 10]

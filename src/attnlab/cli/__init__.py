@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from attnlab.cli.errors import CLIError, report
 
-__all__ = ["CLIError", "main"]
+__all__ = ["INTERRUPTED_EXIT", "CLIError", "interrupted", "main"]
 
 # command modules, in the order `attnlab --help` lists them
 COMMANDS = ("demo", "train", "generate", "translate", "view", "inspect", "plot", "flops", "bench")
@@ -53,8 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a process that Ctrl-C ended
+
+
+def interrupted() -> int:
+    """Report Ctrl-C (``attnlab: interrupted``) and return its exit code, 130."""
+    sys.stderr.write("attnlab: interrupted\n")
+    return INTERRUPTED_EXIT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    Ctrl-C at any point — while the commands' modules are imported, while the options are
+    parsed, or while a command runs — prints ``attnlab: interrupted`` and returns 130, never a
+    traceback (``attnlab train`` saves a checkpoint first).
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return interrupted()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()  # imports every command's module (torch, rich, …)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
@@ -64,9 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write("attnlab: interrupted\n")
-        return 130
     except Exception as exc:
         # a user's mistake: one line, exit 2; a bug: its traceback, exit 1 (see cli/errors.py)
         return report(exc, verbose=args.verbose)

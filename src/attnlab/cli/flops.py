@@ -5,6 +5,11 @@ QKᵀ, weights·V, output projection, feed-forward and lm head, the totals for a
 training step (≈ 3 × forward), parameters, training memory and the KV cache for multi-head,
 grouped-query and multi-query attention. Size options (``--layers``, ``--d-model`` …) override
 the preset; ``--json`` prints :meth:`attnlab.inspect.FlopReport.to_dict` instead of tables.
+
+A length must fit the model: ``--seq-len`` (and ``--src-len``) at most its positions, 1024 for
+every preset (GPT-2's ``n_positions``, the Transformer's ``max_len``). A longer length is refused
+in one line (exit 2), since the model cannot run it; ``--n-positions`` sets a model with a longer
+context (for GPT-2 it also adds position-embedding parameters).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.tasks.options import positive_int
 
 PRESETS: dict[str, GPTConfig | TransformerConfig] = {
     "gpt2": GPTConfig(),
@@ -51,15 +57,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "flops",
         help="FLOPs, parameters, memory and KV cache of a model size",
         description="FLOPs of a forward pass and a training step, term by term, with parameters, "
-        "training memory and KV-cache bytes for MHA / GQA / MQA.",
+        "training memory and KV-cache bytes for MHA / GQA / MQA. A length longer than the model "
+        "holds (--seq-len or --src-len past its positions, 1024 for every preset) is refused: "
+        "the model could not run it; --n-positions sets a model with a longer context.",
     )
     p.add_argument(
         "--preset", choices=sorted(PRESETS), default="gpt2", help="model size (default gpt2)"
     )
     p.add_argument(
-        "--seq-len", type=int, default=None, help="tokens per sequence (default 1024 / 128)"
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per sequence, at most the model's positions (default 1024 / 128)",
     )
-    p.add_argument("--src-len", type=int, default=None, help="encoder-decoder source length")
+    p.add_argument(
+        "--src-len",
+        type=int,
+        default=None,
+        help="encoder-decoder source length, at most the model's positions",
+    )
+    p.add_argument(
+        "--n-positions",
+        type=positive_int,
+        default=None,
+        help="longest sequence the model holds (GPT n_positions, Transformer max_len; "
+        "default the preset's, 1024)",
+    )
     p.add_argument("--batch", type=int, default=1, help="sequences per batch (default 1)")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; 1 = MQA)")
     p.add_argument("--layers", type=int, default=None, help="layers (each of encoder and decoder)")
@@ -77,13 +100,21 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
     base = PRESETS[args.preset]
     changes: dict[str, Any] = {}
     if isinstance(base, GPTConfig):
-        names = {"layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size"}
+        names = {
+            "layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size",
+            "n_positions": "n_positions",
+        }  # fmt: skip
         if args.d_ff is not None:
             raise CLIError(
                 "--d-ff applies to the encoder-decoder; GPT's feed-forward is 4 × d_model"
             )
     else:
-        names = {"d_model": "d_model", "heads": "num_heads", "d_ff": "d_ff"}
+        names = {
+            "d_model": "d_model",
+            "heads": "num_heads",
+            "d_ff": "d_ff",
+            "n_positions": "max_len",
+        }
         if args.layers is not None:
             changes["num_encoder_layers"] = changes["num_decoder_layers"] = args.layers
         if args.vocab is not None:
@@ -155,15 +186,31 @@ def _memory_table(report: FlopReport) -> Table:
     return t
 
 
+def positions(config: GPTConfig | TransformerConfig) -> int:
+    """The longest sequence ``config``'s model holds (GPT ``n_positions``, Transformer ``max_len``)."""
+    return config.n_positions if isinstance(config, GPTConfig) else config.max_len
+
+
+def _check_length(
+    flag: str, value: int, config: GPTConfig | TransformerConfig, preset: str
+) -> None:
+    limit = positions(config)
+    if value > limit:
+        raise CLIError(
+            f"{flag} must be at most {limit}, the longest sequence the {preset} model holds, "
+            f"got {value} (pass --n-positions {value} for a model with a longer context)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    seq_len = (
-        args.seq_len
-        if args.seq_len is not None
-        else (1024 if isinstance(config, GPTConfig) else 128)
-    )
+    default = 1024 if isinstance(config, GPTConfig) else 128
+    seq_len = args.seq_len if args.seq_len is not None else min(default, positions(config))
     if args.src_len is not None and isinstance(config, GPTConfig):
         raise CLIError("--src-len applies to the encoder-decoder presets (transformer-*)")
+    _check_length("--seq-len", seq_len, config, args.preset)
+    if args.src_len is not None:
+        _check_length("--src-len", args.src_len, config, args.preset)
     report = flops(config, seq_len, args.batch, src_len=args.src_len, dtype=DTYPES[args.dtype])
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")

@@ -6,15 +6,17 @@ folder with a ``tokenizer.json``). The prompt goes through the task's own text p
 :func:`attnlab.generate`; past the model's context length the oldest tokens are dropped, as
 nanoGPT's ``sample.py`` does. For an encoder-decoder run (copy, reverse, sort, translate) the
 prompt is the source and the output its decoding (as ``attnlab translate``).
+
+On a terminal, control characters of the text (a model can write escape sequences) are shown
+escaped, e.g. ``\\x1b``; ``--raw`` writes them as they are (so does a pipe or a file).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from attnlab.cli._device import device
+from attnlab.cli._terminal import TextConsole
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.options import positive_int
@@ -39,21 +41,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="print control characters as they are (default: shown escaped on a terminal)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_run(args.run, device=args.device)
-    console = Console()
+    console = TextConsole(raw=args.raw)
     if not isinstance(loaded.io, LMIO):
         beams = args.beams if args.strategy == "beam" else 1
         for line in loaded.io.translate(loaded.model, [args.prompt], beams=beams):  # type: ignore[attr-defined]
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            console.print_text(line)
         return 0
     ids = loaded.io.generate(
         loaded.model, args.prompt, max_new_tokens=args.max_new_tokens, strategy=args.strategy,
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         num_beams=args.beams,
     )  # fmt: skip
-    console.print(loaded.io.decode(ids), markup=False, highlight=False, soft_wrap=True)
+    console.print_text(loaded.io.decode(ids))
     return 0

@@ -27,6 +27,8 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._outputs import checked_figure
+from attnlab.cli._terminal import TextConsole
 from attnlab.inspect.ablation import (
     HeadImportance,
     head_importance,
@@ -124,6 +126,8 @@ def _table(report: HealthReport) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ablate:
+        checked_figure(args.figure, "--figure")  # before any work
     loaded = load_run(args.run, device=args.device)
     if args.ablate:
         return _ablate(loaded, args)
@@ -149,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
         return 0 if report.ok else 1
     # a pipe or a file gets a table wide enough for module paths (rich would assume 80 columns)
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = TextConsole(width=None if sys.stdout.isatty() else 120)
     kind = "encoder-decoder" if loaded.is_seq2seq else "GPT"
     console.print(f"[bold]{loaded.path}[/] ({kind}, {len(report.layers())} attention layers)")
     console.print(f"input:  {' '.join(inputs.source_tokens)}", markup=False, highlight=False)
@@ -199,7 +203,7 @@ def _ablate(loaded: Run, args: argparse.Namespace) -> int:
         }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = TextConsole(width=None if sys.stdout.isatty() else 120)
     console.print(_importance_table(importance, curve.metric[0] if curve.metric else None, data))
     _print_curve(console, curve, data.metric_name)
     console.print(f"figure: {args.figure}", soft_wrap=True)

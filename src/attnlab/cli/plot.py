@@ -13,7 +13,6 @@ with the heads' entropy per step in ``FILE_entropy.png``.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +21,7 @@ from rich.console import Console
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._outputs import checked_figure
 
 if TYPE_CHECKING:
     from attnlab.viz import Plot
@@ -126,7 +126,7 @@ def _check_head(head: int, heads: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab import viz as F
 
-    out = Path(args.output or f"{args.kind}.png")
+    out = checked_figure(args.output or f"{args.kind}.png", "-o/--output")  # before any work
     written = [out]
     if args.kind == "noam":
         plot = F.noam_curve(((args.d_model, args.warmup),), steps=args.steps)

@@ -6,6 +6,8 @@ RUN is a run folder of ``attnlab train translate`` (or of copy / reverse / sort,
 and sort tasks end the source with ``<eos>``). Each sentence is decoded with the run's own
 evaluation decoding (greedy for copy/reverse/sort, its final beam size for translate) unless
 ``--beams`` says otherwise, and printed on its own line; ``-`` reads sentences from standard input.
+On a terminal, control characters of the output are shown escaped (e.g. ``\\x1b``); ``--raw``
+writes them as they are (so does a pipe or a file).
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.console import Console
-
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
+from attnlab.cli._terminal import TextConsole
 from attnlab.tasks.options import positive_int
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
@@ -39,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="beam size; 1 is greedy (default: the run's own evaluation)",
     )
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="print control characters as they are (default: shown escaped on a terminal)",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"{loaded.path} holds a language model, not an encoder-decoder; use generate"
         )
-    console = Console()
+    console = TextConsole(raw=args.raw)
     for line in loaded.io.translate(loaded.model, sentences, beams=args.beams):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print_text(line)
     return 0

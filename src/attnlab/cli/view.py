@@ -17,6 +17,7 @@ from rich.console import Console
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._outputs import checked_output
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.run import load_run
 from attnlab.viz.viewer import write_viewer
@@ -41,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    checked_output(args.output, "-o/--output")  # before any work
     if args.training:
         return _training_view(args)
     if args.text is None and args.ids is None:

@@ -14,6 +14,7 @@ either kind back.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -125,6 +126,21 @@ class CharTokenizer(_SpecialIds):
         return self._stoi.get(token)
 
     def id_to_token(self, index: int) -> str:
+        """The token of id ``index`` (a special token or a character).
+
+        Raises:
+            TypeError: ``index`` is not an int.
+            ValueError: ``index`` is outside ``[0, vocab_size)`` (a negative id is not counted
+                from the end).
+        """
+        if isinstance(index, bool):
+            raise TypeError("index must be an int, got bool")
+        try:
+            index = operator.index(index)  # an int, or a numpy or 0-d torch integer
+        except TypeError:
+            raise TypeError(f"index must be an int, got {type(index).__name__}") from None
+        if not 0 <= index < len(self._itos):
+            raise ValueError(f"index must be in [0, {len(self._itos)}), got {index}")
         return self._itos[index]
 
     def encode(self, text: str) -> list[int]:
@@ -302,13 +318,33 @@ def tokenizer_from_json(text: str) -> CharTokenizer | HFTokenizer:
     if not isinstance(data, dict):
         raise ValueError(f"tokenizer JSON must be an object, got {type(data).__name__}")
     if data.get("kind") == "char":
-        return CharTokenizer(data["chars"], data.get("specials", ()))
+        return CharTokenizer(
+            _strings(data, "chars", single=True), _strings(data, "specials", default=[])
+        )
     if "model" in data:
         try:
             return HFTokenizer(_hf().Tokenizer.from_str(text))
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ValueError(f"tokenizer JSON is not a valid tokenizers file: {exc}") from exc
     raise ValueError("tokenizer JSON has neither kind='char' nor a tokenizers 'model'")
+
+
+def _strings(
+    data: dict[str, Any], key: str, *, single: bool = False, default: Any = None
+) -> list[str]:
+    """``data[key]`` of a character tokenizer's JSON, checked to be a list of strings."""
+    value = data.get(key, default)
+    what = "single characters" if single else "strings"
+    if value is None:
+        raise ValueError(f"tokenizer JSON of kind 'char' must hold {key!r}, a list of {what}")
+    if not isinstance(value, list):
+        raise ValueError(
+            f"tokenizer JSON's {key!r} must be a list of {what}, got {type(value).__name__}"
+        )
+    for item in value:
+        if not isinstance(item, str) or (single and len(item) != 1):
+            raise ValueError(f"tokenizer JSON's {key!r} must be a list of {what}, holds {item!r}")
+    return value
 
 
 def load_tokenizer(path: str | Path) -> CharTokenizer | HFTokenizer:

@@ -183,21 +183,23 @@ def kv_cache_bytes(
 
     Args:
         config: a :class:`~attnlab.GPTConfig` or :class:`~attnlab.TransformerConfig`.
-        seq_len: cached tokens ``T``.
+        seq_len: cached tokens ``T``; at most the model's positions (``config.n_positions`` of
+            a GPT, ``config.max_len`` of the encoder-decoder).
         batch: sequences ``B``. Default 1.
         num_kv_heads: key/value heads ``H_kv``; default the config's (``H`` for MHA, ``1`` is MQA).
-        src_len: source tokens (encoder-decoder only); default ``seq_len``.
+        src_len: source tokens (encoder-decoder only; at most ``config.max_len``); default
+            ``seq_len``.
         dtype: cache dtype. Default ``torch.float32``.
 
     Returns:
         The size in bytes.
     """
     geo = _geometry(config, num_kv_heads)
-    check_positive_int("seq_len", seq_len)
+    _check_length(geo, "seq_len", seq_len)
     check_positive_int("batch", batch)
     tokens = seq_len
     if geo["kind"] == "transformer":
-        tokens += seq_len if src_len is None else check_positive_int("src_len", src_len)
+        tokens += seq_len if src_len is None else _check_length(geo, "src_len", src_len)
     per_token = 2 * geo["layers_dec"] * geo["kv_heads"] * (geo["d"] // geo["h"])
     return per_token * batch * tokens * _dtype_bytes(dtype)
 
@@ -215,9 +217,12 @@ def flops(
 
     Args:
         config: a :class:`~attnlab.GPTConfig` or :class:`~attnlab.TransformerConfig`.
-        seq_len: tokens per sequence ``T`` (the target length for the encoder-decoder).
+        seq_len: tokens per sequence ``T`` (the target length for the encoder-decoder); at most
+            the longest sequence the model holds, ``config.n_positions`` of a GPT (whatever its
+            ``positions``) or ``config.max_len`` of the encoder-decoder.
         batch: sequences ``B``. Default 1.
-        src_len: source length ``S`` of the encoder-decoder; default ``seq_len``.
+        src_len: source length ``S`` of the encoder-decoder (at most ``config.max_len``);
+            default ``seq_len``.
         num_kv_heads: override the config's key/value heads (to compare MHA / GQA / MQA).
         dtype: element type of parameters, cache and activations, for the byte counts.
             Default ``torch.float32``.
@@ -226,6 +231,12 @@ def flops(
         A :class:`FlopReport`; ``report.forward_total``, ``report.train_total`` (``3 ×`` forward)
         and ``report.forward`` for the terms.
 
+    Raises:
+        TypeError: ``config`` or ``dtype`` is of another type.
+        ValueError: a length or ``batch`` is not a positive int, a length is longer than the
+            model holds, ``num_kv_heads`` does not divide the heads, or ``src_len`` is given
+            for a GPT.
+
     Example:
         >>> from attnlab import GPTConfig
         >>> r = flops(GPTConfig(), seq_len=1024)
@@ -233,7 +244,7 @@ def flops(
         292
     """
     geo = _geometry(config, num_kv_heads)
-    check_positive_int("seq_len", seq_len)
+    _check_length(geo, "seq_len", seq_len)
     check_positive_int("batch", batch)
     if src_len is not None:
         check_positive_int("src_len", src_len)
@@ -241,6 +252,7 @@ def flops(
             raise ValueError(
                 "src_len is only for the encoder-decoder (TransformerConfig), got a GPTConfig"
             )
+        _check_length(geo, "src_len", src_len)
     d, h, h_kv, d_ff, bias = geo["d"], geo["h"], geo["kv_heads"], geo["d_ff"], geo["bias"]
     nbytes = _dtype_bytes(dtype)
     fwd: dict[str, int] = {}
@@ -330,12 +342,14 @@ def _geometry(config: object, num_kv_heads: int | None) -> dict[str, Any]:
         geo = {
             "kind": "gpt", "d": config.n_embd, "h": config.n_head, "kv_heads": config.kv_heads,
             "d_ff": 4 * config.n_embd, "bias": config.bias, "layers_dec": config.n_layer,
+            "max_len": config.n_positions, "max_len_name": "config.n_positions",
         }  # fmt: skip
     elif isinstance(config, TransformerConfig):
         geo = {
             "kind": "transformer", "d": config.d_model, "h": config.num_heads,
             "kv_heads": config.kv_heads, "d_ff": config.d_ff, "bias": True,
             "layers_dec": config.num_decoder_layers,
+            "max_len": config.max_len, "max_len_name": "config.max_len",
         }  # fmt: skip
     else:
         raise TypeError(
@@ -349,6 +363,17 @@ def _geometry(config: object, num_kv_heads: int | None) -> dict[str, Any]:
             )
         geo["kv_heads"] = num_kv_heads
     return geo
+
+
+def _check_length(geo: dict[str, Any], name: str, value: int) -> int:
+    """``value`` (a checked positive length) when the model can hold it: at most its positions."""
+    check_positive_int(name, value)
+    if value > geo["max_len"]:
+        raise ValueError(
+            f"{name} must be at most {geo['max_len_name']} = {geo['max_len']} (the longest "
+            f"sequence the model holds), got {value}"
+        )
+    return value
 
 
 def _dtype_bytes(dtype: object) -> int:

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
 from attnlab._checks import shape_str
+from attnlab.viz._files import write_file
 
 __all__ = ["ArrayLike", "Plot", "save_figure"]
 
@@ -79,6 +80,10 @@ def _labels(name: str, tokens: Sequence[str] | None, n: int) -> list[str]:
 def save_figure(figure: Figure, path: str | Path, *, dpi: int = 120) -> Path:
     """Save ``figure`` as PNG or SVG (chosen by the suffix), creating parent folders.
 
+    The file is replaced only once it is complete (see :func:`attnlab.viz._files.write_file`):
+    a full disk or a read-only folder raises an ``OSError`` naming ``path`` and leaves any file
+    already there unchanged.
+
     Args:
         figure: a matplotlib ``Figure``.
         path: ``*.png`` or ``*.svg``.
@@ -86,16 +91,20 @@ def save_figure(figure: Figure, path: str | Path, *, dpi: int = 120) -> Path:
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: ``path`` does not end in ``.png`` or ``.svg``, or a parent of it is a file.
+        OSError: the file could not be written.
     """
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".png", ".svg"):
         raise ValueError(f"path must end in .png or .svg, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     if figure.canvas is None or not isinstance(figure.canvas, FigureCanvasAgg):
         FigureCanvasAgg(figure)
-    figure.savefig(path, format=suffix[1:], dpi=dpi, bbox_inches="tight")
-    return path
+    return write_file(
+        path, lambda f: figure.savefig(f, format=suffix[1:], dpi=dpi, bbox_inches="tight")
+    )
 
 
 def _new_figure(width: float, height: float) -> Figure:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ import torch
 
 from attnlab._checks import check_positive_int, shape_str
 from attnlab.viz._draw import Plot, _labels_that_fit, _new_figure
+from attnlab.viz._files import write_file
 from attnlab.viz.attention import Reduced, _draw_grid, reduce_attention
 from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData
 
@@ -87,17 +88,26 @@ class ProbeHistory:
     layer_sequences: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        steps = [_check_step("steps", s) for s in self.steps]
+        # the containers first: a history may come from a file (see from_state_dict)
+        steps = [_check_step("steps", s) for s in _as_list("steps", self.steps)]
         if any(b <= a for a, b in itertools.pairwise(steps)):
             raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
         self.steps = steps
-        if not self.sequences:
+        sequences = _as_dict("sequences", self.sequences)
+        if not sequences:
             raise ValueError("sequences must name at least one token sequence, got none")
-        self.sequences = {str(k): [str(t) for t in v] for k, v in self.sequences.items()}
-        self.attentions = {
-            name: _as_weights(f"attentions[{name!r}]", w) for name, w in self.attentions.items()
+        self.sequences = {
+            str(k): [str(t) for t in _as_list(f"sequences[{k!r}]", v)] for k, v in sequences.items()
         }
-        self.layer_sequences = {n: (str(q), str(k)) for n, (q, k) in self.layer_sequences.items()}
+        self.attentions = {
+            name: _as_weights(f"attentions[{name!r}]", w)
+            for name, w in _as_dict("attentions", self.attentions).items()
+        }
+        self.kinds = _as_dict("kinds", self.kinds)
+        self.layer_sequences = {
+            n: _as_pair(f"layer_sequences[{n!r}]", v)
+            for n, v in _as_dict("layer_sequences", self.layer_sequences).items()
+        }
         if set(self.layer_sequences) != set(self.attentions):
             raise ValueError(
                 "layer_sequences must name the query and key sequence of every layer in attentions, "
@@ -287,24 +297,35 @@ class ProbeHistory:
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> ProbeHistory:
-        """The history saved by :meth:`state_dict`."""
+        """The history saved by :meth:`state_dict` (or read from a file of the same layout).
+
+        Every entry is checked (its container type, then what the constructor checks), so a
+        damaged or crafted file gives a ``TypeError``/``ValueError`` naming the entry.
+
+        Raises:
+            TypeError: ``state`` is not a mapping, or an entry has the wrong type.
+            ValueError: an entry is missing or does not agree with the others.
+        """
+        state = _as_dict("state", state)
         missing = {"steps", "attentions", "kinds", "sequences", "layer_sequences"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
         return cls(
-            steps=list(state["steps"]),
-            attentions=dict(state["attentions"]),
-            kinds=dict(state["kinds"]),
-            sequences={k: list(v) for k, v in state["sequences"].items()},
-            layer_sequences={k: (v[0], v[1]) for k, v in state["layer_sequences"].items()},
+            steps=state["steps"],
+            attentions=state["attentions"],
+            kinds=state["kinds"],
+            sequences=state["sequences"],
+            layer_sequences=state["layer_sequences"],
         )
 
     def save(self, path: str | Path) -> Path:
-        """Write the history with ``torch.save`` (parent folders created)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), path)
-        return path
+        """Write the history with ``torch.save`` (parent folders created).
+
+        The file is replaced only once it is complete; a parent of ``path`` that is a file
+        raises a ``ValueError``, a file that cannot be written an ``OSError`` naming ``path``.
+        """
+        state = self.state_dict()
+        return write_file(path, lambda f: torch.save(state, f))
 
     @classmethod
     def load(cls, path: str | Path) -> ProbeHistory:
@@ -318,6 +339,28 @@ def _check_step(name: str, step: object) -> int:
     if step < 0:
         raise ValueError(f"{name} must be ≥ 0, got {step}")
     return int(step)
+
+
+def _as_dict(name: str, value: object) -> dict[Any, Any]:
+    """``value`` as a ``dict``, when it is a mapping (e.g. a JSON object)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def _as_list(name: str, value: object) -> list[Any]:
+    """``value`` as a ``list``, when it is a list-like collection (not a string or a mapping)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _as_pair(name: str, value: object) -> tuple[str, str]:
+    """``value`` as a ``(query name, key name)`` pair of strings."""
+    pair = _as_list(name, value)
+    if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+        raise ValueError(f"{name} must be a (query, key) pair of sequence names, got {value!r:.80}")
+    return pair[0], pair[1]
 
 
 def _as_weights(name: str, w: object) -> torch.Tensor:

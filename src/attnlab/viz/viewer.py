@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import shape_str
+from attnlab.viz._files import write_file
 
 __all__ = [
     "AttentionGroup",
@@ -282,10 +283,15 @@ def _escape(text: str) -> str:
 def write_viewer(data: ViewerData, path: str | Path) -> Path:
     """Render the viewer and write it to ``path`` (parent folders created).
 
+    The file is replaced only once it is complete: a full disk or a read-only folder raises an
+    ``OSError`` naming ``path`` and leaves any file already there unchanged.
+
     Returns:
         The path written.
+
+    Raises:
+        ValueError: a parent of ``path`` is a file.
+        OSError: the file could not be written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_viewer(data), encoding="utf-8")
-    return path
+    html = render_viewer(data).encode("utf-8")
+    return write_file(path, lambda f: f.write(html))
