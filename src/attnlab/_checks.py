@@ -55,7 +55,7 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
 def broadcast_or_raise(name: str, shape: Sequence[int], target: Sequence[int], legend: str) -> None:
     """Raise unless ``shape`` broadcasts to ``target`` (without growing the target)."""
     ok = len(shape) <= len(target) and all(
-        s in (1, t) for s, t in zip(reversed(tuple(shape)), reversed(tuple(target)))
+        s == 1 or s == t for s, t in zip(reversed(tuple(shape)), reversed(tuple(target)))
     )
     if not ok:
         raise ValueError(

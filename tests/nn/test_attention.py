@@ -139,8 +139,12 @@ def test_backend_matches_reference(case: Case, backend: str) -> None:
     got = _grads(out, d_out, inputs)
     ref = _grads(ref_out, d_out, ref_in)
     base = _grads(base_out, d_out, base_in)
+    # torch 2.4's CPU flash backward rounds float16 more coarsely (~3x plain float16; fine from 2.5)
+    coarse = (
+        case.dtype == torch.float16 and backend in ("sdpa", "auto") and torch.__version__ < "2.5"
+    )
     for name, g, r, bl in zip(("dq", "dk", "dv"), got, ref, base):
-        assert_close_rule(g, r, bl, name)
+        assert_close_rule(g, r, bl, name, factor=3.0 if coarse else 2.0)
 
     # rows that may see no key: zero output, zero weights, zero query gradient
     vis = visible_mask(case.t_q, case.t_k, mask, case.causal)

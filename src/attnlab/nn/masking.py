@@ -153,7 +153,7 @@ def hide_unseen_keys(
     if not _tracing() and bool(seen.all()):
         return key, value
     h, h_kv = allowed.shape[-3] if allowed.dim() >= 3 else 1, key.shape[-3]
-    if h not in (1, h_kv):  # query heads → their key/value head: seen by any head of the group
+    if h != 1 and h != h_kv:  # query heads → their key/value head: seen by any head of the group
         seen = seen.unflatten(-2, (h_kv, h // h_kv)).any(dim=-2)
     seen = seen.unsqueeze(-1)
     zero = torch.zeros((), dtype=key.dtype, device=key.device)

@@ -5,7 +5,6 @@ Attention itself is permutation-equivariant; these tell it where tokens are.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -156,11 +155,10 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         start = 2.0 ** (-8.0 / n)
         return [start ** (i + 1) for i in range(n)]
 
-    if math.log2(num_heads).is_integer():
-        slopes = power_of_two(num_heads)
-    else:
-        low = 2 ** math.floor(math.log2(num_heads))
-        slopes = power_of_two(low) + power_of_two(2 * low)[0::2][: num_heads - low]
+    low = 1  # the largest power of two <= num_heads, in integer steps (no math.log2: torch 2.4's
+    while 2 * low <= num_heads:  # dynamo can't trace it when num_heads is a SymInt)
+        low *= 2
+    slopes = power_of_two(low) + power_of_two(2 * low)[0::2][: num_heads - low]
     return torch.tensor(slopes, dtype=torch.float32)
 
 

@@ -51,6 +51,10 @@ def sdpa_attention(
         else:
             attn_mask = masking.bias.masked_fill(~visible, float("-inf"))
 
+    if attn_mask is not None and attn_mask.shape[-1] != t_k:
+        # a view; torch 2.4's CPU flash kernel reads past a mask whose last dim is 1 (pytorch#128816)
+        attn_mask = attn_mask.expand(*attn_mask.shape[:-1], t_k)
+
     groups = head_groups(query, key)
     kwargs: dict[str, bool] = {}
     # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
