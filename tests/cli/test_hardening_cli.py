@@ -397,12 +397,6 @@ def probe_run(tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks/probe.py:load_probe_history indexes probe.json before checking its types; "
-    "it should check that it is an object and build the history with "
-    "ProbeHistory.from_state_dict, which names the entry",
-)
 @pytest.mark.parametrize(
     "content",
     ["3", '"x"', "[1]", '{"kinds": 3, "sequences": {}, "layer_sequences": {}}',
@@ -420,11 +414,6 @@ def test_a_crafted_probe_file_is_one_line(
     _one_line(capsys.readouterr().err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks/lm.py (LMTask.build) hands a split shorter than --block-size to LMBatchSource, "
-    "whose message names its own argument (block_size) and not the option or the split",
-)
 def test_a_data_file_too_short_for_the_block_size_names_the_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -371,6 +371,13 @@ class LanguageModelTask:
         if args.min_lr > args.lr:
             raise ValueError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
+        for split, ids in (("training", corpus.train), ("validation", corpus.val)):
+            if len(ids) <= args.block_size:
+                raise ValueError(
+                    f"--block-size must be below the {split} split's length: {args.data} gives "
+                    f"{len(ids)} {split} tokens (the last 10% validate), --block-size is "
+                    f"{args.block_size}; use a longer file or a smaller --block-size"
+                )
         config = GPTConfig(
             vocab_size=corpus.tokenizer.vocab_size,
             n_positions=args.block_size,

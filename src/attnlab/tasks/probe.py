@@ -20,7 +20,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -120,7 +120,12 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         raise ValueError(
             f"{run_dir} recorded no attention probe; train with --probe TEXT --probe-every N"
         )
-    meta: dict[str, Any] = json.loads((d / _META).read_text(encoding="utf-8"))
+    meta = json.loads((d / _META).read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("kinds"), dict):
+        raise ValueError(
+            f"{d / _META} must be an object with 'kinds', 'sequences' and 'layer_sequences' "
+            f"(as training writes it), got {type(meta).__name__}"
+        )
     records = sorted(
         (int(m.group(1)), f) for f in d.iterdir() if (m := _STEP.match(f.name)) is not None
     )
@@ -128,14 +133,15 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         raise ValueError(f"{d} holds no recorded step")
     frames = [load_file(str(f)) for _, f in records]
     names = list(meta["kinds"])
+    missing = [n for n in names for fr in frames if n not in fr]
+    if missing:
+        raise ValueError(f"{d}: a recorded step lacks the attention of {missing[0]!r}")
     attentions = {n: torch.stack([fr[n] for fr in frames]) for n in names}  # (S, H, T_q, T_k)
-    return ProbeHistory(
-        steps=[s for s, _ in records],
-        attentions=attentions,
-        kinds=dict(meta["kinds"]),
-        sequences={k: list(v) for k, v in meta["sequences"].items()},
-        layer_sequences={n: (q, k) for n, (q, k) in meta["layer_sequences"].items()},
-    )
+    state = {"steps": [s for s, _ in records], "attentions": attentions, **meta}
+    try:  # every entry checked by the history itself, which names the bad one
+        return ProbeHistory.from_state_dict(state)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{d / _META}: {exc}") from exc
 
 
 def write_training_figures(run_dir: str | os.PathLike[str]) -> list[Path]:
