@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +20,9 @@ from torch import nn
 
 from attnlab.tasks import TaskSetup, register_task
 from attnlab.training.losses import TokenLoss, token_loss
+from attnlab.training.rng import seed_everything
 from attnlab.training.schedules import NoamLR
+from attnlab.training.trainer import TrainConfig, Trainer
 
 VOCAB = 11
 PAD = -100
@@ -70,6 +73,21 @@ def tiny_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> TokenLoss:
 def make_optimizer(model: nn.Module, factor: float = 2.0) -> tuple[Any, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     return opt, NoamLR(opt, d_model=16, warmup_steps=4, factor=factor)
+
+
+def tiny_trainer(run_dir: Path, steps: int, **kwargs: Any) -> Trainer:
+    """A seeded Trainer of the tiny task in ``run_dir`` (``kwargs`` go to the Trainer)."""
+    seed_everything(3)
+    kwargs.setdefault("run_config", {"task": "tiny"})
+    return Trainer(
+        TinyModel(),
+        make_optimizer=make_optimizer,
+        batches=TinyBatches(7),
+        loss_fn=tiny_loss,
+        config=TrainConfig(steps=steps),
+        run_dir=run_dir,
+        **kwargs,
+    )
 
 
 def evaluate(model: nn.Module) -> dict[str, float]:

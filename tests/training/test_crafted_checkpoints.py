@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.training import TrainConfig, Trainer
+from attnlab.training import Trainer
 from attnlab.training.checkpoint import (
     CheckpointError,
     load_config,
@@ -21,8 +21,7 @@ from attnlab.training.checkpoint import (
     verify_checkpoint,
 )
 from attnlab.training.manifest import file_entry
-from attnlab.training.rng import seed_everything
-from tests.training._tiny_task import TinyBatches, TinyModel, make_optimizer, tiny_loss
+from tests.training._tiny_task import tiny_trainer
 
 DEEP = 100_000  # levels: Python's json gives up with a RecursionError long before
 
@@ -178,16 +177,7 @@ def test_non_finite_floats_of_the_training_state_are_strict_json(tmp_path: Path)
 
 
 def _trainer(run_dir: Path, steps: int) -> Trainer:
-    seed_everything(3)
-    return Trainer(
-        TinyModel(),
-        make_optimizer=make_optimizer,
-        batches=TinyBatches(7),
-        loss_fn=tiny_loss,
-        config=TrainConfig(steps=steps),
-        run_dir=run_dir,
-        run_config={"task": "tiny"},
-    )
+    return tiny_trainer(run_dir, steps)
 
 
 def _state_json(ckpt: Path) -> dict[str, Any]:

@@ -8,22 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.training import TrainConfig, Trainer
+from attnlab.training import Trainer
 from attnlab.training.checkpoint import load_config, resolve_checkpoint
 from attnlab.training.data_files import data_change, fingerprint_files
-from attnlab.training.rng import seed_everything
-from tests.training._tiny_task import TinyBatches, TinyModel, make_optimizer, tiny_loss
+from tests.training._tiny_task import tiny_trainer
 
 
 def _trainer(run_dir: Path, steps: int, data: Path | None) -> Trainer:
-    seed_everything(3)
-    return Trainer(
-        TinyModel(),
-        make_optimizer=make_optimizer,
-        batches=TinyBatches(7),
-        loss_fn=tiny_loss,
-        config=TrainConfig(steps=steps),
-        run_dir=run_dir,
+    return tiny_trainer(
+        run_dir,
+        steps,
         run_config={"task": "tiny", "args": {"data": str(data)}},
         data_files={"--data": data} if data is not None else None,
     )

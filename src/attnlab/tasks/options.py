@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+Number = TypeVar("Number", int, float)
 
 __all__ = [
     "add_transformer_arguments",
@@ -15,59 +19,42 @@ __all__ = [
 ]
 
 
+def _parse(
+    text: str, kind: Callable[[str], Number], what: str, accept: Callable[[Number], bool]
+) -> Number:
+    """``text`` read by ``kind`` and accepted, or argparse's error: what was expected, what came."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not accept(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
-    return value
+    return _parse(text, int, "a positive int", lambda v: v >= 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {value}")
-    return value
+    return _parse(text, int, "a non-negative int", lambda v: v >= 0)
 
 
 def positive_float(text: str) -> float:
     """argparse type: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive float, got {text!r}") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite positive float, got {value}")
-    return value
+    return _parse(text, float, "a finite positive float", lambda v: 0 < v < math.inf)
 
 
 def non_negative_float(text: str) -> float:
     """argparse type: a finite float >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative float, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite non-negative float, got {value}")
-    return value
+    return _parse(text, float, "a finite non-negative float", lambda v: 0 <= v < math.inf)
 
 
 def probability(text: str) -> float:
     """argparse type: a float in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a float in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a float in [0, 1), got {value}")
-    return value
+    return _parse(text, float, "a float in [0, 1)", lambda v: 0.0 <= v < 1.0)
 
 
 def add_transformer_arguments(
