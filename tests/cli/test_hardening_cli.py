@@ -6,9 +6,6 @@
 * Terminal safety: a model's text reaches a terminal with its control characters escaped.
 * Messages and start-up: Ctrl-C while the command line starts is one line and exit 130.
 * Consistency: lengths a model cannot hold are refused.
-
-Cases marked ``xfail(strict=True)`` need a fix outside the command line (named in their reason);
-they turn into failures (XPASS) once it lands, so that the mark is removed.
 """
 
 from __future__ import annotations
@@ -220,12 +217,6 @@ def test_train_on_a_read_only_folder_is_one_line_and_changes_nothing(
 
 
 @pytest.mark.skipif(not _can_mount(), reason="needs to mount a tmpfs (root)")
-@pytest.mark.xfail(
-    strict=True,
-    reason="training/checkpoint.py:save_checkpoint writes with safetensors' save_file/save_model, "
-    "whose full-disk error is a SafetensorError (a bug report, exit 1), not an OSError; "
-    "nothing is lost (the temporary folder goes, `latest` stays)",
-)
 def test_train_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     tmpfs: Callable[[str, str], Path | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import capture_inputs, layer_sequences, token_sequences
+from attnlab.training.files import replace_file, safetensors_bytes
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
 
@@ -87,9 +88,7 @@ class AttentionProbe(TrainerCallback):
             self._write_meta(cache.kinds)
         tensors = {n: w[0].float().cpu().contiguous() for n, w in cache.attentions.items()}
         path = self.dir / f"step-{step:08d}.safetensors"
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"step": str(step)})
-        os.replace(tmp, path)
+        replace_file(path, safetensors_bytes(tensors, {"step": str(step)}))
         return path
 
     def _write_meta(self, kinds: dict[str, str]) -> None:

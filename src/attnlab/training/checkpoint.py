@@ -59,9 +59,15 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model
 
-from attnlab.training.files import fsync_dir, fsync_file, replace_file, write_synced
+from attnlab.training.files import (
+    fsync_dir,
+    fsync_file,
+    replace_file,
+    safetensors_bytes,
+    write_synced,
+)
 from attnlab.training.jsonio import dumps_strict, read_json
 from attnlab.training.manifest import (
     FORMAT,
@@ -269,11 +275,11 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         write_synced(tmp / CONFIG, _config_text(config).encode())
-        save_model(model, str(tmp / MODEL), metadata={"format": "pt"})
+        write_synced(tmp / MODEL, safetensors_bytes(model.state_dict(), {"format": "pt"}))
         if training_state is not None:
             tensors: dict[str, torch.Tensor] = {}
             tree = _encode(dict(training_state), tensors)
-            save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": "pt"})
+            write_synced(tmp / STATE_TENSORS, safetensors_bytes(tensors, {"format": "pt"}))
             write_synced(tmp / STATE_JSON, dumps_strict(tree, what="training state").encode())
         for name, content in (files or {}).items():
             target = tmp / _check_name(name)

@@ -9,9 +9,13 @@ run are written this way.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file", "replace_file", "write_synced"]
+import torch
+from safetensors.torch import save
+
+__all__ = ["fsync_dir", "fsync_file", "replace_file", "safetensors_bytes", "write_synced"]
 
 
 def fsync_file(path: Path) -> None:
@@ -35,11 +39,38 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_synced(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (replacing it in place) and fsync it."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``data`` to ``path`` (replacing it in place) and fsync it.
+
+    Raises:
+        OSError: the write failed (a full disk, a read-only file system, …), naming ``path``.
+    """
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+def safetensors_bytes(
+    tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> bytes:
+    """``tensors`` in the safetensors format, in memory, so that they reach the disk through
+    :func:`write_synced` (whose errors are ``OSError`` naming the file, where safetensors' own
+    writer reports a full disk as a ``SafetensorError``).
+
+    A tensor shared by several names is stored once, under the first of its names in sorted
+    order (as ``safetensors.torch.save_model`` does; loading with ``load_model`` ties it again).
+    """
+    first: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    for name in sorted(tensors):
+        t = tensors[name]
+        first.setdefault((t.data_ptr(), t.element_size(), tuple(t.shape)), name)
+    kept = {name: tensors[name].contiguous() for name in sorted(first.values())}
+    return save(kept, metadata=metadata)
 
 
 def replace_file(path: Path, data: bytes) -> None:
