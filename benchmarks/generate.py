@@ -6,8 +6,10 @@ that a noisy, shared machine slows both alike; tokens/s come from the median of 
 runs. In fp32 the generated tokens must be identical. Also reported:
 
 * the memory roofline: at batch 1 a step reads every weight once, so tokens/s can be at most
-  (read bandwidth) / (bytes of weights); the bandwidth is measured in the same run (the median
-  time of summing a 1 GiB buffer), and each row shows attnlab's fraction of that limit;
+  (read bandwidth) / (bytes of weights). Two bandwidths are shown: DESIGN.md §5's 22 GB/s (the
+  figure the issues' targets were set against) and the one measured in the same run (the median
+  time of summing a 1 GiB buffer), which on the 2-core machine reads at about 40 GB/s — a
+  matrix-vector product streams its matrix more slowly than a sum, so no decoder reaches it;
 * the cost of one decoding step at position ~1000 against position ~10 (batch 1, fp32): with a
   preallocated cache a step at position 1000 attends over 100x more keys but still reads the same
   weights (target: within 1.5x).
@@ -61,6 +63,7 @@ class Result:
     ratio: float  # median of paired run ratios
     identical: float  # fraction of generated tokens equal to Hugging Face's
     roofline: float  # tokens/s if every step only read the weights at the measured bandwidth
+    design_roofline: float  # the same at DESIGN.md's 22 GB/s
 
 
 def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
@@ -80,6 +83,10 @@ def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
     )
     hf = GPT2LMHeadModel(cfg).eval()
     return hf, al.GPT.from_hf(hf).eval()
+
+
+# DESIGN.md §5: streaming reads on two cores of the project's machine, bytes/s
+DESIGN_BANDWIDTH = 22e9
 
 
 def read_bandwidth(repeats: int = 7, nbytes: int = 1 << 30) -> float:
@@ -161,6 +168,7 @@ def compare(
         paired_ratio(t["hf"], t["attnlab"]),
         identical,
         batch * bandwidth / weight_bytes(gpt),
+        batch * DESIGN_BANDWIDTH / weight_bytes(gpt),
     )
 
 
@@ -217,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             console.print(
                 f"  {precision} batch {batch}: HF {r.hf:.1f}, attnlab {r.attnlab:.1f} tok/s "
-                f"({r.ratio:.2f}x), {r.attnlab / r.roofline:.0%} of the roofline, "
+                f"({r.ratio:.2f}x), {r.attnlab / r.design_roofline:.0%} of the 22 GB/s roofline, "
+                f"{r.attnlab / r.roofline:.0%} of the measured one, "
                 f"identical {r.identical:.0%}"
             )
             if precision == "fp32" and r.identical < 1.0:
@@ -233,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         "HF",
         "attnlab",
         "ratio",
-        "roofline",
-        "of roofline",
+        "of 22 GB/s roofline",
+        "of measured roofline",
         "same tokens",
     ):
         table.add_column(col, justify="right")
@@ -245,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.hf:.1f}",
             f"{r.attnlab:.1f}",
             f"{r.ratio:.2f}x",
-            f"{r.roofline:.1f}",
+            f"{r.attnlab / r.design_roofline:.0%}",
             f"{r.attnlab / r.roofline:.0%}",
             f"{r.identical:.0%}",
         )

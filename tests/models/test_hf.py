@@ -173,3 +173,15 @@ def test_gpt2_small_logits_match_hf(gpt2_small_pair: tuple[GPT2LMHeadModel, al.G
         assert max_err(got[real], ref[real]) < TOL
         row = 1  # the unpadded row, also without any mask
         assert max_err(gpt(ids[row : row + 1]).logits[0], hf(ids[row : row + 1]).logits[0]) < TOL
+
+
+def test_from_hf_stores_the_matrices_in_out() -> None:
+    """from_hf assigns Hugging Face's tensors, then lays the matrices out (in, out) again, the
+    layout GPT's decoding is measured with, and keeps the lm_head / wte tie."""
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4))
+    gpt = al.GPT.from_hf(hf.eval())
+    linears = [m for m in gpt.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.t().is_contiguous() for m in linears)
+    assert gpt.lm_head.weight is gpt.transformer.wte.weight
+    ids = torch.randint(0, 97, (2, 9))
+    torch.testing.assert_close(gpt(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-4)

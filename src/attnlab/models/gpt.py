@@ -230,9 +230,9 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=residual_std)
-        self._store_matrices_in_out()
+        self.store_matrices_in_out()
 
-    def _store_matrices_in_out(self) -> None:
+    def store_matrices_in_out(self) -> None:
         """Keep every matrix ``(in, out)`` in memory, as GPT-2's own ``Conv1D`` does, while the
         parameters keep ``nn.Linear``'s ``(out, in)`` shape, names and values (only the strides
         differ; state dicts, checkpoints and Hugging Face weights are unchanged).
@@ -243,6 +243,8 @@ class GPT(nn.Module):
         tied embedding in fp32 (``benchmarks/generate.py``). Training matmuls run at the same speed
         either way. ``.to()``, ``load_state_dict`` and optimisers keep the strides, and
         :meth:`state_dict` hands out contiguous tensors (what safetensors and other writers expect).
+        Parameters *replaced* by others (``load_state_dict(assign=True)``, a new tie) take the
+        layout of what replaced them: call this again afterwards (:meth:`from_hf` does).
         """
         with torch.no_grad():
             for module in self.modules():
@@ -253,7 +255,7 @@ class GPT(nn.Module):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """``nn.Module.state_dict`` with each matrix as a contiguous tensor (a weight shared by two
-        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`_store_matrices_in_out`."""
+        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`store_matrices_in_out`."""
         state = super().state_dict(*args, **kwargs)
         if kwargs.get("keep_vars"):
             return state
