@@ -73,6 +73,9 @@ def test_matrices_are_stored_in_out_and_state_dicts_are_plain(tmp_path: Path) ->
     assert all(t.is_contiguous() for t in state.values())
     assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
     assert model.to(torch.float32).transformer.h[0].mlp.c_fc.weight.t().is_contiguous()
+    half = tiny_gpt().to(torch.bfloat16)  # half types decode faster from (out, in)
+    assert all(m.weight.is_contiguous() for m in half.modules() if isinstance(m, torch.nn.Linear))
+    assert half.lm_head.weight is half.transformer.wte.weight
     save_model(model, str(tmp_path / "m.safetensors"))
     other = tiny_gpt(seed=1).to(torch.float32)
     load_model(other, str(tmp_path / "m.safetensors"))

@@ -230,32 +230,46 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=residual_std)
-        self.store_matrices_in_out()
+        self.lay_out_matrices()
 
-    def store_matrices_in_out(self) -> None:
-        """Keep every matrix ``(in, out)`` in memory, as GPT-2's own ``Conv1D`` does, while the
-        parameters keep ``nn.Linear``'s ``(out, in)`` shape, names and values (only the strides
-        differ; state dicts, checkpoints and Hugging Face weights are unchanged).
+    def lay_out_matrices(self) -> None:
+        """Lay every matrix out in memory for fast decoding, by dtype: fp32/fp64 ``(in, out)``, as
+        GPT-2's own ``Conv1D`` stores them, and half types ``(out, in)``. The parameters keep
+        ``nn.Linear``'s ``(out, in)`` shape, names and values; only the strides differ (state
+        dicts, checkpoints and Hugging Face weights are unchanged).
 
         Why: at batch 1 a decoding step is a chain of matrix-vector products, each bound by reading
-        its matrix once. A CPU BLAS streams ``x @ W`` over a contiguous ``(in, out)`` matrix faster
-        than it reduces the rows of an ``(out, in)`` one: 27 against 16 GB/s for the 50257 × 768
-        tied embedding in fp32 (``benchmarks/generate.py``). Training matmuls run at the same speed
-        either way. ``.to()``, ``load_state_dict`` and optimisers keep the strides, and
-        :meth:`state_dict` hands out contiguous tensors (what safetensors and other writers expect).
-        Parameters *replaced* by others (``load_state_dict(assign=True)``, a new tie) take the
-        layout of what replaced them: call this again afterwards (:meth:`from_hf` does).
+        its matrix once, and the CPU kernels stream one layout faster than the other, by dtype. In
+        fp32, ``x @ W`` over a contiguous ``(in, out)`` matrix reads the 50257 × 768 tied embedding
+        at 27 GB/s against 16 GB/s for the rows of an ``(out, in)`` one; in bf16 the ``(out, in)``
+        kernel is the faster (24 against 19 GB/s), and GPT-2 small decodes at 78 against 54 tok/s
+        (``benchmarks/generate.py``). Training matmuls run at the same speed either way.
+
+        Runs at construction and after every ``.to()``/``.float()``/``.half()`` (:meth:`_apply`);
+        ``load_state_dict`` and optimisers keep the strides, and :meth:`state_dict` hands out
+        contiguous tensors (what safetensors and other writers expect). Parameters *replaced* by
+        others (``load_state_dict(assign=True)``, a new tie) take the layout of what replaced
+        them: call this again afterwards (:meth:`from_hf` does).
         """
         with torch.no_grad():
             for module in self.modules():
                 if isinstance(module, nn.Linear):
                     w = module.weight
-                    if w.is_contiguous():  # (lm_head shares its weight with wte)
+                    in_out = w.dtype in (torch.float32, torch.float64)
+                    if in_out and w.is_contiguous():  # (lm_head shares its weight with wte)
                         w.data = w.data.t().contiguous().t()
+                    elif not in_out and not w.is_contiguous():
+                        w.data = w.data.contiguous()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GPT:
+        # .to(dtype) and friends keep the strides of the old dtype: lay the matrices out anew
+        super()._apply(fn, recurse)
+        self.lay_out_matrices()
+        return self
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """``nn.Module.state_dict`` with each matrix as a contiguous tensor (a weight shared by two
-        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`store_matrices_in_out`."""
+        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`lay_out_matrices`."""
         state = super().state_dict(*args, **kwargs)
         if kwargs.get("keep_vars"):
             return state

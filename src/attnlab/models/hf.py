@@ -154,7 +154,7 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
     state["lm_head.weight"] = state["transformer.wte.weight"]
     gpt.load_state_dict(state, strict=True, assign=True)
     gpt.lm_head.weight = gpt.transformer.wte.weight  # assign=True made two Parameters: tie again
-    gpt.store_matrices_in_out()  # the assigned tensors came in nn.Linear's (out, in) layout
+    gpt.lay_out_matrices()  # the assigned tensors came in nn.Linear's (out, in) layout
     return gpt.train(hf.training)
 
 
