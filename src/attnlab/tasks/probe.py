@@ -101,9 +101,7 @@ class AttentionProbe(TrainerCallback):
             "kinds": kinds,
             "layer_sequences": {n: list(layer_sequences(inputs, n, k)) for n, k in kinds.items()},
         }
-        tmp = self.dir / (_META + ".tmp")
-        tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
-        os.replace(tmp, self.dir / _META)
+        replace_file(self.dir / _META, json.dumps(meta, ensure_ascii=False, indent=1).encode())
 
 
 def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:

@@ -1,21 +1,31 @@
 """Durable file writes: bytes on disk before anyone relies on them, files replaced all at once.
 
-:func:`replace_file` writes a ``.tmp`` sibling, fsyncs it, ``os.replace``-s it over the target and
-fsyncs the folder, so a process killed at any moment leaves either the old file or the new one,
+:func:`replace_with` writes a temporary sibling, fsyncs it, ``os.replace``-s it over the target
+and fsyncs the folder, so a process killed at any moment leaves either the old file or the new one,
 never a mix. The checkpoints' ``latest`` pointer and the truncated ``metrics.jsonl`` of a resumed
 run are written this way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import save
 
-__all__ = ["fsync_dir", "fsync_file", "replace_file", "safetensors_bytes", "write_synced"]
+__all__ = [
+    "fsync_dir",
+    "fsync_file",
+    "replace_file",
+    "replace_with",
+    "safetensors_bytes",
+    "write_synced",
+]
 
 
 def fsync_file(path: Path) -> None:
@@ -73,9 +83,40 @@ def safetensors_bytes(
     return save(kept, metadata=metadata)
 
 
+def replace_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` by what ``write(binary_file)`` writes, atomically: into a uniquely named
+    temporary sibling, fsynced, renamed over the target (through a symbolic link), the folder
+    fsynced. A failure leaves ``path`` as it was and no temporary file behind.
+
+    Raises:
+        OSError: the file could not be written, naming ``path`` (not the temporary file).
+    """
+    target = Path(os.path.realpath(path))
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno is not None and _about(exc, tmp, target):
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # the caller's path
+        raise
+    fsync_dir(target.parent)
+
+
 def replace_file(path: Path, data: bytes) -> None:
-    """Replace ``path`` by a file holding ``data``, atomically (through ``<name>.tmp``)."""
-    tmp = path.with_name(path.name + ".tmp")
-    write_synced(tmp, data)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    """Replace ``path`` by a file holding ``data``, atomically (see :func:`replace_with`)."""
+    replace_with(path, lambda f: f.write(data))
+
+
+def _about(exc: OSError, *paths: Path) -> bool:
+    """Whether ``exc`` names no file or one of ``paths``."""
+    if exc.filename is None:
+        return True
+    if not isinstance(exc.filename, (str, os.PathLike)):
+        return False
+    return os.fspath(exc.filename) in {os.fspath(p) for p in paths}

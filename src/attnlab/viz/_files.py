@@ -10,13 +10,13 @@ would, even when it came from writing into the temporary file.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from attnlab.training.files import replace_with
 
 __all__ = ["check_output_path", "output_path", "write_file"]
 
@@ -77,28 +77,5 @@ def write_file(
         with open(path, "wb") as f:
             write(f)
         return path
-    target = Path(os.path.realpath(path))
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(exc, OSError) and exc.errno is not None and _about(exc, tmp, target):
-            # the caller's path, not the temporary name (nor none, for a write into a file)
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
+    replace_with(path, write)
     return path
-
-
-def _about(exc: OSError, *paths: Path) -> bool:
-    """Whether ``exc`` names no file or one of ``paths``."""
-    if exc.filename is None:
-        return True
-    if not isinstance(exc.filename, (str, os.PathLike)):
-        return False
-    return os.fspath(exc.filename) in {os.fspath(p) for p in paths}
