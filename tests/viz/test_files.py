@@ -1,5 +1,5 @@
 """Writing figures, viewers and histories: a bad path is one clear error, a failed write loses
-nothing (``attnlab.viz._files``)."""
+nothing (``attnlab.viz.files``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import NoReturn
 import pytest
 
 from attnlab.viz import noam_curve, viewer_data_from_history, write_viewer
-from attnlab.viz._files import check_output_path, write_file
+from attnlab.viz.files import check_output_path, write_file
 from tests.viz.histories import gpt_history
 
 

@@ -17,9 +17,9 @@ from rich.console import Console
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
-from attnlab.cli._outputs import checked_output
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.run import load_run
+from attnlab.viz.files import check_output_path
 from attnlab.viz.viewer import write_viewer
 
 __all__ = ["register", "run"]
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    checked_output(args.output, "-o/--output")  # before any work
+    check_output_path(args.output, "-o/--output")  # before any work
     if args.training:
         return _training_view(args)
     if args.text is None and args.ids is None:

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
 from attnlab._checks import shape_str
-from attnlab.viz._files import write_file
+from attnlab.viz.files import write_file
 
 __all__ = ["ArrayLike", "Plot", "save_figure"]
 
@@ -80,7 +80,7 @@ def _labels(name: str, tokens: Sequence[str] | None, n: int) -> list[str]:
 def save_figure(figure: Figure, path: str | Path, *, dpi: int = 120) -> Path:
     """Save ``figure`` as PNG or SVG (chosen by the suffix), creating parent folders.
 
-    The file is replaced only once it is complete (see :func:`attnlab.viz._files.write_file`):
+    The file is replaced only once it is complete (see :func:`attnlab.viz.files.write_file`):
     a full disk or a read-only folder raises an ``OSError`` naming ``path`` and leaves any file
     already there unchanged.
 

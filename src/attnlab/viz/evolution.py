@@ -36,8 +36,8 @@ import torch
 
 from attnlab._checks import check_positive_int, shape_str
 from attnlab.viz._draw import Plot, _labels_that_fit, _new_figure
-from attnlab.viz._files import write_file
 from attnlab.viz.attention import Reduced, _draw_grid, reduce_attention
+from attnlab.viz.files import write_file
 from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData
 
 __all__ = [

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import shape_str
-from attnlab.viz._files import write_file
+from attnlab.viz.files import write_file
 
 __all__ = [
     "AttentionGroup",
