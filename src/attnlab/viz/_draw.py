@@ -9,6 +9,7 @@ input conversion and token labels, and drawing a labelled (optionally annotated)
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,12 @@ class Plot:
     def save(self, path: str | Path, *, dpi: int = 120) -> Path:
         """Write the figure; the format follows the suffix (``.png`` or ``.svg``)."""
         return save_figure(self.figure, path, dpi=dpi)
+
+    def _repr_png_(self) -> bytes:
+        """The figure as PNG bytes: a notebook shows a :class:`Plot` inline."""
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- inputs and labels
