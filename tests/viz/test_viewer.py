@@ -301,3 +301,81 @@ def test_viewer_data_with_steps_checks_shapes():
         ViewerData(
             "t", {"tokens": list("abcd")}, [AttentionGroup("g", "tokens", "tokens", [layer])]
         )
+
+
+# ----------------------------------------------------------------------------- inline (notebooks)
+
+
+def test_view_takes_a_cache_a_mapping_or_viewer_data():
+    model = al.GPT(al.GPTConfig(vocab_size=11, n_positions=8, n_embd=16, n_head=2, n_layer=2))
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    with al.inspect.capture(model) as cache:
+        model(tokens)
+    labels = list("abcd")
+    viewer = al.viz.view(cache, tokens=labels, title="t")
+    assert [layer.name for g in viewer.data.groups for layer in g.layers] == list(cache.attentions)
+    same = al.viz.view(dict(cache.attentions), tokens=labels, title="t")
+    assert viewer.html == same.html == render_viewer(viewer.data)
+    assert al.viz.view(viewer.data).data is viewer.data
+    with pytest.raises(ValueError, match="ViewerData already holds its tokens; got tokens"):
+        al.viz.view(viewer.data, tokens=labels)
+    with pytest.raises(TypeError, match="attentions must be an ActivationCache"):
+        al.viz.view([1, 2], tokens=labels)
+    with pytest.raises(ValueError, match="height must be > 0, got 0"):
+        al.viz.view(cache, tokens=labels, height=0)
+
+
+def test_repr_html_is_the_page_in_its_own_sandboxed_frame(tmp_path):
+    import html as html_lib
+
+    w = _seq2seq_weights()
+    viewer = al.viz.view(w, source=list("abcdef"), target=list("vwxyz"), title='a "<b>" & c')
+    out = viewer._repr_html_()
+    assert out.startswith('<iframe class="attnlab-viewer"') and out.endswith("></iframe>")
+    assert 'sandbox="allow-scripts"' in out and "allow-same-origin" not in out
+    srcdoc = out.split('srcdoc="', 1)[1].rsplit('"></iframe>', 1)[0]
+    assert '"' not in srcdoc and "<" not in srcdoc  # the attribute cannot be closed early
+    assert html_lib.unescape(srcdoc) == viewer.html
+    assert viewer.save(tmp_path / "v.html").read_text(encoding="utf-8") == viewer.html
+
+
+def test_two_inline_viewers_in_one_page_work_independently(browser, tmp_path):
+    """Two frames in one notebook-like page: each draws, and a click in one leaves the other."""
+    w = _seq2seq_weights()
+    first = al.viz.view(w, source=list("abcdef"), target=list("vwxyz"), title="first")
+    gpt = {"h.0.attn": torch.softmax(torch.randn(1, 2, 7, 7), -1)}
+    second = al.viz.view(gpt, tokens=list("ABCDEFG"), title="second")
+    page_path = tmp_path / "notebook.html"
+    page_path.write_text(
+        f"<html><body><h1>notebook</h1>{first._repr_html_()}<p>text</p>{second._repr_html_()}"
+        "</body></html>",
+        encoding="utf-8",
+    )
+    page, errors, requests = _open(browser, page_path)
+    frames = [f for f in page.frames if f != page.main_frame]
+    assert len(frames) == 2
+    for frame in frames:
+        frame.wait_for_selector("#canvas")
+    titles = sorted(f.evaluate("document.querySelector('h1').textContent") for f in frames)
+    assert titles == ["first", "second"]
+    by_title = {f.evaluate("document.querySelector('h1').textContent"): f for f in frames}
+    a, b = by_title["first"], by_title["second"]
+    assert a.locator("#groups button").count() == 3 and b.locator("#groups button").count() == 1
+
+    def canvas(frame):
+        return frame.evaluate("document.getElementById('canvas').toDataURL()")
+
+    before_a, before_b = canvas(a), canvas(b)
+    a.locator("#heads button", has_text="3").click()
+    assert canvas(a) != before_a and canvas(b) == before_b
+    # hover in the second frame reads the second model's weights
+    frame = page.locator("iframe").nth(1)
+    frame.scroll_into_view_if_needed()
+    c = b.evaluate("window.attnlabViewer.cellCenter(4, 2)")  # in the frame's viewport
+    box = frame.bounding_box()
+    page.mouse.move(box["x"] + 1 + c["x"], box["y"] + 1 + c["y"])  # + the 1px border
+    assert float(b.locator("#tip").get_attribute("data-value")) == pytest.approx(
+        float(gpt["h.0.attn"][0, 0, 4, 2]), rel=1e-6
+    )
+    assert errors == [] and requests == []
+    page.close()

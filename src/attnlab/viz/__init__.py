@@ -7,7 +7,7 @@ attention viewer.
   :func:`step_panel_from_model` (``steps``)
 - lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
   (``lessons``)
-- attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``)
+- attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
 PNG or SVG.
@@ -33,8 +33,10 @@ from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from
 from attnlab.viz.viewer import (
     AttentionGroup,
     AttentionLayer,
+    Viewer,
     ViewerData,
     render_viewer,
+    view,
     viewer_data,
     write_viewer,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "Plot",
     "ProbeHistory",
     "Reduced",
+    "Viewer",
     "ViewerData",
     "attention_evolution",
     "attention_heatmap",
@@ -61,6 +64,7 @@ __all__ = [
     "step_panel",
     "step_panel_from_model",
     "step_panel_from_module",
+    "view",
     "viewer_data",
     "viewer_data_from_history",
     "write_viewer",

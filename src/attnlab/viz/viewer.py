@@ -14,6 +14,7 @@ Weights travel as base64 float32 (exact values), masks as base64 uint8. The embe
 from __future__ import annotations
 
 import base64
+import html
 import itertools
 import json
 import re
@@ -31,8 +32,10 @@ from attnlab.viz.files import write_file
 __all__ = [
     "AttentionGroup",
     "AttentionLayer",
+    "Viewer",
     "ViewerData",
     "render_viewer",
+    "view",
     "viewer_data",
     "write_viewer",
 ]
@@ -295,3 +298,121 @@ def write_viewer(data: ViewerData, path: str | Path) -> Path:
     """
     html = render_viewer(data).encode("utf-8")
     return write_file(path, lambda f: f.write(html))
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The viewer page of some attention weights: saved to a file, or shown inside a notebook.
+
+    In Jupyter the object displays itself (``_repr_html_``): the same self-contained page, inside
+    an ``<iframe srcdoc=…>`` of its own, so that several viewers in one notebook never share
+    element ids, styles or scripts, and the page runs sandboxed (scripts only; no access to the
+    notebook).
+
+    Attributes:
+        data: what the page shows.
+        height: the height of the inline frame, in CSS pixels.
+    """
+
+    data: ViewerData
+    height: int = 720
+
+    @property
+    def html(self) -> str:
+        """The page as one HTML string (:func:`render_viewer`)."""
+        return render_viewer(self.data)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (:func:`write_viewer`).
+
+        Args:
+            path: the ``.html`` file to write; parent folders are created.
+
+        Returns:
+            The path written.
+        """
+        return write_viewer(self.data, path)
+
+    def _repr_html_(self) -> str:
+        page = html.escape(self.html, quote=True)
+        title = html.escape(self.data.title, quote=True)
+        return (
+            f'<iframe class="attnlab-viewer" title="{title}" sandbox="allow-scripts" '
+            f'style="width: 100%; height: {self.height}px; border: 1px solid #ccc" '
+            f'srcdoc="{page}"></iframe>'
+        )
+
+
+def view(
+    attentions: object,
+    *,
+    tokens: Sequence[str] | None = None,
+    source: Sequence[str] | None = None,
+    target: Sequence[str] | None = None,
+    kinds: Mapping[str, str] | None = None,
+    batch_index: int = 0,
+    title: str = "attnlab attention viewer",
+    height: int = 720,
+) -> Viewer:
+    """The attention viewer for captured weights; in a notebook, the page shows inline.
+
+    Example::
+
+        with attnlab.inspect.capture(model) as cache:
+            model(tokens)
+        attnlab.viz.view(cache, tokens=[tok.decode([t]) for t in tokens[0].tolist()])
+
+    Args:
+        attentions: an :class:`~attnlab.inspect.ActivationCache` (its ``attentions`` and
+            ``kinds`` are used), a :class:`ViewerData` (shown as it is; no other argument but
+            ``height`` may be given), or a mapping of module path → weights.
+        tokens: a GPT's tokens (one label per position).
+        source: an encoder-decoder's source tokens.
+        target: an encoder-decoder's target tokens.
+        kinds: module path → ``"self"``/``"cross"``; taken from the cache when it is one.
+        batch_index: which sequence of the batch to show.
+        title: the page title.
+        height: the height of the inline frame in a notebook, in CSS pixels (> 0).
+
+    Returns:
+        A :class:`Viewer`: ``.html`` is the page, ``.save(path)`` writes it.
+
+    Shape:
+        - each weight: ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``, with ``T_q``/``T_k`` the lengths
+          of ``tokens`` (or ``target``/``source``).
+
+    Raises:
+        TypeError: ``attentions`` is none of the accepted types, or ``height`` is not an int.
+        ValueError: see :func:`viewer_data`; ``height`` is not positive; a :class:`ViewerData` was
+            given with token arguments.
+    """
+    if isinstance(height, bool) or not isinstance(height, int):
+        raise TypeError(f"height must be an int, got {type(height).__name__}")
+    if height <= 0:
+        raise ValueError(f"height must be > 0, got {height}")
+    if isinstance(attentions, ViewerData):
+        extra = [n for n, v in (("tokens", tokens), ("source", source), ("target", target),
+                                ("kinds", kinds)) if v is not None]  # fmt: skip
+        if extra:
+            raise ValueError(
+                f"a ViewerData already holds its tokens; got {', '.join(extra)} as well"
+            )
+        return Viewer(attentions, height)
+    weights = getattr(attentions, "attentions", attentions)
+    if not isinstance(weights, Mapping):
+        raise TypeError(
+            "attentions must be an ActivationCache, a ViewerData or a mapping of module path → "
+            f"weights, got {type(attentions).__name__}"
+        )
+    if kinds is None:
+        kinds = getattr(attentions, "kinds", None)
+    data = viewer_data(
+        weights,
+        tokens=tokens,
+        source=source,
+        target=target,
+        kinds=kinds,
+        batch_index=batch_index,
+        title=title,
+    )
+    return Viewer(data, height)
