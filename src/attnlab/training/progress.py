@@ -1,14 +1,20 @@
 """A rich progress bar for the trainer: step, loss, learning rate, tokens/s.
 
-Used by ``attnlab train`` and ``attnlab demo``::
+Used by ``attnlab train`` and ``attnlab demo``, and in notebooks::
 
     with RichProgress(console) as progress:
         trainer = Trainer(..., callbacks=[progress])
         trainer.fit()
+
+On a terminal the bar is rich's live display. In Jupyter it is one HTML output (rich's rendering of
+the same columns) replaced in place as training goes: it needs no widget library, and an executed
+notebook keeps the final bar, so a rendered notebook shows it too.
 """
 
 from __future__ import annotations
 
+import io
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,18 +26,54 @@ from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback, Trai
 
 __all__ = ["RichProgress"]
 
+_PRE = (
+    '<pre style="white-space: pre; overflow-x: auto; line-height: normal; '
+    "font-family: Menlo, 'DejaVu Sans Mono', consolas, monospace\">{code}</pre>"
+)
+
+
+class _NotebookBar:
+    """The progress table as HTML in one notebook output, updated through its display id."""
+
+    def __init__(self, progress: Progress, min_interval: float = 0.25) -> None:
+        from IPython.display import HTML, display
+
+        self._html = HTML
+        self._progress = progress
+        self._min_interval = min_interval
+        self._last = -float("inf")
+        self._handle = display(HTML(""), display_id=True)
+
+    def refresh(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self._min_interval:
+            return
+        self._last = now
+        record = Console(
+            record=True,
+            file=io.StringIO(),
+            width=110,
+            force_terminal=True,
+            force_jupyter=False,
+            color_system="truecolor",
+        )
+        record.print(self._progress.make_tasks_table(self._progress.tasks))
+        self._handle.update(self._html(record.export_html(inline_styles=True, code_format=_PRE)))
+
 
 class RichProgress(TrainerCallback):
     """A :class:`TrainerCallback` drawing a rich progress bar; evaluations print a line.
 
     Args:
-        console: where to draw (default: a new stderr console).
+        console: where to draw (default: a new stderr console). In Jupyter the bar is an HTML
+            output of the notebook, updated in place at most four times a second.
         description: the bar's label. Default: ``"train"``.
     """
 
     def __init__(self, console: Console | None = None, description: str = "train") -> None:
         self.console = console or Console(stderr=True)
         self.description = description
+        notebook = self.console.is_jupyter
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -40,19 +82,38 @@ class RichProgress(TrainerCallback):
             TextColumn("lr {task.fields[lr]}"),
             TextColumn("{task.fields[tps]} tok/s"),
             TimeRemainingColumn(),
-            console=self.console,
+            # in a notebook rich's live display stays silent: _NotebookBar draws the table
+            console=Console(file=io.StringIO(), force_jupyter=False) if notebook else self.console,
+            auto_refresh=not notebook,
             transient=False,
         )
         self._task: Any = None
+        self._notebook: _NotebookBar | None = None
 
     def __enter__(self) -> RichProgress:
-        self.progress.start()
+        self._start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _start(self) -> None:
+        if not self.console.is_jupyter:
+            self.progress.start()
+        elif self._notebook is None:
+            self._notebook = _NotebookBar(self.progress)
+
+    def _stop(self) -> None:
+        if self._notebook is not None:
+            self._notebook.refresh(force=True)
         self.progress.stop()
 
     def on_start(self, trainer: Trainer) -> None:
+        """Add the bar (once: a resumed run continues it) at the trainer's current step.
+
+        Args:
+            trainer: the trainer that starts.
+        """
         if self._task is None:
             self._task = self.progress.add_task(
                 self.description,
@@ -62,9 +123,14 @@ class RichProgress(TrainerCallback):
                 lr="-",
                 tps="-",
             )
-        self.progress.start()
+        self._start()
 
     def on_step(self, metrics: StepMetrics) -> None:
+        """Move the bar to the step and show its loss, learning rate and tokens per second.
+
+        Args:
+            metrics: the step's metrics.
+        """
         self.progress.update(
             self._task,
             completed=metrics.step,
@@ -72,13 +138,31 @@ class RichProgress(TrainerCallback):
             lr=f"{metrics.lr:.2e}",
             tps=f"{metrics.tokens_per_s:,.0f}",
         )
+        if self._notebook is not None:
+            self._notebook.refresh()
 
     def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Print one line with the evaluation's metrics.
+
+        Args:
+            step: the step evaluated.
+            metrics: metric name → value.
+        """
         text = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-        self.progress.console.print(f"step {step}: {text}")
+        self.console.print(f"step {step}: {text}")
 
     def on_save(self, step: int, path: Path) -> None:
-        pass
+        """Nothing: saving shows no line.
+
+        Args:
+            step: the step saved.
+            path: the checkpoint folder.
+        """
 
     def on_end(self, result: TrainResult) -> None:
-        self.progress.stop()
+        """Draw the final bar and stop.
+
+        Args:
+            result: the run's result.
+        """
+        self._stop()

@@ -1,0 +1,100 @@
+"""The learning path: every notebook executes at its small size (``FULL = False``).
+
+Each run writes the executed notebook to ``build/notebooks/`` (what ``make docs`` renders; it reuses
+an output whose key — source, size, library code — still matches). A failing cell fails the test
+with the cell and its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.conftest import REPO, SHARED_DATA
+
+_spec = importlib.util.spec_from_file_location("notebook_runner", REPO / "notebooks" / "run.py")
+assert _spec is not None and _spec.loader is not None
+runner = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = runner  # its dataclasses look their module up there
+_spec.loader.exec_module(runner)
+
+SOURCES = runner.sources()
+NEEDS_DATA = {"08_language_model_and_translation"}
+
+
+def _outputs(nb: nbformat.NotebookNode, mime: str) -> list[str]:
+    return [
+        o["data"][mime]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if mime in o.get("data", {})
+    ]
+
+
+def test_the_learning_path_is_complete():
+    names = [s.stem for s in SOURCES]
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 9)], names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_notebook_executes(source: Path):
+    if source.stem in NEEDS_DATA and not SHARED_DATA.exists():
+        pytest.skip(f"shared data not found: {SHARED_DATA} (the notebook reads it from there)")
+    run = runner.execute(source, force=True, threads=1)
+    nb = run.notebook
+    assert nb.metadata["attnlab"]["full"] is False
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert errors == []
+    assert _outputs(nb, "image/png"), f"{source.name} shows no figure"
+    if source.stem.startswith("07"):
+        viewers = [h for h in _outputs(nb, "text/html") if 'class="attnlab-viewer"' in h]
+        assert viewers, "notebook 07 must show the viewer inline"
+        assert "srcdoc=" in viewers[0] and "attnlabViewer" in viewers[0]
+
+
+def test_switch_is_required_and_turned_on_for_full(tmp_path):
+    bad = tmp_path / "01_bad.py"
+    bad.write_text("# %%\nSMALL = True\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="first code cell must hold the line 'FULL = False'"):
+        runner.load(bad, full=False)
+    good = tmp_path / "01_good.py"
+    good.write_text("# %% [markdown]\n# hi\n\n# %%\nFULL = False  # sizes\nN = 3\n", encoding="utf-8")
+    full = runner.load(good, full=True)
+    assert full.cells[1].source == "FULL = True  # sizes\nN = 3"
+    assert runner.cache_key(good, full=True) != runner.cache_key(good, full=False)
+
+
+def test_progress_bar_in_a_notebook_is_one_html_output_updated_in_place(tmp_path):
+    source = tmp_path / "01_progress.py"
+    source.write_text(
+        '''# %%
+FULL = False
+
+# %%
+from types import SimpleNamespace
+from attnlab.training.progress import RichProgress
+from attnlab.training.run_types import StepMetrics
+
+bar = RichProgress(description="toy")
+bar.on_start(SimpleNamespace(config=SimpleNamespace(steps=40), step=0))
+for i in range(1, 41):
+    bar.on_step(StepMetrics(step=i, total_steps=40, loss=1 / i, lr=1e-3, grad_norm=1.0,
+                            tokens=10, tokens_per_s=1000.0, elapsed=0.1 * i))
+bar.on_end(None)
+''',
+        encoding="utf-8",
+    )
+    start = time.perf_counter()
+    run = runner.execute(source, out_dir=tmp_path / "out", force=True, threads=1)
+    assert time.perf_counter() - start < 120
+    outputs = run.notebook.cells[1].outputs
+    assert [o.output_type for o in outputs] == ["display_data"], outputs
+    html = outputs[0]["data"]["text/html"]
+    assert "toy" in html and "40/40" in html and "0.0250" in html and html.startswith("<pre")
