@@ -77,7 +77,11 @@ def load(source: Path, *, full: bool) -> nbformat.NotebookNode:
         raise ValueError(f"{source.name}: the first code cell must hold the line 'FULL = False'")
     if full:
         code[0].source = SWITCH.sub("FULL = True", code[0].source)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     return nb
 
 
@@ -142,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="notebooks run at once (default 2)")
     p.add_argument("--out", type=Path, default=BUILD, help=f"default {BUILD.relative_to(REPO)}")
     args = p.parse_args(argv)
-    chosen = [s for s in sources() if not args.names or any(s.stem.startswith(n) for n in args.names)]
+    chosen = [
+        s for s in sources() if not args.names or any(s.stem.startswith(n) for n in args.names)
+    ]
     if not chosen:
         p.error(f"no notebook matches {args.names}")
     library = _library_digest()

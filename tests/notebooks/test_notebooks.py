@@ -65,7 +65,9 @@ def test_switch_is_required_and_turned_on_for_full(tmp_path):
     with pytest.raises(ValueError, match="first code cell must hold the line 'FULL = False'"):
         runner.load(bad, full=False)
     good = tmp_path / "01_good.py"
-    good.write_text("# %% [markdown]\n# hi\n\n# %%\nFULL = False  # sizes\nN = 3\n", encoding="utf-8")
+    good.write_text(
+        "# %% [markdown]\n# hi\n\n# %%\nFULL = False  # sizes\nN = 3\n", encoding="utf-8"
+    )
     full = runner.load(good, full=True)
     assert full.cells[1].source == "FULL = True  # sizes\nN = 3"
     assert runner.cache_key(good, full=True) != runner.cache_key(good, full=False)
@@ -74,7 +76,7 @@ def test_switch_is_required_and_turned_on_for_full(tmp_path):
 def test_progress_bar_in_a_notebook_is_one_html_output_updated_in_place(tmp_path):
     source = tmp_path / "01_progress.py"
     source.write_text(
-        '''# %%
+        """# %%
 FULL = False
 
 # %%
@@ -88,7 +90,7 @@ for i in range(1, 41):
     bar.on_step(StepMetrics(step=i, total_steps=40, loss=1 / i, lr=1e-3, grad_norm=1.0,
                             tokens=10, tokens_per_s=1000.0, elapsed=0.1 * i))
 bar.on_end(None)
-''',
+""",
         encoding="utf-8",
     )
     start = time.perf_counter()
