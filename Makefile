@@ -15,7 +15,7 @@ endif
 CHROMIUM ?= /usr/bin/chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench results browser clean
+.PHONY: setup demo test lint docs bench results browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +40,17 @@ demo: setup
 test: setup browser
 	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
-lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+lint: setup docs
+	$(BIN)/ruff check src tests benchmarks notebooks docs
+	$(BIN)/ruff format --check src tests benchmarks notebooks docs
 	$(BIN)/mypy
+
+# the documentation site, built strictly (a broken reference or a bad docstring fails) into
+# build/site; the notebooks are executed first, unless build/notebooks holds them current
+# (`make test` leaves them there)
+docs: setup
+	$(BIN)/python notebooks/run.py
+	$(BIN)/mkdocs build --strict
 
 # speed and memory against the peers (torch SDPA, nn.MultiheadAttention, Hugging Face GPT-2)
 bench: setup

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import REPO
 
 _spec = importlib.util.spec_from_file_location("notebook_runner", REPO / "notebooks" / "run.py")
 assert _spec is not None and _spec.loader is not None
@@ -24,7 +24,6 @@ sys.modules[_spec.name] = runner  # its dataclasses look their module up there
 _spec.loader.exec_module(runner)
 
 SOURCES = runner.sources()
-NEEDS_DATA = {"08_language_model_and_translation"}
 
 
 def _outputs(nb: nbformat.NotebookNode, mime: str) -> list[str]:
@@ -45,8 +44,9 @@ def test_the_learning_path_is_complete():
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_notebook_executes(source: Path):
-    if source.stem in NEEDS_DATA and not SHARED_DATA.exists():
-        pytest.skip(f"shared data not found: {SHARED_DATA} (the notebook reads it from there)")
+    reason = runner.missing_data(source)
+    if reason:
+        pytest.skip(reason)
     run = runner.execute(source, force=True, threads=1)
     nb = run.notebook
     assert nb.metadata["attnlab"]["full"] is False

@@ -190,7 +190,8 @@ def viewer_data(
     Args:
         attentions: module path → ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``.
         tokens: a GPT's tokens.
-        source / target: an encoder-decoder's source and target tokens.
+        source: an encoder-decoder's source tokens.
+        target: an encoder-decoder's target tokens (what the decoder read).
         kinds: module path → ``"self"``/``"cross"`` (``cache.kinds``).
         batch_index: which sequence of the batch.
         title: page title.
