@@ -66,6 +66,9 @@ class Seq2SeqBatch:
         tgt_in: ``(B, T)`` decoder input ``<bos> y_1 … y_n``.
         targets: ``(B, T)`` what each decoder position predicts ``y_1 … y_n <eos>``; padding is
             ``pad_id`` (the loss ignores it).
+
+    Shape:
+        src ``(B, S)``; tgt_in and targets ``(B, T)``.
     """
 
     src: torch.Tensor
@@ -86,7 +89,9 @@ def make_seq2seq_batch(
     Args:
         src: ``B`` source token lists.
         tgt: ``B`` target token lists (without ``<bos>``/``<eos>``).
-        pad_id, bos_id, eos_id: the special ids.
+        pad_id: the padding id.
+        bos_id: the begin-of-sequence id that starts the decoder input.
+        eos_id: the end-of-sequence id that ends the targets.
 
     Returns:
         A :class:`Seq2SeqBatch`.
@@ -158,7 +163,9 @@ class BucketedBatchSource:
         src: source token lists.
         tgt: target token lists (same count).
         max_tokens: padded-token budget per batch (see :func:`bucket_batches`).
-        pad_id, bos_id, eos_id: the special ids.
+        pad_id: the padding id.
+        bos_id: the begin-of-sequence id that starts the decoder input.
+        eos_id: the end-of-sequence id that ends the targets.
         seed: the data seed; epoch ``e`` is bucketed and shuffled with ``(seed, e)``.
 
     Example:
@@ -196,14 +203,28 @@ class BucketedBatchSource:
         self.batches_per_epoch = len(bucket_batches(self.lengths, max_tokens))
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """The batches (lists of example indices) of ``epoch``."""
+        """The batches of one epoch, bucketed by length and shuffled with ``(seed, epoch)``.
+
+        Args:
+            epoch: the epoch, counted from 0.
+
+        Returns:
+            The batches, each a list of example indices.
+        """
         if self._epoch is None or self._epoch[0] != epoch:
             gen = step_generator(self.seed, epoch, stream=2)
             self._epoch = (epoch, bucket_batches(self.lengths, self.max_tokens, generator=gen))
         return self._epoch[1]
 
     def batch(self, step: int) -> Seq2SeqBatch:
-        """The batch of optimizer step ``step`` (0-based)."""
+        """The batch of one optimizer step (epochs follow each other, each bucketed anew).
+
+        Args:
+            step: the optimizer step, counted from 0.
+
+        Returns:
+            The padded teacher-forcing batch.
+        """
         epoch, index = divmod(step, self.batches_per_epoch)
         ids = self.epoch_batches(epoch)[index]
         return make_seq2seq_batch(

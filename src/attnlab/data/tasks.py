@@ -125,11 +125,25 @@ class SequenceTask:
         return self.config.max_len + 1
 
     def is_heldout(self, src: Sequence[int]) -> bool:
-        """Whether ``src`` (token ids) belongs to the held-out split."""
+        """Whether a string belongs to the held-out split (a hash of its ids, whatever the seed).
+
+        Args:
+            src: the string's token ids.
+
+        Returns:
+            ``True`` for a held-out string, never drawn for training.
+        """
         return zlib.crc32(bytes(int(t) for t in src)) % self.config.heldout_modulus == 0
 
     def target(self, src: Sequence[int]) -> list[int]:
-        """The correct output for ``src``."""
+        """The correct output for a string.
+
+        Args:
+            src: the string's token ids.
+
+        Returns:
+            The target ids: ``src`` copied, reversed or sorted, as the task says.
+        """
         return task_target(self.config.name, src)
 
     def _draw(
@@ -159,6 +173,13 @@ class SequenceTask:
     def batch(self, step: int, batch_size: int) -> Seq2SeqBatch:
         """The training batch of optimizer step ``step``; never holds a held-out string.
 
+        Args:
+            step: the optimizer step, counted from 0; the batch depends on ``(seed, step)`` only.
+            batch_size: strings per batch ``B``.
+
+        Returns:
+            The teacher-forcing batch.
+
         Shape:
             ``src (B, S)``, ``tgt_in``/``targets`` ``(B, T)``, ``S, T <= max_len + 1`` (``<eos>``
             ends the source, ``<bos>`` starts the decoder input and ``<eos>`` ends the targets).
@@ -171,11 +192,24 @@ class SequenceTask:
 
         The end marker gives every position a landmark to measure its distance from the end,
         which reversing needs (output ``i`` copies input ``n - 1 - i``).
+
+        Args:
+            src: the string's token ids.
+
+        Returns:
+            ``src`` followed by ``<eos>``.
         """
         return [*src, self.tokenizer.eos_id]  # type: ignore[list-item]
 
     def make_batch(self, src: Sequence[Sequence[int]]) -> Seq2SeqBatch:
-        """A teacher-forcing batch for the given strings and their correct targets."""
+        """A teacher-forcing batch for the given strings and their correct targets.
+
+        Args:
+            src: the strings' token ids (without ``<eos>``; :meth:`model_input` adds it).
+
+        Returns:
+            The batch, sources and targets padded.
+        """
         tok = self.tokenizer
         return make_seq2seq_batch(
             [self.model_input(s) for s in src],
@@ -186,7 +220,11 @@ class SequenceTask:
         )
 
     def heldout(self) -> list[list[int]]:
-        """The held-out sources: ``config.num_heldout`` distinct strings, the same for a seed."""
+        """The held-out sources, drawn once and kept.
+
+        Returns:
+            ``config.num_heldout`` distinct strings (token ids), the same for a seed.
+        """
         if self._heldout is None:
             gen = step_generator(self.seed, 0, _HELDOUT_STREAM)
             self._heldout = self._draw(self.config.num_heldout, gen, True, distinct=True)

@@ -81,6 +81,14 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
     Distinct ``stream`` values give independent sequences for the same step (e.g. training
     batches vs. evaluation batches).
+
+    Args:
+        seed: the data seed.
+        step: the optimizer step.
+        stream: tells apart sources that share a seed (default 0).
+
+    Returns:
+        A freshly seeded CPU ``torch.Generator``.
     """
     # a hash, not a sum: distinct (seed, step, stream) triples never share a generator state
     digest = hashlib.blake2b(f"{seed}:{step}:{stream}".encode(), digest_size=8).digest()
@@ -94,6 +102,9 @@ class LMBatch:
     Attributes:
         input_ids: ``(B, T)`` token ids.
         targets: ``(B, T)``, ``targets[:, t]`` is the token after ``input_ids[:, t]``.
+
+    Shape:
+        input_ids and targets ``(B, T)``.
     """
 
     input_ids: torch.Tensor
@@ -140,7 +151,14 @@ class LMBatchSource:
         self.stream = stream
 
     def batch(self, step: int) -> LMBatch:
-        """The batch of optimizer step ``step`` (0-based)."""
+        """The batch of one optimizer step: ``B`` random windows of ``T + 1`` tokens.
+
+        Args:
+            step: the optimizer step, counted from 0; the batch depends on ``(seed, stream, step)``.
+
+        Returns:
+            The inputs and their next-token targets.
+        """
         gen = step_generator(self.seed, step, self.stream)
         # start offsets i ~ U{0, …, N - T - 1}; x = data[i : i+T], y = data[i+1 : i+T+1]
         starts = torch.randint(

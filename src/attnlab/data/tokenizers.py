@@ -40,20 +40,79 @@ class Tokenizer(Protocol):
     """What every attnlab tokenizer provides."""
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        ...
+
     @property
-    def pad_id(self) -> int | None: ...
+    def pad_id(self) -> int | None:
+        """Id of ``<pad>``, or ``None`` when the vocabulary has none."""
+        ...
+
     @property
-    def bos_id(self) -> int | None: ...
+    def bos_id(self) -> int | None:
+        """Id of ``<bos>``, or ``None`` when the vocabulary has none."""
+        ...
+
     @property
-    def eos_id(self) -> int | None: ...
+    def eos_id(self) -> int | None:
+        """Id of ``<eos>``, or ``None`` when the vocabulary has none."""
+        ...
+
     @property
-    def unk_id(self) -> int | None: ...
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str: ...
-    def id_to_token(self, index: int) -> str: ...
-    def to_json(self) -> str: ...
-    def save(self, path: str | Path) -> None: ...
+    def unk_id(self) -> int | None:
+        """Id of ``<unk>``, or ``None`` when the vocabulary has none."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of a text, without special tokens added.
+
+        Args:
+            text: the text.
+
+        Returns:
+            Its token ids.
+        """
+        ...
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """The text of some ids.
+
+        Args:
+            ids: token ids.
+            skip_special: drop special tokens (default ``True``).
+
+        Returns:
+            The text.
+        """
+        ...
+
+    def id_to_token(self, index: int) -> str:
+        """The token of one id.
+
+        Args:
+            index: an id in ``[0, vocab_size)``.
+
+        Returns:
+            The token's string.
+        """
+        ...
+
+    def to_json(self) -> str:
+        """The tokenizer as JSON text, which :func:`tokenizer_from_json` reads back.
+
+        Returns:
+            The JSON text.
+        """
+        ...
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer as one UTF-8 JSON file.
+
+        Args:
+            path: the file to write (a ``tokenizer.json``).
+        """
+        ...
 
 
 class _SpecialIds:
@@ -113,20 +172,46 @@ class CharTokenizer(_SpecialIds):
 
     @classmethod
     def train(cls, text: str, specials: Sequence[str] = ()) -> CharTokenizer:
-        """The sorted set of characters of ``text`` as the alphabet."""
+        """A tokenizer whose alphabet is the sorted set of characters of ``text``.
+
+        Args:
+            text: the training text (at least one character).
+            specials: special tokens given the first ids; none by default.
+
+        Returns:
+            The new tokenizer.
+
+        Raises:
+            ValueError: ``text`` is empty.
+        """
         if not text:
             raise ValueError("text must hold at least one character to build a vocabulary")
         return cls(sorted(set(text)), specials)
 
     @property
     def vocab_size(self) -> int:
+        """Number of ids: the special tokens, then the characters."""
         return len(self._itos)
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of a token.
+
+        Args:
+            token: a special token or a single character.
+
+        Returns:
+            Its id, or ``None`` when it is not in the vocabulary.
+        """
         return self._stoi.get(token)
 
     def id_to_token(self, index: int) -> str:
         """The token of id ``index`` (a special token or a character).
+
+        Args:
+            index: an id in ``[0, vocab_size)``.
+
+        Returns:
+            The token's string.
 
         Raises:
             TypeError: ``index`` is not an int.
@@ -146,6 +231,12 @@ class CharTokenizer(_SpecialIds):
     def encode(self, text: str) -> list[int]:
         """Ids of the characters of ``text``.
 
+        Args:
+            text: the text; a character outside the alphabet becomes ``<unk>`` when there is one.
+
+        Returns:
+            One id per character.
+
         Raises:
             ValueError: a character is outside the alphabet and there is no ``<unk>``.
         """
@@ -162,7 +253,15 @@ class CharTokenizer(_SpecialIds):
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
-        """The text of ``ids``; special tokens are dropped unless ``skip_special=False``."""
+        """The text of some ids.
+
+        Args:
+            ids: token ids.
+            skip_special: drop special tokens (default ``True``); ``False`` writes them out.
+
+        Returns:
+            The characters of the ids, joined.
+        """
         n_special = len(self.specials)
         out = []
         for i in ids:
@@ -175,6 +274,11 @@ class CharTokenizer(_SpecialIds):
         return "".join(out)
 
     def to_json(self) -> str:
+        """The tokenizer as JSON text, which :func:`tokenizer_from_json` reads back.
+
+        Returns:
+            ``{"kind": "char", "specials": [...], "chars": [...]}`` as text.
+        """
         return json.dumps(
             {"kind": "char", "specials": list(self.specials), "chars": list(self.chars)},
             ensure_ascii=False,
@@ -193,24 +297,66 @@ class HFTokenizer(_SpecialIds):
 
     @property
     def vocab_size(self) -> int:
+        """Number of ids, added (special) tokens included."""
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of a token.
+
+        Args:
+            token: a token of the vocabulary.
+
+        Returns:
+            Its id, or ``None`` when it is not in the vocabulary.
+        """
         return self.tokenizer.token_to_id(token)
 
     def id_to_token(self, index: int) -> str:
+        """The token of one id.
+
+        Args:
+            index: an id in ``[0, vocab_size)``.
+
+        Returns:
+            The token's string.
+
+        Raises:
+            ValueError: ``index`` is outside the vocabulary.
+        """
         token = self.tokenizer.id_to_token(int(index))
         if token is None:
             raise ValueError(f"index must be in [0, {self.vocab_size}), got {index}")
         return str(token)
 
     def encode(self, text: str) -> list[int]:
+        """The ids of a text, without special tokens added.
+
+        Args:
+            text: the text.
+
+        Returns:
+            Its token ids.
+        """
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """The text of some ids.
+
+        Args:
+            ids: token ids.
+            skip_special: drop special tokens (default ``True``).
+
+        Returns:
+            The text, as the Hugging Face tokenizer decodes it.
+        """
         return str(self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special))
 
     def to_json(self) -> str:
+        """The tokenizer as JSON text, which :func:`tokenizer_from_json` reads back.
+
+        Returns:
+            The Hugging Face tokenizer's own ``tokenizer.json`` text.
+        """
         return str(self.tokenizer.to_str())
 
 
@@ -310,7 +456,17 @@ def train_word_level(
 
 
 def tokenizer_from_json(text: str) -> CharTokenizer | HFTokenizer:
-    """Rebuild a tokenizer from :meth:`to_json` output (either kind)."""
+    """Rebuild a tokenizer from :meth:`to_json` output (either kind).
+
+    Args:
+        text: the JSON text.
+
+    Returns:
+        A :class:`CharTokenizer` for ``"kind": "char"``, else an :class:`HFTokenizer`.
+
+    Raises:
+        ValueError: the text is not JSON, or neither kind of tokenizer.
+    """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -348,7 +504,18 @@ def _strings(
 
 
 def load_tokenizer(path: str | Path) -> CharTokenizer | HFTokenizer:
-    """Read a tokenizer file written by ``save`` (a ``tokenizer.json``)."""
+    """Read a tokenizer file written by ``save`` (a ``tokenizer.json``).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The tokenizer, of the kind the file records.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not UTF-8 or not a tokenizer's JSON.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file not found: {path}")

@@ -21,15 +21,39 @@ class Stepper(Protocol):
     """What the decoding loops need from a model."""
 
     def prefill(self) -> torch.Tensor:
-        """Logits ``(N, V)`` of the next token after the prompt."""
+        """Run the prompt (or encode the source and feed ``<bos>``), filling the cache.
+
+        Returns:
+            The logits of the next token after the prompt.
+
+        Shape:
+            ``(N, V)``: ``N`` rows, ``V`` the vocabulary size.
+        """
         ...
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed ``tokens`` ``(N,)``; return the logits ``(N, V)`` of the token after them."""
+        """Feed one new token per row.
+
+        Args:
+            tokens: the token chosen for each row.
+
+        Returns:
+            The logits of the token after them.
+
+        Shape:
+            tokens ``(N,)`` → logits ``(N, V)``.
+        """
         ...
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Row ``n`` becomes old row ``index[n]`` (cache and masks)."""
+        """Select rows (beam search): row ``n`` becomes old row ``index[n]`` (cache and masks).
+
+        Args:
+            index: integer row indices on the model's device; may repeat rows.
+
+        Shape:
+            index ``(N_new,)``.
+        """
         ...
 
 
@@ -41,6 +65,9 @@ class CausalStepper:
         input_ids: prompt ``(N, T)``, left-padded when ``attention_mask`` has zeros.
         attention_mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
         capacity: cache size, ``T + max_new_tokens``.
+
+    Shape:
+        input_ids and attention_mask ``(N, T)``; ``N`` rows (batch × beams), ``T`` prompt length.
 
     The prompt goes through ``model.forward`` (which checks it); each later token through
     ``model.decode_step`` where the model has one (:meth:`attnlab.GPT.decode_step`: the same
@@ -70,10 +97,29 @@ class CausalStepper:
         return None if self.mask is None else self.mask[:, : self.length]
 
     def prefill(self) -> torch.Tensor:
+        """Run the prompt through ``model.forward``, filling the cache.
+
+        Returns:
+            The logits of the token after the prompt.
+
+        Shape:
+            ``(N, V)``.
+        """
         out = self.model(self.input_ids, attention_mask=self._visible(), cache=self.cache)
         return out.logits[:, -1]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row through ``model.decode_step`` (or ``forward``).
+
+        Args:
+            tokens: the new token of each row.
+
+        Returns:
+            The logits of the token after them.
+
+        Shape:
+            tokens ``(N,)`` → logits ``(N, V)``.
+        """
         self.length += 1
         if self.decode_step is not None:
             return self.decode_step(tokens[:, None], self.cache, self._visible())
@@ -81,6 +127,14 @@ class CausalStepper:
         return out.logits[:, -1]
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Select rows of the cache and of the padding mask: row ``n`` becomes old row ``index[n]``.
+
+        Args:
+            index: integer row indices on the model's device; may repeat rows.
+
+        Shape:
+            index ``(N_new,)``.
+        """
         self.cache.reorder(index)
         if self.mask is not None:
             self.mask = self.mask.index_select(0, index)
@@ -95,6 +149,9 @@ class Seq2SeqStepper:
         src: source ids ``(N, S)``.
         src_mask: ``(N, S)`` 0/1 (1 = real token), or ``None`` for ``src != pad_id``.
         capacity: target positions, ``1 + max_new_tokens``.
+
+    Shape:
+        src and src_mask ``(N, S)``; ``N`` rows (batch × beams), ``S`` source length.
     """
 
     def __init__(
@@ -116,12 +173,39 @@ class Seq2SeqStepper:
         return out.logits[:, -1]
 
     def prefill(self) -> torch.Tensor:
+        """Feed ``<bos>`` to the decoder (the source was encoded at construction).
+
+        Returns:
+            The logits of the first target token.
+
+        Shape:
+            ``(N, V)``.
+        """
         return self._decode(self.bos)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one target token per row to the decoder.
+
+        Args:
+            tokens: the new token of each row.
+
+        Returns:
+            The logits of the token after them.
+
+        Shape:
+            tokens ``(N,)`` → logits ``(N, V)``.
+        """
         return self._decode(tokens[:, None])
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Select rows of the cache, the encoder memory and the source mask.
+
+        Args:
+            index: integer row indices on the model's device; may repeat rows.
+
+        Shape:
+            index ``(N_new,)``.
+        """
         self.cache.reorder(index)
         self.memory = self.memory.index_select(0, index)
         self.src_mask = self.src_mask.index_select(0, index)

@@ -20,6 +20,9 @@ def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
 
     Returns:
         token ids ``(N,)``.
+
+    Shape:
+        logits ``(N, V)`` → ``(N,)``; ``N`` rows (batch × beams), ``V`` the vocabulary size.
     """
     return logits.argmax(dim=-1)
 
@@ -36,6 +39,9 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
     Returns:
         filtered logits ``(N, V)``.
+
+    Shape:
+        logits ``(N, V)`` → ``(N, V)``; ``N`` rows, ``V`` the vocabulary size.
     """
     check_positive_int("top_k", k)
     if k >= logits.shape[-1]:
@@ -61,6 +67,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
     Returns:
         filtered logits ``(N, V)``.
+
+    Shape:
+        logits ``(N, V)`` → ``(N, V)``; ``N`` rows, ``V`` the vocabulary size.
     """
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
         raise ValueError(f"top_p must be a float in (0, 1], got {p!r}")
@@ -96,6 +105,9 @@ def sample_choice(
 
     Returns:
         token ids ``(N,)``.
+
+    Shape:
+        logits ``(N, V)`` → ``(N,)``; ``N`` rows, ``V`` the vocabulary size.
     """
     z = logits.float() / temperature
     if top_k is not None:

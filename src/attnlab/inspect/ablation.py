@@ -83,6 +83,9 @@ def masked_heads(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> Iterato
             of the wrong shape, or a NaN/inf entry.
         TypeError: a mask that is not a floating or boolean tensor.
 
+    Shape:
+        each mask ``(H,)``, ``H`` the heads of that layer.
+
     Example:
         >>> off = torch.tensor([1.0, 0.0, 1.0, 1.0])
         >>> with masked_heads(model, {"decoder.layers.0.cross_attn": off}):
@@ -306,6 +309,9 @@ class HeadImportance:
         num_batches: how many batches the estimates average.
         pruned: heads that were already removed while measuring (``base_loss`` is the loss
             without them); their scores are NaN and :meth:`order` leaves them out.
+
+    Shape:
+        ablation and gradient ``(L, H)``: ``L`` attention layers (in ``layers`` order), ``H`` heads.
     """
 
     layers: tuple[str, ...]
@@ -323,18 +329,42 @@ class HeadImportance:
         return int(self.ablation.shape[1])
 
     def heads(self) -> list[Head]:
-        """Every ``(layer path, head)`` pair, layers in execution order (``pruned`` included)."""
+        """Every head of the model.
+
+        Returns:
+            ``(layer path, head index)`` pairs, layers in execution order (``pruned`` included).
+        """
         return [(path, h) for path in self.layers for h in range(self.num_heads)]
 
     def scores(self, by: ImportanceKind = "ablation") -> torch.Tensor:
-        """The ``(L, H)`` scores of one kind."""
+        """The scores of one kind.
+
+        Args:
+            by: ``"ablation"`` (default) or ``"gradient"``.
+
+        Returns:
+            :attr:`ablation` or :attr:`gradient` (float64; NaN for pruned heads).
+
+        Raises:
+            ValueError: ``by`` is another string.
+
+        Shape:
+            ``(L, H)``.
+        """
         if by not in ("ablation", "gradient"):
             raise ValueError(f"by must be 'ablation' or 'gradient', got {by!r}")
         return self.ablation if by == "ablation" else self.gradient
 
     def order(self, by: ImportanceKind = "ablation") -> list[Head]:
-        """Every head not yet ``pruned``, least important first (ties: earlier layer, then lower
-        head index)."""
+        """Every head not yet ``pruned``, least important first.
+
+        Args:
+            by: the scores to sort by, ``"ablation"`` (default) or ``"gradient"``.
+
+        Returns:
+            ``(layer path, head index)`` pairs by increasing score (ties: earlier layer, then lower
+            head index).
+        """
         s = self.scores(by).tolist()
         keyed = [
             (s[li][h], li, h)
@@ -345,12 +375,31 @@ class HeadImportance:
         return [(self.layers[li], h) for _, li, h in sorted(keyed)]
 
     def masks(self, pruned: Iterable[Head]) -> dict[str, torch.Tensor]:
-        """Masks for :func:`masked_heads` that remove the ``pruned`` heads and keep the others."""
+        """Masks for :func:`masked_heads` that remove the ``pruned`` heads and keep the others.
+
+        Args:
+            pruned: ``(layer path, head index)`` pairs to remove.
+
+        Returns:
+            Layer path → ``ξ`` (1.0 keeps a head, 0.0 removes it), for each layer ``pruned``
+            touches.
+
+        Raises:
+            ValueError: a layer path that is not in :attr:`layers` or a head index out of range.
+
+        Shape:
+            each mask ``(H,)``.
+        """
         heads = _check_heads(list(pruned), dict.fromkeys(self.layers, self.num_heads), "pruned")
         return _masks_without(heads, dict.fromkeys(self.layers, self.num_heads))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (lists of floats; ``None`` for the NaN scores of pruned heads)."""
+        """The result as plain data, for JSON.
+
+        Returns:
+            The attributes (and ``num_heads``) with the scores as nested lists of floats, ``None``
+            for the NaN scores of pruned heads, and heads as ``[path, head]`` lists.
+        """
 
         def rows(t: torch.Tensor) -> list[list[float | None]]:
             return [[None if math.isnan(v) else v for v in row] for row in t.tolist()]
@@ -581,7 +630,11 @@ class PruningCurve:
     total_heads: int
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """The curve as plain data, for JSON.
+
+        Returns:
+            The attributes as lists (heads as ``[path, head]`` lists; ``metric`` may be ``None``).
+        """
         return {
             "order": [[path, h] for path, h in self.order],
             "num_pruned": list(self.num_pruned),

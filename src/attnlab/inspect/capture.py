@@ -49,6 +49,10 @@ class ActivationCache:
             ``hooks=`` (e.g. ``"transformer.h.0.attn.hook_q"``).
         stats: module path → :class:`~attnlab.inspect.stats.AttentionStats` of the latest call
             (entropy, max weight, log-sum-exp per row), filled with ``stats=True``.
+
+    Shape:
+        each weights tensor ``(B, H, T_q, T_k)``; an activation has its hook point's shape, e.g.
+        ``(B, H, T_q, d_head)`` for ``hook_q``.
     """
 
     attentions: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -70,21 +74,48 @@ class ActivationCache:
         return len(self.attentions)
 
     def names(self, kind: str | None = None) -> list[str]:
-        """The captured layers (``kind``: ``"self"``, ``"cross"`` or ``None`` for all)."""
+        """The captured layers.
+
+        Args:
+            kind: ``"self"``, ``"cross"`` or ``None`` (default) for all.
+
+        Returns:
+            Module paths, in the order the layers first ran.
+
+        Raises:
+            ValueError: ``kind`` is another value.
+        """
         if kind not in (None, "self", "cross"):
             raise ValueError(f"kind must be 'self', 'cross' or None, got {kind!r}")
         return [n for n in self.attentions if kind is None or self.kinds.get(n) == kind]
 
     def layers_heads(self, kind: str | None = None) -> list[tuple[str, int]]:
-        """Every ``(layer path, head index)`` pair, layers in execution order."""
+        """Every head of the captured layers.
+
+        Args:
+            kind: ``"self"``, ``"cross"`` or ``None`` (default) for all.
+
+        Returns:
+            ``(layer path, head index)`` pairs, layers in execution order.
+        """
         return [(n, h) for n in self.names(kind) for h in range(self.attentions[n].shape[1])]
 
     def stack(self, kind: str | None = None) -> torch.Tensor:
-        """The weights of all layers of one kind, stacked: ``(L, B, H, T_q, T_k)``.
+        """The weights of all layers of one kind, stacked.
+
+        Args:
+            kind: ``"self"``, ``"cross"`` or ``None`` (default) for all.
+
+        Returns:
+            One tensor with the layers in execution order along the first dimension.
 
         Raises:
             ValueError: the layers' weights have different shapes (e.g. self- and cross-attention
-                mixed with ``kind=None`` and different source/target lengths).
+                mixed with ``kind=None`` and different source/target lengths), or none was
+                captured.
+
+        Shape:
+            ``(L, B, H, T_q, T_k)``, ``L`` the number of layers of that kind.
         """
         names = self.names(kind)
         if not names:
@@ -97,7 +128,23 @@ class ActivationCache:
         return torch.stack([self.attentions[n] for n in names])
 
     def head(self, name: str, head: int, batch: int = 0) -> torch.Tensor:
-        """One head's weights ``(T_q, T_k)``."""
+        """One head's weights for one batch row.
+
+        Args:
+            name: the layer's module path (or a captured hook point's name).
+            head: the head index, in ``[0, H)``.
+            batch: the batch row, in ``[0, B)``; default 0.
+
+        Returns:
+            The weights (a view of the captured tensor).
+
+        Raises:
+            KeyError: nothing was captured under ``name``.
+            ValueError: ``head`` or ``batch`` is out of range.
+
+        Shape:
+            ``(T_q, T_k)``.
+        """
         w = self[name]
         if not 0 <= head < w.shape[1]:
             raise ValueError(f"head must lie in [0, {w.shape[1]}) for {name!r}, got {head}")
@@ -107,7 +154,18 @@ class ActivationCache:
 
 
 def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
-    """The attention layers of ``model`` by module path (``""`` when ``model`` is one)."""
+    """The attention layers of a model.
+
+    Args:
+        model: any module.
+
+    Returns:
+        Module path → :class:`~attnlab.nn.multihead.MultiHeadAttention`, in ``named_modules()``
+        order (path ``""`` when ``model`` is itself an attention layer).
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)}

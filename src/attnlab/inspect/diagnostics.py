@@ -97,6 +97,11 @@ class NonFiniteLocation:
         return where if self.key < 0 else f"{where}, key {self.key}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The location as plain data, for JSON.
+
+        Returns:
+            The attributes by name.
+        """
         return asdict(self)
 
 
@@ -110,9 +115,12 @@ class HeadHealth:
         head: head index.
         rows: query rows checked (batch × T_q).
         masked_rows: rows that are all zero (the query may see no key).
-        entropy_mean, entropy_min, entropy_max: row entropies in nats, over unmasked finite rows
-            (``nan`` when there are none).
-        max_weight_mean, max_weight_max: the largest weight of each row, averaged / maximised.
+        entropy_mean: mean row entropy in nats, over unmasked finite rows (``nan`` when there are
+            none).
+        entropy_min: smallest row entropy in nats, over the same rows.
+        entropy_max: largest row entropy in nats, over the same rows.
+        max_weight_mean: the largest weight of each row, averaged over the rows.
+        max_weight_max: the largest weight of each row, maximised over the rows.
         row_sum_error: ``max |Σ_j p_j − 1|`` over unmasked finite rows (``nan``: not measured,
             for a report built from blockwise statistics).
         nonfinite: NaN/inf entries (rows, for a report from blockwise statistics).
@@ -155,7 +163,11 @@ class HeadHealth:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``nan`` becomes ``None``)."""
+        """The head's statistics as plain data, for JSON.
+
+        Returns:
+            The attributes by name, plus ``ok``; ``nan`` becomes ``None``.
+        """
         return {k: _json_float(v) for k, v in asdict(self).items()} | {"ok": self.ok}
 
 
@@ -182,18 +194,38 @@ class HealthReport:
         return self.origin is None and all(h.ok for h in self.heads)
 
     def layers(self) -> list[str]:
-        """The layer paths, in execution order."""
+        """The layers of the report.
+
+        Returns:
+            The layer paths, in execution order, each once.
+        """
         return list(dict.fromkeys(h.layer for h in self.heads))
 
     def for_layer(self, layer: str) -> list[HeadHealth]:
-        """The heads of one layer."""
+        """The heads of one layer.
+
+        Args:
+            layer: the layer's module path, as in :meth:`layers`.
+
+        Returns:
+            Its :class:`HeadHealth` entries, by head index.
+
+        Raises:
+            KeyError: no such layer in the report (the message lists them).
+        """
         heads = [h for h in self.heads if h.layer == layer]
         if not heads:
             raise KeyError(f"no layer {layer!r} in the report; layers: {', '.join(self.layers())}")
         return heads
 
     def problems(self) -> list[str]:
-        """One line per unhealthy head (empty when all is well)."""
+        """What is wrong, in words.
+
+        Returns:
+            One line per problem: the first non-finite output and weight, then per head non-finite
+            weights, rows that do not sum to one, uniform and one-token heads (empty when all
+            is well).
+        """
         out = []
         if self.origin is not None:
             out.append(f"first non-finite output: {self.origin}")
@@ -221,7 +253,12 @@ class HealthReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``ok``, ``first_nonfinite``, ``origin``, ``problems``, ``heads``."""
+        """The report as plain data, for JSON.
+
+        Returns:
+            ``{"ok", "first_nonfinite", "origin", "problems", "heads"}``, the nested objects as
+            their own ``to_dict()``.
+        """
         return {
             "ok": self.ok,
             "first_nonfinite": None

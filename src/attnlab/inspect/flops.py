@@ -89,7 +89,11 @@ class FlopReport:
         return self.forward_total / (self.batch * self.seq_len)
 
     def grouped(self) -> dict[str, int]:
-        """Forward FLOPs summed per kind of term (``"qkv"``, ``"scores"``, ``"ffn"`` …)."""
+        """Forward FLOPs summed per kind of term.
+
+        Returns:
+            Kind (the last part of a term's name: ``"qkv"``, ``"scores"``, ``"ffn"`` …) → FLOPs.
+        """
         out: dict[str, int] = {}
         for key, value in self.forward.items():
             kind = key.rsplit("/", 1)[-1]
@@ -97,7 +101,11 @@ class FlopReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with the totals included."""
+        """The report as plain data, for JSON.
+
+        Returns:
+            The fields by name, with the forward and training totals added.
+        """
         return {
             "model": self.model,
             "seq_len": self.seq_len,

@@ -133,7 +133,11 @@ class NonFiniteOrigin:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists), with ``layer_name`` added."""
+        """The origin as plain data, for JSON.
+
+        Returns:
+            The fields by name (tuples become lists), with ``layer_name`` added.
+        """
         out = dataclasses.asdict(self)
         for key in ("shape", "index", "parameter_index"):
             if out[key] is not None:

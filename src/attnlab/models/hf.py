@@ -39,6 +39,12 @@ _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
     """The :class:`~attnlab.models.config.GPTConfig` of a ``transformers.GPT2Config``.
 
+    Args:
+        hf_config: the Hugging Face configuration, e.g. ``GPT2LMHeadModel.config``.
+
+    Returns:
+        The equivalent attnlab configuration (sizes, dropout, layer-norm epsilon).
+
     Raises:
         ValueError: for GPT-2 options attnlab does not implement (another activation, ``n_inner``
             other than ``4 · n_embd``, unscaled or layer-scaled attention, cross-attention).
@@ -74,6 +80,14 @@ def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
 
 def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT2Config:
     """A ``transformers.GPT2Config`` for a :class:`~attnlab.models.config.GPTConfig`.
+
+    Args:
+        config: the attnlab configuration.
+        attn_implementation: the Hugging Face attention implementation to record in the config
+            (``"sdpa"``, the default, or ``"eager"``).
+
+    Returns:
+        The equivalent ``transformers.GPT2Config``.
 
     Raises:
         ValueError: for options GPT-2 does not have (grouped-query heads, rope/alibi, no biases).
@@ -203,6 +217,9 @@ def check_directory(path: str | Path) -> GPTConfig:
     Its weights must be safetensors (never a pickle), and the sizes of its ``config.json`` —
     vocabulary, positions, width, layers — must be the shapes the weights' headers record, so
     that a crafted config cannot make the process allocate a model of any size.
+
+    Args:
+        path: a directory with ``config.json`` and ``model.safetensors`` (or sharded safetensors).
 
     Returns:
         The :class:`~attnlab.models.config.GPTConfig` of the directory.

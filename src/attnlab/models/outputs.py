@@ -19,6 +19,9 @@ class CausalLMOutput:
         logits: ``(B, T, vocab_size)``.
         loss: mean cross-entropy of next-token prediction when labels were given, else ``None``.
         cache: the :class:`~attnlab.nn.kv_cache.ModelCache` that was used, if any.
+
+    Shape:
+        logits ``(B, T, vocab_size)``; loss a scalar ``()``.
     """
 
     logits: torch.Tensor
@@ -34,6 +37,9 @@ class Seq2SeqOutput:
         logits: ``(B, T_tgt, tgt_vocab_size)``.
         loss: label-smoothed cross-entropy over non-padding targets when targets were given.
         cache: the decoder's :class:`~attnlab.nn.kv_cache.ModelCache`, if any.
+
+    Shape:
+        logits ``(B, T_tgt, tgt_vocab_size)``; loss a scalar ``()``.
     """
 
     logits: torch.Tensor

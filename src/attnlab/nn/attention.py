@@ -170,8 +170,26 @@ def attend(
     ``query``, ``key`` and ``value`` themselves (:class:`~attnlab.nn.multihead.MultiHeadAttention`),
     so that a decoding step does not pay for checks its inputs pass by construction.
 
+    Args:
+        query: the queries, checked as :func:`scaled_dot_product_attention` checks them.
+        key: the keys (``H_kv`` heads, ``H`` a multiple of ``H_kv``).
+        value: the values.
+        masking: the mask after :func:`~attnlab.nn.masking.normalize_mask` (``is_causal``
+            folded in).
+        scale: the score scale, e.g. ``1 / √D``.
+        dropout_p: dropout probability on the attention weights, in ``[0, 1)``.
+        backend: a registered backend's name or ``"auto"`` (``"math"`` when the weights are
+            asked for, else ``"sdpa"``).
+        need_weights: also return the attention weights (before dropout).
+
+    Returns:
+        ``output``, or ``(output, weights)`` when ``need_weights`` is true; rows that may see no
+        key are zero in both.
+
     Shape:
-        as :func:`scaled_dot_product_attention`.
+        as :func:`scaled_dot_product_attention`: query ``(..., H, T_q, D)``, key
+        ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``; output ``(..., H, T_q, D_v)``,
+        weights ``(..., H, T_q, T_k)``.
     """
     if backend == "auto":
         backend = "math" if need_weights else "sdpa"

@@ -25,6 +25,17 @@ class HookPoint(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``x`` unchanged (what the hooks registered on this point see).
+
+        Args:
+            x: any tensor.
+
+        Returns:
+            ``x`` itself, not a copy.
+
+        Shape:
+            any; the output has the input's shape.
+        """
         return x
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +54,12 @@ class HookPoint(nn.Module):
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of ``model`` under its one name, the module path (TransformerLens's
     ``hook_dict``): ``"transformer.h.0.attn.hook_rot_q"``, ``"decoder.layers.1.cross_attn.hook_z"``, …
+
+    Args:
+        model: any module; its hook points are found by ``named_modules()``.
+
+    Returns:
+        ``{module path: hook point}``, in ``named_modules()`` order.
 
     Example:
         >>> names = hook_points(attnlab.GPT(attnlab.GPTConfig(n_layer=1, n_embd=32, n_head=4)))

@@ -26,9 +26,12 @@ class KVCache:
         num_kv_heads: ``H_kv``.
         capacity: the most positions it can hold.
         d_head: head dimension of keys (and of values unless ``d_head_v`` is given).
+        d_head_v: head dimension of values; default ``d_head``.
+        dtype: dtype of the buffers; default ``torch.float32``.
+        device: device of the buffers; default the current default device.
 
     Shape:
-        ``keys``/``values``: ``(B, H_kv, length, d_head)``.
+        ``keys``: ``(B, H_kv, length, d_head)``; ``values``: ``(B, H_kv, length, d_head_v)``.
     """
 
     def __init__(
@@ -54,21 +57,37 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
+        """The most positions the buffers can hold."""
         return self.k.shape[2]
 
     @property
     def keys(self) -> torch.Tensor:
+        """The keys stored so far, a view ``(B, H_kv, length, d_head)`` of the buffer."""
         return self.k[:, :, : self.length]
 
     @property
     def values(self) -> torch.Tensor:
+        """The values stored so far, a view ``(B, H_kv, length, d_head_v)`` of the buffer."""
         return self.v[:, :, : self.length]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys/values and return all keys/values so far.
 
+        Args:
+            k: keys of the ``T_new`` new positions.
+            v: values of the same positions.
+
+        Returns:
+            ``(keys, values)``: every position stored so far, the new ones last (views).
+
         Raises:
-            ValueError: when the cache would go past its capacity, or shapes disagree.
+            ValueError: when the cache would go past its capacity, when it is a static
+                (cross-attention) cache, or when shapes disagree with the buffers.
+
+        Shape:
+            - k ``(B, H_kv, T_new, d_head)``, v ``(B, H_kv, T_new, d_head_v)``
+            - keys ``(B, H_kv, length, d_head)``, values ``(B, H_kv, length, d_head_v)``, with
+              ``length`` the previous length plus ``T_new``
         """
         if self.static:
             raise ValueError("this is a cross-attention (static) cache; it cannot grow")
@@ -85,7 +104,22 @@ class KVCache:
         return self.keys, self.values
 
     def set_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill the cache once with keys/values that will not change (cross-attention)."""
+        """Fill the cache once with keys/values that will not change (cross-attention).
+
+        Args:
+            k: the keys of the encoder memory.
+            v: the values of the encoder memory.
+
+        Returns:
+            ``(keys, values)`` as stored (views); :meth:`append` is refused from now on.
+
+        Raises:
+            ValueError: ``T_src`` is larger than the capacity, or shapes disagree with the buffers.
+
+        Shape:
+            - k ``(B, H_kv, T_src, d_head)``, v ``(B, H_kv, T_src, d_head_v)``
+            - keys and values: the same shapes
+        """
         self._check(k, v)
         n = k.shape[2]
         if n > self.capacity:
@@ -97,7 +131,14 @@ class KVCache:
         return self.keys, self.values
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``."""
+        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep, on the cache's device; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; the buffers become ``(B_new, H_kv, capacity, d_head)``.
+        """
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
 
@@ -117,6 +158,11 @@ class ModelCache:
     cross-attention layer for an encoder-decoder.
 
     ``length`` is the number of positions processed so far (the next token's position).
+
+    Args:
+        layers: the self-attention caches, one per layer, first layer first.
+        cross: the cross-attention caches of an encoder-decoder, one per decoder layer;
+            ``None`` (the default) for a decoder-only model.
     """
 
     def __init__(self, layers: list[KVCache], cross: list[KVCache] | None = None) -> None:
@@ -125,16 +171,30 @@ class ModelCache:
 
     @property
     def length(self) -> int:
+        """Positions processed so far (the next token's position); 0 without layers."""
         return self.layers[0].length if self.layers else 0
 
     @property
     def capacity(self) -> int:
+        """The most positions each self-attention cache can hold; 0 without layers."""
         return self.layers[0].capacity if self.layers else 0
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows in every layer (beam search)."""
+        """Select batch rows in every layer (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep, on the caches' device; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; every cache then holds ``B_new`` rows.
+        """
         for c in self.layers + (self.cross or []):
             c.reorder(index)
 
     def nbytes(self) -> int:
+        """Bytes held by the key and value buffers of every layer (at full capacity).
+
+        Returns:
+            The total size of the buffers in bytes, cross-attention caches included.
+        """
         return sum(c.k.nbytes + c.v.nbytes for c in self.layers + (self.cross or []))

@@ -77,6 +77,17 @@ class FeedForward(nn.Module):
         nn.init.zeros_(self.linear2.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the network to every position.
+
+        Args:
+            x: the activations.
+
+        Returns:
+            ``FFN(x)``, the same shape as ``x``.
+
+        Shape:
+            ``(..., d_model)`` → ``(..., d_model)``.
+        """
         # h = act(x W_1 + b_1)
         h = self.hook_pre(self.linear1(x))  # (..., d_ff)
         h = self.hook_post(F.relu(h) if self.activation == "relu" else F.gelu(h))
@@ -99,6 +110,17 @@ def residual(
         pre-norm:  x + Dropout(Sublayer(LayerNorm(x)))
 
     ``hook_out`` sees ``Dropout(Sublayer(·))``, the term added to the residual stream.
+
+    Args:
+        x: the residual stream.
+        sublayer: the sub-layer, e.g. self-attention or the feed-forward network, shape-preserving.
+        norm: the layer norm of this connection.
+        dropout: the residual dropout (§5.4).
+        hook_out: the hook point that sees the dropped-out sub-layer output.
+        norm_first: pre-norm (``True``, GPT-2) or post-norm (``False``, the paper).
+
+    Returns:
+        The new residual stream.
 
     Shape:
         ``(B, T, d_model)`` → ``(B, T, d_model)``.
@@ -181,14 +203,21 @@ class EncoderLayer(nn.Module):
         mask: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Args:
+        """Self-attention over the source, then the feed-forward network.
+
+        Args:
             x: ``(B, S, d_model)``.
             mask: self-attention mask, broadcastable to ``(B, H, S, S)``.
             head_mask: ``ξ`` of the self-attention heads, ``(H,)`` or ``(B, H)``; see
                 :meth:`MultiHeadAttention.forward <attnlab.nn.multihead.MultiHeadAttention.forward>`.
 
         Returns:
-            ``(B, S, d_model)``.
+            The layer's output, ``(B, S, d_model)``.
+
+        Shape:
+            - x ``(B, S, d_model)``; mask broadcastable to ``(B, H, S, S)``
+            - head_mask ``(H,)`` or ``(B, H)``
+            - output ``(B, S, d_model)``
         """
         x = self.hook_resid_pre(x)
 
@@ -297,7 +326,9 @@ class DecoderLayer(nn.Module):
         head_mask: torch.Tensor | None = None,
         cross_attn_head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Args:
+        """Masked self-attention, cross-attention over ``memory``, then the feed-forward network.
+
+        Args:
             x: target-side activations ``(B, T, d_model)`` (only the new positions with a cache).
             memory: encoder output ``(B, S, d_model)``.
             self_mask: self-attention mask over ``T_past + T`` keys.
@@ -311,7 +342,13 @@ class DecoderLayer(nn.Module):
             cross_attn_head_mask: ``ξ`` of the cross-attention heads, ``(H,)`` or ``(B, H)``.
 
         Returns:
-            ``(B, T, d_model)``.
+            The layer's output, ``(B, T, d_model)``.
+
+        Shape:
+            - x ``(B, T, d_model)``; memory ``(B, S, d_model)``
+            - self_mask broadcastable to ``(B, H, T, T_past + T)``; memory_mask to ``(B, H, T, S)``
+            - head_mask, cross_attn_head_mask ``(H,)`` or ``(B, H)``
+            - output ``(B, T, d_model)``
         """
         x = self.hook_resid_pre(x)
 

@@ -29,6 +29,10 @@ class Masking:
         bias: a finite additive bias in the query's dtype, or ``None``. Hidden entries of a
             floating mask have moved into ``allowed``.
         causal_offset: ``T_k - T_q`` when causal (query ``i`` sees ``j <= i + offset``), else ``None``.
+
+    Shape:
+        ``allowed`` and ``bias`` broadcastable to ``(..., H, T_q, T_k)``, e.g. ``(B, 1, 1, T_k)``
+        for a padding mask.
     """
 
     allowed: torch.Tensor | None
@@ -36,7 +40,19 @@ class Masking:
     causal_offset: int | None
 
     def visible(self, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
-        """``allowed`` and the causal rule together, as one boolean mask (or ``None``)."""
+        """``allowed`` and the causal rule together, as one boolean mask.
+
+        Args:
+            t_q: number of queries ``T_q``.
+            t_k: number of keys ``T_k``.
+            device: where to build the causal part.
+
+        Returns:
+            The boolean mask (``True = may attend``), or ``None`` when nothing is hidden.
+
+        Shape:
+            broadcastable to ``(..., H, T_q, T_k)``; ``(T_q, T_k)`` for the causal rule alone.
+        """
         vis = self.allowed
         if self.causal_offset is not None:
             i = torch.arange(t_q, device=device)[:, None]
@@ -47,6 +63,16 @@ class Masking:
 
     def open_rows(self, rows: torch.Tensor, t_q: int, t_k: int, device: torch.device) -> Masking:
         """The same masking, except that the given query rows may see every key.
+
+        Args:
+            rows: ``True`` for the query rows to open (as :func:`empty_rows` returns them).
+            t_q: number of queries ``T_q``.
+            t_k: number of keys ``T_k``.
+            device: where to build the causal part.
+
+        Returns:
+            A new :class:`Masking` with the causal rule folded into ``allowed`` (or ``self`` when
+            nothing is hidden).
 
         Shape:
             rows ``(..., T_q, 1)`` boolean, broadcastable against the mask.
@@ -60,6 +86,29 @@ class Masking:
 def normalize_mask(
     query: torch.Tensor, key: torch.Tensor, mask: object, is_causal: bool
 ) -> Masking:
+    """Check a user's ``mask`` against the queries and keys and turn it, with ``is_causal``, into
+    a :class:`Masking`.
+
+    Args:
+        query: the queries (their shape and device are what the mask is checked against).
+        key: the keys (their length is ``T_k``).
+        mask: ``None``, a boolean mask (``True = may attend``) or a floating additive bias in which
+            ``-inf`` or the dtype's minimum hides a key.
+        is_causal: add the bottom-right causal rule (kept as ``causal_offset``, not as a tensor).
+
+    Returns:
+        The normalised masking; a floating mask's hidden entries move into ``allowed`` and the rest
+        becomes a finite ``bias`` in the query's dtype.
+
+    Raises:
+        TypeError: ``mask`` is not a tensor, or neither bool nor floating.
+        ValueError: ``mask`` does not broadcast to ``(..., H, T_q, T_k)``, is on another device, or
+            holds NaN or ``+inf``.
+
+    Shape:
+        query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, mask broadcastable to
+        ``(..., H, T_q, T_k)``.
+    """
     t_q, t_k = query.shape[-2], key.shape[-2]
     # the causal rule hides nothing from a single query aligned bottom-right (a decoding step)
     causal_offset = t_k - t_q if is_causal and t_q != 1 else None
@@ -111,12 +160,24 @@ def _check_bias_values(mask: torch.Tensor) -> None:
 
 
 def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
-    """Boolean ``(..., T_q, 1)``: rows that may attend to no key, or ``None`` if there are none.
+    """The query rows that may attend to no key.
 
     Computed without a ``T_q × T_k`` tensor beyond the mask itself: a row has a key iff its first
     allowed key is not in the future. Whether any row is empty is read back to the host (to keep
     the fast path when none is) except while ``torch.compile`` traces: a captured graph takes the
     path that handles empty rows, which gives the same numbers when there are none.
+
+    Args:
+        masking: the normalised mask.
+        t_q: number of queries ``T_q``.
+        t_k: number of keys ``T_k``.
+        device: where to build the result when the mask alone does not say.
+
+    Returns:
+        A boolean tensor, ``True`` for a row that sees no key, or ``None`` if there are none.
+
+    Shape:
+        ``(..., T_q, 1)``, broadcastable against ``(..., H, T_q, T_k)``.
     """
     offset = masking.causal_offset
     allowed = masking.allowed
@@ -148,6 +209,19 @@ def hide_unseen_keys(
 
     As in :func:`empty_rows`, the check that every key is seen runs on the host except while
     ``torch.compile`` traces.
+
+    Args:
+        allowed: the boolean mask, ``True = may attend``.
+        key: the keys.
+        value: the values.
+
+    Returns:
+        ``(key, value)``, unchanged when every key is seen by some query, else with the unseen
+        positions set to zero (new tensors; the inputs are not modified).
+
+    Shape:
+        allowed broadcastable to ``(..., H, T_q, T_k)``; key ``(..., H_kv, T_k, D)``, value
+        ``(..., H_kv, T_k, D_v)``; the outputs have the inputs' shapes.
     """
     seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
     if not _tracing() and bool(seen.all()):

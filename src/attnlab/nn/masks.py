@@ -66,7 +66,13 @@ def causal_mask(
     Args:
         q_len: number of queries ``T_q``.
         k_len: number of keys ``T_k`` (default ``q_len``).
-        device: where to build it.
+        device: where to build it (default: the current default device).
+
+    Returns:
+        A boolean mask, ``True = may attend``.
+
+    Raises:
+        ValueError: ``q_len`` or ``k_len`` is not a positive int.
 
     Shape:
         ``(T_q, T_k)`` boolean.
@@ -84,7 +90,17 @@ def causal_mask(
 
 
 def is_masked_bias(bias: torch.Tensor) -> torch.Tensor:
-    """Where an additive bias hides a key: ``-inf``, or at most the dtype's (finite) minimum."""
+    """Where an additive bias hides a key: ``-inf``, or at most the dtype's (finite) minimum.
+
+    Args:
+        bias: a floating additive mask.
+
+    Returns:
+        A boolean tensor, ``True`` where the key is hidden.
+
+    Shape:
+        any; the result has the shape of ``bias``.
+    """
     return bias <= torch.finfo(bias.dtype).min
 
 
@@ -94,6 +110,16 @@ def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     The minimum is finite and representable in ``dtype`` (never ``-1e9``, which overflows fp16), and
     attnlab's attention treats it exactly like ``-inf``: a row hidden everywhere gives zeros.
     A floating mask is returned cast to ``dtype``; an already hidden entry stays hidden.
+
+    Args:
+        mask: a boolean mask (``True = may attend``) or a floating additive bias.
+        dtype: a floating dtype for the bias; default ``torch.float32``.
+
+    Returns:
+        The additive bias, in ``dtype``.
+
+    Raises:
+        TypeError: ``mask`` is neither bool nor floating, or ``dtype`` is not a floating dtype.
 
     Shape:
         any; the result has the shape of ``mask``.
@@ -125,6 +151,17 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     Booleans are and-ed; if any mask is floating the result is an additive bias (booleans are
     converted with :func:`to_additive`, biases are added). ``None`` entries are skipped; with no mask
     at all the result is ``None``.
+
+    Args:
+        *masks: boolean masks, floating biases or ``None``, broadcastable together.
+
+    Returns:
+        The combined mask (boolean if every mask is boolean, else an additive bias in the widest
+        floating dtype), or ``None`` when no mask was given.
+
+    Raises:
+        TypeError: a mask is neither bool nor floating.
+        ValueError: the masks do not broadcast together.
 
     Shape:
         the broadcast of the inputs' shapes.
@@ -168,6 +205,16 @@ def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
 
     A boolean mask is inverted to attnlab's polarity (``True = may attend``); a floating one is
     already an additive bias and is only reshaped.
+
+    Args:
+        key_padding_mask: ``True`` (or ``-inf``) for keys to ignore, PyTorch's polarity.
+
+    Returns:
+        The mask in attnlab's form: boolean ``True = may attend``, or the same additive bias.
+
+    Raises:
+        ValueError: ``key_padding_mask`` is not 2-D.
+        TypeError: it is neither bool nor floating.
 
     Shape:
         ``(B, T_k)`` → ``(B, 1, 1, T_k)``.

@@ -56,6 +56,9 @@ def check_head_mask(head_mask: object, batch: int, num_heads: int) -> torch.Tens
     Raises:
         TypeError: not a tensor, or an integer/complex dtype.
         ValueError: a shape that does not broadcast to ``(B, H)``, or a NaN/inf entry.
+
+    Shape:
+        head_mask broadcastable to ``(B, H)`` → ``(B or 1, H or 1, 1, 1)``.
     """
     m = check_tensor("head_mask", head_mask)
     if m.dtype != torch.bool and not m.is_floating_point():
@@ -85,6 +88,13 @@ def layer_head_masks(
 
     Returns:
         ``L`` entries: ``None`` everywhere when ``head_mask`` is ``None``, else ``(H,)`` views.
+
+    Raises:
+        TypeError: not a tensor, or an integer/complex dtype.
+        ValueError: a shape other than ``(L, H)`` or ``(H,)``.
+
+    Shape:
+        head_mask ``(L, H)`` or ``(H,)`` → ``L`` tensors ``(H,)``.
     """
     if head_mask is None:
         return [None] * num_layers
@@ -116,7 +126,9 @@ class MultiHeadAttention(nn.Module):
         bias: whether the projections have biases. Default ``True``.
         backend: attention backend, see :func:`attnlab.scaled_dot_product_attention`. Default ``"auto"``.
         rotary: a :class:`~attnlab.nn.positional.RotaryEmbedding` applied to queries and keys, or
-            ``None``.
+            ``None`` (the default).
+        device: where to create the parameters; default the current default device.
+        dtype: dtype of the parameters; default the current default dtype.
 
     The query, key and value projections live in one matrix ``in_proj_weight`` (as in
     ``torch.nn.MultiheadAttention``), so self-attention projects with one matmul.
@@ -199,13 +211,30 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused projection ``[W^Q; W^K; W^V]`` ``(d_model + 2 · H_kv · d_head, d_model)`` and
-        its bias (or ``None``); a subclass that stores them elsewhere returns its own."""
+        """The fused projection ``[W^Q; W^K; W^V]`` and its bias; a subclass that stores them
+        elsewhere returns its own.
+
+        Returns:
+            ``(weight, bias)``, ``bias`` being ``None`` for a layer built with ``bias=False``.
+
+        Shape:
+            weight ``(d_model + 2 · H_kv · d_head, d_model)``; bias
+            ``(d_model + 2 · H_kv · d_head,)``.
+        """
         return self.in_proj_weight, self.in_proj_bias
 
     def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [W^Q; W^K; W^V]ᵀ + b``: self-attention's three projections in one matmul
-        ``(B, T, d_model)`` → ``(B, T, d_model + 2 · H_kv · d_head)``."""
+        """``x [W^Q; W^K; W^V]ᵀ + b``: self-attention's three projections in one matmul.
+
+        Args:
+            x: the activations that are projected to queries, keys and values alike.
+
+        Returns:
+            ``[Q, K, V]`` concatenated in the last dimension, heads still merged.
+
+        Shape:
+            ``(B, T, d_model)`` → ``(B, T, d_model + 2 · H_kv · d_head)``.
+        """
         w, b = self.qkv_parameters()
         return F.linear(x, w, b)
 
@@ -223,6 +252,15 @@ class MultiHeadAttention(nn.Module):
         Cross-attention: the query rows of the weight for ``query``, the key and value rows for
         ``key`` and ``value`` (default ``key``); with ``project_kv=False`` (the keys and values
         are already in a cache) only ``Q`` is computed and ``K``, ``V`` are ``None``.
+
+        Args:
+            query: the activations the queries come from.
+            key: the activations the keys come from, or ``None`` (default) for self-attention.
+            value: the activations the values come from; default ``key``.
+            project_kv: compute ``K`` and ``V`` (default ``True``); ignored for self-attention.
+
+        Returns:
+            ``(q, k, v)``; ``k`` and ``v`` are ``None`` when ``project_kv`` is false.
 
         Shape:
             query ``(B, T_q, d_model)``, key/value ``(B, T_k, d_model)`` → ``q`` ``(B, T_q, d_model)``,
@@ -243,7 +281,17 @@ class MultiHeadAttention(nn.Module):
         return q, rows(key, d, d + kv), rows(key if value is None else value, d + kv, d + 2 * kv)
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
-        """``Concat(heads) W^O``."""
+        """``Concat(heads) W^O``: the output projection.
+
+        Args:
+            x: the heads' outputs, concatenated in the last dimension.
+
+        Returns:
+            The layer's output.
+
+        Shape:
+            ``(B, T_q, d_model)`` → ``(B, T_q, d_model)``.
+        """
         return self.out_proj(x)
 
     # -- forward --
@@ -293,6 +341,12 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+
+        Shape:
+            - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
+            - mask broadcastable to ``(B, H, T_q, T_k)``; positions ``(B, T_q)`` or ``(T_q,)``;
+              head_mask ``(H,)`` or ``(B, H)``
+            - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
         """
         self._check_input("query", query)
         if is_causal is None:
@@ -421,6 +475,18 @@ class MultiHeadAttention(nn.Module):
         without ``add_bias_kv``/``add_zero_attn``. Its masks convert with
         :func:`attnlab.masks.from_key_padding_mask` (``True = ignore`` becomes ``True = attend``)
         and ``~attn_mask`` for a boolean ``attn_mask``.
+
+        Args:
+            module: the PyTorch layer to copy (its device and dtype are kept).
+            backend: the attention backend of the new layer; default ``"auto"``.
+
+        Returns:
+            A new :class:`MultiHeadAttention` with copies of the weights.
+
+        Raises:
+            TypeError: ``module`` is not a ``torch.nn.MultiheadAttention``.
+            ValueError: it is not ``batch_first``, has distinct key/value widths, or uses
+                ``add_bias_kv``/``add_zero_attn``.
 
         Example:
             >>> ref = nn.MultiheadAttention(32, 4, batch_first=True)

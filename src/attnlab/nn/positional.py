@@ -28,6 +28,14 @@ def sinusoidal_table(max_len: int, d_model: int, *, base: float = 10000.0) -> to
         PE(pos, 2i)   = sin(pos / base^{2i / d_model})
         PE(pos, 2i+1) = cos(pos / base^{2i / d_model})
 
+    Args:
+        max_len: number of positions (rows).
+        d_model: embedding width (columns).
+        base: the wavelength base; default 10000 (the paper's).
+
+    Returns:
+        The float32 table, computed in float64.
+
     Shape:
         ``(max_len, d_model)``; an odd ``d_model`` drops the last cosine column.
     """
@@ -65,12 +73,34 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0
     ) -> torch.Tensor:
+        """Add the encoding of each position to ``x``.
+
+        Args:
+            x: the embeddings.
+            positions: position ids; default ``offset + arange(T)``.
+            offset: the first position when ``positions`` is not given (the length of a KV cache).
+                Default 0.
+
+        Returns:
+            ``x + PE[positions]``, in ``x``'s dtype.
+
+        Raises:
+            ValueError: a position is negative or not below ``max_len``.
+
+        Shape:
+            x ``(B, T, d_model)``; positions ``(T,)`` or ``(B, T)``; output ``(B, T, d_model)``.
+        """
         pos = _positions(x.shape[1], offset, positions, self.max_len, x.device)
         return x + self.table[pos].to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
     """A learned vector per position (GPT-2's ``wpe``).
+
+    Args:
+        max_len: number of positions; ids must be below it.
+        d_model: embedding width.
+        **kwargs: passed to ``torch.nn.Embedding`` (``device``, ``dtype``, ...).
 
     Shape:
         ``positions`` ``(T,)`` or ``(B, T)`` → ``(..., T, d_model)``.
@@ -81,8 +111,23 @@ class LearnedPositionalEmbedding(nn.Embedding):
         self.max_len = max_len
 
     def forward(self, positions: torch.Tensor, *, check: bool = True) -> torch.Tensor:
-        """The position vectors; ``check=False`` skips the range check, which reads the largest
-        position back to the host (a caller that has proven the range, e.g. :class:`attnlab.GPT`)."""
+        """The position vectors.
+
+        Args:
+            positions: integer position ids.
+            check: check that every id is in ``[0, max_len)`` (default). ``False`` skips the check,
+                which reads the largest position back to the host (for a caller that has proven
+                the range, e.g. :class:`attnlab.GPT`).
+
+        Returns:
+            One learned vector per position id.
+
+        Raises:
+            ValueError: with ``check``, a position outside ``[0, max_len)``.
+
+        Shape:
+            positions ``(T,)`` or ``(B, T)`` → ``(T, d_model)`` or ``(B, T, d_model)``.
+        """
         if check:
             _check_range(positions, self.max_len)
         return super().forward(positions)
@@ -126,8 +171,24 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, *, check: bool = True
     ) -> torch.Tensor:
-        """Rotate ``x`` by its positions; ``check=False`` skips the range check of ``positions``,
-        which reads their largest value back to the host (for callers that have proven it)."""
+        """Rotate ``x`` by its positions.
+
+        Args:
+            x: queries or keys, split in heads.
+            positions: integer position ids, per batch row or shared.
+            check: check that every id is in ``[0, max_len)`` (default). ``False`` skips the check,
+                which reads their largest value back to the host (for callers that have proven it).
+
+        Returns:
+            The rotated tensor, in ``x``'s dtype (computed in float32).
+
+        Raises:
+            ValueError: ``x``'s last dimension is not ``d_head``, or (with ``check``) a position
+                outside ``[0, max_len)``.
+
+        Shape:
+            x ``(B, H, T, d_head)``; positions ``(T,)`` or ``(B, T)``; output ``(B, H, T, d_head)``.
+        """
         check_tensor("x", x)
         if x.shape[-1] != self.d_head:
             raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
@@ -145,6 +206,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi head slopes (Press et al. 2022, §3): a geometric sequence starting at
     ``2^{-8/n}`` with ratio ``2^{-8/n}``; for a head count that is not a power of two, the slopes of
     the next lower power of two followed by every other slope of the next higher one.
+
+    Args:
+        num_heads: number of heads ``H``.
+
+    Returns:
+        The slopes ``m_h``, float32, largest first.
 
     Shape:
         ``(num_heads,)``.
@@ -173,6 +240,16 @@ def alibi_bias(
     """ALiBi additive bias ``−m_h · (i' − j)``, where ``i' = i + T_k − T_q`` is the query's absolute
     position (bottom-right aligned, like the causal mask). Future keys get a positive bias; combine
     with ``is_causal=True`` to hide them.
+
+    Args:
+        num_heads: number of heads ``H``.
+        q_len: number of queries ``T_q``.
+        k_len: number of keys ``T_k`` (default ``q_len``).
+        device: where to build it; default the current default device.
+        dtype: dtype of the bias; default ``torch.float32``.
+
+    Returns:
+        The additive bias, to pass as ``mask`` (or to add to another floating mask).
 
     Shape:
         ``(num_heads, T_q, T_k)`` — broadcasts over the batch as ``(B, H, T_q, T_k)`` masks do.

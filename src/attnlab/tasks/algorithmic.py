@@ -64,7 +64,15 @@ def model_len(task: SequenceTask) -> int:
 
 
 def task_model_config(task: SequenceTask, args: argparse.Namespace) -> TransformerConfig:
-    """The encoder-decoder for ``task``: one vocabulary (shared embeddings), sizes from ``args``."""
+    """The encoder-decoder for a copy/reverse/sort task.
+
+    Args:
+        task: the task (its tokenizer gives both vocabularies, shared embeddings).
+        args: the parsed options (sizes, dropout, label smoothing).
+
+    Returns:
+        The model's configuration, with :func:`model_len` positions.
+    """
     tok = task.tokenizer
     return transformer_config(args, tok, tok, max_len=model_len(task), share=True)
 
@@ -75,7 +83,9 @@ class SequenceReport:
 
     Attributes:
         accuracy: exact-match accuracy in [0, 1].
-        sources / predictions / targets: token lists of the held-out strings.
+        sources: token lists of the held-out strings.
+        predictions: the model's greedy outputs for them, token lists.
+        targets: the correct outputs, token lists.
     """
 
     accuracy: float
@@ -90,6 +100,13 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
     Args:
         task: the task (its alphabet, lengths and correct answers).
         tokenizer: the run's saved tokenizer; default the task's own (they are equal).
+
+    Returns:
+        The task's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`, refusing characters outside the
+        alphabet.
+
+    Raises:
+        ValueError: the tokenizer lacks ``<bos>``, ``<eos>`` or ``<pad>``.
     """
     tok = task.tokenizer if tokenizer is None else tokenizer
     bos, eos, pad = tok.bos_id, tok.eos_id, tok.pad_id
@@ -113,7 +130,15 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
 
 
 def evaluate_task(model: nn.Module, task: SequenceTask) -> SequenceReport:
-    """Greedy-decode every held-out string and score exact matches."""
+    """Greedy-decode every held-out string and score exact matches.
+
+    Args:
+        model: the trained encoder-decoder.
+        task: the task whose held-out strings are decoded.
+
+    Returns:
+        The accuracy with the sources, predictions and targets.
+    """
     io = sequence_io(task)
     sources = task.heldout()
     inputs = [io.source_ids(s) for s in sources]
@@ -188,6 +213,12 @@ class AlgorithmicTask:
         self.help = _HELP[name]
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the data options (``--num-symbols``, ``--min-len``, ``--max-len``, ``--num-heldout``)
+        and the Transformer options with this task's defaults.
+
+        Args:
+            parser: the task's sub-command parser.
+        """
         g = parser.add_argument_group("data")
         g.add_argument(
             "--num-symbols", type=positive_int, default=10, help="alphabet size (default 10)"
@@ -215,6 +246,15 @@ class AlgorithmicTask:
         parser.set_defaults(eval_every=500)
 
     def make_task(self, args: argparse.Namespace) -> SequenceTask:
+        """The :class:`~attnlab.data.tasks.SequenceTask` the options describe.
+
+        Args:
+            args: parsed (or saved) options with ``num_symbols``, ``min_len``, ``max_len``,
+                ``num_heldout`` and ``seed``.
+
+        Returns:
+            The task, its data a function of the seed.
+        """
         config = SequenceTaskConfig(
             self.name,
             num_symbols=args.num_symbols,
@@ -225,6 +265,15 @@ class AlgorithmicTask:
         return SequenceTask(config, seed=args.seed)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        """Create the encoder-decoder, its Noam-scheduled Adam, the batches and the evaluation.
+
+        Args:
+            args: the parsed command line of ``attnlab train TASK``.
+            device: where the model will train.
+
+        Returns:
+            The trainer's set-up; evaluation is exact-match accuracy on the held-out strings.
+        """
         task = self.make_task(args)
         config = task_model_config(task, args)
         model = Transformer(config)
@@ -259,7 +308,16 @@ class AlgorithmicTask:
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
-        """The first ``limit`` held-out strings: batches of 64 and greedy exact-match accuracy."""
+        """The first ``limit`` held-out strings: batches of 64 and greedy exact-match accuracy.
+
+        Args:
+            args: the options saved in the run's ``config.json``.
+            io: the run's text path (its source ids and output lengths).
+            limit: the most held-out strings to use.
+
+        Returns:
+            The batches and the exact-match accuracy metric.
+        """
         task = self.make_task(argparse.Namespace(**args))
         sources = task.heldout()[:limit]
         batches = [task.make_batch(sources[i : i + 64]) for i in range(0, len(sources), 64)]
@@ -273,7 +331,15 @@ class AlgorithmicTask:
         return EvaluationSet(batches, accuracy, "exact-match accuracy")
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
-        """The run's text path, from its saved options and ``tokenizer.json``."""
+        """The run's text path, from its saved options and ``tokenizer.json``.
+
+        Args:
+            args: the options saved in the run's ``config.json``.
+            files: the task files of the checkpoint; ``"tokenizer.json"`` when present.
+
+        Returns:
+            The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
+        """
         task = self.make_task(argparse.Namespace(**args))
         tok = tokenizer_from_json(files["tokenizer.json"]) if "tokenizer.json" in files else None
         return sequence_io(task, tok)

@@ -100,6 +100,9 @@ def check_finite_weights(model: nn.Module) -> None:
     Its logits would be NaN: sampling would fail deep in torch and greedy decoding would return
     token 0 over and over. One device sync when the weights are finite.
 
+    Args:
+        model: the model about to decode.
+
     Raises:
         ValueError: one line naming the first non-finite parameter.
     """
@@ -113,8 +116,16 @@ def check_finite_weights(model: nn.Module) -> None:
 
 
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """The text of each token, as figures and tables label positions (``<eos>`` stays visible;
-    without a tokenizer, the ids)."""
+    """The text of each token, as figures and tables label positions.
+
+    Args:
+        tokenizer: the run's tokenizer, or ``None``.
+        ids: token ids.
+
+    Returns:
+        One label per id: the token's string (``<eos>`` stays visible), or the id itself
+        without a tokenizer.
+    """
     if tokenizer is None:
         return [str(int(i)) for i in ids]
     return [str(tokenizer.id_to_token(int(i))) for i in ids]
@@ -137,7 +148,8 @@ class ModelInputs:
 
     Attributes:
         kind: ``"seq2seq"`` or ``"lm"``.
-        source_ids / target_ids: see above.
+        source_ids: what the encoder reads (seq2seq) or the prompt (lm), see above.
+        target_ids: the decoded sequence (seq2seq) or the generated continuation (lm).
         source_tokens: labels of ``source_ids``.
         target_tokens: labels of what the decoder rows wrote (seq2seq) or of the continuation (lm).
         output: the decoded output text, as ``attnlab translate`` / ``generate`` print it.
@@ -161,7 +173,13 @@ class ModelInputs:
         return self.source_tokens + self.target_tokens
 
     def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
-        """The forward's arguments as ``(1, T)`` tensors: ``(src, tgt_in)`` or ``(input_ids,)``.
+        """The forward's arguments as batches of one.
+
+        Args:
+            device: where to create them; default ``"cpu"``.
+
+        Returns:
+            ``(src, tgt_in)`` for seq2seq, ``(input_ids,)`` for a language model (``torch.long``).
 
         Shape:
             seq2seq: ``src (1, S)``, ``tgt_in (1, T)``; lm: ``input_ids (1, S + T)``.
@@ -174,12 +192,25 @@ class ModelInputs:
         return (torch.tensor([ids], dtype=torch.long, device=device),)
 
     def forward(self, model: nn.Module) -> Any:
-        """Run ``model`` once on these inputs (teacher forcing the decoded target)."""
+        """Run ``model`` once on these inputs (teacher forcing the decoded target).
+
+        Args:
+            model: the run's model; the inputs go to the device of its parameters.
+
+        Returns:
+            What the model's forward returns (a :class:`~attnlab.models.outputs.Seq2SeqOutput` or
+            :class:`~attnlab.models.outputs.CausalLMOutput`).
+        """
         device = next(model.parameters()).device
         return model(*self.tensors(device))
 
     def to_dict(self) -> dict[str, Any]:
-        """``source_tokens``, ``target_tokens``, ``output`` and the ids (JSON-ready)."""
+        """The inputs as plain data, for JSON.
+
+        Returns:
+            ``kind``, ``source_tokens``, ``target_tokens``, ``output``, ``source_ids`` and
+            ``target_ids``, as lists and strings.
+        """
         return {
             "kind": self.kind,
             "source_tokens": list(self.source_tokens),
@@ -224,10 +255,14 @@ class TaskIO(Protocol):
         ...
 
     @property
-    def inputs(self) -> Callable[..., ModelInputs]: ...
+    def inputs(self) -> Callable[..., ModelInputs]:
+        """``inputs(model, text, **options) -> ModelInputs``: what ``model`` reads for ``text``."""
+        ...
 
     @property
-    def probe_inputs(self) -> Callable[[str], ModelInputs]: ...
+    def probe_inputs(self) -> Callable[[str], ModelInputs]:
+        """``probe_inputs(text) -> ModelInputs``: the attention probe's fixed input (no model)."""
+        ...
 
 
 @runtime_checkable
@@ -238,17 +273,47 @@ class Task(Protocol):
     help: str
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the task's own options."""
+        """Add the task's own options to ``attnlab train TASK``.
+
+        Args:
+            parser: the task's sub-command parser.
+        """
         ...
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
-        """Create model, data and optimizer from the parsed options."""
+        """Create model, data and optimizer from the parsed options.
+
+        Args:
+            args: the parsed command line of ``attnlab train TASK``.
+            device: where the model will train.
+
+        Returns:
+            Everything the trainer needs (model, optimizer factory, batches, loss, evaluation,
+            files to save, the report and the task's text path).
+        """
         ...
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> TaskIO:
-        """The task's :class:`TaskIO` from a run's saved options and files (tokenizers)."""
+        """The task's :class:`TaskIO` from a run's saved options and files.
+
+        Args:
+            args: the options saved in the run's ``config.json``.
+            files: the task files saved in the checkpoint (tokenizers), name → text.
+
+        Returns:
+            The run's one path between text and the model.
+        """
         ...
 
     def evaluation_set(self, args: Mapping[str, Any], io: TaskIO, limit: int) -> EvaluationSet:
-        """At most ``limit`` held-out examples of a run, as batches and a metric (optional)."""
+        """Held-out examples of a run, as batches and a metric (optional).
+
+        Args:
+            args: the options saved in the run's ``config.json``.
+            io: the run's text path, from :meth:`io`.
+            limit: the most examples to use.
+
+        Returns:
+            The batches the model's default loss reads, and the task's metric if it has one.
+        """
         ...

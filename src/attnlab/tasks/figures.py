@@ -55,8 +55,15 @@ def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> Act
 
 
 def token_sequences(inputs: ModelInputs) -> dict[str, list[str]]:
-    """The labelled token sequences of ``inputs``: ``tokens`` (a language model), or ``source``
-    and ``target`` (an encoder-decoder; target positions labelled by the token they wrote)."""
+    """The labelled token sequences of ``inputs``.
+
+    Args:
+        inputs: what the model read.
+
+    Returns:
+        ``{"tokens": ...}`` for a language model, or ``{"source": ..., "target": ...}`` for an
+        encoder-decoder (target positions labelled by the token they wrote).
+    """
     if inputs.kind == "lm":
         return {"tokens": list(inputs.tokens)}
     return {"source": list(inputs.source_tokens), "target": list(inputs.target_tokens)}
@@ -67,6 +74,14 @@ def layer_sequences(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str
 
     Encoder self-attention: source × source; decoder self-attention: target × target;
     cross-attention: target × source; a language model: its tokens × its tokens.
+
+    Args:
+        inputs: what the model read.
+        name: the layer's module path (``"encoder.layers.0.self_attn"``, ...).
+        kind: ``"self"`` or ``"cross"``.
+
+    Returns:
+        ``(query sequence, key sequence)``, keys of :func:`token_sequences`.
     """
     if inputs.kind == "lm":
         return "tokens", "tokens"
@@ -78,15 +93,32 @@ def layer_sequences(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str
 
 
 def layer_labels(inputs: ModelInputs, name: str, kind: str) -> tuple[list[str], list[str]]:
-    """``(query labels, key labels)`` of one attention layer of the model that read ``inputs``
-    (see :func:`layer_sequences`)."""
+    """The labels of one attention layer's queries and keys (see :func:`layer_sequences`).
+
+    Args:
+        inputs: what the model read.
+        name: the layer's module path.
+        kind: ``"self"`` or ``"cross"``.
+
+    Returns:
+        ``(query labels, key labels)``.
+    """
     seqs = token_sequences(inputs)
     query, key = layer_sequences(inputs, name, kind)
     return seqs[query], seqs[key]
 
 
 def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> ViewerData:
-    """The HTML viewer's data for a capture of ``inputs``."""
+    """The HTML viewer's data for a capture of ``inputs``.
+
+    Args:
+        inputs: what the model read.
+        cache: the attention captured while it read them.
+        title: the viewer's title.
+
+    Returns:
+        The viewer's data, every captured layer labelled by its tokens.
+    """
     if inputs.kind == "lm":
         return viewer_data(
             cache.attentions, tokens=list(inputs.tokens), kinds=cache.kinds, title=title
@@ -107,6 +139,13 @@ def save_attention_figures(
     ``attention_heads.png`` (its heads) and ``attention.html`` (the viewer of every layer).
 
     A figure never loses the trained run: a failure is logged as a warning.
+
+    Args:
+        model: the trained model.
+        inputs: the example to draw, as the task reads it.
+        run_dir: the run folder the files go to.
+        console: where to print the paths written.
+        title: the figures' title.
     """
     try:
         cache = capture_inputs(model, inputs)

@@ -54,6 +54,9 @@ class LMCorpus:
         tokenizer: characters or BPE.
         train: the 1-D token stream of the first 90% of the text.
         val: the 1-D token stream of the last 10%.
+
+    Shape:
+        train ``(N_train,)``, val ``(N_val,)``, ``torch.long``.
     """
 
     tokenizer: CharTokenizer | HFTokenizer
@@ -97,7 +100,17 @@ def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -
 def lm_loss(model: nn.Module, batch: LMBatch) -> TokenLoss:
     """Mean next-token cross-entropy over every position of the batch (nanoGPT's loss).
 
-    loss = −(1 / BT) Σ_{b,t} log softmax(logits[b, t])[targets[b, t]]
+        loss = −(1 / BT) Σ_{b,t} log softmax(logits[b, t])[targets[b, t]]
+
+    Args:
+        model: the GPT.
+        batch: inputs and their next-token targets.
+
+    Returns:
+        The mean loss over ``B · T`` positions, with that count.
+
+    Shape:
+        batch.input_ids and batch.targets ``(B, T)``; logits ``(B, T, vocab_size)``; loss ``()``.
     """
     logits = model(batch.input_ids).logits  # (B, T, V)
     return token_loss(logits, batch.targets)
@@ -184,8 +197,9 @@ class LMIO:
     the text's tokens, no special tokens added; the output is the prompt and its continuation.
 
     Args:
-        tokenizer: characters or BPE.
+        tokenizer: characters or BPE (``None`` for a run saved without one: ids only).
         n_positions: the model's context length.
+        kind: always ``"lm"`` (the :class:`~attnlab.tasks.base.TaskIO` family).
     """
 
     tokenizer: Any
@@ -195,7 +209,14 @@ class LMIO:
     def encode(self, text: str) -> list[int]:
         """The prompt's ids.
 
+        Args:
+            text: the prompt.
+
+        Returns:
+            Its token ids, no special token added.
+
         Raises:
+            TypeError: ``text`` is not a str.
             ValueError: ``text`` encodes to no token, or the run has no tokenizer.
         """
         if not isinstance(text, str):
@@ -228,6 +249,9 @@ class LMIO:
             seed: the sampling generator's seed.
             source_ids: the prompt's ids verbatim, instead of ``text``.
             **options: ``temperature``, ``top_k``, ``top_p`` (sampling), ``num_beams`` (beam).
+
+        Returns:
+            The prompt's ids followed by the new ones (the prompt alone for ``max_new_tokens=0``).
         """
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -253,7 +277,14 @@ class LMIO:
         return generate_text(model, ids, max_new_tokens=max_new_tokens, **kwargs)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` (the ids themselves when the run has no tokenizer)."""
+        """The text of some ids.
+
+        Args:
+            ids: token ids.
+
+        Returns:
+            The decoded text, or the ids joined by spaces when the run has no tokenizer.
+        """
         if self.tokenizer is None:
             return " ".join(str(int(i)) for i in ids)
         return str(self.tokenizer.decode(list(ids)))
@@ -267,8 +298,17 @@ class LMIO:
         source_ids: Sequence[int] | None = None,
         **options: Any,
     ) -> ModelInputs:
-        """What ``model`` reads for ``text`` (or ``source_ids``) and the continuation it writes
-        (default none; ``options`` as :meth:`generate`).
+        """What ``model`` reads for ``text`` (or ``source_ids``) and the continuation it writes.
+
+        Args:
+            model: the GPT.
+            text: the prompt (ignored when ``source_ids`` is given).
+            max_new_tokens: how many tokens to generate after it; default 0 (none).
+            source_ids: the prompt's ids verbatim, instead of ``text``.
+            **options: as :meth:`generate` (``strategy``, ``seed``, ``temperature``, ...).
+
+        Returns:
+            The prompt and the continuation, with their token labels and the output text.
 
         Raises:
             ValueError: the prompt and continuation do not fit the model's context, so one
@@ -286,7 +326,17 @@ class LMIO:
         return self._model_inputs(ids[: len(prompt)], ids[len(prompt) :])
 
     def probe_inputs(self, text: str) -> ModelInputs:
-        """The text's tokens (no continuation)."""
+        """The text's tokens, without a continuation (the attention probe's input).
+
+        Args:
+            text: the probe text.
+
+        Returns:
+            The model's input for ``text``.
+
+        Raises:
+            ValueError: the text is longer than the model's context.
+        """
         ids = self.encode(text)
         if len(ids) > self.n_positions:
             raise ValueError(
@@ -313,6 +363,11 @@ class LanguageModelTask:
     help = "a GPT language model on a UTF-8 text file (characters, or BPE with --bpe)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the data (``--data``, ``--bpe``, ``--block-size``, ...), model and optimiser options.
+
+        Args:
+            parser: the sub-command parser of ``attnlab train lm``.
+        """
         g = parser.add_argument_group("data")
         g.add_argument("--data", required=True, help="a UTF-8 text file")
         g.add_argument(
@@ -361,6 +416,19 @@ class LanguageModelTask:
         parser.set_defaults(eval_every=250, clip=1.0)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+        """Create the GPT, AdamW with warmup and cosine decay, the batches and the evaluation.
+
+        Args:
+            args: the parsed command line of ``attnlab train lm``.
+            device: where the model will train.
+
+        Returns:
+            The trainer's set-up; evaluation estimates the training and validation losses.
+
+        Raises:
+            ValueError: inconsistent options (``--warmup`` not below the decay's length,
+                ``--min-lr`` above ``--lr``) or a split shorter than ``--block-size``.
+        """
         decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
         if args.warmup >= decay_steps:
             where = "--lr-decay-steps" if args.lr_decay_steps is not None else "--steps"
@@ -434,6 +502,14 @@ class LanguageModelTask:
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
         """Validation batches of the run's ``--data`` file (at most ``limit`` sequences).
 
+        Args:
+            args: the options saved in the run's ``config.json``.
+            io: the run's text path (its tokenizer is compared with the file's).
+            limit: the most sequences to use (at least one batch).
+
+        Returns:
+            The validation batches; no metric (the loss is the measure).
+
         Raises:
             ValueError: the file changed since the run was trained, so that its tokens would not
                 be the ones the model knows (its vocabulary is not the run's saved one).
@@ -450,7 +526,18 @@ class LanguageModelTask:
         return EvaluationSet([val.batch(i) for i in range(max(1, limit // size))])
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> LMIO:
-        """The run's text path, from its saved ``tokenizer.json``."""
+        """The run's text path, from its saved ``tokenizer.json``.
+
+        Args:
+            args: the options saved in the run's ``config.json`` (``block_size``).
+            files: the task files of the checkpoint.
+
+        Returns:
+            The run's :class:`LMIO`.
+
+        Raises:
+            ValueError: the run holds no ``tokenizer.json``.
+        """
         if "tokenizer.json" not in files:
             raise ValueError("the language-model run holds no tokenizer.json")
         return LMIO(tokenizer_from_json(files["tokenizer.json"]), int(args["block_size"]))

@@ -33,27 +33,82 @@ def _parse(
 
 
 def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
+    """argparse type: an int >= 1.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as an ``int``.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or below 1;
+            argparse prints it as a one-line usage error.
+    """
     return _parse(text, int, "a positive int", lambda v: v >= 1)
 
 
 def non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
+    """argparse type: an int >= 0.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as an ``int``.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or negative;
+            argparse prints it as a one-line usage error.
+    """
     return _parse(text, int, "a non-negative int", lambda v: v >= 0)
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
+    """argparse type: a finite float > 0.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as a ``float``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a finite float, or not above 0;
+            argparse prints it as a one-line usage error.
+    """
     return _parse(text, float, "a finite positive float", lambda v: 0 < v < math.inf)
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type: a finite float >= 0."""
+    """argparse type: a finite float >= 0.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as a ``float``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a finite float, or negative;
+            argparse prints it as a one-line usage error.
+    """
     return _parse(text, float, "a finite non-negative float", lambda v: 0 <= v < math.inf)
 
 
 def probability(text: str) -> float:
-    """argparse type: a float in [0, 1)."""
+    """argparse type: a float in [0, 1).
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as a ``float``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a float in ``[0, 1)``;
+            argparse prints it as a one-line usage error.
+    """
     return _parse(text, float, "a float in [0, 1)", lambda v: 0.0 <= v < 1.0)
 
 
@@ -70,7 +125,25 @@ def add_transformer_arguments(
     label_smoothing: float = 0.1,
     lr_factor: float = 1.0,
 ) -> None:
-    """The encoder-decoder's size and optimisation options, with task-specific defaults."""
+    """The encoder-decoder's size and optimisation options, with task-specific defaults.
+
+    Adds ``--d-model``, ``--layers``, ``--heads``, ``--d-ff``, ``--dropout``,
+    ``--label-smoothing`` (group "model") and ``--batch-size``, ``--warmup``, ``--cooldown``,
+    ``--cooldown-end``, ``--lr-factor`` (group "optimisation").
+
+    Args:
+        parser: the task's sub-command parser.
+        d_model: default of ``--d-model``.
+        layers: default of ``--layers`` (encoder and decoder layers each).
+        heads: default of ``--heads``.
+        d_ff: default of ``--d-ff``.
+        dropout: default of ``--dropout``.
+        warmup: default of ``--warmup`` (Noam warm-up steps).
+        batch_size: default of ``--batch-size``; ``None`` adds no such option (the task
+            batches by tokens instead).
+        label_smoothing: default of ``--label-smoothing``; 0.1 (the paper's) unless given.
+        lr_factor: default of ``--lr-factor`` (the Noam factor); 1.0 unless given.
+    """
     g = parser.add_argument_group("model")
     g.add_argument("--d-model", type=positive_int, default=d_model, help=f"default {d_model}")
     g.add_argument(

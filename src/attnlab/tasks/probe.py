@@ -61,6 +61,11 @@ class AttentionProbe(TrainerCallback):
         self._trainer: Trainer | None = None
 
     def on_start(self, trainer: Trainer) -> None:
+        """Remember the trainer, drop records past the step it starts from, and record step 0.
+
+        Args:
+            trainer: the trainer that is starting (or resuming).
+        """
         self._trainer = trainer
         self.dir.mkdir(parents=True, exist_ok=True)
         for f in self.dir.iterdir():  # records past the step we (re)start from
@@ -71,11 +76,26 @@ class AttentionProbe(TrainerCallback):
             self.record(0)
 
     def on_step(self, metrics: StepMetrics) -> None:
+        """Record every ``every`` steps, and at the last step.
+
+        Args:
+            metrics: the step just done.
+        """
         if metrics.step % self.every == 0 or metrics.step == metrics.total_steps:
             self.record(metrics.step)
 
     def record(self, step: int) -> Path:
-        """Capture the probe's attention now and write it as the record of ``step``."""
+        """Capture the probe's attention now and write it as the record of ``step``.
+
+        Args:
+            step: the step the record is for (its file name).
+
+        Returns:
+            The file written, ``<run_dir>/probe/step-<step>.safetensors``.
+
+        Raises:
+            RuntimeError: :meth:`on_start` was not called first.
+        """
         if self._trainer is None:
             raise RuntimeError("AttentionProbe.record needs the trainer: call on_start first")
         model = self._trainer.model
@@ -106,6 +126,12 @@ class AttentionProbe(TrainerCallback):
 
 def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
     """The recorded probe of a run, every step in order.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The probe's inputs and the attention recorded at each step.
 
     Raises:
         ValueError: the run recorded no probe (train with ``--probe TEXT``).
@@ -146,8 +172,14 @@ def write_training_figures(run_dir: str | os.PathLike[str]) -> list[Path]:
     end), ``training_entropy.png`` (every head's mean entropy per step) and ``training.html``
     (the viewer with a step slider), in the run folder.
 
+    Args:
+        run_dir: the run folder, with a recorded probe.
+
     Returns:
         The paths written.
+
+    Raises:
+        ValueError: the run recorded no probe.
     """
     from attnlab.viz.evolution import (
         attention_evolution,

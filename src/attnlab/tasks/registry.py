@@ -56,13 +56,28 @@ def _load_builtin() -> None:
 
 
 def available_tasks() -> dict[str, Task]:
-    """The registered tasks by name (importing :data:`TASK_MODULES` first)."""
+    """The registered tasks by name (importing :data:`TASK_MODULES` first).
+
+    Returns:
+        Task name → task, in registration order.
+    """
     _load_builtin()
     return dict(sorted(_REGISTRY.items()))
 
 
 def get_task(name: str) -> Task:
-    """The task called ``name``; ``ValueError`` listing the known ones otherwise."""
+    """The task called ``name``.
+
+    Args:
+        name: a registered task's name (``"copy"``, ``"reverse"``, ``"sort"``, ``"lm"``,
+            ``"translate"``, ...).
+
+    Returns:
+        The task.
+
+    Raises:
+        ValueError: no such task (the message lists the known ones).
+    """
     tasks = available_tasks()
     if name not in tasks:
         known = ", ".join(tasks) or "none registered"

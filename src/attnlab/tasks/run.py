@@ -86,7 +86,16 @@ class Run:
         return isinstance(self.config, TransformerConfig)
 
     def inputs(self, text: str, **options: Any) -> ModelInputs:
-        """What the model reads for ``text`` and what it writes (see ``TaskIO.inputs``)."""
+        """What the model reads for ``text`` and what it writes (see ``TaskIO.inputs``).
+
+        Args:
+            text: the input text.
+            **options: the task family's options (``target``/``beams`` for an encoder-decoder,
+                ``max_new_tokens``/``strategy`` for a language model).
+
+        Returns:
+            The model's inputs, its decoded output and their token labels.
+        """
         return self.io.inputs(self.model, text, **options)
 
 

@@ -33,7 +33,17 @@ __all__ = [
 
 
 def strip_special(ids: Sequence[int], *, bos_id: int, eos_id: int, pad_id: int) -> list[int]:
-    """The tokens of a decoded row: ``<bos>`` dropped, cut at the first ``<eos>``, no padding."""
+    """The tokens of a decoded row: ``<bos>`` dropped, cut at the first ``<eos>``, no padding.
+
+    Args:
+        ids: one decoded row.
+        bos_id: the begin-of-sequence id.
+        eos_id: the end-of-sequence id.
+        pad_id: the padding id.
+
+    Returns:
+        The output tokens.
+    """
     out = []
     for i, t in enumerate(int(x) for x in ids):
         if t == eos_id:
@@ -111,8 +121,19 @@ def decode_sources(
 def transformer_config(
     args: argparse.Namespace, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
 ) -> TransformerConfig:
-    """The encoder-decoder of a task: sizes from the options of ``add_transformer_arguments``,
-    vocabularies and special ids from the tokenizers (``share``: one embedding for both)."""
+    """The encoder-decoder of a task.
+
+    Args:
+        args: the options of ``add_transformer_arguments`` (sizes, dropout, label smoothing).
+        src_tok: the source tokenizer (vocabulary size).
+        tgt_tok: the target tokenizer (vocabulary size and the special ids).
+        max_len: the model's positions on each side.
+        share: one embedding for both sides and the output layer (needs one vocabulary);
+            default ``False``.
+
+    Returns:
+        The model's configuration.
+    """
     if src_tok.pad_id != tgt_tok.pad_id:
         raise ValueError("the source and target tokenizers must share the padding id")
     return TransformerConfig(
@@ -160,6 +181,14 @@ def cooldown_factor(step: int, cooldown: int, end: int) -> float:
     """1 until ``end - cooldown``, then falling linearly to 0 at step ``end`` (steps from 1).
 
     factor(s) = clamp((end - s + 1) / cooldown, 0, 1); ``cooldown = 0`` means no cool-down.
+
+    Args:
+        step: the optimizer step ``s``, counted from 1.
+        cooldown: length of the cool-down in steps; 0 for none.
+        end: the step at which the factor reaches 0.
+
+    Returns:
+        The factor, in ``[0, 1]``.
     """
     if cooldown == 0:
         return 1.0
@@ -171,11 +200,21 @@ def noam_adam(
 ) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
     """``model -> (Adam, schedule)`` as in Vaswani et al. (2017) §5.3: β = (0.9, 0.98), ε = 1e-9,
 
-    lr(s) = factor · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5) · cooldown_factor(s)
+        lr(s) = factor · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5) · cooldown_factor(s)
 
     With ``cooldown = 0`` the schedule is :class:`attnlab.training.NoamLR` itself; otherwise the
     Noam rate is annealed linearly to 0 over the ``cooldown`` steps that end at ``cooldown_end``
     (a fixed step, part of the run's configuration, so that a resumed run follows the same rates).
+
+    Args:
+        d_model: the model width.
+        warmup: warm-up steps.
+        factor: the Noam factor.
+        cooldown: cool-down steps; default 0 (plain Noam).
+        cooldown_end: the step at which the cool-down reaches 0; default 0.
+
+    Returns:
+        The optimizer factory the trainer calls with the model.
     """
     if cooldown < 0 or (cooldown and cooldown_end < cooldown):
         raise ValueError(
@@ -201,7 +240,15 @@ def noam_adam(
 def noam_adam_from_args(
     args: argparse.Namespace, d_model: int
 ) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
-    """:func:`noam_adam` with the options of ``add_transformer_arguments``."""
+    """:func:`noam_adam` with the options of ``add_transformer_arguments``.
+
+    Args:
+        args: parsed options with ``warmup``, ``lr_factor``, ``cooldown`` and ``cooldown_end``.
+        d_model: the model width.
+
+    Returns:
+        The optimizer factory the trainer calls with the model.
+    """
     return noam_adam(
         d_model,
         args.warmup,
@@ -212,7 +259,15 @@ def noam_adam_from_args(
 
 
 def seq2seq_loss(pad_id: int, smoothing: float) -> Callable[[nn.Module, Any], TokenLoss]:
-    """``(model, Seq2SeqBatch) -> TokenLoss``: label-smoothed cross-entropy over non-pad targets."""
+    """The loss of an encoder-decoder task: label-smoothed cross-entropy over non-pad targets.
+
+    Args:
+        pad_id: the padding id (its targets are ignored).
+        smoothing: the label smoothing ``ε`` (0.1 in the paper).
+
+    Returns:
+        ``(model, Seq2SeqBatch) -> TokenLoss``.
+    """
 
     def loss(model: nn.Module, batch: Seq2SeqBatch) -> TokenLoss:
         logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
@@ -226,8 +281,11 @@ class Seq2SeqIO:
     """The one path between text and an encoder-decoder's inputs (see :mod:`attnlab.tasks.base`).
 
     Args:
-        src_tok / tgt_tok: the tokenizers (the same object when the vocabulary is shared).
-        bos_id / eos_id / pad_id: the model's special ids.
+        src_tok: the source tokenizer.
+        tgt_tok: the target tokenizer (the same object when the vocabulary is shared).
+        bos_id: the model's begin-of-sequence id (the decoder's first input).
+        eos_id: the model's end-of-sequence id (decoding stops there).
+        pad_id: the model's padding id.
         source_suffix: tokens the encoder reads after the text (the copy/reverse/sort tasks end
             the source with ``<eos>``; translation adds nothing).
         max_source_len: the longest source (suffix included) the model takes; a longer text is an
@@ -238,6 +296,7 @@ class Seq2SeqIO:
         reject_unknown: refuse a text with tokens outside the vocabulary (a character-level
             task's alphabet) instead of reading them as ``<unk>``.
         beams: the beam size of the task's own evaluation (1: greedy), the default everywhere.
+        kind: always ``"seq2seq"`` (the :class:`~attnlab.tasks.base.TaskIO` family).
     """
 
     src_tok: Any
@@ -254,7 +313,14 @@ class Seq2SeqIO:
     kind: Literal["seq2seq"] = "seq2seq"
 
     def source_ids(self, ids: Sequence[int]) -> list[int]:
-        """What the encoder reads for the text's token ids: ``ids`` then the suffix."""
+        """What the encoder reads for the text's token ids.
+
+        Args:
+            ids: the text's token ids.
+
+        Returns:
+            ``ids`` then the suffix.
+        """
         return [*(int(i) for i in ids), *self.source_suffix]
 
     def encode_source(self, text: str, *, lenient: bool = False) -> list[int]:
@@ -265,7 +331,11 @@ class Seq2SeqIO:
             lenient: for corpus evaluation: cut a long text to the model's limit and read an
                 empty one as ``<unk>``, instead of raising.
 
+        Returns:
+            The source ids, suffix included.
+
         Raises:
+            TypeError: ``text`` is not a str.
             ValueError: ``text`` encodes to no token, or to more than the model takes.
         """
         if not isinstance(text, str):
@@ -292,7 +362,14 @@ class Seq2SeqIO:
         return ids
 
     def decode_output(self, ids: Sequence[int]) -> str:
-        """The text of output ids (special tokens dropped)."""
+        """The text of output ids.
+
+        Args:
+            ids: output token ids.
+
+        Returns:
+            The decoded text, special tokens dropped.
+        """
         return str(self.tgt_tok.decode(list(ids)))
 
     def translate(
@@ -304,8 +381,18 @@ class Seq2SeqIO:
         batch_size: int = 64,
         lenient: bool = False,
     ) -> list[str]:
-        """Decode ``texts`` (greedy with ``beams=1``, else beam search; default :attr:`beams`) to
-        output text. ``lenient`` is :meth:`encode_source`'s (corpus evaluation)."""
+        """Decode texts to output text.
+
+        Args:
+            model: the encoder-decoder.
+            texts: the source texts.
+            beams: the beam size: 1 is greedy, more is beam search; default :attr:`beams`.
+            batch_size: sources decoded together; default 64.
+            lenient: as :meth:`encode_source` (corpus evaluation); default ``False``.
+
+        Returns:
+            One output text per source, in order.
+        """
         sources = [self.encode_source(t, lenient=lenient) for t in texts]
         return [self._output_text(row) for row in self._decode(model, sources, beams, batch_size)]
 
@@ -361,6 +448,12 @@ class Seq2SeqIO:
         The target is the task's reference answer when it knows one (copy/reverse/sort);
         otherwise ``text`` may carry it as ``"SOURCE ||| TARGET"``; without either the decoder
         reads ``<bos>`` alone.
+
+        Args:
+            text: the probe text, optionally ``"SOURCE ||| TARGET"``.
+
+        Returns:
+            The model's inputs for the probe.
         """
         source, sep, target = text.partition(" ||| ")
         src = self.encode_source(source)

@@ -72,7 +72,16 @@ def check_bleu_tokenizer(tokenize: str) -> None:
 def corpus_bleu(
     hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a"
 ) -> float:
-    """Corpus BLEU (Papineni et al. 2002) with sacrebleu, on a 0–100 scale."""
+    """Corpus BLEU (Papineni et al. 2002) with sacrebleu, on a 0–100 scale.
+
+    Args:
+        hypotheses: the model's outputs, one per sentence.
+        references: the reference translations, one per sentence.
+        tokenize: sacrebleu's tokenizer; default ``"13a"`` (``"ja-mecab"``, ``"zh"``, ...).
+
+    Returns:
+        The BLEU score.
+    """
     import sacrebleu
 
     return float(
@@ -85,8 +94,11 @@ class TranslateData:
     """Tokenizers and splits of a translation task.
 
     Attributes:
-        src_tok / tgt_tok: the tokenizers (trained on the training split).
-        train: the training pairs; dev / test: optional held-out pairs.
+        src_tok: the source tokenizer (trained on the training split).
+        tgt_tok: the target tokenizer (trained on the training split).
+        train: the training pairs.
+        dev: the development pairs, or ``None``.
+        test: the test pairs, or ``None``.
     """
 
     src_tok: HFTokenizer
@@ -115,7 +127,15 @@ def _data_files(args: argparse.Namespace) -> dict[str, str]:
 
 
 def load_translate_data(args: argparse.Namespace) -> TranslateData:
-    """Read the files named by the options and train the two tokenizers on the training split."""
+    """Read the files named by the options and train the two tokenizers on the training split.
+
+    Args:
+        args: parsed options with ``src``, ``tgt``, the optional ``dev_*``/``test_*`` files,
+            ``tokenizer`` (``"word"`` or BPE) and the vocabulary sizes.
+
+    Returns:
+        The tokenizers and the splits.
+    """
     train = read_parallel(args.src, args.tgt, what="train")
     dev, test = _pair(args, "dev"), _pair(args, "test")
     if args.tokenizer == "word":
@@ -138,7 +158,17 @@ MAX_LEN = 256
 def translation_io(src_tok: Any, tgt_tok: Any, beams: int, max_len: int = MAX_LEN) -> Seq2SeqIO:
     """The text path of a translation run: the encoder reads the sentence's tokens, nothing more;
     the decoder may write up to ``2 · S + 10`` tokens (at most ``max_len − 1``), with the run's
-    final beam size by default."""
+    final beam size by default.
+
+    Args:
+        src_tok: the source tokenizer.
+        tgt_tok: the target tokenizer (it gives the special ids).
+        beams: the default beam size.
+        max_len: the model's positions; default ``MAX_LEN``.
+
+    Returns:
+        The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
+    """
     return Seq2SeqIO(
         src_tok=src_tok,
         tgt_tok=tgt_tok,
@@ -159,6 +189,12 @@ class TranslationTask:
     help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the data options (training, dev and test files, tokenizer and vocabulary sizes,
+        ``--max-tokens``, ``--beams``, ``--bleu-tokenize``) and the Transformer options.
+
+        Args:
+            parser: the sub-command parser of ``attnlab train translate``.
+        """
         g = parser.add_argument_group("data")
         g.add_argument("--src", required=True, help="training source file (one sentence a line)")
         g.add_argument("--tgt", required=True, help="training target file (line i ↔ line i)")
@@ -187,6 +223,16 @@ class TranslationTask:
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
         # the options the evaluation and the final report use, checked before any step
+        """Read the corpus, train the tokenizers, and create the encoder-decoder, its Noam-scheduled
+        Adam, length-bucketed batches and the dev evaluation (loss and greedy BLEU).
+
+        Args:
+            args: the parsed command line of ``attnlab train translate``.
+            device: where the model will train.
+
+        Returns:
+            The trainer's set-up; its report writes the test (else dev) BLEU with beam search.
+        """
         check_bleu_tokenizer(args.bleu_tokenize)
         data = load_translate_data(args)
         src_tok, tgt_tok = data.src_tok, data.tgt_tok
@@ -261,7 +307,19 @@ class TranslationTask:
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:
-        """The run's dev pairs (else its test pairs), at most ``limit``, as batches of 32."""
+        """The run's dev pairs (else its test pairs), at most ``limit``, as batches of 32.
+
+        Args:
+            args: the options saved in the run's ``config.json``.
+            io: the run's text path (its tokenizers and special ids).
+            limit: the most sentence pairs to use.
+
+        Returns:
+            The batches; no metric.
+
+        Raises:
+            ValueError: the run was trained without dev or test files.
+        """
         split = "dev" if args.get("dev_src") else "test"
         if not args.get(f"{split}_src"):
             raise ValueError("the run was trained without --dev-src/--test-src: no held-out pairs")
@@ -276,7 +334,18 @@ class TranslationTask:
         return EvaluationSet(batches)
 
     def io(self, args: Mapping[str, Any], files: Mapping[str, str]) -> Seq2SeqIO:
-        """The run's text path, from its two saved tokenizers."""
+        """The run's text path, from its two saved tokenizers.
+
+        Args:
+            args: the options saved in the run's ``config.json`` (``beams``).
+            files: the task files of the checkpoint (both tokenizers).
+
+        Returns:
+            The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
+
+        Raises:
+            ValueError: a tokenizer file is missing.
+        """
         for name in (SRC_TOKENIZER, TGT_TOKENIZER):
             if name not in files:
                 raise ValueError(f"the translation run holds no {name}")

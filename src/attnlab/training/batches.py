@@ -15,15 +15,27 @@ class BatchSource(Protocol):
     """Where batches come from, with a position that checkpoints can save and restore."""
 
     def next_batch(self) -> Any:
-        """The next global batch (a tensor or a dict/tuple/dataclass of tensors)."""
+        """Produce the next batch and advance the position.
+
+        Returns:
+            The next global batch (a tensor or a dict/tuple/dataclass of tensors).
+        """
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (JSON-able values and tensors)."""
+        """The position, to resume from.
+
+        Returns:
+            JSON-able values and tensors that :meth:`load_state_dict` accepts.
+        """
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Go back to a position returned by :meth:`state_dict`."""
+        """Go back to a position.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+        """
         ...
 
 
@@ -41,12 +53,27 @@ class IndexedBatches:
         self.index = int(start)
 
     def next_batch(self) -> Any:
+        """``make_batch(index)``, then the index moves on by one.
+
+        Returns:
+            The batch of the current index.
+        """
         batch = self.make_batch(self.index)
         self.index += 1
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """The position.
+
+        Returns:
+            ``{"index": the index of the next batch}``.
+        """
         return {"index": self.index}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go back to a position.
+
+        Args:
+            state: what :meth:`state_dict` returned, ``{"index": ...}``.
+        """
         self.index = int(state["index"])

@@ -171,6 +171,12 @@ def config_as_saved(config: Mapping[str, Any]) -> dict[str, Any]:
     JSON knows no tuples and only string keys, so ``(1, 2)`` comes back as ``[1, 2]`` and
     ``{1: x}`` as ``{"1": x}``. A run's configuration is compared with a saved one in this form.
 
+    Args:
+        config: a JSON-able configuration mapping.
+
+    Returns:
+        The configuration after a round trip through JSON.
+
     Raises:
         TypeError: ``config`` holds a value JSON cannot represent.
         ValueError: ``config`` holds a NaN or an infinity (the message names where).
@@ -215,7 +221,14 @@ def step_dir_name(step: int) -> str:
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """The checkpoint directories of a run folder as ``(step, path)``, oldest first."""
+    """The checkpoint directories of a run folder.
+
+    Args:
+        run_dir: the run folder (``<run_dir>/step_<N>`` directories are checkpoints).
+
+    Returns:
+        ``(step, path)`` pairs, oldest first; empty when there is none.
+    """
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -387,12 +400,30 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load_config(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint (verified first unless ``verify=False``)."""
+    """The ``config.json`` of a checkpoint.
+
+    Args:
+        path: anything :func:`resolve_checkpoint` accepts (a checkpoint or a run folder).
+        verify: check the manifest first (sizes and hashes). Default: True.
+
+    Returns:
+        The saved configuration.
+
+    Raises:
+        CheckpointError: no checkpoint there, a file does not match the manifest, or the
+            config is unreadable.
+    """
     return read_config(_locate(path, verify))
 
 
 def read_config(ckpt: Path) -> dict[str, Any]:
     """The ``config.json`` of the checkpoint directory ``ckpt``, as it is (no resolution).
+
+    Args:
+        ckpt: a checkpoint directory (not a run folder; not verified here).
+
+    Returns:
+        The saved configuration.
 
     Raises:
         CheckpointError: the file is unreadable, not a JSON object, or nested too deeply.
@@ -409,7 +440,18 @@ def read_config(ckpt: Path) -> dict[str, Any]:
 
 
 def read_checkpoint_file(path: str | os.PathLike[str], name: str) -> bytes:
-    """The bytes of a task file saved with ``files={name: ...}`` (e.g. the tokenizer)."""
+    """The bytes of a task file saved with ``files={name: ...}`` (e.g. the tokenizer).
+
+    Args:
+        path: anything :func:`resolve_checkpoint` accepts (verified against the manifest).
+        name: the file's name inside the checkpoint, as it was saved.
+
+    Returns:
+        The file's content.
+
+    Raises:
+        CheckpointError: no checkpoint there, no such file, or a name outside the checkpoint.
+    """
     ckpt = resolve_checkpoint(path)
     f = confined_path(ckpt, _check_name(name))
     if not f.is_file():
@@ -441,7 +483,13 @@ def load_model_weights(
 
 
 def read_model_weights(ckpt: Path, model: torch.nn.Module, *, strict: bool = True) -> None:
-    """:func:`load_model_weights` from the checkpoint directory ``ckpt`` as it is (no resolution)."""
+    """:func:`load_model_weights` from the checkpoint directory ``ckpt`` as it is (no resolution).
+
+    Args:
+        ckpt: a checkpoint directory (not a run folder; not verified here).
+        model: a model built from the checkpoint's config; loaded in place.
+        strict: missing or unexpected keys are an error. Default: True.
+    """
     try:
         missing, unexpected = load_model(model, str(ckpt / MODEL), strict=False)
     except (SafetensorError, OSError, RuntimeError) as exc:
@@ -456,12 +504,31 @@ def read_model_weights(ckpt: Path, model: torch.nn.Module, *, strict: bool = Tru
 
 
 def load_training_state(path: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
-    """The training state tree saved by :func:`save_checkpoint` (tensors on the CPU)."""
+    """The training state tree saved by :func:`save_checkpoint`.
+
+    Args:
+        path: anything :func:`resolve_checkpoint` accepts (a checkpoint or a run folder).
+        verify: check the manifest first (sizes and hashes). Default: True.
+
+    Returns:
+        The state (optimizer, scheduler, step, RNG states, data position), tensors on the CPU.
+
+    Raises:
+        CheckpointError: no checkpoint there, a file does not match the manifest, or the state
+            is unreadable.
+    """
     return read_training_state(_locate(path, verify))
 
 
 def read_training_state(ckpt: Path) -> dict[str, Any]:
-    """:func:`load_training_state` of the checkpoint directory ``ckpt`` as it is (no resolution)."""
+    """:func:`load_training_state` of the checkpoint directory ``ckpt`` as it is (no resolution).
+
+    Args:
+        ckpt: a checkpoint directory (not a run folder; not verified here).
+
+    Returns:
+        The training state tree, tensors on the CPU.
+    """
     if not (ckpt / STATE_JSON).is_file():
         raise CheckpointError(f"checkpoint {ckpt} holds weights only (no {STATE_JSON})")
     try:

@@ -31,6 +31,9 @@ def fingerprint_files(files: Mapping[str, str | os.PathLike[str]]) -> dict[str, 
     Args:
         files: what the run calls each file (its option, e.g. ``"--data"``) -> its path.
 
+    Returns:
+        Name → ``{"path": the path as given, "size": bytes, "sha256": hex digest}``.
+
     Raises:
         FileNotFoundError / OSError: a file cannot be read.
     """

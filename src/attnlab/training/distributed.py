@@ -53,6 +53,7 @@ class DistInfo:
 
     @property
     def distributed(self) -> bool:
+        """Whether more than one process trains (or a process group was set up)."""
         return self.world_size > 1 or self.backend is not None
 
     @property
@@ -101,7 +102,17 @@ def barrier() -> None:
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
-    """The sum of ``value`` over ranks (the value itself when not distributed)."""
+    """The sum of ``value`` over ranks.
+
+    Args:
+        value: a tensor on this rank's device, the same shape on every rank.
+
+    Returns:
+        The sum over ranks (a new tensor), or ``value`` itself when not distributed.
+
+    Shape:
+        any; the result has ``value``'s shape.
+    """
     if dist.is_available() and dist.is_initialized():
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
@@ -118,6 +129,9 @@ def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
 
     Returns:
         The same structure with each tensor ``t`` replaced by ``fn(t)``.
+
+    Shape:
+        each tensor as ``fn`` maps it (``t.to(device)`` keeps every shape).
     """
     if isinstance(batch, torch.Tensor):
         return fn(batch)

@@ -22,6 +22,10 @@ __all__ = ["DivergenceError", "all_finite", "first_non_finite"]
 class DivergenceError(ValueError):
     """Training diverged: a loss, gradient norm or weight became NaN or infinite.
 
+    Args:
+        message: what diverged, for the user.
+        step: the step that diverged.
+
     Attributes:
         step: the step that diverged (not taken when its loss or gradient norm was not finite).
     """
@@ -32,13 +36,33 @@ class DivergenceError(ValueError):
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every element of every floating tensor is finite (one device sync)."""
+    """Whether every element of every floating tensor is finite (one device sync).
+
+    Args:
+        tensors: any tensors; integer and boolean ones are skipped.
+
+    Returns:
+        ``True`` when no floating tensor holds a NaN or an infinity (also when there is none).
+
+    Shape:
+        any.
+    """
     flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
     return bool(torch.stack(flags).all()) if flags else True
 
 
 def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
-    """The name of the first floating tensor holding a NaN or an infinity, or None."""
+    """The name of the first floating tensor holding a NaN or an infinity.
+
+    Args:
+        named: ``(name, tensor)`` pairs, e.g. ``model.named_parameters()``.
+
+    Returns:
+        That name, or ``None`` when every floating tensor is finite.
+
+    Shape:
+        any.
+    """
     for name, t in named:
         if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
             return name

@@ -29,13 +29,21 @@ __all__ = [
 
 
 def fsync_file(path: Path) -> None:
-    """Flush a written file's data to the disk."""
+    """Flush a written file's data to the disk.
+
+    Args:
+        path: the file, already written and closed.
+    """
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
 
 def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (new, renamed or deleted names) to the disk, where supported."""
+    """Flush a folder's entries (new, renamed or deleted names) to the disk, where supported.
+
+    Args:
+        path: the folder; nothing happens on platforms that cannot open a folder.
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -50,6 +58,10 @@ def fsync_dir(path: Path) -> None:
 
 def write_synced(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` (replacing it in place) and fsync it.
+
+    Args:
+        path: the file to write.
+        data: its new content.
 
     Raises:
         OSError: the write failed (a full disk, a read-only file system, …), naming ``path``.
@@ -74,6 +86,16 @@ def safetensors_bytes(
 
     A tensor shared by several names is stored once, under the first of its names in sorted
     order (as ``safetensors.torch.save_model`` does; loading with ``load_model`` ties it again).
+
+    Args:
+        tensors: name → tensor (stored contiguous; tensors sharing memory are stored once).
+        metadata: string metadata for the file's header, or ``None``.
+
+    Returns:
+        The content of a ``.safetensors`` file.
+
+    Shape:
+        any; each tensor is stored with its shape.
     """
     first: dict[tuple[int, int, tuple[int, ...]], str] = {}
     for name in sorted(tensors):
@@ -87,6 +109,10 @@ def replace_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Replace ``path`` by what ``write(binary_file)`` writes, atomically: into a uniquely named
     temporary sibling, fsynced, renamed over the target (through a symbolic link), the folder
     fsynced. A failure leaves ``path`` as it was and no temporary file behind.
+
+    Args:
+        path: the file to replace (or create).
+        write: called once with the temporary file, opened for binary writing.
 
     Raises:
         OSError: the file could not be written, naming ``path`` (not the temporary file).
@@ -109,7 +135,12 @@ def replace_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def replace_file(path: Path, data: bytes) -> None:
-    """Replace ``path`` by a file holding ``data``, atomically (see :func:`replace_with`)."""
+    """Replace ``path`` by a file holding ``data``, atomically (see :func:`replace_with`).
+
+    Args:
+        path: the file to replace (or create).
+        data: its new content.
+    """
     replace_with(path, lambda f: f.write(data))
 
 

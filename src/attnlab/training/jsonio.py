@@ -49,6 +49,9 @@ def dumps_strict(tree: Any, *, what: str = "value", **kwargs: Any) -> str:
         what: how the message names ``tree`` (e.g. ``"config"``).
         **kwargs: passed to ``json.dumps`` (``indent``, ``sort_keys``…).
 
+    Returns:
+        The JSON text.
+
     Raises:
         ValueError: ``tree`` holds a non-finite number (the message names its key).
         TypeError: ``tree`` holds a value JSON cannot represent.
@@ -63,7 +66,14 @@ def dumps_strict(tree: Any, *, what: str = "value", **kwargs: Any) -> str:
 
 
 def finite_or_none(tree: Any) -> Any:
-    """``tree`` with every non-finite float replaced by ``None`` (JSON ``null``)."""
+    """``tree`` with every non-finite float replaced by ``None`` (JSON ``null``).
+
+    Args:
+        tree: nested dicts, lists, tuples and scalars.
+
+    Returns:
+        A copy of the tree (tuples become lists) without NaN or infinities.
+    """
     if isinstance(tree, float):
         return tree if math.isfinite(tree) else None
     if isinstance(tree, Mapping):
@@ -74,7 +84,15 @@ def finite_or_none(tree: Any) -> Any:
 
 
 def tree_depth(tree: Any, limit: int = MAX_DEPTH) -> int:
-    """The nesting depth of a JSON tree (a scalar: 0), counted up to ``limit + 1`` (iteratively)."""
+    """The nesting depth of a JSON tree, counted iteratively (no recursion limit to hit).
+
+    Args:
+        tree: a parsed JSON document.
+        limit: stop counting past this depth; default ``MAX_DEPTH``.
+
+    Returns:
+        The depth (a scalar: 0, ``[1]``: 1), at most ``limit + 1``.
+    """
     deepest = 0
     stack: list[tuple[Any, int]] = [(tree, 0)]
     while stack:
@@ -91,6 +109,13 @@ def tree_depth(tree: Any, limit: int = MAX_DEPTH) -> int:
 
 def read_json(path: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON document of a UTF-8 file.
+
+    Args:
+        path: the file.
+        max_depth: the deepest nesting accepted; default ``MAX_DEPTH``.
+
+    Returns:
+        The parsed document.
 
     Raises:
         ValueError: one line — the file is not UTF-8, not JSON, or nested deeper than

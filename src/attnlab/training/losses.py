@@ -32,6 +32,9 @@ class TokenLoss:
         loss: the mean loss, a 0-dim tensor (differentiable).
         count: the number of positions the mean is over (a 0-dim tensor or a number; 0 allowed,
             then ``loss`` is 0).
+
+    Shape:
+        loss ``()``; count ``()`` when a tensor.
     """
 
     loss: torch.Tensor

@@ -49,7 +49,12 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class ManifestEntry:
-    """One file of a checkpoint: its size in bytes and its SHA-256 (hex)."""
+    """One file of a checkpoint.
+
+    Attributes:
+        size: its size in bytes.
+        sha256: its SHA-256, as 64 lowercase hex digits.
+    """
 
     size: int
     sha256: str
@@ -57,14 +62,26 @@ class ManifestEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A validated ``manifest.json``: the checkpoint's step and its files by relative name."""
+    """A validated ``manifest.json``.
+
+    Attributes:
+        step: the training step the checkpoint holds.
+        files: relative ``/``-separated name → :class:`ManifestEntry`, for every file it holds.
+    """
 
     step: int
     files: dict[str, ManifestEntry]
 
 
 def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file (hex), read in 1 MiB chunks."""
+    """The SHA-256 of a file, read in 1 MiB chunks.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The digest, as 64 lowercase hex digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -73,7 +90,14 @@ def sha256_file(path: Path) -> str:
 
 
 def file_entry(path: Path) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of a file, as the manifest stores it."""
+    """A file's manifest entry.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``{"size": bytes, "sha256": hex digest}``, as the manifest stores it.
+    """
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
@@ -83,6 +107,13 @@ def _is_count(value: object) -> bool:
 
 def confined_path(ckpt: Path, name: object) -> Path:
     """The file ``name`` of the checkpoint folder ``ckpt``, refusing any name that leaves it.
+
+    Args:
+        ckpt: the checkpoint folder.
+        name: a name read from a manifest (not trusted: checked here).
+
+    Returns:
+        ``ckpt / name``.
 
     Raises:
         CheckpointError: ``name`` is not a relative ``/``-separated path, holds ``..``, or points
@@ -136,6 +167,12 @@ def _parse(tree: Any, ckpt: Path) -> Manifest:
 
 def read_manifest(ckpt: Path) -> Manifest:
     """The validated manifest of the checkpoint folder ``ckpt`` (the files are not checked).
+
+    Args:
+        ckpt: the checkpoint folder.
+
+    Returns:
+        The manifest.
 
     Raises:
         CheckpointError: the manifest is missing, unreadable or does not follow the schema.

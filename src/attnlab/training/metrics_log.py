@@ -41,7 +41,11 @@ class MetricsLog:
         self.path = Path(path)
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` as one JSON line at the end of the file (NaN and infinities as null)."""
+        """Write ``record`` as one JSON line at the end of the file (NaN and infinities as null).
+
+        Args:
+            record: a JSON-able mapping, usually with ``"kind"`` and ``"step"``.
+        """
         line = json.dumps(finite_or_none(dict(record)), allow_nan=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
@@ -52,6 +56,9 @@ class MetricsLog:
 
         A record without ``"step"`` counts as step 0. The file is replaced atomically, and only
         when a line goes; a missing file stays missing.
+
+        Args:
+            step: the last step to keep (the step a run resumes from).
         """
         if not self.path.exists():
             return

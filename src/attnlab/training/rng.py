@@ -31,7 +31,11 @@ def seed_everything(seed: int) -> None:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """The states of every generator, as a tree :func:`save_checkpoint` can store."""
+    """The states of every generator, as a tree :func:`save_checkpoint` can store.
+
+    Returns:
+        ``{"python", "numpy", "torch"}`` states, and ``"cuda"`` when CUDA is initialised.
+    """
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),  # noqa: NPY002
@@ -43,7 +47,11 @@ def get_rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the states returned by :func:`get_rng_state`."""
+    """Restore the states returned by :func:`get_rng_state`.
+
+    Args:
+        state: what :func:`get_rng_state` returned (possibly through a checkpoint).
+    """
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_state = state["numpy"]

@@ -29,7 +29,14 @@ class NotARunFolderError(ValueError):
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is an attnlab run folder (a ``checkpoints`` folder or the lock file)."""
+    """Whether ``path`` is an attnlab run folder.
+
+    Args:
+        path: any path.
+
+    Returns:
+        ``True`` when it is a folder holding a ``checkpoints`` folder or the run's lock file.
+    """
     p = Path(path)
     return (p / CHECKPOINTS).is_dir() or (p / LOCK_FILE).is_file()
 
@@ -43,6 +50,10 @@ def _foreign_files(p: Path) -> list[str]:
 
 def check_run_dir(run_dir: str | os.PathLike[str], *, force: bool = False) -> None:
     """Step 1 of :func:`claim_run_dir` alone, reading only: call it before any slow set-up.
+
+    Args:
+        run_dir: the run folder to check (it need not exist).
+        force: accept a folder that holds files but is not an attnlab run. Default: False.
 
     Raises:
         NotARunFolderError: ``run_dir`` is a file, or it holds files and is not an attnlab run

@@ -87,6 +87,9 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock, or raise at once.
 
+        Returns:
+            ``self``, holding the lock.
+
         Raises:
             RunFolderBusyError: another live process holds it (one line naming its pid).
             OSError: the folder cannot be created or written (read-only, full disk…).

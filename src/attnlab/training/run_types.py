@@ -75,6 +75,9 @@ class TrainConfig:
         ``{"grad_accum", "clip", "bf16"}``, plus ``"fp16": True`` only in an fp16 run: the
         configurations saved before fp16 existed compare equal to fp32/bf16 runs of today, and
         resuming an fp16 run without fp16 (or the reverse) is refused.
+
+        Returns:
+            The trajectory fields by name.
         """
         out: dict[str, Any] = {"grad_accum": self.grad_accum, "clip": self.clip, "bf16": self.bf16}
         if self.fp16:
@@ -138,23 +141,54 @@ class TrainerCallback:
     """Hooks for display; override what you need (all run on rank 0 only)."""
 
     def on_start(self, trainer: Trainer) -> None:
-        """Before the first step of :meth:`Trainer.fit`."""
+        """Before the first step of :meth:`Trainer.fit`.
+
+        Args:
+            trainer: the trainer that is starting (its step is the one resumed from, or 0).
+        """
 
     def on_step(self, metrics: StepMetrics) -> None:
-        """After every optimizer step."""
+        """After every optimizer step.
+
+        Args:
+            metrics: the step's loss, learning rate, gradient norm, tokens and timing.
+        """
 
     def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
-        """After every evaluation."""
+        """After every evaluation.
+
+        Args:
+            step: the step evaluated at.
+            metrics: what ``evaluate`` returned, ``{name: value}``.
+        """
 
     def on_save(self, step: int, path: Path) -> None:
-        """After every checkpoint."""
+        """After every checkpoint.
+
+        Args:
+            step: the step saved.
+            path: the checkpoint directory written.
+        """
 
     def on_end(self, result: TrainResult) -> None:
-        """When :meth:`Trainer.fit` returns (also when interrupted)."""
+        """When :meth:`Trainer.fit` returns (also when interrupted).
+
+        Args:
+            result: how the run ended (steps, losses, interruption, last checkpoint and evaluation).
+        """
 
 
 def config_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
-    """The first difference between two JSON trees as ``"key: A (saved) vs B (now)"``, or None."""
+    """The first difference between two JSON trees.
+
+    Args:
+        saved: the tree read from a checkpoint.
+        current: the tree of this run.
+        prefix: the dotted key of the trees within a larger one (for the message); default ``""``.
+
+    Returns:
+        ``"key: A (saved) vs B (now)"`` for the first difference, or ``None`` when they are equal.
+    """
     if isinstance(saved, dict) and isinstance(current, dict):
         for key in sorted(set(saved) | set(current)):
             name = f"{prefix}.{key}" if prefix else str(key)

@@ -128,11 +128,22 @@ class NoamLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def rate(self, step: int) -> float:
-        """The rate of ``step`` (counted from 1)."""
+        """The rate of one step.
+
+        Args:
+            step: the optimizer step, counted from 1.
+
+        Returns:
+            ``factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)``.
+        """
         return noam_rate(step, self.d_model, self.warmup_steps, self.factor)
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
-        """The rate of step ``last_epoch + 1`` for every parameter group."""
+        """The rate of the next step for every parameter group.
+
+        Returns:
+            :meth:`rate` of step ``last_epoch + 1``, once per parameter group.
+        """
         return [self.rate(self.last_epoch + 1) for _ in self.optimizer.param_groups]
 
     def _get_closed_form_lr(self) -> list[float]:
@@ -197,7 +208,11 @@ class WarmupCosineLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
-        """``base_lr · factor(last_epoch + 1)`` for every parameter group."""
+        """The rate of the next step for every parameter group.
+
+        Returns:
+            ``base_lr · factor(last_epoch + 1)`` for each group, with its own ``base_lr``.
+        """
         f = warmup_cosine_factor(
             self.last_epoch + 1, self.warmup_steps, self.total_steps, self.min_ratio
         )

@@ -34,6 +34,12 @@ COMPUTED_BYTES_FLOOR = 64 << 20
 def read_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The name and shape of every tensor of a safetensors file, from its header alone.
 
+    Args:
+        path: the ``.safetensors`` file.
+
+    Returns:
+        Tensor name → shape.
+
     Raises:
         CheckpointError: the file is missing or its header is unreadable.
     """

@@ -173,6 +173,9 @@ class Trainer:
         data_files: the files the run's data came from, by the name messages give them (e.g.
             ``{"--data": "input.txt"}``); their size and SHA-256 go into ``config.json`` and
             :meth:`resume` refuses when they changed.
+
+    Shape:
+        ``loss_fn`` returns a scalar ``()`` loss (or a :class:`TokenLoss` of one).
     """
 
     def __init__(
@@ -248,7 +251,12 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """The training state that a checkpoint stores (besides the model)."""
+        """The training state that a checkpoint stores (besides the model).
+
+        Returns:
+            The optimizer, scheduler, step, RNG states, data position and the rest of the
+            loop's state, as a tree of JSON-able values and tensors.
+        """
         return {
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
@@ -259,13 +267,21 @@ class Trainer:
         }
 
     def saved_config(self) -> dict[str, Any]:
-        """What ``config.json`` holds: the run configuration, and the data files' fingerprints."""
+        """What ``config.json`` holds.
+
+        Returns:
+            The run configuration with ``"train"`` (the trajectory) and the data files'
+            fingerprints added.
+        """
         if not self.data_fingerprints:
             return dict(self.run_config)
         return {**self.run_config, DATA_FILES_KEY: self.data_fingerprints}
 
     def save(self) -> Path | None:
-        """Write a checkpoint of the current step (rank 0; other ranks wait). Returns its path.
+        """Write a checkpoint of the current step (rank 0; other ranks wait).
+
+        Returns:
+            The checkpoint directory on rank 0, ``None`` on the other ranks.
 
         Raises:
             DivergenceError: the weights are not finite (nothing is written).
@@ -403,7 +419,12 @@ class Trainer:
         return contextlib.nullcontext()
 
     def run_evaluation(self) -> dict[str, float] | None:
-        """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards)."""
+        """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards).
+
+        Returns:
+            What ``evaluate`` returned, ``{name: value}``; ``None`` without ``evaluate`` and on
+            the other ranks.
+        """
         if self.evaluate is None:
             return None
         metrics: dict[str, float] | None = None

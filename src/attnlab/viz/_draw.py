@@ -47,7 +47,15 @@ class Plot:
     data: dict[str, np.ndarray] = field(default_factory=dict)
 
     def save(self, path: str | Path, *, dpi: int = 120) -> Path:
-        """Write the figure; the format follows the suffix (``.png`` or ``.svg``)."""
+        """Write the figure; the format follows the suffix (``.png`` or ``.svg``).
+
+        Args:
+            path: the file to write (parent folders are created).
+            dpi: dots per inch of a PNG.
+
+        Returns:
+            The path written.
+        """
         return save_figure(self.figure, path, dpi=dpi)
 
     def _repr_png_(self) -> bytes:

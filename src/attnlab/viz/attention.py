@@ -47,9 +47,11 @@ class Reduced:
 
     Attributes:
         matrix: the drawn values, ``(R_q, R_k)``.
-        row_labels / col_labels: one label per drawn row / column.
-        row_index / col_index: for ``"topk"`` the original positions kept; for ``"block"`` the
-            first position of each block.
+        row_labels: one label per drawn row.
+        col_labels: one label per drawn column.
+        row_index: for ``"topk"`` the original query positions kept; for ``"block"`` the first
+            position of each block, ``(R_q,)``.
+        col_index: the same for the key positions, ``(R_k,)``.
     """
 
     matrix: np.ndarray
@@ -87,7 +89,8 @@ def reduce_attention(
         weights: ``(T_q, T_k)``.
         max_tokens: the most rows/columns to draw. Default 64.
         method: ``"block"`` or ``"topk"``. Default ``"block"``.
-        query_tokens / key_tokens: labels, one per position.
+        query_tokens: query labels, one per position ``T_q``.
+        key_tokens: key labels, one per position ``T_k``.
 
     Returns:
         A :class:`Reduced`; unchanged (a copy) when both sides already fit.
@@ -156,7 +159,8 @@ def attention_heatmap(
 
     Args:
         weights: ``(T_q, T_k)``.
-        query_tokens / key_tokens: labels (default: positions).
+        query_tokens: query labels (default: positions).
+        key_tokens: key labels (default: positions).
         mask: boolean ``(T_q, T_k)``, ``True = may attend``; drawn only without reduction.
         title: axes title.
         max_tokens: longer sides are reduced with ``method`` (see :func:`reduce_attention`).
@@ -273,7 +277,8 @@ def head_grid(
 
     Args:
         weights: ``(H, T_q, T_k)`` (or ``(1, H, T_q, T_k)``).
-        query_tokens / key_tokens: labels (default: positions).
+        query_tokens: query labels (default: positions).
+        key_tokens: key labels (default: positions).
         title: figure title.
         max_tokens: per-side limit before reduction.
         method: ``"block"`` or ``"topk"``.
@@ -359,9 +364,10 @@ def layer_head_grid(
         attentions: per layer ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)`` — a mapping
             ``module path -> weights`` (e.g. ``cache.attentions`` from
             :func:`attnlab.inspect.capture`, in its order) or a list.
-        query_tokens / key_tokens: labels of the queries / keys — one sequence for every layer
-            (a GPT), or a mapping ``layer name -> tokens`` (layer names are the mapping's keys,
-            or ``"layer i"`` for a list); layers missing from a mapping are labelled by position.
+        query_tokens: labels of the queries — one sequence for every layer (a GPT), or a
+            mapping ``layer name -> tokens`` (layer names are the mapping's keys, or
+            ``"layer i"`` for a list); layers missing from a mapping are labelled by position.
+        key_tokens: labels of the keys, in the same form as ``query_tokens``.
         batch_index: which sequence of the batch to draw. Default 0.
         title: figure title.
         max_tokens: per-side limit before reduction.

@@ -141,8 +141,20 @@ class ProbeHistory:
         source: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
     ) -> ProbeHistory:
-        """An empty history for a GPT's probe (``tokens``) or an encoder-decoder's
-        (``source`` and ``target``: the decoder's input tokens); fill it with :meth:`record`."""
+        """An empty history, to fill with :meth:`record`.
+
+        Args:
+            tokens: a GPT probe's token texts.
+            source: an encoder-decoder probe's source token texts.
+            target: an encoder-decoder probe's decoder input token texts (with ``source``).
+
+        Returns:
+            A history with no step yet.
+
+        Raises:
+            ValueError: neither ``tokens`` nor both ``source`` and ``target`` are given, or
+                ``tokens`` is given together with them.
+        """
         if tokens is not None:
             if source is not None or target is not None:
                 raise ValueError(
@@ -179,6 +191,14 @@ class ProbeHistory:
         Layers are given their token sequences on the first record: a GPT's layers
         ``("tokens", "tokens")``; an encoder-decoder's encoder layers ``("source", "source")``,
         cross-attention ``("target", "source")``, decoder self-attention ``("target", "target")``.
+
+        Raises:
+            ValueError: ``step`` is not larger than the last one, the layers differ from the
+                first record's, or the shapes disagree with the token sequences.
+
+        Shape:
+            each weights tensor ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``; stored as
+            ``(H, T_q, T_k)`` (row ``batch_index``).
         """
         step = _check_step("step", step)
         if self.steps and step <= self.steps[-1]:
@@ -254,7 +274,27 @@ class ProbeHistory:
         kinds: Mapping[str, str] | None = None,
         batch_index: int = 0,
     ) -> ProbeHistory:
-        """A history from one ``cache.attentions``-like mapping per step (see :meth:`record`)."""
+        """A history from one ``cache.attentions``-like mapping per step (see :meth:`record`).
+
+        Args:
+            steps: the steps, strictly ascending.
+            records: layer path → weights, one mapping per step.
+            tokens: a GPT probe's token texts.
+            source: an encoder-decoder probe's source token texts.
+            target: an encoder-decoder probe's decoder input token texts.
+            kinds: layer path → ``"self"``/``"cross"`` (default: from the paths).
+            batch_index: which sequence of each batch is the probe. Default 0.
+
+        Returns:
+            The filled history.
+
+        Raises:
+            ValueError: ``steps`` and ``records`` differ in length, or a record does not agree
+                with the others.
+
+        Shape:
+            each weights tensor ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``.
+        """
         if len(steps) != len(records):
             raise ValueError(
                 f"steps and records must have the same length, got {len(steps)} and {len(records)}"
@@ -272,7 +312,17 @@ class ProbeHistory:
         return list(self.attentions)
 
     def tokens(self, layer: str) -> tuple[list[str], list[str]]:
-        """The query and key token texts of ``layer``."""
+        """The query and key token texts of one layer.
+
+        Args:
+            layer: a layer path of :attr:`attentions`.
+
+        Returns:
+            ``(query tokens, key tokens)``.
+
+        Raises:
+            ValueError: no such layer (the message lists the recorded ones).
+        """
         self._check_layer("layer", layer)
         q_name, k_name = self.layer_sequences[layer]
         return self.sequences[q_name], self.sequences[k_name]
@@ -286,7 +336,11 @@ class ProbeHistory:
     # -- saving --
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data (lists, dicts, strings, tensors) for ``torch.save`` or a checkpoint."""
+        """Plain data (lists, dicts, strings, tensors) for ``torch.save`` or a checkpoint.
+
+        Returns:
+            The attributes by name, the weights as CPU float32 tensors.
+        """
         return {
             "steps": list(self.steps),
             "attentions": dict(self.attentions),
@@ -301,6 +355,12 @@ class ProbeHistory:
 
         Every entry is checked (its container type, then what the constructor checks), so a
         damaged or crafted file gives a ``TypeError``/``ValueError`` naming the entry.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Returns:
+            The history.
 
         Raises:
             TypeError: ``state`` is not a mapping, or an entry has the wrong type.
@@ -321,15 +381,35 @@ class ProbeHistory:
     def save(self, path: str | Path) -> Path:
         """Write the history with ``torch.save`` (parent folders created).
 
-        The file is replaced only once it is complete; a parent of ``path`` that is a file
-        raises a ``ValueError``, a file that cannot be written an ``OSError`` naming ``path``.
+        The file is replaced only once it is complete.
+
+        Args:
+            path: the file to write.
+
+        Returns:
+            ``path`` as a ``Path``.
+
+        Raises:
+            ValueError: a parent of ``path`` is a file.
+            OSError: the file cannot be written (the message names ``path``).
         """
         state = self.state_dict()
         return write_file(path, lambda f: torch.save(state, f))
 
     @classmethod
     def load(cls, path: str | Path) -> ProbeHistory:
-        """Read a history written by :meth:`save` (tensors and plain data only: ``weights_only``)."""
+        """Read a history written by :meth:`save` (tensors and plain data only: ``weights_only``).
+
+        Args:
+            path: the file.
+
+        Returns:
+            The history, checked as :meth:`from_state_dict` checks it.
+
+        Raises:
+            TypeError: the file's content is not a history's layout.
+            ValueError: an entry is missing or does not agree with the others.
+        """
         return cls.from_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
 
 
@@ -467,6 +547,12 @@ def attention_evolution(
 def row_entropy(weights: torch.Tensor | np.ndarray) -> np.ndarray:
     """Mean row entropy ``mean_i H_i``, ``H_i = −Σ_j w_ij log w_ij`` in nats (``0 log 0 = 0``),
     over the rows that see a key (rows of zeros — queries that may see nothing — are left out).
+
+    Args:
+        weights: attention weights, rows summing to one (or zero).
+
+    Returns:
+        The mean entropy over the last two dimensions, float64.
 
     Shape:
         weights ``(..., T_q, T_k)`` → ``(...)``; NaN where no row sees a key.

@@ -28,6 +28,9 @@ def check_output_path(path: str | os.PathLike[str], name: str = "path") -> Path:
         path: the file to write.
         name: the argument's name, for the error message (e.g. ``"-o/--output"``).
 
+    Returns:
+        ``path`` as a ``Path``.
+
     Raises:
         ValueError: a parent of ``path`` exists but is a file, not a folder.
         IsADirectoryError: ``path`` is a folder.
@@ -48,7 +51,19 @@ def check_output_path(path: str | os.PathLike[str], name: str = "path") -> Path:
 
 def output_path(path: str | os.PathLike[str], name: str = "path") -> Path:
     """``path`` as a ``Path`` to write, checked by :func:`check_output_path`, with its parent
-    folders created."""
+    folders created.
+
+    Args:
+        path: the file to write.
+        name: the argument's name, for the error message; default ``"path"``.
+
+    Returns:
+        ``path`` as a ``Path``; its parent folder exists.
+
+    Raises:
+        ValueError: a parent of ``path`` exists but is a file, not a folder.
+        IsADirectoryError: ``path`` is a folder.
+    """
     path = check_output_path(path, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

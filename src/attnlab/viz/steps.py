@@ -107,11 +107,12 @@ def step_panel(
     Args:
         x: the layer's (query) input, ``(T_q, d_model)``.
         q: one head's queries ``(T_q, d_head)``.
-        k, v: that head's keys ``(T_k, d_head)`` and values ``(T_k, d_v)``.
+        k: that head's keys ``(T_k, d_head)``.
+        v: that head's values ``(T_k, d_v)``.
         mask: boolean ``(T_q, T_k)`` (``True = may attend``) or an additive float bias (ALiBi;
             ``-inf``/the dtype's minimum hide a key), added to the scores.
-        tokens: query labels; ``key_tokens`` key labels (default ``tokens`` when ``T_q == T_k``
-            and not ``cross``).
+        tokens: query labels.
+        key_tokens: key labels (default ``tokens`` when ``T_q == T_k`` and not ``cross``).
         title: figure title.
         x_title: title of the ``x`` panel. Default ``"x (token vectors)"``.
         cross: keys and values come from another sequence (the encoder memory ``m``): the panels
@@ -360,11 +361,16 @@ def step_panel_from_module(
             ``(B, H, T_q, T_k)``.
         is_causal: bottom-right look-ahead mask.
         positions: rotary position ids ``(T_q,)`` or ``(B, T_q)`` (default ``arange(T_q)``).
-        tokens / key_tokens: labels.
+        tokens: query labels.
+        key_tokens: key labels (default ``tokens`` for self-attention).
         batch_index: which sequence. Default 0.
 
     Returns:
         See :func:`step_panel`.
+
+    Shape:
+        x ``(B, T_q, d_model)``; memory ``(B, T_k, d_model)``; mask broadcastable to
+        ``(B, H, T_q, T_k)``; positions ``(T_q,)`` or ``(B, T_q)``.
     """
     from attnlab.nn.multihead import MultiHeadAttention
 
@@ -434,8 +440,8 @@ def step_panel_from_model(
         layer: the attention module's path (e.g. ``"decoder.layers.0.cross_attn"``); default the
             first attention layer in execution order.
         head: the query head to draw. Default 0.
-        query_tokens / key_tokens: labels (``key_tokens`` defaults to ``query_tokens`` for
-            self-attention).
+        query_tokens: query labels.
+        key_tokens: key labels (defaults to ``query_tokens`` for self-attention).
         batch_index: which sequence of the batch. Default 0.
 
     Returns:

@@ -133,7 +133,12 @@ class ViewerData:
 
     def to_json(self) -> dict:
         """The page's JSON (weights as base64 little-endian float32, masks as base64 uint8; with
-        ``steps`` each layer's weights are all steps in order, ``(S, H, T_q, T_k)``)."""
+        ``steps`` each layer's weights are all steps in order, ``(S, H, T_q, T_k)``).
+
+        Returns:
+            A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
+            shapes, weights and masks) and ``steps``.
+        """
 
         def b64(a: np.ndarray) -> str:
             return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
@@ -198,6 +203,12 @@ def viewer_data(
 
     Returns:
         :class:`ViewerData`.
+
+    Shape:
+        - each weight: ``(B, H, T_q, T_k)`` (``batch_index`` picks the sequence) or
+          ``(H, T_q, T_k)``; ``T_q``/``T_k`` are the lengths of ``tokens`` for a GPT, of
+          ``target``/``source`` (or ``target``/``target``, ``source``/``source``) for an
+          encoder-decoder.
     """
     if tokens is None and (source is None or target is None):
         raise ValueError(
@@ -289,6 +300,10 @@ def write_viewer(data: ViewerData, path: str | Path) -> Path:
 
     The file is replaced only once it is complete: a full disk or a read-only folder raises an
     ``OSError`` naming ``path`` and leaves any file already there unchanged.
+
+    Args:
+        data: what to show.
+        path: the ``.html`` file to write.
 
     Returns:
         The path written.

@@ -46,17 +46,41 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
 
 
 def backend_names() -> tuple[str, ...]:
-    """Every name ``backend=`` accepts: ``"auto"`` and the registered backends."""
+    """Every name ``backend=`` accepts: ``"auto"`` and the registered backends.
+
+    Returns:
+        ``("auto", "math", "sdpa", "blockwise", ...)``, registered backends in registration order.
+    """
     return ("auto", *ATTENTION_BACKENDS)
 
 
 def check_backend(backend: object) -> str:
-    """``backend`` if it names a registered backend or ``"auto"``, else a ``ValueError``."""
+    """Check a ``backend=`` argument.
+
+    Args:
+        backend: what the caller passed.
+
+    Returns:
+        ``backend`` itself, when it names a registered backend or ``"auto"``.
+
+    Raises:
+        ValueError: ``backend`` is no such name (the message lists the names).
+    """
     return check_choice("backend", backend, backend_names())
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """The function registered under ``name`` (``"auto"`` is resolved by the caller)."""
+    """The function registered under a backend's name.
+
+    Args:
+        name: a registered backend (``"auto"`` is resolved by the caller, not here).
+
+    Returns:
+        The backend function, ``fn(query, key, value, masking, scale, dropout_p, need_weights)``.
+
+    Raises:
+        ValueError: no backend is registered under ``name``.
+    """
     return ATTENTION_BACKENDS[check_choice("backend", name, tuple(ATTENTION_BACKENDS))]
 
 

@@ -60,6 +60,20 @@ def blockwise_attention(
     With ``need_weights`` the exact weights are rebuilt from the log-sum-exp this pass computed
     (that, of course, is a ``T_q × T_k`` tensor).
 
+    Args:
+        query: the queries, validated by :func:`attnlab.scaled_dot_product_attention`.
+        key: the keys; ``H`` is a multiple of ``H_kv`` (grouped-query attention).
+        value: the values.
+        masking: the normalised mask; every query row sees at least one key.
+        scale: the score scale (``1 / √D`` by default upstream).
+        dropout_p: dropout probability on the weights, in ``[0, 1)``; ``0.0`` for none.
+        need_weights: also compute the attention weights (before dropout).
+        block_size: keys per block of the online softmax (default ``KEY_BLOCK``).
+        query_block: query rows per block (default ``QUERY_BLOCK``).
+
+    Returns:
+        ``(output, weights)``, ``weights`` being ``None`` unless ``need_weights``.
+
     Shape:
         as :func:`attnlab.nn.backends.math.math_attention`.
     """

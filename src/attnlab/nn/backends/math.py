@@ -20,6 +20,18 @@ def math_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``softmax(Q Kᵀ · scale + bias, hidden → −∞) · V`` with explicit ``(..., H, T_q, T_k)`` weights.
 
+    Args:
+        query: the queries, validated by :func:`attnlab.scaled_dot_product_attention`.
+        key: the keys; ``H`` is a multiple of ``H_kv`` (grouped-query attention).
+        value: the values.
+        masking: the normalised mask; every query row sees at least one key.
+        scale: the score scale (``1 / √D`` by default upstream).
+        dropout_p: dropout probability on the weights, in ``[0, 1)``; ``0.0`` for none.
+        need_weights: also compute the attention weights (before dropout).
+
+    Returns:
+        ``(output, weights)``, ``weights`` being ``None`` unless ``need_weights``.
+
     Shape:
         query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``
         → output ``(..., H, T_q, D_v)``, weights ``(..., H, T_q, T_k)``.

@@ -34,6 +34,18 @@ def sdpa_attention(
     With ``need_weights`` the weights are computed by the math backend (no fused kernel returns
     them); the output still comes from the fused kernel.
 
+    Args:
+        query: the queries, validated by :func:`attnlab.scaled_dot_product_attention`.
+        key: the keys; ``H`` is a multiple of ``H_kv`` (grouped-query attention).
+        value: the values.
+        masking: the normalised mask; every query row sees at least one key.
+        scale: the score scale (``1 / √D`` by default upstream).
+        dropout_p: dropout probability on the weights, in ``[0, 1)``; ``0.0`` for none.
+        need_weights: also compute the attention weights (before dropout).
+
+    Returns:
+        ``(output, weights)``, ``weights`` being ``None`` unless ``need_weights``.
+
     Shape:
         as :func:`attnlab.nn.backends.math.math_attention`.
     """
