@@ -39,7 +39,7 @@ def pad_batch(
     Shape:
         ``(B, length)``.
 
-    Example:
+    Examples:
         >>> pad_batch([[5, 6, 7], [8]], pad_id=0)
         tensor([[5, 6, 7],
                 [8, 0, 0]])
@@ -168,7 +168,7 @@ class BucketedBatchSource:
         eos_id: the end-of-sequence id that ends the targets.
         seed: the data seed; epoch ``e`` is bucketed and shuffled with ``(seed, e)``.
 
-    Example:
+    Examples:
         >>> source = BucketedBatchSource([[4, 5], [6]], [[7], [8, 9]], max_tokens=8,
         ...                              pad_id=0, bos_id=2, eos_id=3, seed=0)
         >>> source.batch(0).src.shape[0] <= 2

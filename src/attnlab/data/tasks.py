@@ -105,7 +105,7 @@ class SequenceTask:
         tokenizer: a :class:`CharTokenizer` with ``<pad> <unk> <bos> <eos>`` then the alphabet,
             so ``tokenizer.decode`` shows sequences as strings like ``"cabd"``.
 
-    Example:
+    Examples:
         >>> task = SequenceTask(SequenceTaskConfig("reverse", min_len=3, max_len=3), seed=0)
         >>> b = task.batch(0, batch_size=2)
         >>> b.src.shape, b.tgt_in.shape

@@ -124,7 +124,7 @@ class LMBatchSource:
     Shape:
         ``batch(step)`` → :class:`LMBatch` of ``(B, T)`` tensors.
 
-    Example:
+    Examples:
         >>> src = LMBatchSource(torch.arange(100), block_size=8, batch_size=2, seed=0)
         >>> b = src.batch(0)
         >>> bool((b.targets[:, :-1] == b.input_ids[:, 1:]).all())

@@ -150,7 +150,7 @@ class CharTokenizer(_SpecialIds):
         specials: special tokens given the first ids (e.g. :data:`DEFAULT_SPECIALS`); none by
             default, as in nanoGPT's character-level language model.
 
-    Example:
+    Examples:
         >>> tok = CharTokenizer.train("hello")
         >>> tok.encode("hole"), tok.decode(tok.encode("hole"))
         ([1, 3, 2, 0], 'hole')

@@ -100,7 +100,7 @@ def generate(
         - input_ids, attention_mask: ``(B, T)``
         - output: ``(B, T + n)`` (decoder-only) or ``(B, 1 + n)`` (encoder-decoder)
 
-    Example:
+    Examples:
         >>> cfg = al.GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
         >>> model = al.GPT(cfg)
         >>> prompt = torch.randint(0, 100, (2, 5))

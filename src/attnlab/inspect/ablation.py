@@ -86,7 +86,7 @@ def masked_heads(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> Iterato
     Shape:
         each mask ``(H,)``, ``H`` the heads of that layer.
 
-    Example:
+    Examples:
         >>> off = torch.tensor([1.0, 0.0, 1.0, 1.0])
         >>> with masked_heads(model, {"decoder.layers.0.cross_attn": off}):
         ...     out = model(src, tgt_in)
@@ -451,7 +451,7 @@ def head_importance(
             bad ``pruned`` entry.
         TypeError: no default loss for the model, or ``loss_fn`` returned no scalar tensor.
 
-    Example:
+    Examples:
         >>> imp = head_importance(model, [task.batch(i, 64) for i in range(4)])
         >>> imp.order("gradient")[:3]
         [('encoder.layers.1.self_attn', 2), ('decoder.layers.0.self_attn', 0), ...]

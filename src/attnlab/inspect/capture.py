@@ -216,7 +216,7 @@ def capture(
     Raises:
         ValueError: ``model`` has no attention layer, or ``names`` selects none.
 
-    Example:
+    Examples:
         >>> model = attnlab.GPT(attnlab.GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=100))
         >>> with capture(model) as cache:
         ...     out = model(torch.randint(0, 100, (1, 8)))
@@ -342,7 +342,7 @@ def run_with_cache(
     Returns:
         The model's output, unchanged by the capture, and the :class:`ActivationCache`.
 
-    Example:
+    Examples:
         >>> out, cache = run_with_cache(model, input_ids)
         >>> list(cache.attentions)[:2]
         ['transformer.h.0.attn', 'transformer.h.1.attn']

@@ -304,7 +304,7 @@ def diagnose(
         weights ``(B, H, T_q, T_k)``: ``B`` sequences, ``H`` heads, ``T_q`` queries (rows),
         ``T_k`` keys (columns); each row sums to 1, or is all zero when it may see no key.
 
-    Example:
+    Examples:
         >>> out, cache = run_with_cache(model, input_ids)
         >>> report = diagnose(cache)
         >>> report.ok, report.heads[0].entropy_mean, report.heads[0].uniform

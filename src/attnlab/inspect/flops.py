@@ -245,7 +245,7 @@ def flops(
             model holds, ``num_kv_heads`` does not divide the heads, or ``src_len`` is given
             for a GPT.
 
-    Example:
+    Examples:
         >>> from attnlab import GPTConfig
         >>> r = flops(GPTConfig(), seq_len=1024)
         >>> round(r.forward_total / 1e9)   # GPT-2 small, one 1024-token sequence

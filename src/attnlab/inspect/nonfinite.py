@@ -175,7 +175,7 @@ def watch_nonfinite(model: nn.Module) -> Iterator[NonFiniteWatch]:
     Yields:
         A :class:`NonFiniteWatch`; its ``origin`` is set when the first non-finite output appears.
 
-    Example:
+    Examples:
         >>> with capture(model) as cache, watch_nonfinite(model) as watch:
         ...     model(input_ids)
         >>> report = diagnose(cache, origin=watch.origin)
@@ -253,7 +253,7 @@ def find_nonfinite(model: nn.Module, *args: Any, **kwargs: Any) -> NonFiniteOrig
         The :class:`NonFiniteOrigin` of the first module (in the order modules finish) whose
         output holds a non-finite value, or ``None`` when every output is finite.
 
-    Example:
+    Examples:
         >>> with torch.no_grad():
         ...     model.transformer.h[1].attn.c_attn.weight[0, 0] = float("inf")
         >>> origin = find_nonfinite(model, input_ids)

@@ -105,7 +105,7 @@ def attention_stats(
         - mask broadcastable to ``(..., H, T_q, T_k)``
         - every statistic ``(..., H, T_q)``
 
-    Example:
+    Examples:
         >>> q, k = torch.randn(1, 12, 4096, 64), torch.randn(1, 12, 4096, 64)
         >>> stats = attention_stats(q, k, is_causal=True)
         >>> stats.entropy.shape

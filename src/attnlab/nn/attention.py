@@ -131,7 +131,7 @@ def scaled_dot_product_attention(
         ``H``: query heads, ``H_kv``: key/value heads, ``T_q``/``T_k``: query/key lengths,
         ``D``: head dimension of queries and keys, ``D_v``: head dimension of values.
 
-    Example:
+    Examples:
         >>> q = torch.randn(2, 8, 5, 64); k = v = torch.randn(2, 2, 7, 64)   # GQA: 8 heads over 2
         >>> out, w = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
         >>> out.shape, w.shape

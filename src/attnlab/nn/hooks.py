@@ -17,7 +17,7 @@ __all__ = ["HookPoint", "hook_points"]
 class HookPoint(nn.Module):
     """An identity module: ``hook(x) is x``. Register forward hooks on it to see ``x``.
 
-    Example:
+    Examples:
         >>> hp = HookPoint()
         >>> seen = []
         >>> handle = hp.register_forward_hook(lambda mod, args, out: seen.append(out))
@@ -61,7 +61,7 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     Returns:
         ``{module path: hook point}``, in ``named_modules()`` order.
 
-    Example:
+    Examples:
         >>> names = hook_points(attnlab.GPT(attnlab.GPTConfig(n_layer=1, n_embd=32, n_head=4)))
         >>> "transformer.h.0.attn.hook_weights" in names
         True

@@ -53,7 +53,7 @@ class FeedForward(nn.Module):
     Hook points:
         ``hook_pre`` (before the activation, ``(..., d_ff)``), ``hook_post`` (after it).
 
-    Example:
+    Examples:
         >>> ff = FeedForward(16, 64, activation="gelu")
         >>> ff(torch.randn(2, 5, 16)).shape
         torch.Size([2, 5, 16])
@@ -157,7 +157,7 @@ class EncoderLayer(nn.Module):
         ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``,
         ``hook_resid_post``; attention weights: ``self_attn.hook_weights``.
 
-    Example:
+    Examples:
         >>> layer = EncoderLayer(32, 4, 64)
         >>> layer(torch.randn(2, 7, 32)).shape
         torch.Size([2, 7, 32])
@@ -262,7 +262,7 @@ class DecoderLayer(nn.Module):
         ``hook_resid_mid2``, ``hook_mlp_out``, ``hook_resid_post``; attention weights:
         ``self_attn.hook_weights`` and ``cross_attn.hook_weights``.
 
-    Example:
+    Examples:
         >>> layer = DecoderLayer(32, 4, 64)
         >>> layer(torch.randn(2, 5, 32), torch.randn(2, 7, 32), is_causal=True).shape
         torch.Size([2, 5, 32])

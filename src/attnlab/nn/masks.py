@@ -42,7 +42,7 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     Shape:
         tokens ``(B, T)`` → mask ``(B, 1, 1, T)`` (broadcasts over heads and queries).
 
-    Example:
+    Examples:
         >>> padding_mask(torch.tensor([[5, 6, 0]]), pad_id=0).squeeze()
         tensor([ True,  True, False])
     """
@@ -77,7 +77,7 @@ def causal_mask(
     Shape:
         ``(T_q, T_k)`` boolean.
 
-    Example:
+    Examples:
         >>> causal_mask(2, 4).int()
         tensor([[1, 1, 1, 0],
                 [1, 1, 1, 1]], dtype=torch.int32)
@@ -166,7 +166,7 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     Shape:
         the broadcast of the inputs' shapes.
 
-    Example:
+    Examples:
         >>> tokens = torch.tensor([[7, 8, 0]])
         >>> m = combine(padding_mask(tokens, 0), causal_mask(3))  # (1, 1, 3, 3)
     """

@@ -139,7 +139,7 @@ class MultiHeadAttention(nn.Module):
         - head_mask broadcastable to ``(B, H)``: ``(H,)`` or ``(B, H)``, 1 keeps a head, 0 removes it
         - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)`` (per head, not averaged)
 
-    Example:
+    Examples:
         >>> mha = MultiHeadAttention(64, num_heads=8, num_kv_heads=2)
         >>> x = torch.randn(2, 10, 64)
         >>> mha(x, is_causal=True).shape
@@ -488,7 +488,7 @@ class MultiHeadAttention(nn.Module):
             ValueError: it is not ``batch_first``, has distinct key/value widths, or uses
                 ``add_bias_kv``/``add_zero_attn``.
 
-        Example:
+        Examples:
             >>> ref = nn.MultiheadAttention(32, 4, batch_first=True)
             >>> mha = MultiHeadAttention.from_torch(ref)
         """

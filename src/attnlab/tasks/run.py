@@ -18,7 +18,7 @@ A checkpoint is verified against its manifest once, and nothing is allocated bef
 shapes): the layer counts first, then every tensor of the model built on the ``meta`` device (see
 :mod:`attnlab.training.sizes`). A crafted checkpoint gives one ``CheckpointError`` line.
 
-Example:
+Examples:
     >>> run = load_run("runs/demo")
     >>> inputs = run.inputs("abcdef")          # what the model reads, and its own output
     >>> inputs.output

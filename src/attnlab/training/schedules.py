@@ -75,7 +75,7 @@ def noam_rate(
         - step: ``()`` for an ``int``, or any shape ``(*)``.
         - output: the shape of ``step``, ``(*)``.
 
-    Example:
+    Examples:
         >>> noam_rate(4000, d_model=512, warmup_steps=4000)  # the peak, (512 · 4000)^-0.5
         0.000698...
         >>> noam_rate(np.arange(1, 20001), 512, 4000).shape
@@ -107,7 +107,7 @@ class NoamLR(LRScheduler):
         factor: constant multiplier (> 0). Default: 1.0.
         last_epoch: as in ``LRScheduler``; leave at -1 and use ``load_state_dict`` to resume.
 
-    Example:
+    Examples:
         >>> opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         >>> sched = NoamLR(opt, d_model=512, warmup_steps=4000)
         >>> for batch in batches:

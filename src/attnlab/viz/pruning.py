@@ -45,7 +45,7 @@ def pruning_figure(
         :class:`~attnlab.viz.Plot` with ``data["num_pruned"]`` ``(N + 1,)``,
         ``data["loss"]`` ``(N + 1,)`` and, with a metric, ``data["metric"]`` ``(N + 1,)``.
 
-    Example:
+    Examples:
         >>> curve = pruning_curve(model, batches, importance.order("gradient"), metric=accuracy)
         >>> pruning_figure(curve, metric_label="exact match").save("pruning.png")
     """

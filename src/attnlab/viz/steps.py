@@ -451,7 +451,7 @@ def step_panel_from_model(
         ValueError: no such layer, the layer never ran, or it ran with a filled KV cache (the
             panel shows one forward over the whole sequence).
 
-    Example:
+    Examples:
         >>> plot = step_panel_from_model(model, lambda: model(ids), head=1, query_tokens=words)
         >>> plot.save("steps.png")
     """
