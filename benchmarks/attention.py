@@ -9,8 +9,9 @@ heads of ``d_head = 64`` and batch 1, it measures
 * **peak memory** of one forward and of one forward + backward, each in a fresh subprocess: the
   growth of the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
   over the resident size just before the step, after the inputs exist and a tiny warm-up step
-  has loaded the kernels. This is what the operating system actually had to give the step
-  (allocator caches included); its floor is a few MB of noise. Linux only.
+  has loaded the kernels, measured by :func:`attnlab.inspect.memory.peak_memory`. This is what
+  the operating system actually had to give the step (allocator caches included); its floor is
+  a few MB of noise. Linux only.
 
 Rows: ``torch.sdpa`` (``torch.nn.functional.scaled_dot_product_attention`` on ``(1, 12, T, 64)``
 tensors), attnlab's backends ``math``, ``sdpa``, ``blockwise``, ``auto`` on the same tensors, and
@@ -32,7 +33,6 @@ forward <= 1.3x torch SDPA at T=4096 causal fp32; ``blockwise`` peak memory at T
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -49,6 +49,7 @@ from rich.table import Table
 from torch import nn
 
 import attnlab as al
+from attnlab.inspect.memory import peak_memory, stabilize_allocator
 
 H, D = 12, 64
 FUNCTIONAL = ("torch.sdpa", "sdpa", "math", "blockwise", "auto")
@@ -123,32 +124,21 @@ def median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/self/status")
-
-
 def probe_memory(case: Case, backward: bool) -> int:
     """In this (fresh) process: growth of the peak resident set over one step, in bytes.
 
-    The peak is ``VmHWM`` of ``/proc/self/status``, reset just before the step by writing ``5``
-    to ``/proc/self/clear_refs`` (Linux >= 4.0). (``getrusage``'s ``ru_maxrss`` would be wrong
-    here: Linux carries the parent's high-water mark into an exec'd child.)
+    Measured by :func:`attnlab.inspect.memory.peak_memory`: ``VmHWM`` of ``/proc/self/status``,
+    reset just before the step through ``/proc/self/clear_refs`` (Linux >= 4.0), minus the
+    resident size before it. (``getrusage``'s ``ru_maxrss`` would be wrong here: Linux carries
+    the parent's high-water mark into an exec'd child.)
     """
+    stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
     make_step(Case(case.impl, 16, case.dtype, case.causal), backward)()  # load kernels
     step = make_step(case, backward)
-    gc.collect()
-    before = _status_bytes("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    step()
-    return max(0, _status_bytes("VmHWM") - before)
+    return peak_memory(step)
 
 
-def peak_memory(case: Case, backward: bool) -> int | None:
+def peak_memory_in_subprocess(case: Case, backward: bool) -> int | None:
     """Run :func:`probe_memory` in a subprocess; ``None`` when it failed (e.g. out of memory)."""
     spec = json.dumps({**case.__dict__, "backward": backward})
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -269,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not args.no_memory and t in memory_lengths:
                         for impl in args.impls:
                             if row[impl][key] is not None:
-                                mem = peak_memory(Case(impl, t, dtype, causal), backward)
+                                mem = peak_memory_in_subprocess(
+                                    Case(impl, t, dtype, causal), backward
+                                )
                                 row[impl][key + "_mem"] = mem
                 for impl, r in row.items():
                     results[(impl, t, dtype, causal)] = r

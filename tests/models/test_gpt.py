@@ -316,6 +316,29 @@ def test_gradient_checkpointing_gives_the_same_gradients(variant: str) -> None:
     assert tiny(gradient_checkpointing=True).gradient_checkpointing
 
 
+def test_gradient_checkpointing_recomputes_each_block_only_in_training() -> None:
+    """A checkpointed block runs again inside backward (its pre-hook fires twice: the
+    non-reentrant recomputation stops before the block returns); evaluation, ``no_grad`` and
+    decoding with a cache run it once."""
+    model = tiny(gradient_checkpointing=True).train()
+    ids = torch.randint(0, 61, (2, 6))
+    calls: list[int] = []
+    handle = model.transformer.h[1].register_forward_pre_hook(lambda *a: calls.append(1))
+    model(ids, labels=ids).loss.backward()
+    assert len(calls) == 2
+    with torch.no_grad():
+        model(ids)
+    assert len(calls) == 3
+    model.eval()
+    model(ids, labels=ids).loss.backward()
+    assert len(calls) == 4
+    model.train()
+    cache = model.new_cache(2, 6)
+    model(ids, cache=cache).logits.sum().backward()  # a cache: never checkpointed
+    handle.remove()
+    assert len(calls) == 5
+
+
 def test_bf16_autocast_runs_and_tracks_fp32() -> None:
     model = tiny().train()
     ids = torch.randint(0, 61, (2, 8))

@@ -91,3 +91,24 @@ def test_no_head_dim_gives_the_mean_of_the_values() -> None:
     empty = torch.randn(1, 2, 5, 0)
     out = al.scaled_dot_product_attention(empty[:, :, :4], empty, v)
     torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand(1, 2, 4, 3))
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "blockwise"])
+def test_autocast_does_not_lower_the_precision_inside_attention(backend: str) -> None:
+    """Under bf16 autocast, attention computes as it does for bf16 inputs without autocast (its
+    scores, softmax and P·V in fp32 on math and blockwise), not with autocast's bf16 matmuls."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 33, 16, generator=gen).bfloat16() for _ in range(3))
+    plain = al.scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = al.scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
+    assert inside.dtype == torch.bfloat16
+    assert torch.equal(inside, plain)
+    # and fp32 inputs under autocast stay fp32 inside attention
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out32 = al.scaled_dot_product_attention(q32, k32, v32, is_causal=True, backend=backend)
+    assert out32.dtype == torch.float32
+    assert torch.equal(
+        out32, al.scaled_dot_product_attention(q32, k32, v32, is_causal=True, backend=backend)
+    )

@@ -108,3 +108,41 @@ def test_a_float_mask_of_zeros_and_ones_warns_once_naming_mask() -> None:
         warnings.simplefilter("error")
         al.scaled_dot_product_attention(q, k, v, torch.zeros(3, 3))  # all 0: a no-op bias
         al.scaled_dot_product_attention(q, k, v, ones.bool())
+
+
+# ----------------------------------------------------------------------------- huge finite biases
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_huge_finite_biases_give_the_float64_result(backend: str, dtype: torch.dtype) -> None:
+    """A float32 mask of −1e9 is a finite bias, not a hidden key: softmax(s − 1e9) = softmax(s).
+
+    Before, a row of −1e9 everywhere gave weights of 1 each on blockwise (its log-sum-exp lost
+    log T_k to rounding) and NaN with half-precision queries (−1e9 became −inf after the check
+    for hidden entries).
+    """
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(B, H, T_Q, D, generator=gen).to(dtype).requires_grad_()
+    k = torch.randn(B, H_KV, T_K, D, generator=gen).to(dtype).requires_grad_()
+    v = torch.randn(B, H_KV, T_K, D, generator=gen).to(dtype).requires_grad_()
+    mask = torch.zeros(B, 1, T_Q, T_K)
+    mask[:, :, 0] = -1e9  # a row of −1e9 everywhere
+    mask[:, :, 1, 3:] = -1e9  # a row where −1e9 hides keys in effect
+    mask[:, :, 2] = torch.linspace(-3e4, -2.9e4, T_K)  # beyond fp16's range, spread 1000
+    mask[1, :, 3] = torch.finfo(torch.float32).min  # hidden: a row that sees nothing
+    out, w = al.scaled_dot_product_attention(q, k, v, mask, backend=backend, need_weights=True)
+    ref, ref_w = attention_ref(q, k, v, mask)
+    # the baseline: the same problem in the inputs' dtype, rows shifted by hand to a largest 0
+    shifted = mask - mask.masked_fill(mask <= torch.finfo(mask.dtype).min, -torch.inf).amax(
+        -1, keepdim=True
+    ).nan_to_num(neginf=0.0)
+    base, base_w = attention_ref(q, k, v, shifted, upcast=False)
+    assert_close_rule(out, ref, base, "output")
+    assert_close_rule(w, ref_w, base_w, "weights")
+    g = torch.randn(out.shape, generator=gen).to(dtype)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g.double())
+    baseline = torch.autograd.grad(base, (q, k, v), g)
+    for name, a, b, c in zip("qkv", got, want, baseline):
+        assert_close_rule(a, b, c, f"d{name}")

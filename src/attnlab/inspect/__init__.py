@@ -9,6 +9,7 @@
 - :func:`attention_stats`: entropy, maximum weight and log-sum-exp per query row, blockwise —
   never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
+- :func:`peak_memory`: the peak resident memory a call adds (CPU, Linux), measured.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -32,6 +33,12 @@ from attnlab.inspect.diagnostics import (
     diagnose_model,
 )
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
+from attnlab.inspect.memory import (
+    peak_memory,
+    peak_memory_supported,
+    resident_bytes,
+    stabilize_allocator,
+)
 from attnlab.inspect.nonfinite import (
     NonFiniteOrigin,
     NonFiniteWatch,
@@ -62,8 +69,12 @@ __all__ = [
     "head_importance",
     "kv_cache_bytes",
     "masked_heads",
+    "peak_memory",
+    "peak_memory_supported",
     "pruning_curve",
     "pruning_order",
+    "resident_bytes",
     "run_with_cache",
+    "stabilize_allocator",
     "watch_nonfinite",
 ]

@@ -178,7 +178,11 @@ def attention_stats(
         moment = moment + eb
     empty = norm == 0
     l_safe = norm.masked_fill(empty, 1.0)
-    lse = (m + torch.log(l_safe)).masked_fill(empty, float("-inf"))
+    lse = m + torch.log(l_safe)
+    shift = _grouped(masking.shift, query.shape, 1, h_kv, groups)
+    if shift is not None:  # the mask's rows were shifted to a largest entry of 0: shift back
+        lse = lse + shift[..., 0].to(acc)
+    lse = lse.masked_fill(empty, float("-inf"))
     max_weight = (1.0 / l_safe).masked_fill(empty, 0.0)
     entropy = torch.log(l_safe) - (moment / l_safe - m.masked_fill(empty, 0.0))
     entropy = entropy.masked_fill(empty, 0.0).clamp_min_(0.0)

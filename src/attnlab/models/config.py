@@ -14,12 +14,31 @@ C = TypeVar("C")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A config (a dataclass instance) as a JSON-ready dict, with its class name under ``"kind"``."""
+    """A config (a dataclass instance) as a JSON-ready dict, with its class name under ``"kind"``.
+
+    Args:
+        config: a :class:`GPTConfig` or :class:`TransformerConfig` (any dataclass instance).
+
+    Returns:
+        ``{"kind": <class name>, <field>: <value>, ...}``.
+    """
     return {"kind": type(config).__name__, **dataclasses.asdict(config)}
 
 
 def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
-    """Rebuild a config of dataclass ``cls``; unknown keys are an error that names them."""
+    """Rebuild a config of dataclass ``cls`` (the first argument, e.g. :class:`GPTConfig`);
+    unknown keys are an error that names them.
+
+    Args:
+        data: its fields, as :func:`config_to_dict` wrote them (a ``"kind"`` key is ignored).
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ValueError: ``data`` has a key that is not a field of ``cls`` (or a value the config
+            rejects).
+    """
     data = {k: v for k, v in data.items() if k != "kind"}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)

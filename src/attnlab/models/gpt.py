@@ -76,12 +76,43 @@ class GPTSelfAttention(MultiHeadAttention):
         self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused projection's weight and bias, ``c_attn``'s.
+
+        Returns:
+            ``(weight, bias)``; ``bias`` is ``None`` when the config has no biases.
+
+        Shape:
+            weight ``(n_embd + 2 · H_kv · d_head, n_embd)``; bias ``(n_embd + 2 · H_kv · d_head,)``.
+        """
         return self.c_attn.weight, self.c_attn.bias
 
     def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_attn(x)  # through the module, so that hooks on c_attn see it
+        """``[Q | K | V] = x W_attn + b_attn`` in one matmul, through ``c_attn`` (so that hooks on
+        ``c_attn`` see it).
+
+        Args:
+            x: the block's input after ``ln_1``.
+
+        Returns:
+            Q, K and V side by side along the last dimension.
+
+        Shape:
+            x ``(B, T, n_embd)`` → ``(B, T, n_embd + 2 · H_kv · d_head)``.
+        """
+        return self.c_attn(x)
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The output projection ``c_proj`` of the concatenated heads, then residual dropout.
+
+        Args:
+            x: the heads' outputs, concatenated.
+
+        Returns:
+            What the layer adds to the residual stream.
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
         return self.resid_dropout(self.c_proj(x))
 
 
@@ -104,6 +135,17 @@ class GPTMLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``GELU(x W_fc + b_fc) W_proj + b_proj``, then dropout.
+
+        Args:
+            x: the block's input after ``ln_2``.
+
+        Returns:
+            What the MLP adds to the residual stream.
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
         # MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj,
         # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))
         h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4 · n_embd)
@@ -148,6 +190,24 @@ class GPTBlock(nn.Module):
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """One block: causal self-attention, then the MLP, each added to the residual stream.
+
+        Args:
+            x: the residual stream.
+            mask: padding and/or additive (ALiBi) mask, ``True = may attend``; the causal rule
+                always applies on top.
+            cache: this block's :class:`~attnlab.nn.kv_cache.KVCache`, or ``None``.
+            positions: rotary position ids, or ``None``.
+            head_mask: head mask (1 keeps a head, 0 removes its output), or ``None``.
+
+        Returns:
+            The residual stream after the block.
+
+        Shape:
+            x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to
+            ``(B, H, T, T_past + T)``; positions ``(B, T)`` or ``(T,)``; head_mask ``(H,)`` or
+            ``(B, H)``.
+        """
         x = self.hook_resid_pre(x)
         a = self.attn(
             self.ln_1(x),
@@ -196,6 +256,14 @@ class GPT(nn.Module):
     Weights are initialised as GPT-2's: normal with std 0.02, and std ``0.02 / √(2 · n_layer)``
     for the projections that write into the residual stream (``c_proj``), so the stream's variance
     does not grow with depth (Radford et al. 2019, §2.3).
+
+    Attributes:
+        gradient_checkpointing: recompute each block's activations in the backward pass
+            (``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` per block) instead of
+            keeping them: about one more forward pass of compute for the activation memory of one
+            block. Only while training (``model.train()``, gradients enabled, no KV cache);
+            settable, default ``config.gradient_checkpointing``. Same loss and gradients, with
+            dropout too (the recomputation replays the saved RNG state).
 
     Shape:
         - input_ids ``(B, T)`` integer token ids in ``[0, vocab_size)``
@@ -269,7 +337,16 @@ class GPT(nn.Module):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """``nn.Module.state_dict`` with each matrix as a contiguous tensor (a weight shared by two
-        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`lay_out_matrices`."""
+        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`lay_out_matrices`.
+
+        Args:
+            *args: as ``nn.Module.state_dict``.
+            **kwargs: as ``nn.Module.state_dict`` (``keep_vars=True`` returns the parameters as
+                they are).
+
+        Returns:
+            The state dict, name → tensor.
+        """
         state = super().state_dict(*args, **kwargs)
         if kwargs.get("keep_vars"):
             return state
@@ -325,7 +402,13 @@ class GPT(nn.Module):
 
         Raises:
             ValueError: the input is longer than ``n_positions``, a token id is outside
-                ``[0, vocab_size)``, or shapes disagree. TypeError: wrong dtypes.
+                ``[0, vocab_size)``, or shapes disagree.
+            TypeError: wrong dtypes.
+
+        Shape:
+            input_ids and labels ``(B, T)``; attention_mask ``(B, T_past + T)``; position_ids
+            ``(B, T)`` or ``(T,)``; head_mask ``(n_layer, n_head)`` or ``(n_head,)``; logits
+            ``(B, T, vocab_size)``; loss ``()``.
         """
         cfg = self.config
         b, t = self._check_input_ids(input_ids)
@@ -447,6 +530,9 @@ class GPT(nn.Module):
 
         Returns:
             the mean loss, a scalar (NaN when every label is ignored, as in PyTorch).
+
+        Shape:
+            logits ``(B, T, vocab_size)``; labels ``(B, T)``; loss ``()``.
         """
         check_tensor("labels", labels)
         if labels.shape != logits.shape[:2]:
@@ -504,21 +590,44 @@ class GPT(nn.Module):
     @classmethod
     def from_hf(cls, model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
         """A GPT with the weights of a ``transformers.GPT2LMHeadModel``, or of one saved in a local
-        directory (never downloaded). See :func:`attnlab.models.hf.from_hf`."""
+        directory (never downloaded). See :func:`attnlab.models.hf.from_hf`.
+
+        Args:
+            model_or_directory: a ``GPT2LMHeadModel``, or a directory holding ``config.json`` and
+                ``model.safetensors`` (as ``save_pretrained`` writes it).
+
+        Returns:
+            A new :class:`GPT` with the same configuration and weights (same logits).
+        """
         from attnlab.models.hf import from_hf
 
         return from_hf(model_or_directory)
 
     def to_hf(self, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
         """This model's weights in a ``transformers.GPT2LMHeadModel``. See
-        :func:`attnlab.models.hf.to_hf`."""
+        :func:`attnlab.models.hf.to_hf`.
+
+        Args:
+            attn_implementation: Hugging Face's attention implementation (``"sdpa"`` or
+                ``"eager"``). Default ``"sdpa"``.
+
+        Returns:
+            A ``GPT2LMHeadModel`` with this model's configuration and weights.
+        """
         from attnlab.models.hf import to_hf
 
         return to_hf(self, attn_implementation=attn_implementation)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         """Number of parameters (the tied ``lm_head`` counted once); optionally without the
-        position and token embeddings."""
+        position and token embeddings.
+
+        Args:
+            exclude_embeddings: leave out ``wte`` and ``wpe``. Default False.
+
+        Returns:
+            The count.
+        """
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             n -= self.transformer.wte.weight.numel()

@@ -49,6 +49,14 @@ class Seq2SeqCache(ModelCache):
         cross: one static cross-attention :class:`KVCache` per decoder layer.
         tokens: ``(B, capacity)`` target ids so far (``pad_id`` beyond ``length``).
         src_mask: the source mask of the first decode step, reused when a later step passes none.
+
+    Args:
+        layers: the self-attention caches, one per decoder layer, first layer first.
+        cross: the cross-attention caches, one per decoder layer.
+        tokens: a buffer for the target ids, filled with ``pad_id``.
+
+    Shape:
+        tokens ``(B, capacity)``.
     """
 
     def __init__(self, layers: list[KVCache], cross: list[KVCache], tokens: torch.Tensor) -> None:
@@ -57,7 +65,15 @@ class Seq2SeqCache(ModelCache):
         self.src_mask: torch.Tensor | None = None
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows everywhere (beam search): row ``b`` becomes old row ``index[b]``."""
+        """Select batch rows everywhere (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep, on the caches' device; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; every cache, ``tokens`` and a per-row ``src_mask`` then hold
+            ``B_new`` rows.
+        """
         super().reorder(index)
         self.tokens = self.tokens.index_select(0, index)
         if self.src_mask is not None and self.src_mask.shape[0] > 1:
@@ -84,6 +100,9 @@ def _checkpointing(stack: nn.Module) -> bool:
 
 class TransformerEncoder(nn.Module):
     """The encoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.TransformerConfig`.
 
     Attributes:
         gradient_checkpointing: recompute each layer in the backward pass while training
@@ -113,6 +132,21 @@ class TransformerEncoder(nn.Module):
         mask: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Run the ``N`` encoder layers (each checkpointed while training when
+        :attr:`gradient_checkpointing` is set), then the final LayerNorm of a pre-norm stack.
+
+        Args:
+            x: the embedded source (positions added).
+            mask: mask over the source keys, ``True = may attend``, or ``None``.
+            head_mask: per-layer head mask (1 keeps a head, 0 removes its output), or ``None``.
+
+        Returns:
+            The encoder memory.
+
+        Shape:
+            x ``(B, S, d_model)``; mask broadcastable to ``(B, H, S, S)``; head_mask ``(N, H)`` or
+            ``(H,)``; output ``(B, S, d_model)``.
+        """
         head_masks = layer_head_masks("head_mask", head_mask, len(self.layers), self.num_heads)
         recompute = _checkpointing(self)
         for layer, layer_head_mask in zip(self.layers, head_masks):
@@ -125,6 +159,9 @@ class TransformerEncoder(nn.Module):
 
 class TransformerDecoder(nn.Module):
     """The decoder stack (§3.1): ``N`` identical layers, plus a final LayerNorm when pre-norm.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.TransformerConfig`.
 
     Attributes:
         gradient_checkpointing: recompute each layer in the backward pass while training without
@@ -159,6 +196,29 @@ class TransformerDecoder(nn.Module):
         head_mask: torch.Tensor | None = None,
         cross_attn_head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Run the ``N`` decoder layers (causal self-attention, cross-attention, feed-forward;
+        each checkpointed while training without a cache when :attr:`gradient_checkpointing` is
+        set), then the final LayerNorm of a pre-norm stack.
+
+        Args:
+            x: the embedded target tokens (with a cache, only the new ones).
+            memory: the encoder output.
+            self_mask: mask over the target keys (past + new), ``True = may attend``; the
+                look-ahead rule applies on top.
+            memory_mask: mask over the memory positions, ``True = may attend``.
+            cache: a :class:`~attnlab.nn.kv_cache.ModelCache` with ``layers`` (and ``cross``)
+                caches, or ``None``.
+            head_mask: per-layer self-attention head mask, or ``None``.
+            cross_attn_head_mask: per-layer cross-attention head mask, or ``None``.
+
+        Returns:
+            The decoder's hidden states.
+
+        Shape:
+            x ``(B, T, d_model)``; memory ``(B, S, d_model)``; self_mask broadcastable to
+            ``(B, H, T, T_past + T)``; memory_mask to ``(B, H, T, S)``; head masks ``(N, H)`` or
+            ``(H,)``; output ``(B, T, d_model)``.
+        """
         n, h = len(self.layers), self.num_heads
         self_masks = layer_head_masks("decoder_head_mask", head_mask, n, h)
         cross_masks = layer_head_masks("cross_attn_head_mask", cross_attn_head_mask, n, h)
@@ -287,6 +347,10 @@ class Transformer(nn.Module):
         Returns:
             memory ``(B, S, d_model)``. Rows at padded positions are computed but never read
             when the same ``src_mask`` is passed to :meth:`decode`.
+
+        Shape:
+            src ``(B, S)``; src_mask broadcastable to ``(B, H, S, S)``; head_mask
+            ``(num_encoder_layers, num_heads)`` or ``(num_heads,)``; memory ``(B, S, d_model)``.
         """
         _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
         if src_mask is None:
@@ -329,6 +393,12 @@ class Transformer(nn.Module):
         Returns:
             :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
             and ``cache``.
+
+        Shape:
+            tgt ``(B, T)``; memory ``(B, S, d_model)``; src_mask broadcastable to
+            ``(B, H, T, S)``; tgt_mask to ``(B, H, T, T_past + T)``; head masks
+            ``(num_decoder_layers, num_heads)`` or ``(num_heads,)``; logits
+            ``(B, T, tgt_vocab_size)``.
         """
         c = self.config
         _check_tokens("tgt", tgt, c.tgt_vocab_size, "tgt_vocab_size")
@@ -412,6 +482,11 @@ class Transformer(nn.Module):
         Returns:
             :class:`~attnlab.models.outputs.Seq2SeqOutput` with ``logits`` ``(B, T, tgt_vocab_size)``
             and ``loss`` (a scalar) when targets are given.
+
+        Shape:
+            src ``(B, S)``; tgt_in and targets ``(B, T)``; src_mask broadcastable to
+            ``(B, H, ·, S)``; tgt_mask to ``(B, H, T, T)``; head masks ``(layers, num_heads)`` or
+            ``(num_heads,)``; logits ``(B, T, tgt_vocab_size)``; loss ``()``.
         """
         if src_mask is None:
             _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")

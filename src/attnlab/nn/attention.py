@@ -191,6 +191,12 @@ def attend(
         ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``; output ``(..., H, T_q, D_v)``,
         weights ``(..., H, T_q, T_k)``.
     """
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        # autocast would run the fp32 scores, softmax and P·V of math and blockwise in its low
+        # precision: under autocast, attention computes as it does for inputs of their own dtype
+        with torch.autocast(device, enabled=False):
+            return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
     if backend == "auto":
         backend = "math" if need_weights else "sdpa"
     if _empty(query, key, value):

@@ -29,15 +29,19 @@ class Masking:
         bias: a finite additive bias in the query's dtype, or ``None``. Hidden entries of a
             floating mask have moved into ``allowed``.
         causal_offset: ``T_k - T_q`` when causal (query ``i`` sees ``j <= i + offset``), else ``None``.
+        shift: what was subtracted from each row of a floating mask (its largest visible entry,
+            see :func:`normalize_mask`), or ``None``; a row's log-sum-exp of the user's
+            ``scores + mask`` is that of ``scores + bias`` plus ``shift``.
 
     Shape:
         ``allowed`` and ``bias`` broadcastable to ``(..., H, T_q, T_k)``, e.g. ``(B, 1, 1, T_k)``
-        for a padding mask.
+        for a padding mask; ``shift`` broadcastable to ``(..., H, T_q, 1)``.
     """
 
     allowed: torch.Tensor | None
     bias: torch.Tensor | None
     causal_offset: int | None
+    shift: torch.Tensor | None = None
 
     def visible(self, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
         """``allowed`` and the causal rule together, as one boolean mask.
@@ -80,7 +84,7 @@ class Masking:
         vis = self.visible(t_q, t_k, device)
         if vis is None:  # nothing is hidden, so no row needs opening
             return self
-        return Masking(vis | rows, self.bias, None)
+        return Masking(vis | rows, self.bias, None, self.shift)
 
 
 def normalize_mask(
@@ -98,7 +102,8 @@ def normalize_mask(
 
     Returns:
         The normalised masking; a floating mask's hidden entries move into ``allowed`` and the rest
-        becomes a finite ``bias`` in the query's dtype.
+        becomes a finite ``bias`` in the query's dtype, shifted so that each row's largest visible
+        entry is 0 (softmax does not change; the log-sum-exp of a row moves by that shift).
 
     Raises:
         TypeError: ``mask`` is not a tensor, or neither bool nor floating.
@@ -130,8 +135,15 @@ def normalize_mask(
     if not _tracing():
         _check_bias_values(mask)
     hidden = is_masked_bias(mask)
-    bias = mask.masked_fill(hidden, 0.0).to(query.dtype)
-    return Masking(~hidden, bias, causal_offset)
+    # softmax(s + b) = softmax(s + b − c) for any c constant along a row: each row's largest
+    # visible bias moves to 0, so biases such as −1e9 everywhere neither swallow the scores in
+    # rounding nor overflow to −∞ in a half-precision query dtype
+    row_max = mask.masked_fill(hidden, float("-inf")).amax(dim=-1, keepdim=True)
+    shift = row_max.masked_fill(row_max == float("-inf"), 0.0)
+    bias = (mask - shift).to(query.dtype)
+    # what the query's dtype cannot hold (below its minimum) hides the key: its weight is 0 anyway
+    hidden = hidden | is_masked_bias(bias)
+    return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift)
 
 
 def _check_bias_values(mask: torch.Tensor) -> None:

@@ -6,7 +6,9 @@ attention viewer.
 - the step panel: :func:`step_panel`, :func:`step_panel_from_module`,
   :func:`step_panel_from_model` (``steps``)
 - lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
-  (``lessons``)
+  (``lessons``); why scores are scaled by 1/√d_k: :func:`softmax_scaling_figure` (``scaling``)
+- costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
+  :func:`residual_growth_figure` (``costs``)
 - attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
@@ -21,6 +23,7 @@ from attnlab.viz.attention import (
     layer_head_grid,
     reduce_attention,
 )
+from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figure
 from attnlab.viz.evolution import (
     ProbeHistory,
     attention_evolution,
@@ -29,6 +32,12 @@ from attnlab.viz.evolution import (
     viewer_data_from_history,
 )
 from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
+from attnlab.viz.scaling import (
+    SoftmaxScaling,
+    softmax_jacobian_norm,
+    softmax_scaling_figure,
+    softmax_scaling_stats,
+)
 from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
 from attnlab.viz.viewer import (
     AttentionGroup,
@@ -47,20 +56,27 @@ __all__ = [
     "Plot",
     "ProbeHistory",
     "Reduced",
+    "SoftmaxScaling",
     "Viewer",
     "ViewerData",
     "attention_evolution",
     "attention_heatmap",
+    "flops_figure",
     "head_entropy_curves",
     "head_grid",
     "layer_head_grid",
     "mask_panel",
+    "memory_figure",
     "noam_curve",
     "positional_encoding_figure",
     "reduce_attention",
     "render_viewer",
+    "residual_growth_figure",
     "row_entropy",
     "save_figure",
+    "softmax_jacobian_norm",
+    "softmax_scaling_figure",
+    "softmax_scaling_stats",
     "step_panel",
     "step_panel_from_model",
     "step_panel_from_module",
