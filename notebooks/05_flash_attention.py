@@ -325,20 +325,22 @@ for backend in ("math", "blockwise", "sdpa"):
     print(f"{backend}: output {out.dtype}")
     for name, ins, result in log.rows:
         print(f"    {name:30s} {' x '.join(ins):20s} -> {result}")
+    if backend == "math":  # the scores and their softmax are float32, though autocast is on
+        assert ("softmax", ("float32",), "float32") in log.rows, log.rows
 layer.backend = cfg.backend
 assert all(dt == torch.bfloat16 for dt in out_dtypes.values())
 
 # %% [markdown]
-# What this shows: the projections (`c_attn`) already hand attention **bfloat16** Q, K and V.
-# `sdpa` passes them to PyTorch's fused kernel, which accumulates its dot products and softmax
-# statistics in float32 internally and returns bfloat16. The `math` and `blockwise` backends
-# upcast Q and K to float32 on purpose ("scores in fp32 for half types") — but the log shows that
-# under autocast the `matmul` of two float32 tensors still comes out **bfloat16**: `matmul` is on
-# autocast's lower-precision list, so autocast casts the operands back down, and the softmax then
-# runs on bfloat16 scores. Outside autocast (a model converted with `.to(torch.bfloat16)`), the
-# upcast does what it says. The losses above agree to well under 1%, so at these sizes it does
-# not matter; for long sequences, float32 scores (autocast switched off around the score matmul,
-# as the fused kernels effectively do) are the safer choice.
+# What this shows: the projections (`c_attn`) run in autocast's bfloat16 and hand attention
+# **bfloat16** Q, K and V. `sdpa` passes them to PyTorch's fused kernel, which accumulates its dot
+# products and softmax statistics in float32 internally and returns bfloat16. The `math` and
+# `blockwise` backends upcast Q and K to float32 on purpose (scores and softmax in float32 for
+# half types; `blockwise` then multiplies P·V with P rounded to bfloat16, as FlashAttention does,
+# and accumulates in float32), and the log shows the score `matmul`, the `softmax` and the `exp`
+# coming out **float32**: autocast
+# would cast the operands of every `matmul` back down to bfloat16, so attnlab switches autocast off
+# inside attention — under autocast it computes exactly as it does for bfloat16 inputs, and only
+# its result goes back to bfloat16.
 #
 # **Summary.** The online softmax turns attention's $O(T^2)$ memory into $O(T)$ without changing
 # a digit that matters; checkpointing does the same trade for the rest of the activations at the
