@@ -28,11 +28,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed
 
-# Debian's Chromium drives the HTML viewer's browser tests (Playwright cannot download a browser here).
+# Debian's Chromium drives the HTML viewer's browser tests (Playwright cannot download a browser
+# here); the IPA Gothic font draws Japanese labels in figures (notebook 08's alignment).
+SYSTEM_PACKAGES := chromium fonts-ipafont-gothic
 browser:
-	@test -x $(CHROMIUM) || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
-	  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi; }
+	@dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; fi; }
 
 demo: setup
 	$(BIN)/attnlab demo

@@ -7,6 +7,8 @@ attention viewer.
   :func:`step_panel_from_model` (``steps``)
 - lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
   (``lessons``); why scores are scaled by 1/√d_k: :func:`softmax_scaling_figure` (``scaling``)
+- cross-attention as a word alignment: :func:`alignment_heatmap`, with a font that draws the
+  labels' script (:func:`font_for`) (``alignment``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
   :func:`residual_growth_figure` (``costs``)
 - attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
@@ -16,6 +18,7 @@ PNG or SVG.
 """
 
 from attnlab.viz._draw import Plot, save_figure
+from attnlab.viz.alignment import FontChoice, alignment_heatmap, font_for
 from attnlab.viz.attention import (
     Reduced,
     attention_heatmap,
@@ -53,15 +56,18 @@ from attnlab.viz.viewer import (
 __all__ = [
     "AttentionGroup",
     "AttentionLayer",
+    "FontChoice",
     "Plot",
     "ProbeHistory",
     "Reduced",
     "SoftmaxScaling",
     "Viewer",
     "ViewerData",
+    "alignment_heatmap",
     "attention_evolution",
     "attention_heatmap",
     "flops_figure",
+    "font_for",
     "head_entropy_curves",
     "head_grid",
     "layer_head_grid",
