@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="full size (FULL = True)")
     p.add_argument("--force", action="store_true", help="run even when the output is current")
     p.add_argument("--jobs", type=int, default=2, help="notebooks run at once (default 2)")
+    p.add_argument(
+        "--timeout", type=int, default=600, help="seconds one cell may take (default 600)"
+    )
     p.add_argument("--out", type=Path, default=BUILD, help=f"default {BUILD.relative_to(REPO)}")
     args = p.parse_args(argv)
     chosen = [
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
         run = execute(
             source, full=args.full, out_dir=args.out, force=args.force, threads=threads,
-            library=library,
+            timeout=args.timeout, library=library,
         )  # fmt: skip
         state = "current" if run.reused else f"ran in {run.seconds:.1f} s"
         sys.stderr.write(f"{run.name}: {state} → {run.path}\n")
