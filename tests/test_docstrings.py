@@ -36,21 +36,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import griffe
 import pytest
-
-griffe = pytest.importorskip("griffe", reason="griffe comes with the docs extra (mkdocstrings)")
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "attnlab"
 # not public API: the command line parses and prints only
 EXCLUDED_MODULES = ("attnlab.cli",)
-
-# TEMPORARY: modules that other work in progress is editing right now. Their problems are reported
-# (as xfail, with the list of what is missing) but do not fail the test. Empty this list once
-# that work has landed and the docstrings of these modules are fixed.
-TEMPORARY_DOCSTRING_ALLOW_LIST: tuple[str, ...] = (
-    "attnlab.viz.training",
-)
 
 _TENSOR = re.compile(r"\bTensor\b")
 _NO_RETURN = {"None", "NoReturn", "Never", "typing.NoReturn", "typing.Never"}
@@ -361,13 +353,6 @@ def module_problems(module_path: str) -> list[Problem]:
     return problems
 
 
-def _allowed(problem: Problem, module_path: str) -> bool:
-    return (
-        problem.module in TEMPORARY_DOCSTRING_ALLOW_LIST
-        or module_path in TEMPORARY_DOCSTRING_ALLOW_LIST
-    )
-
-
 # ----------------------------------------------------------------------------------------------
 # the tests
 
@@ -375,18 +360,11 @@ def _allowed(problem: Problem, module_path: str) -> bool:
 @pytest.mark.parametrize("module_path", public_modules())
 def test_public_docstrings(module_path: str) -> None:
     problems = module_problems(module_path)
-    failing = [p for p in problems if not _allowed(p, module_path)]
-    allowed = [p for p in problems if _allowed(p, module_path)]
-    if failing:
+    if problems:
         pytest.fail(
-            f"{len(failing)} docstring problem(s) under {module_path}:\n"
-            + "\n".join(f"  {p}" for p in failing),
+            f"{len(problems)} docstring problem(s) under {module_path}:\n"
+            + "\n".join(f"  {p}" for p in problems),
             pytrace=False,
-        )
-    if allowed:
-        pytest.xfail(
-            f"TEMPORARY_DOCSTRING_ALLOW_LIST: {len(allowed)} problem(s): "
-            + "; ".join(str(p) for p in allowed)
         )
 
 
@@ -404,19 +382,6 @@ def test_the_walk_finds_the_public_api() -> None:
         target = member.final_target if member.is_alias else member
         if isinstance(target, (griffe.Function, griffe.Class)):
             assert target.path in owners, name
-
-
-def _all_modules(module: griffe.Module) -> Iterator[str]:
-    yield module.path
-    for sub in module.modules.values():
-        yield from _all_modules(sub)
-
-
-def test_allow_list_names_modules_of_the_package() -> None:
-    # an entry that is no module of the package (private ones included) is a typo or stale
-    known = set(_all_modules(_package()))
-    for name in TEMPORARY_DOCSTRING_ALLOW_LIST:
-        assert name in known, f"{name} in TEMPORARY_DOCSTRING_ALLOW_LIST is no module of attnlab"
 
 
 # ----------------------------------------------------------------------------------------------

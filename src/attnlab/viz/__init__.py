@@ -7,6 +7,8 @@ attention viewer.
   :func:`step_panel_from_model` (``steps``)
 - lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
   (``lessons``); why scores are scaled by 1/√d_k: :func:`softmax_scaling_figure` (``scaling``)
+- training: :func:`training_curves` (loss, learning rate and held-out metrics of a run),
+  :func:`label_smoothing_figure` (``training``)
 - cross-attention as a word alignment: :func:`alignment_heatmap`, with a font that draws the
   labels' script (:func:`font_for`) (``alignment``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
@@ -42,6 +44,7 @@ from attnlab.viz.scaling import (
     softmax_scaling_stats,
 )
 from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
+from attnlab.viz.training import label_smoothing_figure, training_curves
 from attnlab.viz.viewer import (
     AttentionGroup,
     AttentionLayer,
@@ -70,6 +73,7 @@ __all__ = [
     "font_for",
     "head_entropy_curves",
     "head_grid",
+    "label_smoothing_figure",
     "layer_head_grid",
     "mask_panel",
     "memory_figure",
@@ -86,6 +90,7 @@ __all__ = [
     "step_panel",
     "step_panel_from_model",
     "step_panel_from_module",
+    "training_curves",
     "view",
     "viewer_data",
     "viewer_data_from_history",
