@@ -181,11 +181,12 @@ lm_result = lm_trainer.fit()
 print(f"{lm_result.step} steps in {lm_result.elapsed:.1f} s")
 
 # %% [markdown]
-# The training loss, averaged over windows of steps, falls from $\ln 65$ towards the
-# validation loss printed by each evaluation above (nanoGPT's full recipe, `FULL = True`,
-# reaches a validation loss of about 1.88; `benchmarks/shakespeare.py` measures 1.89 for attnlab).
+# The training loss falls from $\ln 65$ towards the validation loss of each evaluation (the run's
+# `metrics.jsonl`, drawn by `viz.training_curves`; nanoGPT's full recipe, `FULL = True`, reaches a
+# validation loss of about 1.88, and `benchmarks/shakespeare.py` measures 1.89 for attnlab).
 
 # %%
+display(viz.training_curves(WORK / "shakespeare", title="character LM on tinyshakespeare"))
 losses = torch.tensor(lm_result.losses)
 window = LM["steps"] // 8
 print(f"step      1       loss      {losses[0]:.3f}")
