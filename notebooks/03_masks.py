@@ -211,14 +211,23 @@ viz.attention_heatmap(
 
 # %% [markdown]
 # A finite bias is a bias, though: in float32, $-10^9$ is a (very negative) number, not a hidden
-# key — attnlab adds it like any other bias (ALiBi's slopes, relative positions), and a row made
-# only of $-10^9$ is a plain softmax of equal scores. Write masks as booleans (or with
-# `to_additive`) and the meaning does not depend on the dtype:
+# key — attnlab adds it like any other bias (ALiBi's slopes, relative positions). A row made only
+# of $-10^9$ is the softmax of the scores themselves, since adding one constant to a whole row
+# changes no weight. Plain float32 arithmetic would lose the scores ($s - 10^9$ rounds to
+# $-10^9$) and give equal weights; attnlab moves each row's largest bias to 0 before adding, so the
+# weights are those of the float64 equation. Write masks as booleans (or with `to_additive`) and
+# the meaning does not depend on the dtype:
 
 # %%
 z32, a32 = al.scaled_dot_product_attention(q, k, v, bias_1e9, need_weights=True)
+_, a_free = al.scaled_dot_product_attention(q, k, v, need_weights=True)  # no mask at all
 print("float32 −1e9 bias, weights row 0:", a32[0, 0, 0])
-assert torch.allclose(a32[0, 0, 0], torch.full((6,), 1 / 6))
+print("no mask,           weights row 0:", a_free[0, 0, 0])
+print(
+    "plain float32 (s − 1e9) softmax: ",
+    torch.softmax((q @ k.transpose(-2, -1))[0, 0, 0] / 2 - 1e9, -1),
+)
+assert torch.allclose(a32[0, 0, 0], a_free[0, 0, 0], atol=1e-6)
 z_bool = al.scaled_dot_product_attention(q, k, v, visible)
 assert torch.allclose(z32[0, 0, 2:], z_bool[0, 0, 2:], atol=1e-6)  # rows with a key: the same
 
