@@ -100,7 +100,7 @@ def stabilize_allocator() -> bool:
         ``True`` when the C library is glibc and the threshold is fixed, else ``False``
         (nothing is changed).
 
-    Example:
+    Examples:
         >>> from attnlab.inspect.memory import stabilize_allocator
         >>> stabilize_allocator()  # first thing in a script that measures memory
         True
@@ -152,7 +152,7 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         TypeError: ``fn`` is not callable.
         OSError: not on Linux (no ``/proc/self/status`` or ``/proc/self/clear_refs``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> n = peak_memory(torch.ones, 64, 1024, 1024)       # a 256 MiB tensor
         >>> round(n / 2**20)

@@ -81,7 +81,7 @@ class TransformerConfig:
             backward pass while training (less memory, about one more forward of compute), as
             :class:`GPTConfig` does. Default False.
 
-    Example:
+    Examples:
         >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=64,
         ...                         num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=128)
     """

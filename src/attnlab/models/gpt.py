@@ -270,7 +270,7 @@ class GPT(nn.Module):
         - attention_mask ``(B, T_past + T)``, 1/True for real tokens, 0/False for (left) padding
         - logits ``(B, T, vocab_size)``
 
-    Example:
+    Examples:
         >>> model = GPT(GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
         >>> ids = torch.randint(0, 100, (2, 10))
         >>> out = model(ids, labels=ids)

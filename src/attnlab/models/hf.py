@@ -130,7 +130,7 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
     Returns:
         the model on the same device, in the same dtype, in eval mode (like ``from_pretrained``).
 
-    Example:
+    Examples:
         >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4))
         >>> gpt = GPT.from_hf(hf)
     """

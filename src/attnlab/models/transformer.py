@@ -270,7 +270,7 @@ class Transformer(nn.Module):
             more forward of compute. Default ``config.gradient_checkpointing``; settable, e.g.
             ``model.gradient_checkpointing = True``.
 
-    Example:
+    Examples:
         >>> cfg = TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, num_heads=4,
         ...                         num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
         >>> model = Transformer(cfg)

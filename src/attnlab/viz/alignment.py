@@ -207,7 +207,7 @@ def alignment_heatmap(
         - weights: ``(T, S)``, ``(H, T, S)`` or ``(1, H, T, S)``; ``T`` target tokens, ``S``
           source tokens, ``H`` heads.
 
-    Example:
+    Examples:
         >>> with attnlab.inspect.capture(model) as cache:
         ...     model(src, tgt_in)
         >>> alignment_heatmap(cache.attentions["decoder.layers.1.cross_attn"][0],

@@ -120,7 +120,7 @@ def flops_figure(
         TypeError: ``config`` is not a model config, or ``seq_lens`` not a sequence of ints.
         ValueError: ``seq_lens`` is empty, not increasing, or longer than the model holds.
 
-    Example:
+    Examples:
         >>> from attnlab import GPTConfig
         >>> plot = flops_figure(GPTConfig(), [64, 128, 256, 512, 1024])
         >>> float(plot.data["flops/attention"][-1] / plot.data["flops/mlp"][-1])  # T / (4 d)
@@ -274,7 +274,7 @@ def memory_figure(
         ValueError: ``peaks`` is empty, a series has another length than ``seq_lens``, or holds
             a negative value.
 
-    Example:
+    Examples:
         >>> memory_figure([256, 512], {"math": [1e6, 4e6], "blockwise": [2e5, 4e5]})
     """
     lengths = _check_lengths("seq_lens", seq_lens)
@@ -341,7 +341,7 @@ def residual_growth_figure(
         TypeError: ``stds`` is not a mapping.
         ValueError: ``stds`` is empty, or its series differ in length or hold fewer than 2 values.
 
-    Example:
+    Examples:
         >>> residual_growth_figure({"scaled": [0.03, 0.05, 0.06], "unscaled": [0.03, 0.2, 0.3]})
     """
     if not isinstance(stds, Mapping):

@@ -70,7 +70,7 @@ def label_smoothing_figure(
     Shape:
         ``V`` classes; ``points`` confidences.
 
-    Example:
+    Examples:
         >>> plot = label_smoothing_figure(12, 0.1)
         >>> float(plot.data["entropy"])  # the lowest loss a smoothed model can reach, in nats
         0.526...
