@@ -52,7 +52,7 @@ class _NotebookBar:
         record = Console(
             record=True,
             file=io.StringIO(),
-            width=110,
+            width=90,
             force_terminal=True,
             force_jupyter=False,
             color_system="truecolor",
