@@ -11,8 +11,9 @@ import torch
 
 import attnlab as al
 from attnlab.inspect import capture
-from attnlab.viz import alignment as alignment_module
-from attnlab.viz.alignment import MISSING_GLYPH, FontChoice, alignment_heatmap, font_for
+from attnlab.viz import fonts as fonts_module
+from attnlab.viz.alignment import alignment_heatmap
+from attnlab.viz.fonts import MISSING_GLYPH, FontChoice, font_for
 
 SOURCE = ["i", "like", "french", "food", ".", "<eos>"]
 TARGET = ["私", "は", "フランス", "料理", "が", "好き", "。"]
@@ -67,9 +68,9 @@ def test_labels_drawn_or_replaced():
 
 def test_no_font_draws_them(monkeypatch, caplog):
     """Without a font for kana and kanji, those characters are drawn as □ and named."""
-    monkeypatch.setattr(alignment_module, "_candidate_files", lambda: ())
+    monkeypatch.setattr(fonts_module, "_candidate_files", lambda: ())
     w = cross_weights()
-    with caplog.at_level(logging.WARNING, logger="attnlab.viz.alignment"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.viz.fonts"):
         plot = alignment_heatmap(w, source_tokens=SOURCE, target_tokens=TARGET)
     assert "私" in "".join(plot.data["missing"])
     assert plot.data["target_tokens"][0] == MISSING_GLYPH
@@ -106,3 +107,18 @@ def test_a_japanese_font_is_installed():
     font = font_for(["私 は 毎日 英語 を 勉強 し ま す 。"])
     assert font.missing == (), f"no installed font draws {''.join(font.missing)} (make browser)"
     assert font.path is not None
+
+
+def test_every_heatmap_draws_japanese_labels_in_a_font_that_holds_them():
+    """`attnlab plot` on an en→ja run: the tick labels of any attention figure, not only the
+    alignment, get the Japanese font; Latin labels keep the default font."""
+    from attnlab import viz
+
+    w = cross_weights()[0, 0]  # one head, (T, S)
+    plot = viz.attention_heatmap(w, query_tokens=TARGET, key_tokens=SOURCE)
+    ax = plot.figure.axes[0]
+    japanese = font_for(TARGET)
+    for label in ax.get_yticklabels():
+        assert label.get_fontproperties().get_file() == japanese.path, label.get_text()
+    for label in ax.get_xticklabels():
+        assert label.get_fontproperties().get_file() is None, label.get_text()  # the default

@@ -9,8 +9,8 @@ attention viewer.
   (``lessons``); why scores are scaled by 1/√d_k: :func:`softmax_scaling_figure` (``scaling``)
 - training: :func:`training_curves` (loss, learning rate and held-out metrics of a run),
   :func:`label_smoothing_figure` (``training``)
-- cross-attention as a word alignment: :func:`alignment_heatmap`, with a font that draws the
-  labels' script (:func:`font_for`) (``alignment``)
+- cross-attention as a word alignment: :func:`alignment_heatmap` (``alignment``); every figure's
+  token labels are drawn in a font that holds their script (:func:`font_for`, ``fonts``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
   :func:`residual_growth_figure` (``costs``)
 - attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
@@ -20,7 +20,7 @@ PNG or SVG.
 """
 
 from attnlab.viz._draw import Plot, save_figure
-from attnlab.viz.alignment import FontChoice, alignment_heatmap, font_for
+from attnlab.viz.alignment import alignment_heatmap
 from attnlab.viz.attention import (
     Reduced,
     attention_heatmap,
@@ -36,6 +36,7 @@ from attnlab.viz.evolution import (
     row_entropy,
     viewer_data_from_history,
 )
+from attnlab.viz.fonts import FontChoice, font_for
 from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
 from attnlab.viz.scaling import (
     SoftmaxScaling,

@@ -25,6 +25,7 @@ from matplotlib.image import AxesImage
 
 from attnlab._checks import shape_str
 from attnlab.viz.files import write_file
+from attnlab.viz.fonts import fit_labels
 
 __all__ = ["ArrayLike", "Plot", "save_figure"]
 
@@ -146,7 +147,8 @@ def _tick_labels(
 ) -> None:
     """Token labels on both axes, thinned to at most ``max_labels`` per axis (every ``k``-th).
 
-    A thinned axis whose labels are one per position (``numbered``: rows, columns) writes each
+    Labels in a script the default font cannot draw (Japanese, …) get a font that can
+    (:func:`~attnlab.viz.fonts.fit_labels`). A thinned axis whose labels are one per position (``numbered``: rows, columns) writes each
     label as ``"position token"``, so a reader knows which positions are labelled (reduced sides
     already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
     positions) but no text, for panels that share their labels with a neighbour.
@@ -174,6 +176,7 @@ def _tick_labels(
             for i in idx
         ]
         set_labels(texts if show else [], rotation=rot, fontsize=size)
+    fit_labels([*ax.get_xticklabels(), *ax.get_yticklabels()])  # e.g. Japanese tokens
     ax.tick_params(length=2, pad=1)
 
 

@@ -17,154 +17,15 @@ matplotlib's warnings and empty boxes.
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
-from matplotlib import font_manager, rcParams
-from matplotlib.font_manager import FontProperties
-from matplotlib.ft2font import FT2Font
 
 from attnlab._checks import shape_str
 from attnlab.viz._draw import ArrayLike, Plot, _draw_matrix, _labels, _new_figure, _to_numpy
+from attnlab.viz.fonts import font_for, needs_other_font, warn_missing
 
-__all__ = ["FontChoice", "alignment_heatmap", "font_for"]
-
-logger = logging.getLogger(__name__)
-
-#: drawn in place of a character that no installed font holds
-MISSING_GLYPH = "□"
-#: family names that usually cover Japanese / CJK text, tried first
-_CJK_HINTS = (
-    "JP",
-    "Japan",
-    "CJK",
-    "IPA",
-    "Gothic",
-    "Mincho",
-    "Han",
-    "Takao",
-    "Droid Sans Fallback",
-)
-
-
-@dataclass(frozen=True)
-class FontChoice:
-    """The font that draws a set of texts.
-
-    Attributes:
-        name: its family name (e.g. ``"DejaVu Sans"``, ``"Noto Sans CJK JP"``).
-        path: its file; ``None`` for matplotlib's default font (nothing to change).
-        missing: characters of the texts that this font cannot draw (empty when it draws them
-            all), in order of first appearance.
-    """
-
-    name: str
-    path: str | None
-    missing: tuple[str, ...]
-
-    def properties(self, size: float | None = None) -> FontProperties:
-        """``FontProperties`` for matplotlib text in this font.
-
-        Args:
-            size: the font size in points; ``None`` keeps matplotlib's default.
-
-        Returns:
-            The properties (matplotlib's default font when ``path`` is ``None``).
-        """
-        if self.path is None:
-            return FontProperties(size=size)
-        return FontProperties(fname=self.path, size=size)
-
-    def drawable(self, text: str) -> str:
-        """``text`` as this font can draw it.
-
-        Args:
-            text: the text to draw.
-
-        Returns:
-            ``text`` with each character the font lacks replaced by ``□``.
-        """
-        if not self.missing:
-            return text
-        lacking = set(self.missing)
-        return "".join(MISSING_GLYPH if c in lacking else c for c in text)
-
-
-@functools.cache
-def _charmap(path: str) -> frozenset[int]:
-    """The code points a font file maps to glyphs (empty when the file cannot be read)."""
-    try:
-        return frozenset(FT2Font(path).get_charmap())
-    except (OSError, RuntimeError, ValueError):
-        return frozenset()
-
-
-@functools.cache
-def _family(path: str) -> str:
-    try:
-        return str(FT2Font(path).family_name)
-    except (OSError, RuntimeError, ValueError):
-        return path
-
-
-def _default_font() -> tuple[str, str]:
-    """``(family name, file)`` of the font matplotlib uses for plain text."""
-    path = font_manager.findfont(FontProperties(family=rcParams["font.family"]))
-    return _family(path), path
-
-
-@functools.lru_cache(maxsize=1)
-def _candidate_files() -> tuple[str, ...]:
-    """Font files to try: those matplotlib knows and any other system font, CJK-looking first."""
-    paths = {f.fname for f in font_manager.fontManager.ttflist}
-    paths.update(font_manager.findSystemFonts())
-    # matplotlib's "Last Resort" font maps every code point to a placeholder box: it draws nothing
-    paths = {p for p in paths if "last resort" not in _family(p).lower()}
-    hinted = [p for p in paths if any(h.lower() in _family(p).lower() for h in _CJK_HINTS)]
-    rest = [p for p in paths if p not in set(hinted)]
-    return tuple(sorted(hinted) + sorted(rest))
-
-
-def _needed(texts: Iterable[str]) -> list[str]:
-    """The distinct printable characters of ``texts`` (whitespace left out), in order."""
-    seen: dict[str, None] = {}
-    for text in texts:
-        for c in str(text):
-            if not c.isspace():
-                seen.setdefault(c, None)
-    return list(seen)
-
-
-def font_for(texts: Iterable[str]) -> FontChoice:
-    """The font that draws every character of ``texts``: matplotlib's default when it can,
-    otherwise the first installed font that holds them all (fonts whose name suggests Japanese
-    or CJK are tried first), otherwise the one that lacks the fewest.
-
-    Args:
-        texts: the strings to draw (e.g. token labels).
-
-    Returns:
-        A :class:`FontChoice`; its ``missing`` lists the characters no chosen font can draw.
-    """
-    if isinstance(texts, str):
-        raise TypeError("texts must be an iterable of strings, got a single str")
-    chars = _needed(texts)
-    name, path = _default_font()
-    lacking = [c for c in chars if ord(c) not in _charmap(path)]
-    if not lacking:
-        return FontChoice(name, None, ())
-    best: FontChoice = FontChoice(name, None, tuple(lacking))
-    for candidate in _candidate_files():
-        cmap = _charmap(candidate)
-        miss = [c for c in chars if ord(c) not in cmap]
-        if len(miss) < len(best.missing):
-            best = FontChoice(_family(candidate), candidate, tuple(miss))
-            if not miss:
-                break
-    return best
+__all__ = ["alignment_heatmap"]
 
 
 def alignment_heatmap(
@@ -226,13 +87,7 @@ def alignment_heatmap(
     rows = _labels("target_tokens", target_tokens, t)
     cols = _labels("source_tokens", source_tokens, s)
     font = font_for([*rows, *cols, *([title] if title else [])])
-    if font.missing:
-        logger.warning(
-            "no installed font draws %s; they are drawn as %s (install a font that does, e.g. "
-            "Debian's fonts-noto-cjk or the matplotlib-fontja package)",
-            "".join(font.missing),
-            MISSING_GLYPH,
-        )
+    warn_missing(font)
     rows = [font.drawable(x) for x in rows]
     cols = [font.drawable(x) for x in cols]
     alignment = matrix.argmax(axis=1) if s else np.zeros(t, dtype=np.int64)
@@ -241,16 +96,8 @@ def alignment_heatmap(
     fig = _new_figure(width, height)
     ax = fig.add_subplot()
     annotate = (t <= 12 and s <= 12) if annotate is None else annotate
+    # the tick labels get the font they need from _draw_matrix (viz.fonts.fit_labels)
     img = _draw_matrix(ax, matrix, rows, cols, vmax=1.0, annotate=annotate, fontsize=9)
-    default = _charmap(_default_font()[1])
-
-    def needs_font(text: str) -> bool:
-        # only texts the default font cannot draw change font: Latin text keeps its look
-        return any(ord(c) not in default for c in text if not c.isspace())
-
-    for label in [*ax.get_xticklabels(), *ax.get_yticklabels()]:
-        if needs_font(label.get_text()):
-            label.set_fontproperties(font.properties(float(label.get_fontsize())))
     if mark_argmax and t and s:
         limits = ax.get_xlim(), ax.get_ylim()
         ax.scatter(
@@ -261,7 +108,7 @@ def alignment_heatmap(
         ax.set_ylim(limits[1])
     if title:
         text = font.drawable(title)
-        ax.set_title(text, fontproperties=font.properties(10) if needs_font(text) else None)
+        ax.set_title(text, fontproperties=font.properties(10) if needs_other_font(text) else None)
     ax.set_xlabel("source (what the encoder read)")
     ax.set_ylabel("target (what the decoder wrote)")
     fig.colorbar(img, ax=ax, shrink=0.8, label="weight")
