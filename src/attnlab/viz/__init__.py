@@ -11,6 +11,8 @@ attention viewer.
   :func:`label_smoothing_figure` (``training``)
 - cross-attention as a word alignment: :func:`alignment_heatmap` (``alignment``); every figure's
   token labels are drawn in a font that holds their script (:func:`font_for`, ``fonts``)
+- approximations: :func:`approximation_error_figure` (Linformer's error against ``k``,
+  Performer's against the number of random features) (``approximations``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
   :func:`residual_growth_figure` (``costs``)
 - attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
@@ -21,6 +23,7 @@ PNG or SVG.
 
 from attnlab.viz._draw import Plot, save_figure
 from attnlab.viz.alignment import alignment_heatmap
+from attnlab.viz.approximations import approximation_error_figure, approximation_inputs
 from attnlab.viz.attention import (
     Reduced,
     attention_heatmap,
@@ -68,6 +71,8 @@ __all__ = [
     "Viewer",
     "ViewerData",
     "alignment_heatmap",
+    "approximation_error_figure",
+    "approximation_inputs",
     "attention_evolution",
     "attention_heatmap",
     "flops_figure",

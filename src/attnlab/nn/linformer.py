@@ -1,0 +1,688 @@
+"""Linformer: self-attention with linear complexity (Wang et al. 2020).
+
+The ``T × T`` context-mapping matrix ``P = softmax(Q Kᵀ / √d_k)`` is close to low rank (§3), so
+the keys and values are projected along the *sequence* axis to ``k`` rows with learned matrices
+``E_i, F_i ∈ R^{k × n}`` (§4, eq. 7):
+
+    head_i = softmax(Q W_i^Q (E_i K W_i^K)ᵀ / √d_k) · F_i V W_i^V        (T × k weights, not T × T)
+
+Time and memory fall from ``O(T²)`` to ``O(T · k)``. ``n`` is the longest sequence the layer
+takes (``max_len``); a shorter sequence of ``T`` positions uses the first ``T`` columns of ``E``
+and ``F`` (as the authors' reference implementation does). §4 "Parameter sharing" shares the
+projections: ``"none"`` (one ``E_i``, ``F_i`` per head), ``"headwise"`` (one ``E``, ``F`` for
+every head) and ``"key-value"`` (one ``E = F`` for keys, values and every head).
+
+Two consequences of mixing positions before the softmax:
+
+* **No causal masking.** A projected key row mixes every position, future ones included, so the
+  method cannot be causal: ``is_causal=True`` and masks that differ from query to query are
+  refused with a ``ValueError``.
+* **Padding is zeroed, not masked.** The softmax runs over the ``k`` projected rows, which are
+  never padding, so a key mask cannot hide a score. Instead masked keys and values are set to
+  zero *before* the sequence projection: ``E K = E_{:, S} K_S`` over the visible positions ``S``,
+  and a masked position contributes nothing, whatever it holds (NaN included). With right padding
+  this equals running the shorter, unpadded sequence (it uses the first ``T`` columns of ``E``).
+  A query whose keys are all masked sees ``k`` zero keys and zero values: a zero output row.
+
+:func:`linformer_attention` is the functional core; :class:`LinformerAttention` the layer, a
+:class:`~attnlab.nn.multihead.MultiHeadAttention` with the same projections (``in_proj_weight``,
+``out_proj``) and hook points; :func:`random_projection` draws the Gaussian Johnson–Lindenstrauss
+matrix of the paper's Theorem 1 and :func:`linformer_errors` measures the error against exact
+attention as ``k`` grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from attnlab._checks import (
+    broadcast_or_raise,
+    check_choice,
+    check_positive_int,
+    check_tensor,
+    shape_str,
+)
+from attnlab.nn.attention import Backend, scaled_dot_product_attention
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+
+__all__ = [
+    "SHARING",
+    "LinformerAttention",
+    "Sharing",
+    "linformer_attention",
+    "linformer_errors",
+    "random_projection",
+    "relative_error",
+]
+
+Sharing = Literal["none", "headwise", "key-value"]
+#: the parameter-sharing variants of Wang et al. (2020), §4
+SHARING: tuple[str, ...] = ("none", "headwise", "key-value")
+
+
+# ---------------------------------------------------------------------------------- shared pieces
+
+
+def key_mask(mask: object, batch: int, heads: int, t_k: int, method: str) -> torch.Tensor | None:
+    """Validate a mask that hides keys only (the same for every query) and shape it
+    ``(B or 1, H or 1, T_k)``.
+
+    The approximations of this package mix or factorise the keys before any score exists, so
+    they can honour a mask only when it is a property of the keys: a padding mask
+    (:func:`attnlab.masks.padding_mask` gives ``(B, 1, 1, T_k)``), not a causal or per-query one.
+
+    Args:
+        mask: ``None`` or a boolean tensor, ``True = may attend``, broadcastable to
+            ``(B, H, 1, T_k)``.
+        batch: ``B``.
+        heads: ``H``.
+        t_k: ``T_k``.
+        method: the method's name, for errors.
+
+    Returns:
+        ``None`` or the boolean mask viewed as ``(B or 1, H or 1, T_k)``.
+
+    Raises:
+        TypeError: not a tensor, or not boolean.
+        ValueError: a shape that does not broadcast to ``(B, H, 1, T_k)`` (e.g. a causal mask).
+
+    Shape:
+        mask broadcastable to ``(B, H, 1, T_k)`` → ``(B or 1, H or 1, T_k)``.
+    """
+    if mask is None:
+        return None
+    m = check_tensor("mask", mask)
+    if m.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be boolean (True = may attend) for {method}, got dtype {m.dtype}; an "
+            f"additive mask cannot be applied before the scores exist"
+        )
+    if m.dim() >= 2 and m.shape[-2] != 1:
+        raise ValueError(
+            f"mask has shape {shape_str(m.shape)} but {method} can only hide keys for every query "
+            f"alike: it must broadcast to (B, H, 1, T_k) = {shape_str((batch, heads, 1, t_k))} "
+            f"(a padding mask); causal and per-query masks are not supported"
+        )
+    broadcast_or_raise("mask", m.shape, (batch, heads, 1, t_k), "(B, H, 1, T_k)")
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    return m[:, :, 0, :]  # (B or 1, H or 1, T_k)
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``‖Ã − A‖_F / ‖A‖_F``, computed in float64.
+
+    Args:
+        approx: the approximation.
+        exact: the exact value (not all zeros).
+
+    Returns:
+        The relative Frobenius error.
+
+    Shape:
+        approx and exact: the same shape.
+    """
+    if approx.shape != exact.shape:
+        raise ValueError(
+            f"approx and exact must have the same shape, got {shape_str(approx.shape)} and "
+            f"{shape_str(exact.shape)}"
+        )
+    a, e = approx.detach().double(), exact.detach().double()
+    return float(torch.linalg.vector_norm(a - e) / torch.linalg.vector_norm(e))
+
+
+def _check_qkv(query: object, key: object, value: object) -> None:
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        t = check_tensor(name, x)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., T, D), got {shape_str(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+
+
+# ------------------------------------------------------------------------------------ functional
+
+
+def random_projection(
+    k: int,
+    n: int,
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A Gaussian Johnson–Lindenstrauss matrix ``R ∈ R^{k × n}``, entries ``N(0, 1/k)``.
+
+    Wang et al. (2020), Theorem 1: for the context mapping ``P``, ``P Rᵀ R V`` approximates
+    ``P V`` with error ``O(1/√k)`` (``E[Rᵀ R] = I``); it is also the usual initialisation of
+    ``E`` and ``F``.
+
+    Args:
+        k: rows (the projected length).
+        n: columns (the sequence length it projects).
+        generator: the random generator; default the global one.
+        dtype: element type; default the current default dtype.
+        device: where to create it; default the current default device.
+
+    Returns:
+        ``R``.
+
+    Shape:
+        ``(k, n)``.
+    """
+    check_positive_int("k", k)
+    check_positive_int("n", n)
+    r = torch.randn(k, n, generator=generator, dtype=dtype, device=device)
+    return r * k**-0.5
+
+
+def linformer_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor | None = None,
+    *,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: Backend = "auto",
+    need_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Linformer attention: ``softmax(Q (E K)ᵀ · scale) · F V`` (Wang et al. 2020, eq. 7).
+
+    Keys and values are projected along the sequence axis to ``k`` rows, then attended to with
+    ordinary softmax attention (:func:`attnlab.scaled_dot_product_attention`, so the backends,
+    dropout and grouped-query heads work as there). Projections longer than ``T_k`` are cut to
+    their first ``T_k`` columns. Masked keys and values are zeroed before the projection.
+
+    Args:
+        query: ``(..., H, T_q, D)``.
+        key: ``(..., H_kv, T_k, D)``; ``H`` must be a multiple of ``H_kv``.
+        value: ``(..., H_kv, T_k, D_v)``.
+        e: the key projection ``E``, ``(k, n)`` shared by every head or ``(H_kv, k, n)`` one per
+            key/value head, ``n >= T_k``.
+        f: the value projection ``F``, shaped like ``e``; default ``e`` (key-value sharing).
+        mask: boolean, ``True = may attend``, broadcastable to ``(..., H, 1, T_k)``: a mask of
+            keys (padding). Causal or per-query masks are refused.
+        scale: the score scale; default ``1 / √D``.
+        dropout_p: dropout on the ``T_q × k`` weights. Default ``0.0``.
+        backend: see :func:`attnlab.scaled_dot_product_attention`. Default ``"auto"``.
+        need_weights: also return the weights over the ``k`` projected keys.
+
+    Returns:
+        The output ``(..., H, T_q, D_v)``, or ``(output, weights)`` with ``need_weights``, the
+        weights ``(..., H, T_q, k)``.
+
+    Raises:
+        TypeError: a non-tensor or non-floating input, a non-boolean mask.
+        ValueError: mismatched shapes, projections shorter than ``T_k``, a per-query mask.
+
+    Shape:
+        - query ``(B, H, T_q, D)``; key ``(B, H_kv, T_k, D)``; value ``(B, H_kv, T_k, D_v)``
+        - e, f ``(k, n)`` or ``(H_kv, k, n)`` with ``n >= T_k``
+        - output ``(B, H, T_q, D_v)``; weights ``(B, H, T_q, k)``
+
+    Examples:
+        >>> q = k = v = torch.randn(2, 4, 100, 16)
+        >>> e = random_projection(32, 128)
+        >>> linformer_attention(q, k, v, e).shape
+        torch.Size([2, 4, 100, 16])
+    """
+    _check_qkv(query, key, value)
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"key and value must agree in (..., H_kv, T_k), got {shape_str(key.shape)} and "
+            f"{shape_str(value.shape)}"
+        )
+    t_k, h_kv = key.shape[-2], key.shape[-3] if key.dim() >= 3 else 1
+    e = _check_projection("e", e, t_k, h_kv)
+    f = e if f is None else _check_projection("f", f, t_k, h_kv)
+    if f.shape[:-1] != e.shape[:-1]:
+        raise ValueError(
+            f"f must have the shape of e in its leading dims (..., k), got {shape_str(f.shape)} "
+            f"and {shape_str(e.shape)}"
+        )
+    heads = query.shape[-3] if query.dim() >= 3 else 1
+    batch = query.shape[0] if query.dim() >= 4 else 1
+    m = key_mask(mask, batch, heads, t_k, "Linformer attention")
+    if m is not None:
+        if m.shape[1] != 1 and m.shape[1] != h_kv:
+            raise ValueError(
+                f"mask has {m.shape[1]} heads but the keys have H_kv = {h_kv}: a per-head key mask "
+                f"must match the key/value heads"
+            )
+        # masked keys and values contribute nothing to E K and F V (NaN in padding included)
+        m = m[..., None]  # (B or 1, H or 1, T_k, 1)
+        key = key.masked_fill(~m, 0.0)
+        value = value.masked_fill(~m, 0.0)
+    e_t, f_t = e[..., :t_k].to(key.dtype), f[..., :t_k].to(value.dtype)
+    # K̄ = E K,  V̄ = F V: the sequence axis projected to k rows          (B, H_kv, k, D)
+    k_bar = e_t @ key
+    v_bar = f_t @ value
+    return scaled_dot_product_attention(
+        query,
+        k_bar,
+        v_bar,
+        scale=scale,
+        dropout_p=dropout_p,
+        backend=backend,
+        need_weights=need_weights,  # type: ignore[call-overload]
+    )
+
+
+def _check_projection(name: str, p: object, t_k: int, h_kv: int) -> torch.Tensor:
+    t = check_tensor(name, p)
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+    if t.dim() not in (2, 3) or (t.dim() == 3 and t.shape[0] not in (1, h_kv)):
+        raise ValueError(
+            f"{name} must have shape (k, n) or (H_kv, k, n) = (H_kv={h_kv}, k, n), got "
+            f"{shape_str(t.shape)}"
+        )
+    if t.shape[-1] < t_k:
+        raise ValueError(
+            f"{name} projects sequences of at most n = {t.shape[-1]} positions (its last dim), "
+            f"got T_k = {t_k} keys"
+        )
+    return t
+
+
+# ----------------------------------------------------------------------------------------- layer
+
+
+class LinformerAttention(MultiHeadAttention):
+    """Multi-head Linformer attention (Wang et al. 2020): keys and values projected along the
+    sequence axis to ``k`` rows by learned ``E`` and ``F``.
+
+    The query/key/value and output projections, their names (``in_proj_weight``, ``out_proj``),
+    grouped-query heads, the head mask and the hook points are those of
+    :class:`~attnlab.nn.multihead.MultiHeadAttention`; ``hook_k`` and ``hook_v`` see the keys
+    and values *before* the sequence projection, ``hook_weights`` the ``T_q × k`` weights.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: query heads ``H``.
+        k: the projected length (rows of ``E`` and ``F``).
+        max_len: the longest key sequence ``n`` (columns of ``E`` and ``F``); shorter sequences
+            use the first ``T_k`` columns.
+        sharing: ``"headwise"`` (default: one ``E`` and one ``F`` for all heads), ``"key-value"``
+            (one ``E = F``) or ``"none"`` (``E_i``, ``F_i`` per key/value head), as in §4.
+        num_kv_heads: key/value heads ``H_kv`` (default ``num_heads``).
+        dropout: dropout on the ``T_q × k`` attention weights while training. Default ``0.0``.
+        bias: whether the projections ``W^Q``, ``W^K``, ``W^V``, ``W^O`` have biases. Default ``True``.
+        backend: the softmax-attention backend over the projected keys, see
+            :func:`attnlab.scaled_dot_product_attention`. Default ``"auto"``.
+        device: where to create the parameters; default the current default device.
+        dtype: dtype of the parameters; default the current default dtype.
+
+    ``E`` and ``F`` are the parameters ``proj_e`` and ``proj_f`` (``proj_f`` is ``None`` with
+    key-value sharing), initialised as :func:`random_projection` (entries ``N(0, 1/k)``).
+
+    Shape:
+        - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``, ``T_k <= max_len``
+        - mask broadcastable to ``(B, H, 1, T_k)`` (keys only), ``True = may attend``
+        - proj_e, proj_f ``(k, max_len)``, or ``(H_kv, k, max_len)`` with ``sharing="none"``
+        - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, k)``
+
+    Examples:
+        >>> layer = LinformerAttention(64, num_heads=4, k=16, max_len=128)
+        >>> layer(torch.randn(2, 100, 64)).shape
+        torch.Size([2, 100, 64])
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        k: int,
+        max_len: int,
+        sharing: Sharing = "headwise",
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            dropout=dropout,
+            bias=bias,
+            backend=backend,
+            device=device,
+            dtype=dtype,
+        )
+        self.k = check_positive_int("k", k)
+        self.max_len = check_positive_int("max_len", max_len)
+        self.sharing: Sharing = check_choice("sharing", sharing, SHARING)  # type: ignore[assignment]
+        shape = (k, max_len) if sharing != "none" else (self.num_kv_heads, k, max_len)
+        self.proj_e = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        self.proj_f = (
+            None
+            if sharing == "key-value"
+            else nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        )
+        self.reset_projections()
+
+    def reset_projections(self, generator: torch.Generator | None = None) -> None:
+        """Draw ``E`` and ``F`` afresh, entries ``N(0, 1/k)`` (:func:`random_projection`).
+
+        Args:
+            generator: the random generator; default the global one.
+        """
+        with torch.no_grad():
+            for p in (self.proj_e, self.proj_f):
+                if p is not None:
+                    p.normal_(0.0, self.k**-0.5, generator=generator)
+
+    def projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(E, F)``; ``F`` is ``E`` with key-value sharing.
+
+        Returns:
+            The key and value projections.
+
+        Shape:
+            ``(k, max_len)`` each, or ``(H_kv, k, max_len)`` with ``sharing="none"``.
+        """
+        return self.proj_e, self.proj_e if self.proj_f is None else self.proj_f
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+        head_mask: torch.Tensor | None = None,
+        **unused: Any,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to the projected ``key``/``value`` (self-attention when ``key``
+        is ``None``).
+
+        Args:
+            query: ``(B, T_q, d_model)``.
+            key: ``(B, T_k, d_model)`` with ``T_k <= max_len``, or ``None`` for self-attention.
+            value: ``(B, T_k, d_model)``; default ``key``.
+            mask: boolean key mask, ``True = may attend``, broadcastable to ``(B, H, 1, T_k)``
+                (e.g. :func:`attnlab.masks.padding_mask`); masked keys and values are zeroed
+                before the projection.
+            is_causal: must be ``False`` or ``None``: Linformer cannot be causal.
+            need_weights: also return the weights over the ``k`` projected keys.
+            cache: must be ``None`` (no KV cache: every key enters every projected row).
+            head_mask: ``ξ`` broadcastable to ``(B, H)``, as in ``MultiHeadAttention``.
+            **unused: the other options of ``MultiHeadAttention.forward`` (``positions``,
+                ``check_positions``, ``window``, …), accepted at their neutral values (``None``;
+                any ``check_positions``) for a drop-in replacement; anything else is refused.
+
+        Returns:
+            ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+
+        Raises:
+            ValueError: ``is_causal=True``, a causal or per-query mask, a cache, ``T_k > max_len``,
+                or inputs of the wrong shape.
+            TypeError: a non-tensor, non-floating input or a non-boolean mask.
+
+        Shape:
+            - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
+            - mask broadcastable to ``(B, H, 1, T_k)``; head_mask ``(H,)`` or ``(B, H)``
+            - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, k)``
+        """
+        if is_causal is None:
+            is_causal = self.causal
+        if is_causal:
+            raise ValueError(
+                "is_causal=True is not supported by LinformerAttention: each projected key mixes "
+                "every position, future ones included, so the method cannot be causal"
+            )
+        if cache is not None:
+            raise ValueError("cache must be None: LinformerAttention has no KV cache")
+        refuse_unused("LinformerAttention", unused)
+        q, k, v = project_heads(self, query, key, value)
+        b, t_q = query.shape[0], query.shape[1]
+        t_k = k.shape[-2]
+        if t_k > self.max_len:
+            raise ValueError(
+                f"key has T_k = {t_k} positions but the layer projects at most max_len = "
+                f"{self.max_len}"
+            )
+        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
+        e, f = self.projections()
+        want_weights = need_weights or self.hook_weights.active
+        result = linformer_attention(
+            q,
+            k,
+            v,
+            e,
+            f,
+            mask=mask,
+            scale=self.d_head**-0.5,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+            need_weights=want_weights,
+        )
+        z, weights = result if isinstance(result, tuple) else (result, None)
+        return merge_heads(self, z, weights, xi, b, t_q, need_weights)
+
+
+def refuse_unused(layer: str, options: dict[str, Any]) -> None:
+    """Refuse the options of ``MultiHeadAttention.forward`` an approximation does not implement,
+    unless they hold their neutral value (``None``; ``check_positions`` is always neutral).
+
+    Args:
+        layer: the layer's name, for errors.
+        options: the extra keyword arguments ``forward`` received.
+
+    Raises:
+        ValueError: an option with a value other than ``None``.
+    """
+    for name, value in options.items():
+        if name == "check_positions" or value is None:
+            continue
+        raise ValueError(f"{name} must be None: {layer} does not support it, got {value!r}")
+
+
+def project_heads(
+    layer: MultiHeadAttention,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check the inputs and compute ``Q``, ``K``, ``V`` with the heads split, through the hook
+    points, with a :class:`~attnlab.nn.multihead.MultiHeadAttention`'s own projections.
+
+    Args:
+        layer: the attention layer whose projections and hooks are used.
+        query: ``(B, T_q, d_model)``.
+        key: ``(B, T_k, d_model)`` or ``None`` for self-attention.
+        value: ``(B, T_k, d_model)``; default ``key``.
+
+    Returns:
+        ``(q, k, v)``.
+
+    Raises:
+        TypeError: a non-tensor or non-floating input, or a dtype other than the weights'.
+        ValueError: shapes other than ``(B, T, d_model)``, or batches that differ.
+
+    Shape:
+        q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+    """
+    layer._check_input("query", query)
+    cross = key is not None and key is not query
+    if key is not None and cross:
+        layer._check_input("key", key)
+        if value is not None:
+            layer._check_input("value", value)
+            if value.shape[:2] != key.shape[:2]:
+                raise ValueError(
+                    f"key and value must have the same (B, T_k), got "
+                    f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
+                )
+        if key.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
+            )
+    q, k, v = layer.project_qkv(query, key if cross else None, value if cross else None)
+    if k is None or v is None:  # unreachable: project_kv is True
+        raise RuntimeError("keys and values were not projected")
+    q = layer.hook_q(layer._split_heads(q, layer.num_heads))  # (B, H, T_q, d_head)
+    k = layer.hook_k(layer._split_heads(k, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
+    v = layer.hook_v(layer._split_heads(v, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
+    return q, k, v
+
+
+def merge_heads(
+    layer: MultiHeadAttention,
+    z: torch.Tensor,
+    weights: torch.Tensor | None,
+    xi: torch.Tensor | None,
+    b: int,
+    t_q: int,
+    need_weights: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Apply the head mask, the ``hook_weights``/``hook_z`` hook points, merge the heads and
+    project: ``Concat(ξ_1 head_1, …, ξ_H head_H) W^O``.
+
+    Args:
+        layer: the attention layer whose output projection and hooks are used.
+        z: the per-head outputs.
+        weights: the per-head weights, or ``None``.
+        xi: a head mask from :func:`~attnlab.nn.multihead.check_head_mask`, or ``None``.
+        b: ``B``.
+        t_q: ``T_q``.
+        need_weights: return ``(output, weights)``.
+
+    Returns:
+        ``output``, or ``(output, weights)`` with ``need_weights``.
+
+    Shape:
+        z ``(B, H, T_q, d_head)``; weights ``(B, H, T_q, T')`` → output ``(B, T_q, d_model)``.
+    """
+    if xi is not None:
+        xi = xi.to(device=z.device, dtype=z.dtype)
+        z = z * xi  # (B, H, T_q, d_head)
+        if weights is not None:
+            weights = weights * xi.to(weights.dtype)
+    if weights is not None:
+        weights = layer.hook_weights(weights)
+    z = layer.hook_z(z)
+    out = layer.project_out(z.transpose(1, 2).reshape(b, t_q, layer.d_model))  # (B, T_q, d_model)
+    if need_weights:
+        if weights is None:
+            raise RuntimeError("no weights were computed")
+        return out, weights
+    return out
+
+
+# ------------------------------------------------------------------------------ measured errors
+
+
+def linformer_errors(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    ks: Sequence[int],
+    *,
+    projections: Literal["jl", "random", "fitted"] = "jl",
+    trials: int = 4,
+    steps: int = 300,
+    lr: float = 0.05,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The relative error ``‖Ã − A‖_F / ‖A‖_F`` of Linformer-style attention against exact
+    softmax attention ``A = softmax(Q Kᵀ / √D) V``, for each projected length ``k``, in float64.
+
+    Three kinds of projection:
+
+    * ``"jl"`` — Theorem 1 of Wang et al. (2020): ``Ã = P Rᵀ R V`` with the exact context mapping
+      ``P`` and a Gaussian :func:`random_projection` ``R`` (``E[Rᵀ R] = I``, error ``O(1/√k)``);
+    * ``"random"`` — the layer with untrained projections ``E = F = R``
+      (:func:`linformer_attention`): what an untrained Linformer computes;
+    * ``"fitted"`` — the layer with ``E`` and ``F`` fitted to these inputs by ``steps`` of Adam
+      from a random start (Theorem 2 says good ones exist for ``k = O(d log d)``).
+
+    Args:
+        query: ``(B, H, T, D)``.
+        key: ``(B, H, T, D)``.
+        value: ``(B, H, T, D_v)``.
+        ks: projected lengths ``k``.
+        projections: ``"jl"`` (default), ``"random"`` or ``"fitted"``.
+        trials: independent draws of ``R`` (or starts of the fit) per ``k``. Default 4.
+        steps: Adam steps of the ``"fitted"`` projections. Default 300.
+        lr: Adam's learning rate for ``"fitted"``. Default 0.05.
+        generator: the random generator of the draws; default the global one.
+
+    Returns:
+        The errors, float64.
+
+    Shape:
+        query/key/value ``(B, H, T, D)`` → errors ``(len(ks), trials)``.
+
+    Examples:
+        >>> q, k, v = torch.randn(3, 1, 2, 64, 16).unbind(0)
+        >>> linformer_errors(q, k, v, [8, 64], trials=2).shape
+        torch.Size([2, 2])
+    """
+    _check_qkv(query, key, value)
+    check_choice("projections", projections, ("jl", "random", "fitted"))
+    check_positive_int("trials", trials)
+    check_positive_int("steps", steps)
+    sizes = [check_positive_int("every entry of ks", k) for k in ks]
+    q, k, v = query.detach().double(), key.detach().double(), value.detach().double()
+    t = k.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    exact, p = scaled_dot_product_attention(q, k, v, backend="math", need_weights=True)
+    errors = torch.zeros(len(sizes), trials, dtype=torch.float64)
+    for i, size in enumerate(sizes):
+        for j in range(trials):
+            r = random_projection(size, t, generator=generator, dtype=torch.float64)
+            if projections == "jl":
+                approx = p @ r.T @ (r @ v)  # P Rᵀ R V
+            elif projections == "random":
+                out = linformer_attention(q, k, v, r, scale=scale, backend="math")
+                approx = out if isinstance(out, torch.Tensor) else out[0]
+            else:
+                approx = _fit(q, k, v, r, exact, scale, steps, lr, generator)
+            errors[i, j] = relative_error(approx, exact)
+    return errors
+
+
+def _fit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: torch.Tensor,
+    exact: torch.Tensor,
+    scale: float,
+    steps: int,
+    lr: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Fit ``E`` and ``F`` (from ``E = start``, ``F`` a fresh draw) to ``exact`` by Adam."""
+    e = start.clone().requires_grad_(True)
+    f = random_projection(*start.shape, generator=generator, dtype=start.dtype)
+    f.requires_grad_(True)
+    opt = torch.optim.Adam([e, f], lr=lr)
+    norm = exact.square().sum()
+    with torch.enable_grad():
+        for _ in range(steps):
+            opt.zero_grad()
+            # eq. 7 written out (the checks of linformer_attention cost more than the maths here)
+            w = torch.softmax((q @ (e @ k).transpose(-2, -1)) * scale, dim=-1)
+            loss = (w @ (f @ v) - exact).square().sum() / norm
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        out = linformer_attention(q, k, v, e, f, scale=scale, backend="math")
+    return out if isinstance(out, torch.Tensor) else out[0]

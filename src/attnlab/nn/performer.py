@@ -1,0 +1,530 @@
+"""Performer: softmax attention through positive orthogonal random features, FAVOR+
+(Choromanski et al. 2021, "Rethinking Attention with Performers").
+
+The softmax kernel is an expectation over Gaussian directions ``ω ~ N(0, I_d)`` (Lemma 1):
+
+    exp(xᵀy) = E_ω[ exp(ωᵀx − ‖x‖²/2) · exp(ωᵀy − ‖y‖²/2) ]
+
+so with ``m`` samples ``ω_1 … ω_m`` (the rows of ``W``) and the positive feature map
+
+    φ(x) = exp(W x − ‖x‖²/2) / √m                                        (§2.3, eq. 7)
+
+``exp(qᵀk) ≈ φ(q)ᵀ φ(k)``, and attention becomes linear in the sequence length (§2.2):
+
+    Att(Q, K, V) ≈ D⁻¹ (φ(Q) (φ(K)ᵀ V)),   D = diag(φ(Q) (φ(K)ᵀ 1_T))          bidirectional
+    out_i = φ(q_i)ᵀ S_i / φ(q_i)ᵀ z_i,  S_i = Σ_{j ≤ i} φ(k_j) v_jᵀ,  z_i = Σ_{j ≤ i} φ(k_j)   causal
+
+(prefix sums, §2.6; computed chunk by chunk, memory ``O(m · d + C · (m + C))`` for ``C``
+queries a chunk). The score scale ``1/√d`` enters as
+``q, k ← q / d^{1/4}, k / d^{1/4}``. The ``ω`` are drawn in blocks of ``d`` exactly orthogonal
+directions (§2.4), each row rescaled to the length of an independent Gaussian vector (a chi
+distribution with ``d`` degrees of freedom), which keeps the estimate unbiased and lowers its
+variance (:func:`orthogonal_random_features`).
+
+Numerical stabilisation (as the paper's code does): a constant subtracted inside ``exp`` cancels
+between the numerator and ``D``: the maximum over each query's features for ``φ(Q)``, and one
+maximum over all (visible) keys and features, per batch and head, for ``φ(K)``. Unlike the
+paper's code no ``ε`` is added to the features, so the estimate stays unbiased.
+
+Masks: only keys can be masked (a padding mask, ``(B, 1, 1, T_k)``): a masked key gets
+``φ(k) = 0`` and a zeroed value, so it contributes nothing, whatever it holds. A query that sees
+no key gets a zero output row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.nn.backends.common import repeat_kv
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.linformer import (
+    key_mask,
+    merge_heads,
+    project_heads,
+    refuse_unused,
+    relative_error,
+)
+from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+
+__all__ = [
+    "PerformerAttention",
+    "favor_attention",
+    "favor_errors",
+    "orthogonal_random_features",
+    "softmax_features",
+]
+
+
+def orthogonal_random_features(
+    m: int,
+    d: int,
+    *,
+    generator: torch.Generator | None = None,
+    orthogonal: bool = True,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``m`` random feature directions ``ω`` for FAVOR+ (Choromanski et al. 2021, §2.4).
+
+    Rows come in blocks of ``d``: each block is a uniformly random orthogonal matrix (QR of a
+    Gaussian matrix, signs fixed by ``diag(R)`` so that it is Haar-distributed), the last block
+    cut to the rows left; each row is then scaled to the norm of an independent ``N(0, I_d)``
+    vector (chi-distributed with ``d`` degrees of freedom), so that every row is marginally
+    ``N(0, I_d)`` (the estimator stays unbiased) while rows within a block are exactly orthogonal.
+
+    Args:
+        m: number of features (rows).
+        d: dimension of the queries and keys (columns).
+        generator: the random generator; default the global one.
+        orthogonal: ``False`` draws i.i.d. Gaussian rows instead (plain random features).
+        dtype: element type; default the current default dtype. Drawn in float64.
+        device: where to put the result; default the current default device.
+
+    Returns:
+        ``W``, one direction ``ω`` per row.
+
+    Shape:
+        ``(m, d)``.
+
+    Examples:
+        >>> w = orthogonal_random_features(8, 4, generator=torch.Generator().manual_seed(0))
+        >>> w.shape
+        torch.Size([8, 4])
+    """
+    check_positive_int("m", m)
+    check_positive_int("d", d)
+    f64 = torch.float64
+    if not orthogonal:
+        w = torch.randn(m, d, generator=generator, dtype=f64)
+    else:
+        blocks = []
+        for _ in range(math.ceil(m / d)):
+            g = torch.randn(d, d, generator=generator, dtype=f64)
+            q, r = torch.linalg.qr(g)
+            q = q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
+            blocks.append(q.T)  # rows orthonormal
+        norms = torch.randn(m, d, generator=generator, dtype=f64).norm(dim=-1)  # ~ chi(d)
+        w = torch.cat(blocks)[:m] * norms[:, None]
+    return w.to(dtype=dtype or torch.get_default_dtype(), device=device)
+
+
+def softmax_features(
+    x: torch.Tensor,
+    features: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    stabilize: str = "row",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The positive random features ``φ(x) = exp(W x' − ‖x'‖²/2 − c) / √m`` of ``x' = √scale · x``.
+
+    ``φ(q)ᵀ φ(k) · e^{c_q + c_k}`` estimates ``exp(scale · qᵀk)`` (Lemma 1); the stabiliser ``c``
+    cancels in attention's normalisation when it is the same for all keys.
+
+    Args:
+        x: queries or keys ``(..., T, d)``.
+        features: ``W`` ``(m, d)`` (:func:`orthogonal_random_features`).
+        scale: the score scale the features absorb (``1/√d`` for attention). Default ``1.0``.
+        stabilize: ``"row"`` (``c`` = each row's maximum exponent: for queries), ``"all"``
+            (``c`` = one maximum over the last two dims: for keys) or ``"none"`` (``c = 0``).
+        mask: ``None`` or boolean ``(..., T)``, ``True = keep``: masked rows get ``φ = 0`` and
+            are left out of the maximum.
+
+    Returns:
+        ``φ(x)``, non-negative.
+
+    Shape:
+        x ``(..., T, d)``, features ``(m, d)``, mask ``(..., T)`` → ``(..., T, m)``.
+    """
+    if stabilize not in ("row", "all", "none"):
+        raise ValueError(f"stabilize must be one of 'row', 'all', 'none', got {stabilize!r}")
+    w = features.to(x.dtype)
+    x = x * math.sqrt(scale)
+    # ωᵀx − ‖x‖²/2                                                        (..., T, m)
+    logits = x @ w.T - x.square().sum(-1, keepdim=True) / 2
+    if mask is not None:
+        logits = logits.masked_fill(~mask[..., None], -math.inf)
+    if stabilize != "none":
+        dims = (-1,) if stabilize == "row" else (-2, -1)
+        c = logits.detach().amax(dim=dims, keepdim=True)
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # a fully masked row/head
+        logits = logits - c
+    return torch.exp(logits) * features.shape[0] ** -0.5
+
+
+def favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    features: torch.Tensor,
+    is_causal: bool = False,
+    *,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    need_weights: bool = False,
+    chunk_size: int = 128,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FAVOR+ attention: ``D⁻¹ φ(Q) (φ(K)ᵀ V)`` with positive random features
+    (Choromanski et al. 2021, §2.2–2.6), bidirectional or causal by prefix sums.
+
+    Causal masking is bottom-right (query ``i`` sees keys ``j <= i + T_k − T_q``), as everywhere
+    in attnlab. The causal form runs the prefix sums chunk by chunk: a running state
+    ``S = Σ φ(k_j) v_jᵀ``, ``z = Σ φ(k_j)`` over the keys every query of a chunk sees, plus the
+    masked ``C × C`` products of the chunk's own keys — memory ``O(m · D_v + C · (m + C))``
+    instead of the ``O(T · m · D_v)`` of a cumulative sum, the same numbers.
+
+    Args:
+        q: queries ``(..., H, T_q, D)``.
+        k: keys ``(..., H_kv, T_k, D)``; ``H`` must be a multiple of ``H_kv``.
+        v: values ``(..., H_kv, T_k, D_v)``.
+        features: ``W`` ``(m, D)`` from :func:`orthogonal_random_features`.
+        is_causal: query ``i`` attends only to keys ``j <= i + T_k − T_q``. Default ``False``.
+        mask: boolean key mask, ``True = may attend``, broadcastable to ``(..., H, 1, T_k)``
+            (padding); per-query masks are refused.
+        scale: the score scale; default ``1 / √D``.
+        need_weights: also return the implied weights ``D⁻¹ φ(Q) φ(K)ᵀ`` (forms ``T_q × T_k``).
+        chunk_size: queries per chunk ``C`` of the causal form. Default 128.
+
+    Returns:
+        The output ``(..., H, T_q, D_v)``, or ``(output, weights)`` with ``need_weights``.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, a non-boolean mask.
+        ValueError: mismatched shapes or head counts, features of the wrong width, a per-query
+            mask.
+
+    Shape:
+        - q ``(B, H, T_q, D)``; k ``(B, H_kv, T_k, D)``; v ``(B, H_kv, T_k, D_v)``
+        - features ``(m, D)``; mask broadcastable to ``(B, H, 1, T_k)``
+        - output ``(B, H, T_q, D_v)``; weights ``(B, H, T_q, T_k)``
+
+    Examples:
+        >>> q = k = v = torch.randn(2, 4, 50, 16)
+        >>> w = orthogonal_random_features(64, 16)
+        >>> favor_attention(q, k, v, w, is_causal=True).shape
+        torch.Size([2, 4, 50, 16])
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("features", features)):
+        t = check_tensor(name, x)
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+    if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(
+            f"q, k and v must have shape (..., H, T, D) with the same number of dims, got "
+            f"{shape_str(q.shape)}, {shape_str(k.shape)} and {shape_str(v.shape)}"
+        )
+    if k.shape[:-1] != v.shape[:-1] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k must be (..., H_kv, T_k, D) with the D of q and v (..., H_kv, T_k, D_v), got "
+            f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
+        )
+    h, h_kv = q.shape[-3], k.shape[-3]
+    if h_kv == 0 or h % h_kv != 0:
+        raise ValueError(f"q's heads H = {h} must be a multiple of k's H_kv = {h_kv}")
+    if features.dim() != 2 or features.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"features must have shape (m, D) = (m, {q.shape[-1]}), got {shape_str(features.shape)}"
+        )
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (..., H, T_k, D)
+    batch = q.shape[0] if q.dim() >= 4 else 1
+    m = key_mask(mask, batch, h, t_k, "FAVOR+ attention")
+    keep = None
+    if m is not None:
+        keep = m.expand(*k.shape[:-2], t_k) if q.dim() == 4 else m.reshape(k.shape[:-1])
+        v = v.masked_fill(~keep[..., None], 0.0)  # NaN in padding never reaches the output
+    phi_q = softmax_features(q, features, scale=scale, stabilize="row")  # (..., H, T_q, m)
+    phi_k = softmax_features(k, features, scale=scale, stabilize="all", mask=keep)  # (…, T_k, m)
+
+    if not is_causal:
+        kv = phi_k.transpose(-2, -1) @ v  # φ(K)ᵀ V                              (..., H, m, D_v)
+        num = phi_q @ kv  # φ(Q) (φ(K)ᵀ V)                                       (..., H, T_q, D_v)
+        den = phi_q @ phi_k.sum(-2)[..., None]  # φ(Q) (φ(K)ᵀ 1)                 (..., H, T_q, 1)
+    else:
+        num, den = _causal_prefix(phi_q, phi_k, v, check_positive_int("chunk_size", chunk_size))
+    # a query that sees no key has num = 0 and den = 0: output 0, never NaN
+    tiny = torch.finfo(den.dtype).tiny
+    out = num / den.clamp_min(tiny)
+    if not need_weights:
+        return out
+    a = phi_q @ phi_k.transpose(-2, -1)  # φ(Q) φ(K)ᵀ                             (..., H, T_q, T_k)
+    if is_causal:
+        a = a.masked_fill(~_causal(t_q, t_k, q.device), 0.0)
+    weights = a / a.sum(-1, keepdim=True).clamp_min(tiny)
+    return out, weights
+
+
+def _causal_prefix(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal ``φ(q_i)ᵀ S_i`` and ``φ(q_i)ᵀ z_i`` by chunks of queries (bottom-right)."""
+    t_q, t_k = phi_q.shape[-2], phi_k.shape[-2]
+    off = t_k - t_q
+    s = phi_k.new_zeros((*phi_k.shape[:-2], phi_k.shape[-1], v.shape[-1]))  # (..., H, m, D_v)
+    z = phi_k.new_zeros((*phi_k.shape[:-2], phi_k.shape[-1], 1))  # (..., H, m, 1)
+    nums, dens = [], []
+    done = 0  # keys [0, done) are in the state
+    for i0 in range(0, t_q, chunk):
+        i1 = min(i0 + chunk, t_q)
+        # keys every query of the chunk sees (j <= i0 + off) join the running state
+        full = min(max(i0 + off + 1, 0), t_k)
+        if full > done:
+            pk = phi_k[..., done:full, :].transpose(-2, -1)  # (..., H, m, n)
+            s = s + pk @ v[..., done:full, :]  # S += Σ φ(k_j) v_jᵀ
+            z = z + pk.sum(-1, keepdim=True)  # z += Σ φ(k_j)
+            done = full
+        pq = phi_q[..., i0:i1, :]  # (..., H, C, m)
+        num, den = pq @ s, pq @ z  # (..., H, C, D_v), (..., H, C, 1)
+        end = min(max(i1 + off, 0), t_k)  # the chunk's own keys [full, end), seen in part
+        if end > full:
+            a = pq @ phi_k[..., full:end, :].transpose(-2, -1)  # (..., H, C, n)
+            i = torch.arange(i0, i1, device=a.device)[:, None]
+            j = torch.arange(full, end, device=a.device)[None, :]
+            a = a * (j <= i + off).to(a.dtype)
+            num = num + a @ v[..., full:end, :]
+            den = den + a.sum(-1, keepdim=True)
+        nums.append(num)
+        dens.append(den)
+    return torch.cat(nums, dim=-2), torch.cat(dens, dim=-2)
+
+
+def _causal(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    """Bottom-right causal visibility ``(T_q, T_k)``: key ``j`` visible from query ``i`` when
+    ``j <= i + T_k − T_q``."""
+    i = torch.arange(t_q, device=device)[:, None]
+    j = torch.arange(t_k, device=device)[None, :]
+    return j <= i + (t_k - t_q)
+
+
+class PerformerAttention(MultiHeadAttention):
+    """Multi-head Performer attention, FAVOR+ (Choromanski et al. 2021).
+
+    The projections, their names (``in_proj_weight``, ``out_proj``), grouped-query heads, the head
+    mask and the hook points are those of :class:`~attnlab.nn.multihead.MultiHeadAttention`;
+    softmax attention is replaced by :func:`favor_attention` with ``m`` orthogonal random
+    features ``W`` shared by every head (the buffer ``features``, saved with the weights).
+    ``hook_weights`` (and ``need_weights``) give the implied weights ``D⁻¹ φ(Q) φ(K)ᵀ``,
+    formed only when asked for.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: query heads ``H``.
+        num_features: random features ``m``; default ``round(d_head · ln d_head)`` (at least
+            ``d_head``), the paper's choice.
+        num_kv_heads: key/value heads ``H_kv`` (default ``num_heads``).
+        dropout: while training, each key is dropped for every query with this probability and
+            the kept ones scaled by ``1 / (1 − p)`` (dropout on the weights with one draw per
+            key, which the linear form allows). Default ``0.0``.
+        bias: whether the projections have biases. Default ``True``.
+        redraw_interval: in training mode, draw new features every ``redraw_interval`` forward
+            calls (§4.1's feature redrawing); ``None`` (default) never redraws by itself.
+        causal: the default of ``forward``'s ``is_causal``. Default ``False``.
+        device: where to create the parameters; default the current default device.
+        dtype: dtype of the parameters; default the current default dtype.
+
+    Shape:
+        - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
+        - mask broadcastable to ``(B, H, 1, T_k)`` (keys only), ``True = may attend``
+        - features ``(m, d_head)``
+        - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
+
+    Examples:
+        >>> layer = PerformerAttention(64, num_heads=4, num_features=32)
+        >>> layer(torch.randn(2, 100, 64), is_causal=True).shape
+        torch.Size([2, 100, 64])
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_features: int | None = None,
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        redraw_interval: int | None = None,
+        causal: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            dropout=dropout,
+            bias=bias,
+            device=device,
+            dtype=dtype,
+        )
+        d = self.d_head
+        self.num_features = (
+            max(d, round(d * math.log(d)))
+            if num_features is None
+            else check_positive_int("num_features", num_features)
+        )
+        self.redraw_interval = (
+            None
+            if redraw_interval is None
+            else check_positive_int("redraw_interval", redraw_interval)
+        )
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        self.causal = causal
+        self.register_buffer(
+            "features",
+            orthogonal_random_features(self.num_features, d, dtype=dtype, device=device),
+        )
+        # forward calls in training mode since the last draw (saved: a resumed run keeps the rhythm)
+        self.register_buffer("calls_since_redraw", torch.zeros((), dtype=torch.long, device=device))
+
+    features: torch.Tensor
+    calls_since_redraw: torch.Tensor
+
+    @torch.no_grad()
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Draw new orthogonal random features ``W`` in place (§4.1: "feature redrawing").
+
+        Args:
+            generator: the random generator; default the global one.
+        """
+        w = orthogonal_random_features(
+            self.num_features, self.d_head, generator=generator, dtype=self.features.dtype
+        )
+        self.features.copy_(w.to(self.features.device))
+        self.calls_since_redraw.zero_()
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+        head_mask: torch.Tensor | None = None,
+        **unused: Any,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` with FAVOR+ (self-attention when ``key`` is
+        ``None``).
+
+        In training mode with a ``redraw_interval``, new features are drawn before every
+        ``redraw_interval``-th call.
+
+        Args:
+            query: ``(B, T_q, d_model)``.
+            key: ``(B, T_k, d_model)`` or ``None`` for self-attention.
+            value: ``(B, T_k, d_model)``; default ``key``.
+            mask: boolean key mask, ``True = may attend``, broadcastable to ``(B, H, 1, T_k)``
+                (e.g. :func:`attnlab.masks.padding_mask`); masked keys contribute nothing.
+            is_causal: bottom-right causal attention by prefix sums; ``None`` (default) takes
+                the layer's ``causal``.
+            need_weights: also return the implied weights ``(B, H, T_q, T_k)``.
+            cache: must be ``None`` (no KV cache yet).
+            head_mask: ``ξ`` broadcastable to ``(B, H)``, as in ``MultiHeadAttention``.
+            **unused: the other options of ``MultiHeadAttention.forward`` (``positions``,
+                ``check_positions``, ``window``, …), accepted at their neutral values (``None``;
+                any ``check_positions``) for a drop-in replacement; anything else is refused.
+
+        Returns:
+            ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+
+        Raises:
+            ValueError: a per-query mask, a cache, or inputs of the wrong shape.
+            TypeError: a non-tensor, non-floating input or a non-boolean mask.
+
+        Shape:
+            - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
+            - mask broadcastable to ``(B, H, 1, T_k)``; head_mask ``(H,)`` or ``(B, H)``
+            - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
+        """
+        if cache is not None:
+            raise ValueError("cache must be None: PerformerAttention has no KV cache")
+        refuse_unused("PerformerAttention", unused)
+        if is_causal is None:
+            is_causal = self.causal
+        if self.training and self.redraw_interval is not None:
+            if int(self.calls_since_redraw) >= self.redraw_interval:
+                self.redraw_features()
+            self.calls_since_redraw += 1
+        q, k, v = project_heads(self, query, key, value)
+        b, t_q = query.shape[0], query.shape[1]
+        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
+        if self.training and self.dropout > 0.0:
+            # one draw per key, shared by every query: Σ_j a_ij (δ_j / (1 − p)) v_j
+            keep = torch.full((*v.shape[:-1], 1), 1.0 - self.dropout, device=v.device)
+            v = v * torch.bernoulli(keep).to(v.dtype) / (1.0 - self.dropout)
+        want_weights = need_weights or self.hook_weights.active
+        result = favor_attention(
+            q,
+            k,
+            v,
+            self.features,
+            is_causal,
+            mask=mask,
+            scale=self.d_head**-0.5,
+            need_weights=want_weights,
+        )
+        z, weights = result if isinstance(result, tuple) else (result, None)
+        return merge_heads(self, z, weights, xi, b, t_q, need_weights)
+
+
+def favor_errors(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    num_features: Sequence[int],
+    *,
+    trials: int = 8,
+    is_causal: bool = False,
+    orthogonal: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The relative error ``‖Ã − A‖_F / ‖A‖_F`` of FAVOR+ against exact softmax attention
+    ``A = softmax(Q Kᵀ / √D) V``, for each number of random features ``m``, in float64.
+
+    Args:
+        query: ``(B, H, T_q, D)``.
+        key: ``(B, H, T_k, D)``.
+        value: ``(B, H, T_k, D_v)``.
+        num_features: the numbers of features ``m``.
+        trials: independent draws of the features per ``m``. Default 8.
+        is_causal: compare causal attention. Default ``False``.
+        orthogonal: orthogonal random features (default) or i.i.d. Gaussian ones.
+        generator: the random generator of the draws; default the global one.
+
+    Returns:
+        The errors, float64.
+
+    Shape:
+        query/key/value ``(B, H, T, D)`` → errors ``(len(num_features), trials)``.
+
+    Examples:
+        >>> q, k, v = torch.randn(3, 1, 2, 64, 16).unbind(0)
+        >>> favor_errors(q, k, v, [16, 256], trials=2).shape
+        torch.Size([2, 2])
+    """
+    check_positive_int("trials", trials)
+    sizes = [check_positive_int("every entry of num_features", m) for m in num_features]
+    q, k, v = (check_tensor(n, x).detach().double() for n, x in
+               (("query", query), ("key", key), ("value", value)))  # fmt: skip
+    exact = scaled_dot_product_attention(q, k, v, is_causal=is_causal, backend="math")
+    errors = torch.zeros(len(sizes), trials, dtype=torch.float64)
+    for i, m in enumerate(sizes):
+        for j in range(trials):
+            w = orthogonal_random_features(
+                m, q.shape[-1], generator=generator, orthogonal=orthogonal, dtype=torch.float64
+            )
+            out = favor_attention(q, k, v, w, is_causal)
+            approx = out if isinstance(out, torch.Tensor) else out[0]
+            errors[i, j] = relative_error(approx, exact)
+    return errors
