@@ -23,7 +23,9 @@ Conventions every backend keeps:
 * NaN or inf stored in keys/values that *no* query may see (padding) never reaches the output;
 * ``is_causal=True`` together with an explicit ``mask``: both apply — a key is visible only where
   the mask allows it **and** it is not in the future (PyTorch's own function refuses the pair);
-* ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend.
+* ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend;
+* ``window=(left, right)`` (sliding-window attention) works on every backend, with every mask and
+  with ``is_causal``, aligned bottom-right as the causal rule.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, get_backend
 from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
+from attnlab.nn.masks import Window
 
 __all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]
 
@@ -57,6 +60,7 @@ def scaled_dot_product_attention(
     scale: float | None = ...,
     backend: Backend = ...,
     need_weights: Literal[False] = ...,
+    window: Window = ...,
 ) -> torch.Tensor: ...
 
 
@@ -72,6 +76,7 @@ def scaled_dot_product_attention(
     scale: float | None = ...,
     backend: Backend = ...,
     need_weights: Literal[True],
+    window: Window = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -87,6 +92,7 @@ def scaled_dot_product_attention(
     scale: float | None = ...,
     backend: Backend = ...,
     need_weights: bool,
+    window: Window = ...,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -101,6 +107,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     backend: Backend = "auto",
     need_weights: bool = False,
+    window: Window = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, ``softmax(Q Kᵀ · scale + M) V``.
 
@@ -118,6 +125,14 @@ def scaled_dot_product_attention(
         scale: the score scale; default ``1 / √D``.
         backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"blockwise"`` (see the module docstring).
         need_weights: also return the attention weights (softmax probabilities, before dropout).
+        window: sliding-window (local) attention, FlashAttention's ``window_size``: ``None``
+            (default, no window), an int ``w`` meaning ``(w, 0)``, or ``(left, right)``. Query
+            ``i``, at position ``p_i = i + T_k - T_q`` (bottom-right, as ``is_causal``), sees keys
+            ``p_i - left <= j <= p_i + right``; a side ``None`` is unbounded (FlashAttention's
+            ``-1``; negative sides are refused). Combines with ``mask`` and ``is_causal``: a key
+            must pass all of them. The ``"blockwise"`` backend visits only the tiles that meet
+            the band (time and memory ``O(T · w)``); equivalent to the dense
+            :func:`attnlab.masks.sliding_window_mask`.
 
     Returns:
         ``output``, or ``(output, weights)`` when ``need_weights`` is true.
@@ -151,7 +166,7 @@ def scaled_dot_product_attention(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
 
-    masking = normalize_mask(query, key, mask, is_causal)
+    masking = normalize_mask(query, key, mask, is_causal, window)
     return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
 
 
@@ -175,7 +190,7 @@ def attend(
         key: the keys (``H_kv`` heads, ``H`` a multiple of ``H_kv``).
         value: the values.
         masking: the mask after :func:`~attnlab.nn.masking.normalize_mask` (``is_causal``
-            folded in).
+            and ``window`` folded in).
         scale: the score scale, e.g. ``1 / √D``.
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``.
         backend: a registered backend's name or ``"auto"`` (``"math"`` when the weights are
@@ -204,14 +219,23 @@ def attend(
         # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)
         backend = "math"
 
-    empty = empty_rows(masking, query.shape[-2], key.shape[-2], query.device)
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    # keys that no query may see are zeroed before empty rows are opened (an opened row "sees"
+    # them, but its output is zeroed below): NaN/inf stored there cannot reach the other rows
+    if masking.window is not None:
+        key, value = hide_unseen_keys(masking.allowed, key, value, masking.bounds(t_q, t_k), t_q)
+    elif masking.allowed is not None:
+        # a mask that differs per row, under the causal rule, can leave keys seen only by rows
+        # the rule keeps them from: the rule's bounds count then
+        causal = masking.causal_offset is not None and masking.allowed.shape[-2] > 1
+        bounds = (None, masking.causal_offset) if causal else None
+        key, value = hide_unseen_keys(masking.allowed, key, value, bounds, t_q)
+    empty = empty_rows(masking, t_q, t_k, query.device)
     if empty is not None:
         # Rows that may see no key: let them see every key, so that no backend meets an all -inf
         # row (NaN forward *and* backward), then zero them below. Their upstream gradient is zero,
         # so they add nothing to the gradients of keys and values.
-        masking = masking.open_rows(empty, query.shape[-2], key.shape[-2], query.device)
-    if masking.allowed is not None:
-        key, value = hide_unseen_keys(masking.allowed, key, value)
+        masking = masking.open_rows(empty, t_q, t_k, query.device)
 
     out, weights = get_backend(backend)(query, key, value, masking, scale, dropout_p, need_weights)
     if empty is not None:

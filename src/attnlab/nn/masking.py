@@ -2,8 +2,9 @@
 
 :func:`normalize_mask` checks a user's mask against the query and key shapes and turns it, with
 ``is_causal``, into a :class:`Masking`: a boolean ``allowed`` tensor (``True = may attend``), a
-finite additive ``bias``, and the causal rule kept as *structure* (``causal_offset``) rather than
-as a dense ``T_q × T_k`` tensor, so that a backend can skip the tiles the rule hides.
+finite additive ``bias``, and the causal rule and the sliding window kept as *structure*
+(``causal_offset``, ``window``) rather than as a dense ``T_q × T_k`` tensor, so that a backend can
+skip the tiles they hide.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import broadcast_or_raise, check_tensor
-from attnlab.nn.masks import is_masked_bias
+from attnlab.nn.masks import is_masked_bias, normalize_window
 
 __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
+
+# the keys row ``i`` sees as offsets from ``i``: ``i + lo <= j <= i + hi`` (``None``: unbounded)
+Bounds = tuple[int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,10 @@ class Masking:
         shift: what was subtracted from each row of a floating mask (its largest visible entry,
             see :func:`normalize_mask`), or ``None``; a row's log-sum-exp of the user's
             ``scores + mask`` is that of ``scores + bias`` plus ``shift``.
+        window: the sliding window ``(left, right)`` aligned bottom-right (query ``i`` sees keys
+            ``i + T_k - T_q - left <= j <= i + T_k - T_q + right``), a side ``None`` when it
+            hides nothing; ``None`` when there is no window. It applies on top of ``allowed``
+            and the causal rule.
 
     Shape:
         ``allowed`` and ``bias`` broadcastable to ``(..., H, T_q, T_k)``, e.g. ``(B, 1, 1, T_k)``
@@ -42,9 +50,31 @@ class Masking:
     bias: torch.Tensor | None
     causal_offset: int | None
     shift: torch.Tensor | None = None
+    window: tuple[int | None, int | None] | None = None
+
+    def bounds(self, t_q: int, t_k: int) -> tuple[int | None, int | None]:
+        """The causal rule and the window as the keys each row may see: ``i + lo <= j <= i + hi``.
+
+        Args:
+            t_q: number of queries ``T_q``.
+            t_k: number of keys ``T_k``.
+
+        Returns:
+            ``(lo, hi)``, either ``None`` when that side is unbounded (``(None, None)`` when there
+            is neither a causal rule nor a window).
+        """
+        hi = self.causal_offset
+        if self.window is None:
+            return None, hi
+        left, right = self.window
+        offset = t_k - t_q
+        lo = None if left is None else offset - left
+        if right is not None:
+            hi = offset + right if hi is None else min(hi, offset + right)
+        return lo, hi
 
     def visible(self, t_q: int, t_k: int, device: torch.device) -> torch.Tensor | None:
-        """``allowed`` and the causal rule together, as one boolean mask.
+        """``allowed``, the causal rule and the window together, as one boolean mask.
 
         Args:
             t_q: number of queries ``T_q``.
@@ -58,6 +88,9 @@ class Masking:
             broadcastable to ``(..., H, T_q, T_k)``; ``(T_q, T_k)`` for the causal rule alone.
         """
         vis = self.allowed
+        if self.window is not None:
+            band = _band(self.bounds(t_q, t_k), t_q, t_k, device)
+            return band if vis is None else vis & band
         if self.causal_offset is not None:
             i = torch.arange(t_q, device=device)[:, None]
             j = torch.arange(t_k, device=device)[None, :]
@@ -76,11 +109,19 @@ class Masking:
 
         Returns:
             A new :class:`Masking` with the causal rule folded into ``allowed`` (or ``self`` when
-            nothing is hidden).
+            nothing is hidden). A window stays structure when it leaves every row some key (the
+            opened rows see the keys of their window), so that a backend still skips the tiles
+            outside the band; else it is folded into ``allowed`` too.
 
         Shape:
             rows ``(..., T_q, 1)`` boolean, broadcastable against the mask.
         """
+        if self.window is not None and self.allowed is not None:
+            lo, hi = self.bounds(t_q, t_k)
+            if (hi is None or hi >= 0) and (lo is None or t_q - 1 + lo <= t_k - 1):
+                return Masking(
+                    self.allowed | rows, self.bias, self.causal_offset, self.shift, self.window
+                )
         vis = self.visible(t_q, t_k, device)
         if vis is None:  # nothing is hidden, so no row needs opening
             return self
@@ -88,10 +129,14 @@ class Masking:
 
 
 def normalize_mask(
-    query: torch.Tensor, key: torch.Tensor, mask: object, is_causal: bool
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: object,
+    is_causal: bool,
+    window: object = None,
 ) -> Masking:
-    """Check a user's ``mask`` against the queries and keys and turn it, with ``is_causal``, into
-    a :class:`Masking`.
+    """Check a user's ``mask`` against the queries and keys and turn it, with ``is_causal`` and
+    ``window``, into a :class:`Masking`.
 
     Args:
         query: the queries (their shape and device are what the mask is checked against).
@@ -99,6 +144,11 @@ def normalize_mask(
         mask: ``None``, a boolean mask (``True = may attend``) or a floating additive bias in which
             ``-inf`` or the dtype's minimum hides a key.
         is_causal: add the bottom-right causal rule (kept as ``causal_offset``, not as a tensor).
+        window: ``None``, an int ``w`` (= ``(w, 0)``) or ``(left, right)``, see
+            :func:`attnlab.masks.normalize_window`; kept as ``Masking.window``, not as a tensor,
+            with the sides that hide nothing at these lengths dropped (a window that hides
+            nothing is no window; ``(left >= T_k - 1, 0)`` without ``is_causal`` is the causal
+            rule).
 
     Returns:
         The normalised masking; a floating mask's hidden entries move into ``allowed`` and the rest
@@ -106,9 +156,10 @@ def normalize_mask(
         entry is 0 (softmax does not change; the log-sum-exp of a row moves by that shift).
 
     Raises:
-        TypeError: ``mask`` is not a tensor, or neither bool nor floating.
+        TypeError: ``mask`` is not a tensor, or neither bool nor floating; ``window`` is not an
+            int, a pair or ``None``.
         ValueError: ``mask`` does not broadcast to ``(..., H, T_q, T_k)``, is on another device, or
-            holds NaN or ``+inf``.
+            holds NaN or ``+inf``; a side of ``window`` is negative.
 
     Shape:
         query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, mask broadcastable to
@@ -117,8 +168,11 @@ def normalize_mask(
     t_q, t_k = query.shape[-2], key.shape[-2]
     # the causal rule hides nothing from a single query aligned bottom-right (a decoding step)
     causal_offset = t_k - t_q if is_causal and t_q != 1 else None
+    sides = None
+    if window is not None:
+        sides, causal_offset = _window_sides(normalize_window(window), t_q, t_k, causal_offset)
     if mask is None:
-        return Masking(None, None, causal_offset)
+        return Masking(None, None, causal_offset, None, sides)
     mask = check_tensor("mask", mask)
     if not (mask.dtype == torch.bool or mask.is_floating_point()):
         raise TypeError(
@@ -131,7 +185,7 @@ def normalize_mask(
     if mask.dim() < len(target):  # any rank that broadcasts: the missing leading dims are 1
         mask = mask.reshape((1,) * (len(target) - mask.dim()) + tuple(mask.shape))
     if mask.dtype == torch.bool:
-        return Masking(mask, None, causal_offset)
+        return Masking(mask, None, causal_offset, None, sides)
     if not _tracing():
         _check_bias_values(mask)
     hidden = is_masked_bias(mask)
@@ -143,7 +197,43 @@ def normalize_mask(
     bias = (mask - shift).to(query.dtype)
     # what the query's dtype cannot hold (below its minimum) hides the key: its weight is 0 anyway
     hidden = hidden | is_masked_bias(bias)
-    return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift)
+    return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift, sides)
+
+
+def _window_sides(
+    sides: tuple[int | None, int | None] | None, t_q: int, t_k: int, causal_offset: int | None
+) -> tuple[tuple[int | None, int | None] | None, int | None]:
+    """The window's sides that hide something at these lengths, and the causal offset.
+
+    The left side hides a key iff the last query's window starts after key 0
+    (``left < T_k - 1``); the right side iff the first query's window ends before the last key
+    (``right < T_q - 1``) and no causal rule hides more. ``(None, 0)`` alone is the causal rule.
+    """
+    if sides is None:
+        return None, causal_offset
+    left, right = sides
+    if left is not None and left >= t_k - 1:
+        left = None
+    if right is not None and (right >= t_q - 1 or causal_offset is not None):
+        right = None  # hides nothing, or the causal rule hides at least as much
+    if left is None and right == 0 and t_q != 1:
+        return None, t_k - t_q  # the causal rule: kept as such, backends have fast paths for it
+    if left is None and right is None:
+        return None, causal_offset
+    return (left, right), causal_offset
+
+
+def _band(bounds: Bounds, t_q: int, t_k: int, device: torch.device | str) -> torch.Tensor:
+    """``i + lo <= j <= i + hi`` as a dense boolean ``(T_q, T_k)`` tensor."""
+    lo, hi = bounds
+    i = torch.arange(t_q, device=device)[:, None]
+    j = torch.arange(t_k, device=device)[None, :]
+    band = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    if lo is not None:
+        band &= j >= i + lo
+    if hi is not None:
+        band &= j <= i + hi
+    return band
 
 
 def _check_bias_values(mask: torch.Tensor) -> None:
@@ -195,6 +285,8 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     allowed = masking.allowed
     if t_k == 0:  # no key at all: every row is empty
         return torch.ones(t_q, 1, dtype=torch.bool, device=device) if t_q else None
+    if masking.window is not None:
+        return _empty_rows_in_band(allowed, masking.bounds(t_q, t_k), t_q, t_k, device)
     if allowed is None:
         if offset is None or offset >= 0:
             return None
@@ -214,8 +306,38 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     return empty
 
 
+def _empty_rows_in_band(
+    allowed: torch.Tensor | None, bounds: Bounds, t_q: int, t_k: int, device: torch.device
+) -> torch.Tensor | None:
+    """:func:`empty_rows` under a window: row ``i`` is empty iff ``allowed`` has no key in
+    ``[i + lo, i + hi]``, counted with a cumulative sum along the keys (no ``T_q × T_k`` tensor
+    beyond the mask itself)."""
+    lo, hi = bounds
+    rows = torch.arange(t_q, device=device)
+    start = torch.zeros_like(rows) if lo is None else (rows + lo).clamp(0, t_k)
+    stop = torch.full_like(rows, t_k) if hi is None else (rows + hi + 1).clamp(0, t_k)
+    if allowed is None:
+        empty = (stop <= start)[:, None]  # (T_q, 1)
+    elif allowed.shape[-1] == 1:  # the mask is the same for every key of a row
+        empty = ~allowed | (stop <= start)[:, None]
+    else:
+        # seen[i] = #allowed keys in [start_i, stop_i) = c[stop_i] − c[start_i], c = [0, cumsum]
+        c = torch.nn.functional.pad(allowed.to(torch.int32).cumsum(-1), (1, 0))
+        c = c.expand(*c.shape[:-2], t_q, t_k + 1)  # (..., T_q, T_k + 1), a view
+        idx = torch.stack([start, stop], -1).expand(*c.shape[:-1], 2)
+        bounds_count = c.gather(-1, idx)
+        empty = (bounds_count[..., 1:] - bounds_count[..., :1] <= 0) | (stop <= start)[:, None]
+    if not _tracing() and not bool(empty.any()):
+        return None
+    return empty
+
+
 def hide_unseen_keys(
-    allowed: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    allowed: torch.Tensor | None,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: Bounds | None = None,
+    t_q: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN).
 
@@ -223,9 +345,13 @@ def hide_unseen_keys(
     ``torch.compile`` traces.
 
     Args:
-        allowed: the boolean mask, ``True = may attend``.
+        allowed: the boolean mask, ``True = may attend``, or ``None`` (every key allowed).
         key: the keys.
         value: the values.
+        bounds: ``(lo, hi)`` from :meth:`Masking.bounds` (row ``i`` sees
+            keys ``i + lo <= j <= i + hi``), else ``None``; without a window the causal rule
+            hides no key from every row unless the mask differs per row.
+        t_q: number of queries ``T_q``, read with ``bounds`` only.
 
     Returns:
         ``(key, value)``, unchanged when every key is seen by some query, else with the unseen
@@ -235,15 +361,44 @@ def hide_unseen_keys(
         allowed broadcastable to ``(..., H, T_q, T_k)``; key ``(..., H_kv, T_k, D)``, value
         ``(..., H_kv, T_k, D_v)``; the outputs have the inputs' shapes.
     """
-    seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
+    if bounds is not None:
+        seen = _seen_in_band(allowed, bounds, t_q, key.shape[-2], key.device)
+    elif allowed is None:
+        return key, value
+    else:
+        seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
     if not _tracing() and bool(seen.all()):
         return key, value
+    if allowed is None:
+        allowed = seen.unsqueeze(-2)  # only its number of dims and heads are read below
     h, h_kv = allowed.shape[-3] if allowed.dim() >= 3 else 1, key.shape[-3]
     if h != 1 and h != h_kv:  # query heads → their key/value head: seen by any head of the group
         seen = seen.unflatten(-2, (h_kv, h // h_kv)).any(dim=-2)
     seen = seen.unsqueeze(-1)
     zero = torch.zeros((), dtype=key.dtype, device=key.device)
     return torch.where(seen, key, zero), torch.where(seen, value, zero)
+
+
+def _seen_in_band(
+    allowed: torch.Tensor | None, bounds: Bounds, t_q: int, t_k: int, device: torch.device
+) -> torch.Tensor:
+    """The keys some query sees under a window: key ``j`` is in the window of the rows
+    ``j − hi <= i <= j − lo`` (of ``0 … T_q − 1``), counted with a cumulative sum along the
+    queries where the mask has rows."""
+    lo, hi = bounds
+    cols = torch.arange(t_k, device=device)
+    first = torch.zeros_like(cols) if hi is None else (cols - hi).clamp(0, t_q)
+    stop = torch.full_like(cols, t_q) if lo is None else (cols - lo + 1).clamp(0, t_q)
+    in_band = stop > first  # (T_k,)
+    if allowed is None:
+        return in_band
+    if allowed.shape[-2] == 1:
+        return in_band & allowed.any(dim=-2)
+    c = torch.nn.functional.pad(allowed.to(torch.int32).cumsum(-2), (0, 0, 1, 0))
+    c = c.expand(*c.shape[:-1], t_k)  # (..., T_q + 1, T_k), a view
+    idx = torch.stack([first, stop], 0).expand(*c.shape[:-2], 2, t_k)
+    counts = c.gather(-2, idx)
+    return (counts[..., 1, :] - counts[..., 0, :] > 0) & in_band
 
 
 def _tracing() -> bool:

@@ -9,6 +9,10 @@ The convention everywhere in attnlab (and in ``torch.nn.functional.scaled_dot_pr
 Causal masks are aligned **bottom-right**: with ``T_q != T_k`` query ``i`` sees keys
 ``j <= i + (T_k - T_q)``, so the queries are the *last* ``T_q`` positions of the key sequence —
 exactly the situation of a decoding step with a KV cache.
+
+A sliding window (Beltagy et al. 2020, Longformer; Mistral 7B; FlashAttention's ``window_size``)
+is aligned the same way: with ``window = (left, right)`` query ``i``, at position
+``p_i = i + (T_k - T_q)``, sees keys ``p_i - left <= j <= p_i + right``.
 """
 
 from __future__ import annotations
@@ -19,12 +23,19 @@ import torch
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 
+#: a ``window=`` argument: ``None`` (no window), an int ``w`` (= ``(w, 0)``), or a pair
+#: ``(left, right)`` of non-negative ints where ``None`` leaves that side unbounded
+Window = int | tuple[int | None, int | None] | None
+
 __all__ = [
+    "Window",
     "causal_mask",
     "combine",
     "from_key_padding_mask",
     "is_masked_bias",
+    "normalize_window",
     "padding_mask",
+    "sliding_window_mask",
     "to_additive",
 ]
 
@@ -87,6 +98,112 @@ def causal_mask(
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return j <= i + (k_len - q_len)
+
+
+def normalize_window(window: object) -> tuple[int | None, int | None] | None:
+    """Check a ``window=`` argument and bring it to the form ``(left, right)``.
+
+    FlashAttention's ``window_size`` semantics, aligned bottom-right like the causal mask: query
+    ``i`` at position ``p_i = i + (T_k - T_q)`` sees keys ``p_i - left <= j <= p_i + right``.
+    An int ``w`` means ``(w, 0)``: the key of the query's own position and the ``w`` before it
+    (Mistral's sliding window of ``w + 1`` keys). A side given as ``None`` is unbounded (what
+    FlashAttention writes ``-1``); negative sides are refused.
+
+    Args:
+        window: ``None``, an int ``w >= 0``, or a pair ``(left, right)`` of ints ``>= 0`` or
+            ``None``.
+
+    Returns:
+        ``(left, right)`` (either side ``None`` when unbounded), or ``None`` when there is no
+        window at all (``None`` or ``(None, None)``).
+
+    Raises:
+        TypeError: ``window`` is not an int, a pair of ints/``None``, or ``None``.
+        ValueError: a side is negative.
+
+    Examples:
+        >>> normalize_window(3), normalize_window((2, None)), normalize_window(None)
+        ((3, 0), (2, None), None)
+    """
+    if window is None:
+        return None
+    if isinstance(window, int) and not isinstance(window, bool):
+        sides: tuple[object, ...] = (window, 0)
+    elif isinstance(window, (tuple, list)) and len(window) == 2:
+        sides = tuple(window)
+    else:
+        raise TypeError(
+            f"window must be None, an int w (= (w, 0)) or a pair (left, right) of ints or None, "
+            f"got {window!r}"
+        )
+    for name, side in zip(("left", "right"), sides):
+        if side is None:
+            continue
+        if isinstance(side, bool) or not isinstance(side, int):
+            raise TypeError(
+                f"window = (left, right) must hold ints or None (unbounded), got {name} = "
+                f"{side!r} ({type(side).__name__})"
+            )
+        if side < 0:
+            raise ValueError(
+                f"window = (left, right) must be >= 0, got {name} = {side}; write None for an "
+                f"unbounded side (FlashAttention's -1)"
+            )
+    left, right = sides
+    if left is None and right is None:
+        return None
+    return left, right  # type: ignore[return-value]
+
+
+def sliding_window_mask(
+    t_q: int, t_k: int, window: Window, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The sliding-window (local attention) mask, aligned bottom-right.
+
+    ``mask[i, j] = p_i - left <= j <= p_i + right`` with ``p_i = i + (t_k - t_q)``, the dense
+    equivalent of ``window=`` in :func:`attnlab.scaled_dot_product_attention` (which never
+    builds it where it can skip the hidden tiles instead). ``sliding_window_mask(t, t, (w, 0))``
+    is the causal mask restricted to the last ``w + 1`` keys; combine it with
+    :func:`causal_mask` for a window with ``right > 0`` under a causal rule.
+
+    Args:
+        t_q: number of queries ``T_q``.
+        t_k: number of keys ``T_k``.
+        window: an int ``w`` (= ``(w, 0)``), a pair ``(left, right)`` of ints ``>= 0`` or
+            ``None`` (unbounded side), or ``None`` (every key visible), see
+            :func:`normalize_window`.
+        device: where to build it (default: the current default device).
+
+    Returns:
+        A boolean mask, ``True = may attend``.
+
+    Raises:
+        ValueError: ``t_q`` or ``t_k`` is not a positive int, or a side of ``window`` is negative.
+        TypeError: ``window`` is not an int, a pair or ``None``.
+
+    Shape:
+        ``(T_q, T_k)`` boolean.
+
+    Examples:
+        >>> sliding_window_mask(4, 4, 1).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    check_positive_int("t_q", t_q)
+    check_positive_int("t_k", t_k)
+    sides = normalize_window(window)
+    i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)  # the queries' positions
+    j = torch.arange(t_k, device=device)[None, :]
+    mask = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    if sides is not None:
+        left, right = sides
+        if left is not None:
+            mask &= j >= i - left
+        if right is not None:
+            mask &= j <= i + right
+    return mask
 
 
 def is_masked_bias(bias: torch.Tensor) -> torch.Tensor:

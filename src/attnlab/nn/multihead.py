@@ -33,6 +33,7 @@ from attnlab.nn.backends import check_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masking import normalize_mask
+from attnlab.nn.masks import Window, normalize_window
 
 if TYPE_CHECKING:
     from attnlab.nn.positional import RotaryEmbedding
@@ -127,6 +128,12 @@ class MultiHeadAttention(nn.Module):
         backend: attention backend, see :func:`attnlab.scaled_dot_product_attention`. Default ``"auto"``.
         rotary: a :class:`~attnlab.nn.positional.RotaryEmbedding` applied to queries and keys, or
             ``None`` (the default).
+        window: sliding-window attention for every call (Mistral's ``sliding_window``): ``None``
+            (default), an int ``w`` (= ``(w, 0)``: each query sees itself and the ``w`` keys
+            before it) or ``(left, right)``, see :func:`attnlab.scaled_dot_product_attention`.
+            Stored as :attr:`window`, in the form ``(left, right)``; ``forward(window=...)``
+            overrides it for one call. With a KV cache, a cache made with
+            ``KVCache(..., window=left)`` keeps only the keys the window can still reach.
         device: where to create the parameters; default the current default device.
         dtype: dtype of the parameters; default the current default dtype.
 
@@ -148,6 +155,8 @@ class MultiHeadAttention(nn.Module):
 
     #: whether ``forward`` hides future keys when ``is_causal`` is not given
     causal: bool = False
+    #: the sliding window ``(left, right)`` ``forward`` applies when ``window`` is not given
+    window: tuple[int | None, int | None] | None = None
 
     def __init__(
         self,
@@ -159,6 +168,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         backend: Backend = "auto",
         rotary: RotaryEmbedding | None = None,
+        window: Window = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -181,6 +191,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.backend: Backend = check_backend(backend)
         self.rotary = rotary
+        self.window = normalize_window(window)
         self._build_projections(bias, device, dtype)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
@@ -309,6 +320,7 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         check_positions: bool = True,
+        window: Window = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when ``key`` is ``None``).
 
@@ -338,6 +350,10 @@ class MultiHeadAttention(nn.Module):
                 callers that have checked them already (the models do, once per forward): the
                 check reads the largest position back to the host, a synchronisation a decoding
                 step should not pay.
+            window: the sliding window for this call, as in
+                :func:`attnlab.scaled_dot_product_attention` (aligned bottom-right, so it works
+                across a KV cache); ``None`` (default) takes the layer's own :attr:`window`, and
+                ``(None, None)`` turns it off for this call.
 
         Returns:
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
@@ -351,6 +367,7 @@ class MultiHeadAttention(nn.Module):
         self._check_input("query", query)
         if is_causal is None:
             is_causal = self.causal
+        window = self.window if window is None else normalize_window(window)
         cross = key is not None and key is not query
         if key is not None and cross:
             self._check_input("key", key)
@@ -385,7 +402,13 @@ class MultiHeadAttention(nn.Module):
             elif cross and k is not None and v is not None:
                 k, v = cache.set_static(k, v)
             elif k is not None and v is not None:
+                if cache.window is not None:
+                    self._check_rolling_cache(cache, window, is_causal)
                 k, v = cache.append(k, v)
+                if mask is not None and k.shape[-2] < cache.length:
+                    # a rolling cache holds the last positions only: so does the mask, whose
+                    # last dim counts every position (T_past + T_q)
+                    mask = _last_keys(mask, k.shape[-2], cache.length)
         if k is None or v is None:  # unreachable: only a static cache skips the projection
             raise RuntimeError("keys and values were neither projected nor cached")
         if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
@@ -400,7 +423,7 @@ class MultiHeadAttention(nn.Module):
             # kernel "auto" picks when no weights are wanted; it returns exact weights as well
             backend = "sdpa"
         # q, k, v are built here, consistent by construction: only the mask needs checking
-        masking = normalize_mask(q, k, mask, is_causal)
+        masking = normalize_mask(q, k, mask, is_causal, window)
         dropout_p = self.dropout if self.training else 0.0
         result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
         z, weights = result if isinstance(result, tuple) else (result, None)
@@ -420,6 +443,21 @@ class MultiHeadAttention(nn.Module):
                 raise RuntimeError("the attention backend returned no weights")
             return out, weights
         return out
+
+    @staticmethod
+    def _check_rolling_cache(
+        cache: KVCache, window: tuple[int | None, int | None] | None, is_causal: bool
+    ) -> None:
+        """A cache that drops old keys is right only for a causal window that never reaches them."""
+        left, right = (None, None) if window is None else window
+        limit = cache.window
+        if left is None or limit is None or left > limit or not (is_causal or right == 0):
+            raise ValueError(
+                f"cache keeps only the last {cache.window} positions (KVCache(window="
+                f"{cache.window})), so the layer's attention must be causal with a window of at "
+                f"most (left, right) = ({cache.window}, 0), got window = {window} and "
+                f"is_causal = {is_causal}"
+            )
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""
@@ -524,3 +562,16 @@ class MultiHeadAttention(nn.Module):
             if new.out_proj.bias is not None:
                 new.out_proj.bias.copy_(module.out_proj.bias)
         return new
+
+
+def _last_keys(mask: torch.Tensor, held: int, total: int) -> torch.Tensor:
+    """The columns of the last ``held`` of ``total`` key positions (a mask may broadcast them)."""
+    check_tensor("mask", mask)
+    if mask.dim() == 0 or mask.shape[-1] == 1:
+        return mask
+    if mask.shape[-1] != total:
+        raise ValueError(
+            f"mask has {mask.shape[-1]} key positions but must have T_past + T_q = {total} "
+            f"(every position so far, the rolling cache keeps the last {held})"
+        )
+    return mask[..., total - held :]

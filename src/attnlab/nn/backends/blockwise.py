@@ -12,7 +12,9 @@ The queries are tiled too (blocks of ``query_block`` rows), so that every tempor
 ``query_block × key_block`` tile per head; nothing of size ``T_q × T_k`` exists. Under a causal
 mask a query block reads only the keys it may see: the keys every row of the block sees come in
 unmasked blocks, and only the keys of the last block that cross the diagonal are masked. Keys
-that no query of a block sees are never touched.
+that no query of a block sees are never touched. Under a sliding window (``window=``) a query block
+visits only the keys between its first row's window start and its last row's window end, so time
+and memory grow as ``O(T · (w + query_block))``, and only the tiles the band cuts are masked.
 
 The passes over each tile are kept few: the scale is folded into ``Q`` once instead of into every
 tile, ``Kᵀ`` is laid out contiguously once, the exponentials are taken in place, and only the tile
@@ -82,9 +84,11 @@ def blockwise_attention(
     seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
     bias = masking.bias
     hidden = None if masking.allowed is None else ~masking.allowed
-    plan = _Plan.make(
-        query.shape[-2], key.shape[-2], query_block, block_size, masking.causal_offset
-    )
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    if masking.window is None:
+        plan = _Plan.make(t_q, t_k, query_block, block_size, masking.causal_offset)
+    else:  # the causal rule is part of the band's bounds
+        plan = _Plan.make_band(t_q, t_k, query_block, block_size, masking.bounds(t_q, t_k))
     out, lse = _Blockwise.apply(query, key, value, bias, hidden, plan, scale, dropout_p, seed)
     weights = None
     if need_weights:
@@ -103,13 +107,15 @@ def blockwise_attention(
 @dataclass(frozen=True)
 class _Tile:
     """Query rows ``r0:r1`` against keys ``j0:j1``; keys from ``mask_from`` on are cut by the
-    causal rule for some rows (``mask_from >= j1``: the tile needs no causal mask)."""
+    causal rule for some rows (``mask_from >= j1``: the tile needs no causal mask); ``band``:
+    some of its keys lie outside some row's sliding window (the plan's ``band``)."""
 
     r0: int
     r1: int
     j0: int
     j1: int
     mask_from: int
+    band: bool = False
 
     @property
     def diagonal(self) -> bool:
@@ -118,10 +124,32 @@ class _Tile:
 
 @dataclass(frozen=True)
 class _Plan:
-    """The tiles a pass visits, grouped by query block, and the causal offset (or ``None``)."""
+    """The tiles a pass visits, grouped by query block, and the causal offset (or ``None``);
+    under a sliding window, ``band = (lo, hi)``: row ``i`` sees keys ``i + lo <= j <= i + hi``."""
 
     blocks: tuple[tuple[_Tile, ...], ...]
     causal_offset: int | None
+    band: tuple[int | None, int | None] | None = None
+
+    @staticmethod
+    def make_band(
+        t_q: int, t_k: int, q_block: int, k_block: int, bounds: tuple[int | None, int | None]
+    ) -> _Plan:
+        """Only the tiles that meet the band: ``O(T_q · (w + q_block))`` scores in all."""
+        lo, hi = bounds
+        blocks = []
+        for r0 in range(0, t_q, q_block):
+            r1 = min(r0 + q_block, t_q)
+            start = 0 if lo is None else max(0, r0 + lo)  # keys seen by some row of the block
+            end = t_k if hi is None else min(t_k, r1 + hi)
+            tiles = []
+            for j0 in range(start, end, k_block):
+                j1 = min(j0 + k_block, end)
+                # keys [r1 - 1 + lo, r0 + hi] are in the window of every row of the block
+                cut = (lo is not None and j0 < r1 - 1 + lo) or (hi is not None and j1 - 1 > r0 + hi)
+                tiles.append(_Tile(r0, r1, j0, j1, j1, cut))
+            blocks.append(tuple(tiles))
+        return _Plan(tuple(blocks), None, bounds)
 
     @staticmethod
     def make(t_q: int, t_k: int, q_block: int, k_block: int, causal_offset: int | None) -> _Plan:
@@ -165,6 +193,7 @@ class _Operands:
         bias: torch.Tensor | None,
         hidden: torch.Tensor | None,
         offset: int | None,
+        band: tuple[int | None, int | None] | None = None,
     ) -> torch.Tensor:
         """``S_b = Q_b Kᵀ_b · scale + B_b`` with hidden entries at ``−∞``   (..., rows, cols)."""
         rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
@@ -178,6 +207,16 @@ class _Operands:
             i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
             j = torch.arange(c0, tile.j1, device=s.device)[None, :]
             s[..., c0 - tile.j0 :].masked_fill_(j > i + offset, float("-inf"))  # in place, a view
+        if band is not None and tile.band:  # the sliding window cuts this tile
+            lo, hi = band
+            i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
+            j = torch.arange(tile.j0, tile.j1, device=s.device)[None, :]
+            out = torch.zeros(s.shape[-2:], dtype=torch.bool, device=s.device)
+            if lo is not None:
+                out |= j < i + lo
+            if hi is not None:
+                out |= j > i + hi
+            s = s.masked_fill_(out, float("-inf"))
         return s
 
 
@@ -209,7 +248,8 @@ class _Blockwise(torch.autograd.Function):
         lead = q.shape[:-1]
         out = torch.empty((*lead, v.shape[-1]), dtype=q.dtype, device=q.device)
         lse = torch.empty(lead, dtype=acc, device=q.device)
-        masked = bias is not None or hidden is not None
+        # a row may see no key of a tile: the running maximum then stays −∞ (see m_safe)
+        masked = bias is not None or hidden is not None or plan.band is not None
         index = 0
         for tiles in plan.blocks:
             rows = slice(tiles[0].r0, tiles[0].r1)
@@ -220,7 +260,7 @@ class _Blockwise(torch.autograd.Function):
             norm = torch.zeros_like(m)
             o = torch.zeros((*m.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)
             for tile in tiles:
-                s = ops.scores(tile, bias, hidden, plan.causal_offset)
+                s = ops.scores(tile, bias, hidden, plan.causal_offset, plan.band)
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
                 # a row with no visible key yet keeps m' = −∞: any finite shift will do
                 m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0) if masked else m_new
@@ -269,7 +309,8 @@ class _Blockwise(torch.autograd.Function):
             dq_b = torch.zeros_like(dq[..., rows, :])
             for tile in tiles:
                 cols = slice(tile.j0, tile.j1)
-                p = ops.scores(tile, bias, hidden, plan.causal_offset).sub_(lse_b).exp_()  # P_b
+                p = ops.scores(tile, bias, hidden, plan.causal_offset, plan.band)
+                p = p.sub_(lse_b).exp_()  # P_b
                 dp = torch.matmul(d_o, v_t[..., cols])  # dP_b = dO V_bᵀ
                 if dropout_p > 0:
                     keep = _keep_mask(p.shape, dropout_p, seed, index, q.device).to(acc) / (

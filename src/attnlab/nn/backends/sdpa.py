@@ -3,7 +3,8 @@
 Two things PyTorch does differently from attnlab, and how they are bridged:
 
 * its ``is_causal`` is aligned top-left; it is passed through only when ``T_q == T_k`` (where the two
-  alignments agree) — otherwise the bottom-right causal mask is built explicitly;
+  alignments agree) — otherwise the bottom-right causal mask is built explicitly, and so is a
+  sliding window (the fused function has no window argument);
 * grouped-query heads use ``enable_gqa`` where this torch has it, else keys/values are repeated.
 """
 
@@ -52,7 +53,12 @@ def sdpa_attention(
     t_q, t_k = query.shape[-2], key.shape[-2]
     is_causal = False
     attn_mask: torch.Tensor | None
-    if masking.allowed is None and masking.bias is None and masking.causal_offset in (None, 0):
+    if (
+        masking.allowed is None
+        and masking.bias is None
+        and masking.causal_offset in (None, 0)
+        and masking.window is None
+    ):
         attn_mask, is_causal = None, masking.causal_offset == 0
     else:
         visible = masking.visible(t_q, t_k, query.device)
