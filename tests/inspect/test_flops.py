@@ -133,3 +133,110 @@ def test_a_length_past_the_models_positions_is_refused() -> None:
     assert flops(GPTConfig(), 1024).seq_len == 1024
     longer = flops(dataclasses.replace(GPTConfig(), n_positions=4096), 4096)
     assert longer.params["embedding/position"] == 4096 * 768
+
+
+# -- attention patterns (issue 12) --------------------------------------------------------------
+
+PATTERN_SMALL = {**SMALL, "n_layer": 2}
+
+
+def test_window_pairs_is_the_mask_count() -> None:
+    from attnlab.inspect.flops import window_pairs
+    from attnlab.nn.masks import sliding_window_mask
+
+    for t_q, t_k, window in [(17, 17, (3, 0)), (9, 9, (2, 2)), (5, 12, (4, 0)), (6, 6, (10, 10))]:
+        mask = sliding_window_mask(t_q, t_k, window)
+        if window[1] == 0:
+            mask = mask & torch.ones(t_q, t_k).tril(t_k - t_q).bool()
+        assert window_pairs(t_q, t_k, *window) == int(mask.sum())
+
+
+def test_sliding_gpt_counts_the_visible_pairs() -> None:
+    t, w, b = 48, 7, 2
+    full = GPTConfig(**PATTERN_SMALL)
+    cfg = dataclasses.replace(full, attention="sliding", window=w)
+    report, dense = flops(cfg, seq_len=t, batch=b), flops(full, seq_len=t, batch=b)
+    pairs = sum(min(i + 1, w + 1) for i in range(t))  # causal window: exactly the visible pairs
+    d_h, h = cfg.d_head, cfg.n_head
+    assert report.forward["attention/scores"] == b * cfg.n_layer * 2 * h * pairs * d_h
+    assert report.forward["attention/reduce"] == report.forward["attention/scores"]
+    assert dense.forward_total - report.forward_total == b * cfg.n_layer * 4 * h * d_h * (
+        t * t - pairs
+    )
+    # the math backend still forms T × T scores: FlopCounterMode sees the full-attention figure
+    model = GPT(cfg)
+    x = torch.randint(0, cfg.vocab_size, (b, t))
+    with torch.no_grad():
+        counted = _counted(lambda: model(x))
+    assert _within(dense.forward_total, counted)
+    assert (
+        report.memory["kv_cache"] == kv_cache_bytes(cfg, t, b) == dense.memory["kv_cache"] * w // t
+    )
+    assert report.memory["attention_matrix"] == b * h * t * (w + 1) * 4
+    assert report.params == dense.params
+
+
+def test_performer_gpt_agrees_with_flop_counter() -> None:
+    cfg = GPTConfig(**PATTERN_SMALL, attention="performer", num_features=24)
+    model = GPT(cfg)
+    for t in (48, 64):  # one chunk of the causal prefix sums
+        x = torch.randint(0, cfg.vocab_size, (2, t))
+        report = flops(cfg, seq_len=t, batch=2)
+        with torch.no_grad():
+            counted = _counted(lambda x=x: model(x))
+        assert report.forward_total == counted
+        assert report.params["total"] == sum(p.numel() for p in model.parameters())
+        assert report.memory["kv_cache"] == 0  # no KV cache: decoding recomputes
+
+
+def test_performer_causal_chunks_agree_with_flop_counter() -> None:
+    from attnlab.nn.performer import PerformerAttention
+
+    layer = PerformerAttention(32, 4, num_features=16, causal=True)
+    cfg = GPTConfig(vocab_size=10, n_positions=400, n_embd=32, n_head=4, n_layer=1,
+                    attention="performer", num_features=16)  # fmt: skip
+    for t in (130, 300):  # several chunks of 128 queries
+        x = torch.randn(1, t, 32)
+        with torch.no_grad():
+            counted = _counted(lambda x=x: layer(x))
+        terms = {
+            k: v for k, v in flops(cfg, seq_len=t).forward.items() if k.startswith("attention")
+        }
+        assert sum(terms.values()) == counted
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"attention": "linformer", "linformer_k": 5}, {"attention": "performer", "num_features": 12}],
+    ids=["linformer", "performer"],
+)
+def test_transformer_patterns_agree_with_flop_counter(extra: dict) -> None:
+    config = TransformerConfig(
+        src_vocab_size=61, tgt_vocab_size=61, d_model=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, d_ff=64, max_len=32, backend="math", **extra,
+    )  # fmt: skip
+    model = Transformer(config)
+    src, tgt = torch.randint(3, 61, (2, 11)), torch.randint(3, 61, (2, 7))
+    report = flops(config, seq_len=7, batch=2, src_len=11)
+    with torch.no_grad():
+        counted = _counted(lambda: model(src, tgt))
+    assert report.forward_total == counted
+    assert report.params["total"] == sum(p.numel() for p in model.parameters())
+    if extra["attention"] == "linformer":
+        assert report.forward["encoder/attention/scores"] == 2 * 2 * 2 * 4 * 11 * 5 * 8
+        assert report.memory["kv_cache"] == kv_cache_bytes(
+            dataclasses.replace(config, attention="full", linformer_k=None), 7, 2, src_len=11
+        )
+
+
+def test_sliding_transformer_windows() -> None:
+    from attnlab.inspect.flops import window_pairs
+
+    config = TransformerConfig(
+        src_vocab_size=61, tgt_vocab_size=61, d_model=32, num_heads=4, num_encoder_layers=1,
+        num_decoder_layers=1, d_ff=64, attention="sliding", window=3,
+    )  # fmt: skip
+    r = flops(config, seq_len=10, src_len=12)
+    assert r.forward["encoder/attention/scores"] == 2 * 4 * window_pairs(12, 12, 3, 3) * 8
+    assert r.forward["decoder/self_attention/scores"] == 2 * 4 * window_pairs(10, 10, 3, 0) * 8
+    assert r.forward["decoder/cross_attention/scores"] == 2 * 4 * 10 * 12 * 8  # full

@@ -27,7 +27,7 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
-from attnlab.tasks.options import positive_int
+from attnlab.tasks.options import add_attention_arguments, attention_options, positive_int
 
 PRESETS: dict[str, GPTConfig | TransformerConfig] = {
     "gpt2": GPTConfig(),
@@ -92,6 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="for the byte counts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_attention_arguments(
+        p, what="self-attention (GPT: sliding or performer; encoder-decoder: also linformer)"
+    )
     p.set_defaults(func=run)
 
 
@@ -125,6 +128,8 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
             changes[field] = value
     if args.kv_heads is not None:
         changes["num_kv_heads"] = args.kv_heads
+    # a ValueError here (options that do not fit together) is the user's: one line, exit 2
+    changes.update(attention_options(args, causal_only=isinstance(base, GPTConfig)))
     return dataclasses.replace(base, **changes)
 
 
@@ -219,8 +224,15 @@ def run(args: argparse.Namespace) -> int:
     lengths = f"seq_len {report.seq_len}" + (
         f", src_len {report.src_len}" if report.src_len else ""
     )
+    pattern = {
+        "sliding": f", sliding window {config.window}",
+        "linformer": f", linformer k {config.linformer_k}",
+        "performer": ", performer"
+        + (f" m {config.num_features}" if config.num_features is not None else ""),
+    }.get(config.attention, "")
     console.print(
-        f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype})"
+        f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
+        f"{pattern})"
     )
     console.print(_flop_table(report))
     console.print(_memory_table(report))

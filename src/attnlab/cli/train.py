@@ -20,7 +20,7 @@ from rich.console import Console
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import CLIError
-from attnlab.tasks.options import non_negative_int, positive_int
+from attnlab.tasks.options import ATTENTION_DESTS, non_negative_int, positive_int
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
@@ -163,6 +163,8 @@ def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]
     """What ``config.json`` holds besides ``"train"`` (see attnlab.tasks.base)."""
     task_args = {"seed": args.seed}
     for dest in getattr(args, "_task_dests", []):
+        if dest in ATTENTION_DESTS and getattr(args, dest) is None:
+            continue  # unset: as a run saved before the option existed
         task_args[dest] = _jsonable(getattr(args, dest))
     return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}
 

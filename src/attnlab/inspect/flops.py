@@ -22,10 +22,38 @@ counted in full even under a causal mask, as the explicit ``"math"`` backend com
 Memory: parameters, gradients and AdamW's two moments; the KV cache
 ``2 · layers · B · H_kv · d_h · T · bytes`` (this is what grouped-/multi-query attention shrinks);
 and the ``B · H · T · T_k`` weight matrix one layer of the explicit ``"math"`` backend holds.
+
+**Attention patterns** (``config.attention``). The core terms follow the pattern's own algorithm,
+per head (``d_h`` the head width):
+
+* ``"sliding"``: ``QKᵀ`` and ``PV`` over the visible pairs only, counted exactly: a query sees
+  ``min(T, w + 1)`` keys at most under the causal window ``(w, 0)`` (fewer in the first ``w``
+  rows), ``2w + 1`` at most under the symmetric encoder window ``(w, w)`` (fewer at both ends);
+  ``2 · pairs · d_h`` each instead of ``2 · T · T_k · d_h``. This is the pattern's **ideal**
+  count: the explicit ``"math"`` backend still forms the whole ``T × T_k`` score matrix (and
+  ``FlopCounterMode`` counts the full-attention figure for it), the blockwise backend skips
+  whole blocks only. The KV cache is a rolling one of ``min(T, w)`` positions.
+* ``"linformer"`` (encoder self-attention): the sequence projections ``E K`` and ``F V``
+  (``2 · H_kv · k · T · d_h`` each, terms ``project_k``/``project_v``), then ``QK̄ᵀ`` and ``PV̄``
+  over ``k`` keys: ``2 · T · k · d_h`` each. ``E`` and ``F`` (``k × max_len``) are parameters.
+* ``"performer"``: the feature map ``φ`` (``2 · (T_q + T_k) · d_h · m``, term ``features``),
+  then linear attention. Bidirectional: ``φ(K)ᵀV`` (``kv_state``) and ``φ(Q)(φ(K)ᵀV)``
+  (``reduce``), ``2 · T · m · d_h`` each, plus the normaliser ``φ(Q)(φ(K)ᵀ1)`` (``2 · T · m``).
+  Causal: the prefix sums as :func:`attnlab.nn.performer.favor_attention` runs them, chunk by
+  chunk (128 queries): the running state and its products as above, plus each chunk's own
+  masked ``C × C`` block (``scores`` and part of ``reduce``), counted exactly. No KV cache
+  (decoding recomputes the prefix), so ``kv_cache`` is 0 for that model's self-attention.
+
+These counts are what :class:`torch.utils.flop_counter.FlopCounterMode` measures for Linformer
+and Performer layers; for sliding windows it is a hand count of the mask's visible pairs.
+``memory["attention_matrix"]`` is likewise the pattern's largest per-layer attention
+intermediate: ``T × T_k`` weights (full), ``T × min(T, span)`` (sliding, ideal), ``T × k``
+(Linformer), the ``(T_q + T_k) × m`` feature maps (Performer), times ``B · H``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +62,7 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.models.config import GPTConfig, TransformerConfig
 
-__all__ = ["FlopReport", "flops", "kv_cache_bytes"]
+__all__ = ["FlopReport", "flops", "kv_cache_bytes", "window_pairs"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +78,9 @@ class FlopReport:
             ``"<part>/<term>"`` (e.g. ``"attention/qkv"``, ``"decoder/cross_attention/scores"``).
         params: parameter counts per part (tied weights counted once), ``"total"`` included.
         memory: bytes: ``"parameters"``, ``"gradients"``, ``"adam_state"``, ``"training_state"``
-            (their sum), ``"kv_cache"`` and ``"attention_matrix"`` (one layer's weights, math path).
+            (their sum), ``"kv_cache"`` and ``"attention_matrix"`` (one layer's weights, math path,
+            or the largest attention intermediate of the config's pattern: see the module's
+            docstring).
         kv_cache: KV-cache bytes at this length for multi-head (``"MHA"``), the config's grouped
             heads (``"GQA"``, when it uses them) and multi-query (``"MQA"``) attention.
         kv_heads: ``{"MHA": H, "GQA": H_kv, "MQA": 1}`` — the key/value heads of each entry above.
@@ -127,7 +157,15 @@ class FlopReport:
 
 
 def _attention_terms(
-    prefix: str, t_q: int, t_k: int, d: int, h: int, h_kv: int, *, cross: bool = False
+    prefix: str,
+    t_q: int,
+    t_k: int,
+    d: int,
+    h: int,
+    h_kv: int,
+    *,
+    cross: bool = False,
+    pattern: tuple[Any, ...] = ("full",),
 ) -> dict[str, int]:
     """Forward FLOPs of one attention layer for one sequence."""
     d_h = d // h
@@ -138,10 +176,128 @@ def _attention_terms(
         terms[f"{prefix}/kv"] = 2 * t_k * d * 2 * kv  # K, V = m W^K, m W^V, from the source
     else:
         terms[f"{prefix}/qkv"] = 2 * t_q * d * (d + 2 * kv)  # [Q K V] = x [W^Q W^K W^V]
-    terms[f"{prefix}/scores"] = 2 * h * t_q * t_k * d_h  # S = Q Kᵀ
-    terms[f"{prefix}/reduce"] = 2 * h * t_q * t_k * d_h  # O = P V
+    terms.update(_core_terms(prefix, t_q, t_k, d_h, h, h_kv, pattern))
     terms[f"{prefix}/proj"] = 2 * t_q * d * d  # O W^O
     return terms
+
+
+#: performer's causal prefix sums run this many queries a chunk (favor_attention's default)
+PERFORMER_CHUNK = 128
+
+
+def window_pairs(t_q: int, t_k: int, left: int | None, right: int | None) -> int:
+    """Query-key pairs a sliding window lets through (causal alignment bottom-right).
+
+    Query ``i`` sits at position ``p = i + T_k − T_q`` and sees keys
+    ``max(0, p − left) ≤ j ≤ min(T_k − 1, p + right)`` (``None`` is unbounded).
+
+    Args:
+        t_q: queries ``T_q``.
+        t_k: keys ``T_k``.
+        left: keys before the query's position it sees (``None``: all).
+        right: keys after it (``None``: all; 0 is causal).
+
+    Returns:
+        The number of visible pairs.
+
+    Examples:
+        >>> window_pairs(5, 5, 1, 0)    # 1 + 2 + 2 + 2 + 2
+        9
+    """
+    total = 0
+    for i in range(t_q):
+        p = i + t_k - t_q
+        lo = 0 if left is None else max(0, p - left)
+        hi = t_k - 1 if right is None else min(t_k - 1, p + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def _core_terms(
+    prefix: str, t_q: int, t_k: int, d_h: int, h: int, h_kv: int, pattern: tuple[Any, ...]
+) -> dict[str, int]:
+    """FLOPs of the attention core (everything between the projections) for one sequence."""
+    kind = pattern[0]
+    if kind == "sliding":
+        pairs = window_pairs(t_q, t_k, pattern[1], pattern[2])
+        return {f"{prefix}/scores": 2 * h * pairs * d_h, f"{prefix}/reduce": 2 * h * pairs * d_h}
+    if kind == "linformer":
+        k = pattern[1]
+        return {
+            f"{prefix}/project_k": 2 * h_kv * k * t_k * d_h,  # K̄ = E K
+            f"{prefix}/project_v": 2 * h_kv * k * t_k * d_h,  # V̄ = F V
+            f"{prefix}/scores": 2 * h * t_q * k * d_h,  # Q K̄ᵀ
+            f"{prefix}/reduce": 2 * h * t_q * k * d_h,  # P V̄
+        }
+    if kind == "performer":
+        m, causal = pattern[1], pattern[2]
+        terms = {f"{prefix}/features": 2 * h * (t_q + t_k) * d_h * m}  # φ(Q), φ(K)
+        if not causal:
+            terms[f"{prefix}/kv_state"] = 2 * h * t_k * m * d_h  # φ(K)ᵀ V
+            terms[f"{prefix}/reduce"] = 2 * h * t_q * m * d_h  # φ(Q) (φ(K)ᵀ V)
+            terms[f"{prefix}/normalizer"] = 2 * h * t_q * m  # φ(Q) (φ(K)ᵀ 1)
+            return terms
+        state = reduce = norm = scores = 0
+        off, done = t_k - t_q, 0
+        for i0 in range(0, t_q, PERFORMER_CHUNK):  # as attnlab.nn.performer._causal_prefix
+            c = min(i0 + PERFORMER_CHUNK, t_q) - i0
+            full = min(max(i0 + off + 1, 0), t_k)
+            if full > done:
+                state += 2 * m * (full - done) * d_h  # S += φ(K)ᵀ V over the new keys
+                done = full
+            reduce += 2 * c * m * d_h  # φ(Q) S
+            norm += 2 * c * m  # φ(Q) z
+            n = min(max(i0 + c + off, 0), t_k) - full
+            if n > 0:
+                scores += 2 * c * m * n  # the chunk's own block φ(Q) φ(K)ᵀ
+                reduce += 2 * c * n * d_h  # its (masked) weights times V
+        terms[f"{prefix}/kv_state"] = h * state
+        terms[f"{prefix}/scores"] = h * scores
+        terms[f"{prefix}/reduce"] = h * reduce
+        terms[f"{prefix}/normalizer"] = h * norm
+        return terms
+    return {  # full attention: every score, as the math backend computes them
+        f"{prefix}/scores": 2 * h * t_q * t_k * d_h,  # S = Q Kᵀ
+        f"{prefix}/reduce": 2 * h * t_q * t_k * d_h,  # O = P V
+    }
+
+
+def _matrix_elements(t_q: int, t_k: int, pattern: tuple[Any, ...]) -> int:
+    """Elements per head of the largest attention intermediate of one layer."""
+    kind = pattern[0]
+    if kind == "sliding":
+        left, right = pattern[1], pattern[2]
+        span = (t_k if left is None else left) + 1 + (t_k if right is None else right)
+        return t_q * min(t_k, span)
+    if kind == "linformer":
+        return t_q * pattern[1]
+    if kind == "performer":
+        return (t_q + t_k) * pattern[1]
+    return t_q * t_k
+
+
+def _patterns(config: Any, d_h: int) -> dict[str, tuple[Any, ...]]:
+    """The pattern of each self-attention role (``"gpt"``, ``"encoder"``, ``"decoder"``)."""
+    full: tuple[Any, ...] = ("full",)
+    attention = getattr(config, "attention", "full")
+    w = config.window
+    if attention == "sliding":
+        return {
+            "gpt": ("sliding", w, 0),
+            "encoder": ("sliding", w, w),
+            "decoder": ("sliding", w, 0),
+        }
+    if attention == "linformer":
+        return {"gpt": full, "encoder": ("linformer", config.linformer_k), "decoder": full}
+    if attention == "performer":
+        m = config.num_features
+        m = max(d_h, round(d_h * math.log(d_h))) if m is None else m  # PerformerAttention's default
+        return {
+            "gpt": ("performer", m, True),
+            "encoder": ("performer", m, False),
+            "decoder": ("performer", m, True),
+        }
+    return {"gpt": full, "encoder": full, "decoder": full}
 
 
 def _ffn_terms(prefix: str, t: int, d: int, d_ff: int) -> dict[str, int]:
@@ -188,6 +344,9 @@ def kv_cache_bytes(
 
     For the encoder-decoder each decoder layer holds its self-attention cache (``seq_len`` target
     tokens) and its cross-attention keys/values (``src_len`` source tokens, default ``seq_len``).
+    With ``config.attention == "sliding"`` the self-attention cache is a rolling one of
+    ``min(seq_len, window)`` positions; with ``"performer"`` there is no cache at all (decoding
+    recomputes the prefix), so the size is 0.
 
     Args:
         config: a :class:`~attnlab.GPTConfig` or :class:`~attnlab.TransformerConfig`.
@@ -205,9 +364,15 @@ def kv_cache_bytes(
     geo = _geometry(config, num_kv_heads)
     _check_length(geo, "seq_len", seq_len)
     check_positive_int("batch", batch)
-    tokens = seq_len
+    attention = getattr(config, "attention", "full")
+    tokens = seq_len  # self-attention: every position, a rolling window, or none (performer)
+    if attention == "sliding" and config.window is not None:
+        tokens = min(seq_len, config.window)
+    elif attention == "performer":
+        tokens = 0
     if geo["kind"] == "transformer":
-        tokens += seq_len if src_len is None else _check_length(geo, "src_len", src_len)
+        s = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
+        tokens += 0 if attention == "performer" else s  # performer decoding keeps no cache
     per_token = 2 * geo["layers_dec"] * geo["kv_heads"] * (geo["d"] // geo["h"])
     return per_token * batch * tokens * _dtype_bytes(dtype)
 
@@ -262,6 +427,7 @@ def flops(
             )
         _check_length(geo, "src_len", src_len)
     d, h, h_kv, d_ff, bias = geo["d"], geo["h"], geo["kv_heads"], geo["d_ff"], geo["bias"]
+    pats = _patterns(config, d // h)
     nbytes = _dtype_bytes(dtype)
     fwd: dict[str, int] = {}
     params: dict[str, int] = {}
@@ -269,7 +435,10 @@ def flops(
     if geo["kind"] == "gpt":
         cfg: Any = config
         layers = cfg.n_layer
-        _add(fwd, _scaled(_attention_terms("attention", t, t, d, h, h_kv), layers))
+        _add(
+            fwd,
+            _scaled(_attention_terms("attention", t, t, d, h, h_kv, pattern=pats["gpt"]), layers),
+        )
         _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff), layers))
         fwd["lm_head"] = 2 * t * d * cfg.vocab_size
         params["embedding/token"] = cfg.vocab_size * d
@@ -279,14 +448,18 @@ def flops(
         params["mlp"] = layers * (_ffn_params(d, d_ff, bias) + _ln_params(d, bias))
         params["ln_f"] = _ln_params(d, bias)
         params["lm_head"] = 0  # tied to the token embedding
-        attn_matrix = batch * h * t * t * nbytes
+        attn_matrix = batch * h * _matrix_elements(t, t, pats["gpt"]) * nbytes
     else:
         cfg = config
         s = seq_len if src_len is None else src_len
         n_enc, n_dec = cfg.num_encoder_layers, cfg.num_decoder_layers
-        _add(fwd, _scaled(_attention_terms("encoder/attention", s, s, d, h, h_kv), n_enc))
+        enc_terms = _attention_terms("encoder/attention", s, s, d, h, h_kv, pattern=pats["encoder"])
+        _add(fwd, _scaled(enc_terms, n_enc))
         _add(fwd, _scaled(_ffn_terms("encoder/mlp", s, d, d_ff), n_enc))
-        _add(fwd, _scaled(_attention_terms("decoder/self_attention", t, t, d, h, h_kv), n_dec))
+        dec_terms = _attention_terms(
+            "decoder/self_attention", t, t, d, h, h_kv, pattern=pats["decoder"]
+        )
+        _add(fwd, _scaled(dec_terms, n_dec))
         _add(
             fwd,
             _scaled(
@@ -303,10 +476,19 @@ def flops(
             _ln_params(d, True),
         )
         final_ln = ln if cfg.norm_first else 0
-        params["encoder"] = n_enc * (attn + ffn + 2 * ln) + final_ln
+        if cfg.attention == "linformer":  # E and F, k × max_len each (headwise sharing)
+            attn_enc = attn + 2 * cfg.linformer_k * cfg.max_len
+        else:
+            attn_enc = attn
+        params["encoder"] = n_enc * (attn_enc + ffn + 2 * ln) + final_ln
         params["decoder"] = n_dec * (2 * attn + ffn + 3 * ln) + final_ln
         params["lm_head"] = 0 if cfg.tie_output else cfg.tgt_vocab_size * d
-        attn_matrix = batch * h * max(t, s) * max(t, s) * nbytes
+        elements = max(
+            _matrix_elements(s, s, pats["encoder"]),
+            _matrix_elements(t, t, pats["decoder"]),
+            t * s,  # cross-attention is full
+        )
+        attn_matrix = batch * h * elements * nbytes
     fwd = {k: v * batch for k, v in fwd.items()}
     params["total"] = sum(params.values())
 

@@ -8,9 +8,73 @@ from typing import Any, TypeVar
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.nn.backends import check_backend
 
-__all__ = ["GPTConfig", "TransformerConfig", "config_from_dict", "config_to_dict"]
+__all__ = [
+    "ATTENTIONS",
+    "GPTConfig",
+    "TransformerConfig",
+    "check_attention",
+    "config_from_dict",
+    "config_to_dict",
+]
 
 C = TypeVar("C")
+
+#: the attention patterns a model config can choose (``attention=``)
+ATTENTIONS: tuple[str, ...] = ("full", "sliding", "linformer", "performer")
+
+
+def check_attention(
+    attention: object,
+    window: object,
+    linformer_k: object,
+    num_features: object,
+    *,
+    causal_only: bool,
+) -> None:
+    """Validate a config's choice of attention and its parameters (shared by both configs).
+
+    Args:
+        attention: one of :data:`ATTENTIONS`.
+        window: the sliding window ``w`` (``attention="sliding"`` only, required there).
+        linformer_k: Linformer's projected length ``k`` (``attention="linformer"`` only,
+            required there).
+        num_features: Performer's random features ``m`` (``attention="performer"`` only;
+            ``None`` takes the layer's default).
+        causal_only: the model has causal self-attention only (GPT): Linformer is refused.
+
+    Raises:
+        ValueError: an unknown attention name, a parameter for another attention, a missing
+            or non-positive parameter, or Linformer in a causal-only model.
+        TypeError: a parameter that is not an int.
+    """
+    if attention == "bigbird":
+        raise ValueError(
+            f"attention='bigbird' is not available yet; attention must be one of "
+            f"{', '.join(repr(a) for a in ATTENTIONS)}"
+        )
+    check_choice("attention", attention, ATTENTIONS)
+    params = {"window": ("sliding", window), "linformer_k": ("linformer", linformer_k),
+              "num_features": ("performer", num_features)}  # fmt: skip
+    for name, (owner, value) in params.items():
+        if value is None:
+            if attention == owner and name != "num_features":
+                raise ValueError(f"attention={owner!r} needs {name} (a positive int), got None")
+            continue
+        if attention != owner:
+            raise ValueError(
+                f"{name} applies to attention={owner!r} only, got {name}={value!r} with "
+                f"attention={attention!r}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        check_positive_int(name, value)
+    if causal_only and attention == "linformer":
+        raise ValueError(
+            "attention='linformer' is not available for GPTConfig: Linformer projects the keys "
+            "along the sequence, so every projected key mixes future positions and the method "
+            "cannot be causal; use 'sliding' or 'performer' (or linformer in a TransformerConfig "
+            "encoder)"
+        )
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -20,9 +84,17 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         config: a :class:`GPTConfig` or :class:`TransformerConfig` (any dataclass instance).
 
     Returns:
-        ``{"kind": <class name>, <field>: <value>, ...}``.
+        ``{"kind": <class name>, <field>: <value>, ...}``; with full attention (the default)
+        the attention fields (``attention``, ``window``, ``linformer_k``, ``num_features``) are
+        left out, as in configs saved before they existed.
     """
-    return {"kind": type(config).__name__, **dataclasses.asdict(config)}
+    data = dataclasses.asdict(config)
+    if data.get("attention") == "full":
+        # the attention fields are left out at their defaults: a run saved before they existed
+        # compares equal when resumed, and config_from_dict fills them in
+        for name in ("attention", "window", "linformer_k", "num_features"):
+            data.pop(name, None)
+    return {"kind": type(config).__name__, **data}
 
 
 def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
@@ -80,6 +152,26 @@ class TransformerConfig:
         gradient_checkpointing: recompute each encoder and decoder layer's activations in the
             backward pass while training (less memory, about one more forward of compute), as
             :class:`GPTConfig` does. Default False.
+        attention: the self-attention pattern, one of :data:`ATTENTIONS` (default ``"full"``).
+            Cross-attention is always full.
+
+            * ``"sliding"``: local attention. Encoder self-attention uses the symmetric window
+              ``(window, window)`` (each source token sees ``window`` tokens on each side and
+              itself, as Longformer's local attention); decoder self-attention the causal window
+              ``(window, 0)`` (itself and the ``window`` tokens before it, Mistral's), with a
+              rolling KV cache of ``window`` positions while decoding.
+            * ``"linformer"``: encoder self-attention only
+              (:class:`~attnlab.nn.linformer.LinformerAttention` with ``k = linformer_k`` and
+              ``max_len`` columns); the decoder's causal self-attention stays full, as Linformer
+              cannot be causal.
+            * ``"performer"``: encoder self-attention bidirectional and decoder self-attention
+              causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`). The decoder
+              then has no KV cache: decoding recomputes the target prefix at each step.
+        window: the sliding window ``w`` (``attention="sliding"`` only, required there).
+        linformer_k: Linformer's projected length ``k`` (``attention="linformer"`` only,
+            required there).
+        num_features: Performer's random features ``m`` (``attention="performer"`` only);
+            ``None`` (default) takes ``round(d_head · ln d_head)``.
 
     Examples:
         >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=64,
@@ -108,6 +200,10 @@ class TransformerConfig:
     eos_id: int = 2
     backend: str = "auto"
     gradient_checkpointing: bool = False
+    attention: str = "full"
+    window: int | None = None
+    linformer_k: int | None = None
+    num_features: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -160,6 +256,9 @@ class TransformerConfig:
                 f"share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
+        check_attention(
+            self.attention, self.window, self.linformer_k, self.num_features, causal_only=False
+        )
 
     @property
     def d_head(self) -> int:
@@ -194,6 +293,24 @@ class GPTConfig:
         bias: biases in the linear layers and LayerNorms. Default True (GPT-2).
         backend: attention backend (see :func:`attnlab.scaled_dot_product_attention`). Default "auto".
         rope_base: base ``θ`` of the rotary frequencies (``positions="rope"`` only). Default 10000.
+        attention: the self-attention pattern, one of ``"full"`` (default), ``"sliding"`` and
+            ``"performer"`` (:data:`ATTENTIONS`; ``"linformer"`` is refused: it cannot be causal).
+
+            * ``"sliding"``: each token sees itself and the ``window`` tokens before it (the
+              causal window ``(window, 0)``, Mistral's ``sliding_window``); decoding keeps a
+              rolling KV cache of ``window`` positions.
+            * ``"performer"``: causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`,
+              Choromanski et al. 2021) with GPT-2's ``c_attn``/``c_proj`` names. Needs
+              ``positions="learned"`` (the layer applies neither rotary embeddings nor the
+              additive ALiBi bias). It has no KV cache: :meth:`GPT.new_cache` gives a
+              :class:`~attnlab.models.gpt.RecomputeCache` and each decoding step recomputes the
+              prefix.
+
+            Hugging Face interop (``to_hf``) needs ``"full"``.
+        window: the sliding window ``w`` (``attention="sliding"`` only, required there).
+        linformer_k: accepted for symmetry with :class:`TransformerConfig`; must be ``None``.
+        num_features: Performer's random features ``m`` (``attention="performer"`` only);
+            ``None`` (default) takes ``round(d_head · ln d_head)``.
     """
 
     vocab_size: int = 50257
@@ -209,6 +326,10 @@ class GPTConfig:
     bias: bool = True
     backend: str = "auto"
     rope_base: float = 10000.0
+    attention: str = "full"
+    window: int | None = None
+    linformer_k: int | None = None
+    num_features: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -236,6 +357,15 @@ class GPTConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive float, got {value!r}")
         check_backend(self.backend)
+        check_attention(
+            self.attention, self.window, self.linformer_k, self.num_features, causal_only=True
+        )
+        if self.attention == "performer" and self.positions != "learned":
+            raise ValueError(
+                f"attention='performer' needs positions='learned' (the FAVOR+ layer applies "
+                f"neither rotary embeddings nor ALiBi's additive bias), got "
+                f"positions={self.positions!r}"
+            )
 
     @property
     def d_head(self) -> int:

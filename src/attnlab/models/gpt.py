@@ -28,50 +28,39 @@ from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
+from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel
 
-__all__ = ["GPT", "GPTMLP", "GPTBlock", "GPTSelfAttention"]
+__all__ = [
+    "GPT",
+    "GPTMLP",
+    "GPTBlock",
+    "GPTPerformerAttention",
+    "GPTSelfAttention",
+    "RecomputeCache",
+    "make_attention",
+]
 
 IGNORE_INDEX = -100
 
 
-class GPTSelfAttention(MultiHeadAttention):
-    """Causal self-attention with GPT-2's fused projections ``c_attn`` and ``c_proj``.
+class _GPTProjections:
+    """GPT-2's fused projections ``c_attn`` and ``c_proj`` (and residual dropout), for any
+    :class:`~attnlab.nn.multihead.MultiHeadAttention` subclass it is mixed into (first)."""
 
-    A :class:`~attnlab.nn.multihead.MultiHeadAttention` (hooks, KV cache, GQA and rotary work as
-    there) whose weights are stored as GPT-2 stores them:
-
-        [Q | K | V] = x W_attn + b_attn          (c_attn: d_model → d_model + 2 · H_kv · d_head)
-        out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`.
-        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
-
-    Shape:
-        as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
-    """
-
-    causal = True  # forward hides future keys unless is_causal=False is passed
-
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
-        super().__init__(
-            config.n_embd,
-            config.n_head,
-            num_kv_heads=config.num_kv_heads,
-            dropout=config.dropout,
-            bias=config.bias,
-            backend=config.backend,
-            rotary=rotary,
-        )
-        self.resid_dropout = nn.Dropout(config.dropout)
+    d_model: int
+    num_kv_heads: int
+    d_head: int
+    c_attn: nn.Linear
+    c_proj: nn.Linear
+    resid_dropout: nn.Dropout
 
     def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
         kv = self.num_kv_heads * self.d_head
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)
         self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
 
@@ -87,8 +76,7 @@ class GPTSelfAttention(MultiHeadAttention):
         return self.c_attn.weight, self.c_attn.bias
 
     def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """``[Q | K | V] = x W_attn + b_attn`` in one matmul, through ``c_attn`` (so that hooks on
-        ``c_attn`` see it).
+        """``[Q | K | V] = x W_attn + b_attn``: the three projections in one matmul.
 
         Args:
             x: the block's input after ``ln_1``.
@@ -114,6 +102,173 @@ class GPTSelfAttention(MultiHeadAttention):
             ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
         """
         return self.resid_dropout(self.c_proj(x))
+
+
+class GPTSelfAttention(_GPTProjections, MultiHeadAttention):
+    """Causal self-attention with GPT-2's fused projections ``c_attn`` and ``c_proj``.
+
+    A :class:`~attnlab.nn.multihead.MultiHeadAttention` (hooks, KV cache, GQA and rotary work as
+    there) whose weights are stored as GPT-2 stores them:
+
+        [Q | K | V] = x W_attn + b_attn          (c_attn: d_model → d_model + 2 · H_kv · d_head)
+        out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
+
+    With ``config.attention == "sliding"`` the layer's :attr:`window` is ``(config.window, 0)``:
+    each token sees itself and the ``window`` tokens before it.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Shape:
+        as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+    """
+
+    causal = True  # forward hides future keys unless is_causal=False is passed
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+        super().__init__(
+            config.n_embd,
+            config.n_head,
+            num_kv_heads=config.num_kv_heads,
+            dropout=config.dropout,
+            bias=config.bias,
+            backend=config.backend,
+            rotary=rotary,
+            window=(config.window, 0) if config.attention == "sliding" else None,
+        )
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+
+class GPTPerformerAttention(_GPTProjections, PerformerAttention):
+    """Causal FAVOR+ self-attention (Choromanski et al. 2021) with GPT-2's ``c_attn``/``c_proj``.
+
+    A :class:`~attnlab.nn.performer.PerformerAttention` (random features ``features``, hook
+    points and head mask as there) whose projections are stored as :class:`GPTSelfAttention`
+    stores them, so that a checkpoint's names are GPT-2's. It has no KV cache and applies no
+    rotary embedding or additive bias (``GPTConfig`` asks for learned positions).
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig` (``attention="performer"``;
+            ``num_features`` random features, default ``round(d_head · ln d_head)``).
+
+    Shape:
+        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, 1, T)`` (keys).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(
+            config.n_embd,
+            config.n_head,
+            num_features=config.num_features,
+            num_kv_heads=config.num_kv_heads,
+            dropout=config.dropout,
+            bias=config.bias,
+            causal=True,
+        )
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+
+class RecomputeCache(ModelCache):
+    """A decoding "cache" for attention without a KV cache (Performer): it keeps the token ids
+    seen so far, and each step runs the whole prefix again and returns the new positions' logits.
+
+    ``O(T²)`` work to decode ``T`` tokens with a linear-time layer (``O(T)`` each step), no
+    key/value memory. Any :class:`GPT` accepts it; :meth:`GPT.new_cache` gives one when
+    ``config.attention == "performer"``.
+
+    Args:
+        batch: rows ``B``.
+        capacity: the most positions it holds (prompt + new tokens).
+        device: where to keep the ids.
+
+    Attributes:
+        tokens: ``(B, capacity)`` the ids so far (zeros beyond ``length``).
+
+    Shape:
+        tokens ``(B, capacity)``.
+    """
+
+    def __init__(self, batch: int, capacity: int, device: torch.device | str | None = None) -> None:
+        super().__init__([])
+        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Positions processed so far (the next token's position)."""
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """The most positions it holds."""
+        return self.tokens.shape[1]
+
+    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Append new ids and return every id so far.
+
+        Args:
+            input_ids: the new ids.
+
+        Returns:
+            The ids of the past and the new positions (a view).
+
+        Raises:
+            ValueError: the capacity would be exceeded, or the batch differs.
+
+        Shape:
+            input_ids ``(B, T)`` → ``(B, T_past + T)``.
+        """
+        b, t = input_ids.shape
+        if b != self.tokens.shape[0]:
+            raise ValueError(
+                f"cache was made for batch {self.tokens.shape[0]}, input_ids has batch {b}"
+            )
+        if self._length + t > self.capacity:
+            raise ValueError(
+                f"cache capacity exceeded: it holds {self._length} of {self.capacity} positions "
+                f"and {t} more were added; make the cache larger (max_length)"
+            )
+        self.tokens[:, self._length : self._length + t] = input_ids
+        self._length += t
+        return self.tokens[:, : self._length]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; ``tokens`` becomes ``(B_new, capacity)``.
+        """
+        self.tokens = self.tokens.index_select(0, index)
+
+    def nbytes(self) -> int:
+        """Bytes held: the token ids only (no keys or values).
+
+        Returns:
+            The size of ``tokens`` in bytes.
+        """
+        return self.tokens.nbytes
+
+
+def make_attention(
+    config: GPTConfig, rotary: RotaryEmbedding | None = None
+) -> GPTSelfAttention | GPTPerformerAttention:
+    """The self-attention layer of one block, as ``config.attention`` chooses.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Returns:
+        A :class:`GPTPerformerAttention` for ``"performer"``, else a :class:`GPTSelfAttention`
+        (with its window for ``"sliding"``).
+    """
+    if config.attention == "performer":
+        return GPTPerformerAttention(config)
+    return GPTSelfAttention(config, rotary)
 
 
 class GPTMLP(nn.Module):
@@ -174,7 +329,7 @@ class GPTBlock(nn.Module):
         super().__init__()
         eps = config.layer_norm_epsilon
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
-        self.attn = GPTSelfAttention(config, rotary)
+        self.attn = make_attention(config, rotary)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
         self.mlp = GPTMLP(config)
         self.hook_resid_pre = HookPoint()
@@ -425,7 +580,15 @@ class GPT(nn.Module):
         if position_ids is not None:
             positions = self._check_position_ids(position_ids, b, t)
         head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
-        logits = self._run(input_ids, keep, positions, cache, head_masks)
+        if isinstance(cache, RecomputeCache):
+            if positions is not None:
+                raise ValueError(
+                    "position_ids must be None with a RecomputeCache (it recomputes every past "
+                    "position, whose ids it does not keep)"
+                )
+            logits = self._recompute(input_ids, keep, cache, head_masks)
+        else:
+            logits = self._run(input_ids, keep, positions, cache, head_masks)
         loss = None
         if labels is not None:
             loss = self.loss(logits, labels)
@@ -464,7 +627,26 @@ class GPT(nn.Module):
                 f"n_positions = {self.config.n_positions}"
             )
         heads: list[torch.Tensor | None] = [None] * self.config.n_layer
+        if isinstance(cache, RecomputeCache):
+            return self._recompute(tokens, attention_mask, cache, heads)[:, -1]
         return self._run(tokens, attention_mask, None, cache, heads)[:, -1]
+
+    def _recompute(
+        self,
+        input_ids: torch.Tensor,
+        keep: torch.Tensor | None,
+        cache: RecomputeCache,
+        head_masks: list[torch.Tensor | None],
+    ) -> torch.Tensor:
+        """The forward computation with a :class:`RecomputeCache`: the whole prefix runs again
+        (no keys or values are kept) and the new positions' logits are returned.
+
+        Shape:
+            input_ids ``(B, T)``; keep ``(B, T_past + T)`` or ``None``; logits ``(B, T, vocab_size)``.
+        """
+        t = input_ids.shape[1]
+        ids = cache.extend(input_ids)  # (B, T_past + T)
+        return self._run(ids, keep, None, None, head_masks)[:, -t:]
 
     def _run(
         self,
@@ -568,7 +750,11 @@ class GPT(nn.Module):
 
         Returns:
             a :class:`~attnlab.nn.kv_cache.ModelCache` holding
-            ``2 · n_layer · B · H_kv · capacity · d_head`` numbers.
+            ``2 · n_layer · B · H_kv · capacity · d_head`` numbers; with
+            ``attention="sliding"`` rolling caches of ``min(capacity, window)`` positions
+            (``KVCache(window=window)``: the causal window never reads further back); with
+            ``attention="performer"`` (no KV cache) a :class:`RecomputeCache` that keeps the
+            token ids and recomputes the prefix at each step.
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -579,8 +765,13 @@ class GPT(nn.Module):
             if torch.is_autocast_enabled(where.type):
                 dtype = torch.get_autocast_dtype(where.type)
         cfg = self.config
+        if cfg.attention == "performer":
+            return RecomputeCache(batch, capacity, device=where)
+        window = cfg.window if cfg.attention == "sliding" else None
         layers = [
-            KVCache(batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=where)
+            KVCache(
+                batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=where, window=window
+            )
             for _ in range(cfg.n_layer)
         ]
         return ModelCache(layers)
@@ -657,6 +848,17 @@ class GPT(nn.Module):
     def _check_cache(self, cache: object, batch: int) -> int:
         if cache is None:
             return 0
+        if isinstance(cache, RecomputeCache):
+            if cache.tokens.shape[0] != batch:
+                raise ValueError(
+                    f"cache was made for batch {cache.tokens.shape[0]}, input_ids has batch {batch}"
+                )
+            return cache.length
+        if self.config.attention == "performer":
+            raise ValueError(
+                "cache must be a RecomputeCache (from GPT.new_cache) for attention='performer': "
+                f"FAVOR+ keeps no keys or values, got a {type(cache).__name__} of KV caches"
+            )
         if not isinstance(cache, ModelCache):
             raise TypeError(
                 f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}"

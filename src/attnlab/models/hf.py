@@ -90,8 +90,14 @@ def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT
         The equivalent ``transformers.GPT2Config``.
 
     Raises:
-        ValueError: for options GPT-2 does not have (grouped-query heads, rope/alibi, no biases).
+        ValueError: for options GPT-2 does not have (an attention other than ``"full"``,
+            grouped-query heads, rope/alibi, no biases).
     """
+    if config.attention != "full":
+        raise ValueError(
+            f"attention must be 'full' for GPT-2 (Hugging Face's GPT2LMHeadModel has no "
+            f"{config.attention!r} attention), got {config.attention!r}"
+        )
     from transformers import GPT2Config
 
     if config.kv_heads != config.n_head:

@@ -34,10 +34,19 @@ from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
-from attnlab.nn.multihead import layer_head_masks
+from attnlab.nn.linformer import LinformerAttention
+from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
+from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
-__all__ = ["Seq2SeqCache", "Transformer", "TransformerDecoder", "TransformerEncoder"]
+__all__ = [
+    "Seq2SeqCache",
+    "Seq2SeqRecomputeCache",
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "self_attention",
+]
 
 
 class Seq2SeqCache(ModelCache):
@@ -79,6 +88,34 @@ class Seq2SeqCache(ModelCache):
         if self.src_mask is not None and self.src_mask.shape[0] > 1:
             self.src_mask = self.src_mask.index_select(0, index)
 
+    @property
+    def capacity(self) -> int:
+        """The most target positions it holds (a rolling sliding-window cache holds fewer keys,
+        but takes this many positions)."""
+        return self.tokens.shape[1]
+
+
+class Seq2SeqRecomputeCache(Seq2SeqCache):
+    """The decoder "cache" of ``attention="performer"``: FAVOR+ keeps no keys or values, so it
+    remembers the target ids only and every :meth:`Transformer.decode` step runs the decoder
+    again over the whole target prefix (cross-attention included) and returns the new positions.
+
+    Args:
+        tokens: a buffer for the target ids, filled with ``pad_id``.
+
+    Shape:
+        tokens ``(B, capacity)``.
+    """
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        super().__init__([], [], tokens)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        return self._length
+
 
 def _layer_options(c: TransformerConfig) -> dict[str, Any]:
     """The keyword options every encoder and decoder layer takes from the config."""
@@ -91,6 +128,42 @@ def _layer_options(c: TransformerConfig) -> dict[str, Any]:
         "layer_norm_eps": c.layer_norm_eps,
         "backend": c.backend,
     }
+
+
+def self_attention(c: TransformerConfig, *, decoder: bool) -> MultiHeadAttention | None:
+    """The self-attention layer ``config.attention`` asks for, or ``None`` for the default
+    (full) :class:`~attnlab.nn.multihead.MultiHeadAttention` the layers build themselves.
+
+    * ``"sliding"``: a ``MultiHeadAttention`` with the window ``(w, w)`` in the encoder
+      (symmetric: ``w`` source tokens on each side) and ``(w, 0)`` in the decoder (causal).
+    * ``"linformer"``: :class:`~attnlab.nn.linformer.LinformerAttention` (``k = linformer_k``,
+      ``max_len`` columns) in the encoder; the decoder keeps full attention (Linformer cannot be
+      causal).
+    * ``"performer"``: :class:`~attnlab.nn.performer.PerformerAttention`, bidirectional in the
+      encoder and causal in the decoder.
+
+    Args:
+        c: the model's configuration.
+        decoder: for a decoder layer (causal self-attention), else an encoder layer.
+
+    Returns:
+        The layer, or ``None`` when the layer's own full attention is wanted.
+    """
+    common: dict[str, Any] = {"num_kv_heads": c.num_kv_heads, "dropout": c.attention_dropout}
+    if c.attention == "sliding" and c.window is not None:
+        window = (c.window, 0) if decoder else (c.window, c.window)
+        return MultiHeadAttention(
+            c.d_model, c.num_heads, backend=c.backend, window=window, **common
+        )
+    if c.attention == "linformer" and c.linformer_k is not None and not decoder:
+        return LinformerAttention(
+            c.d_model, c.num_heads, k=c.linformer_k, max_len=c.max_len, backend=c.backend, **common
+        )
+    if c.attention == "performer":
+        return PerformerAttention(
+            c.d_model, c.num_heads, num_features=c.num_features, causal=decoder, **common
+        )
+    return None
 
 
 def _checkpointing(stack: nn.Module) -> bool:
@@ -122,6 +195,10 @@ class TransformerEncoder(nn.Module):
             EncoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_encoder_layers)
         )
+        for layer in self.layers:
+            attn = self_attention(c, decoder=False)
+            if attn is not None:
+                layer.self_attn = attn
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
@@ -181,6 +258,10 @@ class TransformerDecoder(nn.Module):
             DecoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
             for _ in range(c.num_decoder_layers)
         )
+        for layer in self.layers:
+            attn = self_attention(c, decoder=True)
+            if attn is not None:
+                layer.self_attn = attn
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
@@ -429,6 +510,15 @@ class Transformer(nn.Module):
                     src_mask = cache.src_mask
                 else:
                     cache.src_mask = src_mask
+                if isinstance(cache, Seq2SeqRecomputeCache):
+                    # no keys or values kept: run the whole target prefix again
+                    cache._length += t
+                    out = self.decode(
+                        key_tokens, memory, src_mask=src_mask, tgt_mask=tgt_mask,
+                        decoder_head_mask=decoder_head_mask,
+                        cross_attn_head_mask=cross_attn_head_mask,
+                    )  # fmt: skip
+                    return Seq2SeqOutput(logits=out.logits[:, -t:], cache=cache)
         if tgt_mask is None and (cache is None or isinstance(cache, Seq2SeqCache)):
             tgt_mask = masks.padding_mask(key_tokens, c.pad_id)  # (B, 1, 1, T_past + T)
         x = self.hook_tgt_embed(self._embed(tgt, self.tgt_embed, past))
@@ -537,7 +627,9 @@ class Transformer(nn.Module):
 
         Returns:
             a :class:`Seq2SeqCache` with one self-attention and one cross-attention
-            :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer.
+            :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer (rolling self-attention
+            caches of ``window`` positions with ``attention="sliding"``); with
+            ``attention="performer"`` a :class:`Seq2SeqRecomputeCache` (no keys or values).
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -548,15 +640,20 @@ class Transformer(nn.Module):
         if dtype is None:
             autocast = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type) if autocast else param.dtype
+        tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)
+        if c.attention == "performer":
+            return Seq2SeqRecomputeCache(tokens)
+        window = c.window if c.attention == "sliding" else None
         layers = [
-            KVCache(batch, c.kv_heads, capacity, c.d_head, dtype=dtype, device=device)
+            KVCache(
+                batch, c.kv_heads, capacity, c.d_head, dtype=dtype, device=device, window=window
+            )
             for _ in range(c.num_decoder_layers)
         ]
         cross = [
             KVCache(batch, c.kv_heads, src_len, c.d_head, dtype=dtype, device=device)
             for _ in range(c.num_decoder_layers)
         ]
-        tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)
         return Seq2SeqCache(layers, cross, tokens)
 
 

@@ -33,7 +33,14 @@ from attnlab.tasks.base import (
     check_finite_weights,
     token_labels,
 )
-from attnlab.tasks.options import non_negative_float, positive_float, positive_int, probability
+from attnlab.tasks.options import (
+    add_attention_arguments,
+    attention_options,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+)
 from attnlab.tasks.registry import register_task
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
@@ -393,6 +400,7 @@ class LanguageModelTask:
             default=True,
             help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
         )
+        add_attention_arguments(parser, what="causal self-attention (sliding or performer)")
         o = parser.add_argument_group("optimisation")
         o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
         o.add_argument(
@@ -427,7 +435,7 @@ class LanguageModelTask:
 
         Raises:
             ValueError: inconsistent options (``--warmup`` not below the decay's length,
-                ``--min-lr`` above ``--lr``) or a split shorter than ``--block-size``.
+                ``--min-lr`` above ``--lr``, attention options that do not fit together) or a split shorter than ``--block-size``.
         """
         decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
         if args.warmup >= decay_steps:
@@ -438,6 +446,7 @@ class LanguageModelTask:
             )
         if args.min_lr > args.lr:
             raise ValueError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
+        attention = attention_options(args, causal_only=True)
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:
@@ -454,6 +463,7 @@ class LanguageModelTask:
             n_head=args.n_head,
             dropout=args.dropout,
             bias=args.bias,
+            **attention,
         )
         model = GPT(config)
         train = LMBatchSource(

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from attnlab.models.config import ATTENTIONS
 
 Number = TypeVar("Number", int, float)
 
 __all__ = [
+    "ATTENTION_DESTS",
+    "add_attention_arguments",
     "add_transformer_arguments",
+    "attention_options",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
@@ -187,3 +192,72 @@ def add_transformer_arguments(
         default=lr_factor,
         help=f"Noam factor (default {lr_factor})",
     )
+
+
+#: the attention options' argparse dests; left out of a run's ``config.json`` while unset (``None``),
+#: so that runs saved before the options existed compare equal when resumed
+ATTENTION_DESTS: tuple[str, ...] = ("attention", "window", "linformer_k", "num_features")
+
+
+def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """The attention pattern options: ``--attention``, ``--window``, ``--linformer-k``,
+    ``--num-features`` (group "attention"); all default ``None`` (full attention).
+
+    Args:
+        parser: the task's (or command's) parser.
+        what: where the pattern applies, for the help text (e.g. ``"self-attention"``).
+    """
+    g = parser.add_argument_group("attention")
+    g.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default=None,
+        help=f"the {what} pattern (default full)",
+    )
+    g.add_argument(
+        "--window", type=positive_int, default=None,
+        help="sliding window w: a token sees the w tokens before it (with --attention sliding)",
+    )  # fmt: skip
+    g.add_argument(
+        "--linformer-k", type=positive_int, default=None,
+        help="Linformer's projected length k (with --attention linformer)",
+    )  # fmt: skip
+    g.add_argument(
+        "--num-features", type=positive_int, default=None,
+        help="Performer's random features m (with --attention performer; default d_head·ln d_head)",
+    )  # fmt: skip
+
+
+def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[str, Any]:
+    """The config fields of :func:`add_attention_arguments`'s options, checked together.
+
+    Args:
+        args: the parsed command line.
+        causal_only: the model's attention is all causal (a GPT): ``--attention linformer`` is
+            refused.
+
+    Returns:
+        ``{"attention", "window", "linformer_k", "num_features"}`` for the model config.
+
+    Raises:
+        ValueError: a parameter without its ``--attention`` (``--window`` needs ``sliding``,
+            ``--linformer-k`` ``linformer``, ``--num-features`` ``performer``), a missing
+            ``--window``/``--linformer-k``, or ``--attention linformer`` for a causal model.
+    """
+    attention = getattr(args, "attention", None) or "full"
+    flags = {"window": ("--window", "sliding"), "linformer_k": ("--linformer-k", "linformer"),
+             "num_features": ("--num-features", "performer")}  # fmt: skip
+    out: dict[str, Any] = {"attention": attention}
+    for dest, (flag, owner) in flags.items():
+        value = getattr(args, dest, None)
+        if value is not None and attention != owner:
+            raise ValueError(f"{flag} applies to --attention {owner}, got --attention {attention}")
+        if value is None and attention == owner and dest != "num_features":
+            raise ValueError(f"--attention {owner} needs {flag}")
+        out[dest] = value
+    if causal_only and attention == "linformer":
+        raise ValueError(
+            "--attention linformer does not fit a GPT: its attention is causal, and "
+            "Linformer's projected keys mix future positions; use --attention sliding or performer"
+        )
+    return out

@@ -16,6 +16,7 @@ from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
+from attnlab.tasks.options import attention_options
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
 
@@ -124,7 +125,8 @@ def transformer_config(
     """The encoder-decoder of a task.
 
     Args:
-        args: the options of ``add_transformer_arguments`` (sizes, dropout, label smoothing).
+        args: the options of ``add_transformer_arguments`` (sizes, dropout, label smoothing) and,
+            when the task has them, of ``add_attention_arguments`` (default full attention).
         src_tok: the source tokenizer (vocabulary size).
         tgt_tok: the target tokenizer (vocabulary size and the special ids).
         max_len: the model's positions on each side.
@@ -151,6 +153,7 @@ def transformer_config(
         pad_id=tgt_tok.pad_id,
         bos_id=tgt_tok.bos_id,
         eos_id=tgt_tok.eos_id,
+        **attention_options(args, causal_only=False),
     )
 
 

@@ -28,7 +28,7 @@ from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe,
 from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
-from attnlab.tasks.options import add_transformer_arguments, positive_int
+from attnlab.tasks.options import add_attention_arguments, add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
 from attnlab.training.trainer import IndexedBatches
@@ -219,6 +219,11 @@ class TranslationTask:
             parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=400,
             batch_size=None,
         )  # fmt: skip
+        add_attention_arguments(
+            parser,
+            what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
+            "only; performer: both; cross-attention stays full)",
+        )
         parser.set_defaults(eval_every=1000)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
