@@ -25,7 +25,10 @@ Conventions every backend keeps:
   the mask allows it **and** it is not in the future (PyTorch's own function refuses the pair);
 * ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend;
 * ``window=(left, right)`` (sliding-window attention) works on every backend, with every mask and
-  with ``is_causal``, aligned bottom-right as the causal rule.
+  with ``is_causal``, aligned bottom-right as the causal rule;
+* ``block_mask=`` (a :class:`~attnlab.nn.masks.BlockLayout`, block-sparse attention such as
+  BigBird's) works on every backend, with every mask, ``is_causal`` and ``window``; the
+  ``"blockwise"`` backend visits only the visible tiles.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, get_backend
 from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
-from attnlab.nn.masks import Window
+from attnlab.nn.masks import BlockLayout, Window
 
 __all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]
 
@@ -61,6 +64,7 @@ def scaled_dot_product_attention(
     backend: Backend = ...,
     need_weights: Literal[False] = ...,
     window: Window = ...,
+    block_mask: BlockLayout | None = ...,
 ) -> torch.Tensor: ...
 
 
@@ -77,6 +81,7 @@ def scaled_dot_product_attention(
     backend: Backend = ...,
     need_weights: Literal[True],
     window: Window = ...,
+    block_mask: BlockLayout | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -93,6 +98,7 @@ def scaled_dot_product_attention(
     backend: Backend = ...,
     need_weights: bool,
     window: Window = ...,
+    block_mask: BlockLayout | None = ...,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -108,6 +114,7 @@ def scaled_dot_product_attention(
     backend: Backend = "auto",
     need_weights: bool = False,
     window: Window = None,
+    block_mask: BlockLayout | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, ``softmax(Q Kᵀ · scale + M) V``.
 
@@ -133,6 +140,15 @@ def scaled_dot_product_attention(
             must pass all of them. The ``"blockwise"`` backend visits only the tiles that meet
             the band (time and memory ``O(T · w)``); equivalent to the dense
             :func:`attnlab.masks.sliding_window_mask`.
+        block_mask: block-sparse attention (BigBird, Longformer's global tokens): ``None``
+            (default) or a :class:`attnlab.masks.BlockLayout` over the ``T_k`` key positions,
+            e.g. :func:`attnlab.masks.bigbird_layout`; query ``i`` (position
+            ``p_i = i + T_k - T_q``) sees key ``j`` only where the layout's block
+            ``(p_i // b, j // b)`` is visible (and ``j <= p_i`` for a causal layout). Combines
+            with ``mask``, ``is_causal`` and ``window``: a key must pass all of them. Every
+            backend applies it; ``"blockwise"`` visits only the visible tiles (time and memory
+            grow with the number of visible blocks, not ``T²``); equivalent to the dense
+            ``block_mask.to_dense(T_q)``.
 
     Returns:
         ``output``, or ``(output, weights)`` when ``need_weights`` is true.
@@ -166,7 +182,7 @@ def scaled_dot_product_attention(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
 
-    masking = normalize_mask(query, key, mask, is_causal, window)
+    masking = normalize_mask(query, key, mask, is_causal, window, block_mask)
     return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
 
 
@@ -189,8 +205,8 @@ def attend(
         query: the queries, checked as :func:`scaled_dot_product_attention` checks them.
         key: the keys (``H_kv`` heads, ``H`` a multiple of ``H_kv``).
         value: the values.
-        masking: the mask after :func:`~attnlab.nn.masking.normalize_mask` (``is_causal``
-            and ``window`` folded in).
+        masking: the mask after :func:`~attnlab.nn.masking.normalize_mask` (``is_causal``,
+            ``window`` and ``block_mask`` folded in).
         scale: the score scale, e.g. ``1 / √D``.
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``.
         backend: a registered backend's name or ``"auto"`` (``"math"`` when the weights are
@@ -222,7 +238,11 @@ def attend(
     t_q, t_k = query.shape[-2], key.shape[-2]
     # keys that no query may see are zeroed before empty rows are opened (an opened row "sees"
     # them, but its output is zeroed below): NaN/inf stored there cannot reach the other rows
-    if masking.window is not None:
+    if masking.blocks is not None:
+        key, value = hide_unseen_keys(
+            masking.allowed, key, value, masking.bounds(t_q, t_k), t_q, masking.blocks
+        )
+    elif masking.window is not None:
         key, value = hide_unseen_keys(masking.allowed, key, value, masking.bounds(t_q, t_k), t_q)
     elif masking.allowed is not None:
         # a mask that differs per row, under the causal rule, can leave keys seen only by rows

@@ -4,7 +4,8 @@
 ``is_causal``, into a :class:`Masking`: a boolean ``allowed`` tensor (``True = may attend``), a
 finite additive ``bias``, and the causal rule and the sliding window kept as *structure*
 (``causal_offset``, ``window``) rather than as a dense ``T_q × T_k`` tensor, so that a backend can
-skip the tiles they hide.
+skip the tiles they hide; so is a block-sparse layout (``blocks``, a
+:class:`~attnlab.nn.masks.BlockLayout`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import broadcast_or_raise, check_tensor
-from attnlab.nn.masks import is_masked_bias, normalize_window
+from attnlab.nn.masks import BlockLayout, expand_blocks, is_masked_bias, normalize_window
 
 __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
 
@@ -40,6 +41,10 @@ class Masking:
             ``i + T_k - T_q - left <= j <= i + T_k - T_q + right``), a side ``None`` when it
             hides nothing; ``None`` when there is no window. It applies on top of ``allowed``
             and the causal rule.
+        blocks: a block-sparse layout (its causal rule, if any, already in ``causal_offset``):
+            query ``i`` at position ``p_i = i + T_k - T_q`` sees key ``j`` only where
+            ``blocks.blocks[p_i // b, j // b]``; ``None`` when there is none. It applies on top
+            of ``allowed``, the causal rule and the window.
 
     Shape:
         ``allowed`` and ``bias`` broadcastable to ``(..., H, T_q, T_k)``, e.g. ``(B, 1, 1, T_k)``
@@ -51,6 +56,7 @@ class Masking:
     causal_offset: int | None
     shift: torch.Tensor | None = None
     window: tuple[int | None, int | None] | None = None
+    blocks: BlockLayout | None = None
 
     def bounds(self, t_q: int, t_k: int) -> tuple[int | None, int | None]:
         """The causal rule and the window as the keys each row may see: ``i + lo <= j <= i + hi``.
@@ -88,6 +94,9 @@ class Masking:
             broadcastable to ``(..., H, T_q, T_k)``; ``(T_q, T_k)`` for the causal rule alone.
         """
         vis = self.allowed
+        if self.blocks is not None:
+            grid = expand_blocks(self.blocks.blocks, self.blocks.block_size, t_q, t_k, device)
+            vis = grid if vis is None else vis & grid
         if self.window is not None:
             band = _band(self.bounds(t_q, t_k), t_q, t_k, device)
             return band if vis is None else vis & band
@@ -111,12 +120,28 @@ class Masking:
             A new :class:`Masking` with the causal rule folded into ``allowed`` (or ``self`` when
             nothing is hidden). A window stays structure when it leaves every row some key (the
             opened rows see the keys of their window), so that a backend still skips the tiles
-            outside the band; else it is folded into ``allowed`` too.
+            outside the band; else it is folded into ``allowed`` too. So does a block layout
+            (the opened rows see the keys of their visible blocks).
 
         Shape:
             rows ``(..., T_q, 1)`` boolean, broadcastable against the mask.
         """
-        if self.window is not None and self.allowed is not None:
+        if self.blocks is not None:
+            # the structure stays when it leaves every row some key (the opened rows see the keys
+            # of their blocks), so that a backend still visits the visible tiles only
+            if self.allowed is not None and (
+                _empty_rows_in_blocks(None, self.blocks, self.bounds(t_q, t_k), t_q, t_k, device)
+                is None
+            ):
+                return Masking(
+                    self.allowed | rows,
+                    self.bias,
+                    self.causal_offset,
+                    self.shift,
+                    self.window,
+                    self.blocks,
+                )
+        elif self.window is not None and self.allowed is not None:
             lo, hi = self.bounds(t_q, t_k)
             if (hi is None or hi >= 0) and (lo is None or t_q - 1 + lo <= t_k - 1):
                 return Masking(
@@ -134,9 +159,10 @@ def normalize_mask(
     mask: object,
     is_causal: bool,
     window: object = None,
+    block_mask: object = None,
 ) -> Masking:
-    """Check a user's ``mask`` against the queries and keys and turn it, with ``is_causal`` and
-    ``window``, into a :class:`Masking`.
+    """Check a user's ``mask`` against the queries and keys and turn it, with ``is_causal``,
+    ``window`` and ``block_mask``, into a :class:`Masking`.
 
     Args:
         query: the queries (their shape and device are what the mask is checked against).
@@ -149,6 +175,9 @@ def normalize_mask(
             with the sides that hide nothing at these lengths dropped (a window that hides
             nothing is no window; ``(left >= T_k - 1, 0)`` without ``is_causal`` is the causal
             rule).
+        block_mask: ``None`` or a :class:`~attnlab.nn.masks.BlockLayout` over ``T_k``
+            positions (the queries being the last ``T_q``); kept as ``Masking.blocks``, its
+            causal rule as ``causal_offset``; a layout in which every block is visible is dropped.
 
     Returns:
         The normalised masking; a floating mask's hidden entries move into ``allowed`` and the rest
@@ -157,9 +186,10 @@ def normalize_mask(
 
     Raises:
         TypeError: ``mask`` is not a tensor, or neither bool nor floating; ``window`` is not an
-            int, a pair or ``None``.
+            int, a pair or ``None``; ``block_mask`` is not a ``BlockLayout``.
         ValueError: ``mask`` does not broadcast to ``(..., H, T_q, T_k)``, is on another device, or
-            holds NaN or ``+inf``; a side of ``window`` is negative.
+            holds NaN or ``+inf``; a side of ``window`` is negative; ``block_mask`` covers
+            another length than ``T_k`` or fewer positions than ``T_q``.
 
     Shape:
         query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, mask broadcastable to
@@ -167,12 +197,17 @@ def normalize_mask(
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
     # the causal rule hides nothing from a single query aligned bottom-right (a decoding step)
+    blocks = None if block_mask is None else _check_block_mask(block_mask, t_q, t_k)
+    if blocks is not None and blocks.causal:
+        is_causal = True
+        if blocks.blocks.all():  # nothing but the causal rule
+            blocks = None
     causal_offset = t_k - t_q if is_causal and t_q != 1 else None
     sides = None
     if window is not None:
         sides, causal_offset = _window_sides(normalize_window(window), t_q, t_k, causal_offset)
     if mask is None:
-        return Masking(None, None, causal_offset, None, sides)
+        return Masking(None, None, causal_offset, None, sides, blocks)
     mask = check_tensor("mask", mask)
     if not (mask.dtype == torch.bool or mask.is_floating_point()):
         raise TypeError(
@@ -185,7 +220,7 @@ def normalize_mask(
     if mask.dim() < len(target):  # any rank that broadcasts: the missing leading dims are 1
         mask = mask.reshape((1,) * (len(target) - mask.dim()) + tuple(mask.shape))
     if mask.dtype == torch.bool:
-        return Masking(mask, None, causal_offset, None, sides)
+        return Masking(mask, None, causal_offset, None, sides, blocks)
     if not _tracing():
         _check_bias_values(mask)
     hidden = is_masked_bias(mask)
@@ -197,7 +232,25 @@ def normalize_mask(
     bias = (mask - shift).to(query.dtype)
     # what the query's dtype cannot hold (below its minimum) hides the key: its weight is 0 anyway
     hidden = hidden | is_masked_bias(bias)
-    return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift, sides)
+    return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift, sides, blocks)
+
+
+def _check_block_mask(block_mask: object, t_q: int, t_k: int) -> BlockLayout | None:
+    """A ``block_mask=`` argument checked against the lengths; ``None`` when it hides nothing."""
+    if not isinstance(block_mask, BlockLayout):
+        raise TypeError(
+            f"block_mask must be an attnlab.masks.BlockLayout (e.g. from "
+            f"attnlab.masks.bigbird_layout) or None, got {type(block_mask).__name__}"
+        )
+    if block_mask.seq_len != t_k or t_q > t_k:
+        raise ValueError(
+            f"block_mask covers seq_len = {block_mask.seq_len} positions but must cover the keys, "
+            f"T_k = {t_k}, with T_q <= T_k (the queries are the last positions), got "
+            f"(T_q, T_k) = ({t_q}, {t_k})"
+        )
+    if not block_mask.causal and bool(block_mask.blocks.all()):
+        return None
+    return block_mask
 
 
 def _window_sides(
@@ -285,6 +338,10 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     allowed = masking.allowed
     if t_k == 0:  # no key at all: every row is empty
         return torch.ones(t_q, 1, dtype=torch.bool, device=device) if t_q else None
+    if masking.blocks is not None:
+        return _empty_rows_in_blocks(
+            allowed, masking.blocks, masking.bounds(t_q, t_k), t_q, t_k, device
+        )
     if masking.window is not None:
         return _empty_rows_in_band(allowed, masking.bounds(t_q, t_k), t_q, t_k, device)
     if allowed is None:
@@ -338,6 +395,7 @@ def hide_unseen_keys(
     value: torch.Tensor,
     bounds: Bounds | None = None,
     t_q: int = 0,
+    blocks: BlockLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero keys/values that no query may see, so NaN/inf stored there cannot leak (0 · NaN = NaN).
 
@@ -352,6 +410,8 @@ def hide_unseen_keys(
             keys ``i + lo <= j <= i + hi``), else ``None``; without a window the causal rule
             hides no key from every row unless the mask differs per row.
         t_q: number of queries ``T_q``, read with ``bounds`` only.
+        blocks: the block-sparse layout, or ``None``; with it ``bounds`` must be given
+            (``(None, None)`` when there is neither a causal rule nor a window).
 
     Returns:
         ``(key, value)``, unchanged when every key is seen by some query, else with the unseen
@@ -361,7 +421,11 @@ def hide_unseen_keys(
         allowed broadcastable to ``(..., H, T_q, T_k)``; key ``(..., H_kv, T_k, D)``, value
         ``(..., H_kv, T_k, D_v)``; the outputs have the inputs' shapes.
     """
-    if bounds is not None:
+    if blocks is not None:
+        seen = _seen_in_blocks(
+            allowed, blocks, bounds or (None, None), t_q, key.shape[-2], key.device
+        )
+    elif bounds is not None:
         seen = _seen_in_band(allowed, bounds, t_q, key.shape[-2], key.device)
     elif allowed is None:
         return key, value
@@ -399,6 +463,82 @@ def _seen_in_band(
     idx = torch.stack([first, stop], 0).expand(*c.shape[:-2], 2, t_k)
     counts = c.gather(-2, idx)
     return (counts[..., 1, :] - counts[..., 0, :] > 0) & in_band
+
+
+def _padded_runs(
+    runs: tuple[tuple[tuple[int, int], ...], ...], block_size: int, shift: int, limit: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of blocks as ``(start, stop)`` positions minus ``shift``, clipped to ``0 … limit``,
+    one row per block padded with empty runs.   (n, R) each."""
+    width = max(1, max(len(r) for r in runs))
+    spans = [[*r, *[(0, 0)] * (width - len(r))] for r in runs]
+    t = torch.tensor(spans, dtype=torch.long).reshape(len(runs), width, 2) * block_size - shift
+    t = t.clamp(0, limit)
+    return t[..., 0], t[..., 1]
+
+
+def _empty_rows_in_blocks(
+    allowed: torch.Tensor | None,
+    layout: BlockLayout,
+    bounds: Bounds,
+    t_q: int,
+    t_k: int,
+    device: torch.device | str,
+) -> torch.Tensor | None:
+    """:func:`empty_rows` under a block layout: row ``i`` sees the keys of the runs of visible
+    blocks of its query block within ``[i + lo, i + hi]``; ``allowed`` counted with a cumulative
+    sum along the keys. ``O(T · runs)`` (no ``T_q × T_k`` tensor beyond the mask itself)."""
+    if allowed is not None and allowed.shape[-2] > 1:  # a mask per row: dense already
+        vis = allowed & expand_blocks(layout.blocks, layout.block_size, t_q, t_k, allowed.device)
+        return _empty_rows_in_band(vis, bounds, t_q, t_k, torch.device(device))
+    lo, hi = bounds
+    rows = torch.arange(t_q, device=device)
+    start = torch.zeros_like(rows) if lo is None else (rows + lo).clamp(0, t_k)
+    stop = torch.full_like(rows, t_k) if hi is None else (rows + hi + 1).clamp(0, t_k)
+    run_start, run_stop = _padded_runs(layout.runs, layout.block_size, 0, t_k)
+    block = (rows + (t_k - t_q)) // layout.block_size
+    # each run of the row's block, cut to the row's bounds: keys a … z − 1   (T_q, R)
+    z = torch.minimum(run_stop.to(device)[block], stop[:, None])
+    a = torch.minimum(torch.maximum(run_start.to(device)[block], start[:, None]), z)
+    if allowed is None:
+        empty = ((z - a).sum(-1) <= 0)[:, None]
+    elif allowed.shape[-1] == 1:  # the same for every key
+        empty = ~allowed | ((z - a).sum(-1) <= 0)[:, None]
+    else:  # seen[i] = Σ_runs c[z] − c[a], c = [0, cumsum(allowed)]
+        c = torch.nn.functional.pad(allowed[..., 0, :].to(torch.int32).cumsum(-1), (1, 0))
+        empty = ((c[..., z] - c[..., a]).sum(-1) <= 0).unsqueeze(-1)  # (..., T_q, 1)
+    if not _tracing() and not bool(empty.any()):
+        return None
+    return empty
+
+
+def _seen_in_blocks(
+    allowed: torch.Tensor | None,
+    layout: BlockLayout,
+    bounds: Bounds,
+    t_q: int,
+    t_k: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """The keys some query sees under a block layout: key ``j`` is seen iff a query row of a
+    block that sees its block lies in ``[j − hi, j − lo]`` (and ``allowed`` keeps it).
+    ``O(T · runs)``."""
+    if allowed is not None and allowed.shape[-2] > 1:  # a mask per row: dense already
+        vis = allowed & expand_blocks(layout.blocks, layout.block_size, t_q, t_k, allowed.device)
+        return _seen_in_band(vis, bounds, t_q, t_k, device)
+    lo, hi = bounds
+    cols = torch.arange(t_k, device=device)
+    first = torch.zeros_like(cols) if hi is None else (cols - hi).clamp(0, t_q)
+    stop = torch.full_like(cols, t_q) if lo is None else (cols - lo + 1).clamp(0, t_q)
+    # the query rows of the runs of blocks that see each key's block   (T_k, R)
+    run_start, run_stop = _padded_runs(layout.query_runs, layout.block_size, t_k - t_q, t_q)
+    block = cols // layout.block_size
+    z = torch.minimum(run_stop.to(device)[block], stop[:, None])
+    a = torch.maximum(run_start.to(device)[block], first[:, None])
+    seen = (z > a).any(dim=-1)  # (T_k,)
+    if allowed is None:
+        return seen
+    return allowed.any(dim=-2) & seen
 
 
 def _tracing() -> bool:

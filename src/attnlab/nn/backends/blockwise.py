@@ -14,7 +14,9 @@ mask a query block reads only the keys it may see: the keys every row of the blo
 unmasked blocks, and only the keys of the last block that cross the diagonal are masked. Keys
 that no query of a block sees are never touched. Under a sliding window (``window=``) a query block
 visits only the keys between its first row's window start and its last row's window end, so time
-and memory grow as ``O(T · (w + query_block))``, and only the tiles the band cuts are masked.
+and memory grow as ``O(T · (w + query_block))``, and only the tiles the band cuts are masked. Under
+a block layout (``block_mask=``, e.g. BigBird's) each query block of the layout visits only its
+runs of visible key blocks: time and memory grow with the number of visible blocks.
 
 The passes over each tile are kept few: the scale is folded into ``Q`` once instead of into every
 tile, ``Kᵀ`` is laid out contiguously once, the exponentials are taken in place, and only the tile
@@ -40,6 +42,7 @@ import torch
 
 from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
 from attnlab.nn.masking import Masking
+from attnlab.nn.masks import BlockLayout
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 8192
@@ -85,7 +88,12 @@ def blockwise_attention(
     bias = masking.bias
     hidden = None if masking.allowed is None else ~masking.allowed
     t_q, t_k = query.shape[-2], key.shape[-2]
-    if masking.window is None:
+    if masking.blocks is not None:  # block-sparse: the visible tiles of the layout only
+        bounds = None if masking.window is None else masking.bounds(t_q, t_k)
+        plan = _Plan.make_blocks(
+            t_q, t_k, block_size, masking.blocks, masking.causal_offset, bounds
+        )
+    elif masking.window is None:
         plan = _Plan.make(t_q, t_k, query_block, block_size, masking.causal_offset)
     else:  # the causal rule is part of the band's bounds
         plan = _Plan.make_band(t_q, t_k, query_block, block_size, masking.bounds(t_q, t_k))
@@ -149,6 +157,46 @@ class _Plan:
                 cut = (lo is not None and j0 < r1 - 1 + lo) or (hi is not None and j1 - 1 > r0 + hi)
                 tiles.append(_Tile(r0, r1, j0, j1, j1, cut))
             blocks.append(tuple(tiles))
+        return _Plan(tuple(blocks), None, bounds)
+
+    @staticmethod
+    def make_blocks(
+        t_q: int,
+        t_k: int,
+        k_block: int,
+        layout: BlockLayout,
+        causal_offset: int | None,
+        bounds: tuple[int | None, int | None] | None,
+    ) -> _Plan:
+        """Only the visible tiles of a block layout: a query block of the layout (its ``b`` rows)
+        against each run of consecutive visible key blocks (split at ``k_block`` keys), clipped
+        to the keys the causal rule or the window leave to some row; ``O(#visible blocks · b²)``
+        scores in all. With a window the plan masks as :meth:`make_band` does (``bounds`` holds
+        the causal rule), else the causal rule masks as in :meth:`make`."""
+        lo, hi = (None, causal_offset) if bounds is None else bounds
+        b = layout.block_size
+        blocks = []
+        for r, r0, r1 in layout.row_spans(t_q):
+            start = 0 if lo is None else max(0, r0 + lo)  # keys seen by some row of the block
+            end = t_k if hi is None else min(t_k, r1 + hi)
+            # causal (no window): keys < full are seen by every row of the block
+            full = t_k if causal_offset is None else max(0, min(t_k, r0 + causal_offset + 1))
+            tiles = []
+            for c0, c1 in layout.runs[r]:
+                for j0 in range(max(c0 * b, start), min(c1 * b, end), k_block):
+                    j1 = min(j0 + k_block, c1 * b, end)
+                    if bounds is None:
+                        tiles.append(_Tile(r0, r1, j0, j1, full))
+                    else:
+                        cut = (lo is not None and j0 < r1 - 1 + lo) or (
+                            hi is not None and j1 - 1 > r0 + hi
+                        )
+                        tiles.append(_Tile(r0, r1, j0, j1, j1, cut))
+            if not tiles:  # attend() opens rows that see nothing, so this cannot happen
+                raise RuntimeError(f"query rows {r0}…{r1 - 1} see no tile of the block layout")
+            blocks.append(tuple(tiles))
+        if bounds is None:
+            return _Plan(tuple(blocks), causal_offset)
         return _Plan(tuple(blocks), None, bounds)
 
     @staticmethod

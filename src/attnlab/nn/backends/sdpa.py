@@ -3,8 +3,8 @@
 Two things PyTorch does differently from attnlab, and how they are bridged:
 
 * its ``is_causal`` is aligned top-left; it is passed through only when ``T_q == T_k`` (where the two
-  alignments agree) — otherwise the bottom-right causal mask is built explicitly, and so is a
-  sliding window (the fused function has no window argument);
+  alignments agree) — otherwise the bottom-right causal mask is built explicitly, and so are a
+  sliding window and a block layout (the fused function has no argument for either);
 * grouped-query heads use ``enable_gqa`` where this torch has it, else keys/values are repeated.
 """
 
@@ -58,6 +58,7 @@ def sdpa_attention(
         and masking.bias is None
         and masking.causal_offset in (None, 0)
         and masking.window is None
+        and masking.blocks is None
     ):
         attn_mask, is_causal = None, masking.causal_offset == 0
     else:
