@@ -54,9 +54,10 @@ docs: setup
 	$(BIN)/python notebooks/run.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # mkdocs is pinned < 2 (pyproject)
 
-# speed and memory against the peers (torch SDPA, nn.MultiheadAttention, Hugging Face GPT-2)
+# speed and memory against the peers (torch SDPA, nn.MultiheadAttention, Hugging Face GPT-2);
+# long_attention: sliding window, BigBird, Linformer, Performer against torch SDPA up to T = 64k
 bench: setup
-	$(BIN)/attnlab bench attention generate train_step
+	$(BIN)/attnlab bench attention long_attention generate train_step
 
 # the training results of the issues: reverse task, tinyshakespeare, en→ja translation (~40 min)
 results: setup

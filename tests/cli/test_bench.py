@@ -31,6 +31,32 @@ def test_runs_the_attention_benchmark_quickly(capfd: pytest.CaptureFixture[str])
     assert "blockwise" in out and "fp32, causal" in out and "sdpa / torch SDPA forward" in out
 
 
+def test_runs_the_long_attention_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
+    assert "long_attention" in find_benchmarks(benchmarks_dir())
+    options = "--lengths 128 --no-memory"
+    assert main(["bench", "long_attention", "--quick", "--args", options]) == 0
+    out = capfd.readouterr().out
+    for row in (
+        "torch.sdpa, full causal (peer)",
+        "attnlab blockwise, full causal",
+        "sliding window w=256, causal",
+        "BigBird block-sparse b=64, causal",
+        "Linformer k=256, NON-causal",
+        "Performer m=256, causal",
+    ):
+        assert row in out, row
+    assert "1.000x" in out  # the peer against itself
+    assert "target (time, forward): not measured at T=16384" in out
+
+
+def test_long_attention_skips_from_predictions(capfd: pytest.CaptureFixture[str]) -> None:
+    options = "--lengths 256 --no-memory --max-seconds 0.001 --methods sliding"
+    assert main(["bench", "long_attention", "--quick", "--args", options]) == 0
+    out = capfd.readouterr().out
+    assert "skip torch.sdpa at T=256: predicted" in out and "> --max-seconds 0.001" in out
+    assert "skipped" in out
+
+
 def test_a_failing_benchmark_fails_the_command(capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "attention", "--args", "--dtypes fp8"]) == 2
     assert "benchmarks failed: attention (exit 2)" in capfd.readouterr().err

@@ -10,7 +10,12 @@ import torch
 
 import attnlab as al
 from attnlab.inspect import flops
-from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figure
+from attnlab.viz.costs import (
+    flops_figure,
+    memory_figure,
+    residual_growth_figure,
+    scaling_figure,
+)
 
 
 def test_flops_figure_holds_the_calculators_numbers(tmp_path: Path) -> None:
@@ -118,3 +123,39 @@ def test_residual_growth_figure(tmp_path: Path) -> None:
         residual_growth_figure({"a": [1.0, 2.0], "b": [1.0]})
     with pytest.raises(ValueError, match="stds must hold at least one series"):
         residual_growth_figure({})
+
+
+def test_scaling_figure(tmp_path: Path) -> None:
+    lens = [1024, 2048, 4096]
+    times = {"full": [0.01, 0.04, 0.16], "window": [0.002, 0.004, float("nan")]}
+    memory = {"full": [1e6, 2e6, 4e6], "window": [1e6, 2e6, 4e6]}
+    plot = scaling_figure(lens, times, memory, title="cost")
+    np.testing.assert_array_equal(plot.data["seq_len"], lens)
+    np.testing.assert_array_equal(plot.data["time/full"], times["full"])
+    np.testing.assert_array_equal(plot.data["time/window"], times["window"])
+    np.testing.assert_array_equal(plot.data["memory/window"], memory["window"])
+    # the guides pass through the first series' first point: ∝ T and ∝ T²
+    np.testing.assert_allclose(plot.data["guide/time/T"], [0.01, 0.02, 0.04])
+    np.testing.assert_allclose(plot.data["guide/time/T^2"], [0.01, 0.04, 0.16])
+    np.testing.assert_allclose(plot.data["guide/memory/T"], [1e6, 2e6, 4e6])
+    ax_t, ax_m = plot.figure.axes[:2]
+    assert ax_t.get_xscale() == "log" and ax_t.get_yscale() == "log"
+    assert ax_m.get_xscale() == "log" and ax_m.get_yscale() == "log"
+    assert ax_t.get_ylabel() == "time (ms)" and ax_m.get_ylabel() == "peak memory (MiB)"
+    np.testing.assert_allclose(ax_t.lines[0].get_ydata(), np.asarray(times["full"]) * 1e3)
+    assert [line.get_label() for line in ax_t.lines] == ["full", "window", "∝ T", "∝ T²"]
+    assert plot.save(tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_scaling_figure_time_only_and_bad_arguments() -> None:
+    plot = scaling_figure([8, 16], {"a": [2.0, 8.0]}, guides=False, time_label="forward")
+    assert len(plot.figure.axes) == 1 and "guide/time/T" not in plot.data
+    assert plot.figure.axes[0].get_ylabel() == "forward (s)"
+    with pytest.raises(ValueError, match=r"times\['a'\] must have one value per length \(2\)"):
+        scaling_figure([8, 16], {"a": [1.0]})
+    with pytest.raises(ValueError, match=r"memory\['a'\] must be bytes >= 0"):
+        scaling_figure([8, 16], {"a": [1.0, 2.0]}, {"a": [-1.0, 2.0]})
+    with pytest.raises(ValueError, match="times must hold at least one series"):
+        scaling_figure([8], {})
+    with pytest.raises(TypeError, match="memory must be a mapping"):
+        scaling_figure([8], {"a": [1.0]}, [1.0])  # type: ignore[arg-type]

@@ -1,15 +1,17 @@
 """``attnlab bench [NAMES...] [--quick]`` — run the scripts of the repository's ``benchmarks/``.
 
-Each benchmark is a standalone script (``benchmarks/attention.py``, ``generate.py``, …) that
-prints its own table of ratios; this command finds the folder next to the installed package (a
-source checkout, ``pip install -e .``), runs the named scripts one after the other in fresh
-Python processes, and passes ``--quick`` (small sizes) and the options in ``--args`` through.
+Each benchmark is a standalone script (``benchmarks/attention.py``, ``long_attention.py``,
+``generate.py``, …) that prints its own table of ratios; this command finds the folder next to
+the installed package (a source checkout, ``pip install -e .``), runs the named scripts one after
+the other in fresh Python processes, and passes ``--quick`` (small sizes) and the options in
+``--args`` through.
 
 Examples::
 
     attnlab bench                      # every benchmark, full sizes (minutes)
     attnlab bench attention --quick    # one benchmark, small sizes
     attnlab bench attention --args "--lengths 4096 --dtypes fp32"
+    attnlab bench long_attention --args "--lengths 4096 16384 --figure build/long.png"
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def find_benchmarks(folder: Path) -> dict[str, Path]:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "bench",
-        help="run the benchmarks (attention backends, generation, training step)",
+        help="run the benchmarks (attention backends, long-context attention, generation, "
+        "training step)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument(

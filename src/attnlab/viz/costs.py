@@ -6,6 +6,8 @@
   ``T × T`` attention matrix, parameters and the training state), both on log axes.
 - :func:`memory_figure`: measured peak memory against sequence length, one line per attention
   backend (e.g. from :func:`attnlab.inspect.memory.peak_memory`), with predictions dashed.
+- :func:`scaling_figure`: measured time (and memory) against sequence length, one line per
+  method, log–log, with ``∝ T`` and ``∝ T²`` guides — how each method scales.
 - :func:`residual_growth_figure`: the residual stream's standard deviation block by block, with
   and without GPT-2's ``1 / √(2 · n_layer)`` initialisation of the residual projections.
 
@@ -30,7 +32,7 @@ from attnlab.viz._draw import Plot, _new_figure
 if TYPE_CHECKING:
     from attnlab.models.config import GPTConfig, TransformerConfig
 
-__all__ = ["flops_figure", "memory_figure", "residual_growth_figure"]
+__all__ = ["flops_figure", "memory_figure", "residual_growth_figure", "scaling_figure"]
 
 # kind of term (the last part of a FlopReport.forward key) -> component drawn
 _COMPONENTS: dict[str, str] = {
@@ -227,12 +229,12 @@ def _default_title(config: object, report: object) -> str:
     return f"{name}, {total / 1e6:.1f}M parameters: cost against sequence length"
 
 
-def _series(name: str, values: object, n: int) -> np.ndarray:
+def _series(name: str, values: object, n: int, what: str = "bytes") -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.shape != (n,):
         raise ValueError(f"{name} must have one value per length ({n}), got shape {arr.shape}")
     if (arr[np.isfinite(arr)] < 0).any():
-        raise ValueError(f"{name} must be bytes >= 0, got {arr.tolist()}")
+        raise ValueError(f"{name} must be {what} >= 0, got {arr.tolist()}")
     return arr
 
 
@@ -275,7 +277,7 @@ def memory_figure(
             a negative value.
 
     Examples:
-        >>> memory_figure([256, 512], {"math": [1e6, 4e6], "blockwise": [2e5, 4e5]})
+        >>> plot = memory_figure([256, 512], {"math": [1e6, 4e6], "blockwise": [2e5, 4e5]})
     """
     lengths = _check_lengths("seq_lens", seq_lens)
     if not isinstance(peaks, Mapping):
@@ -342,7 +344,7 @@ def residual_growth_figure(
         ValueError: ``stds`` is empty, or its series differ in length or hold fewer than 2 values.
 
     Examples:
-        >>> residual_growth_figure({"scaled": [0.03, 0.05, 0.06], "unscaled": [0.03, 0.2, 0.3]})
+        >>> plot = residual_growth_figure({"scaled": [0.03, 0.05, 0.06], "unscaled": [0.03, 0.2, 0.3]})
     """
     if not isinstance(stds, Mapping):
         raise TypeError(f"stds must be a mapping of name -> stds, got {type(stds).__name__}")
@@ -370,4 +372,127 @@ def residual_growth_figure(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title if title is not None else "Residual stream at initialisation")
+    return Plot(fig, data)
+
+
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+
+
+def _seconds_axis_label(values: np.ndarray) -> tuple[float, str]:
+    top = float(np.nanmax(values)) if values.size else 1.0
+    for scale, unit in _TIME_UNITS:
+        if top >= scale:
+            return scale, unit
+    return 1e-6, "µs"
+
+
+def _guides(ax: Axes, lengths: np.ndarray, first: np.ndarray) -> dict[str, np.ndarray]:
+    """Grey ``∝ T`` and ``∝ T²`` lines through the first finite point of ``first``."""
+    finite = np.nonzero(np.isfinite(first) & (first > 0))[0]
+    if finite.size == 0:
+        return {}
+    i = int(finite[0])
+    x = lengths.astype(np.float64) / float(lengths[i])
+    out = {"T": first[i] * x, "T^2": first[i] * x**2}
+    for (name, y), style in zip(out.items(), (":", "-."), strict=True):
+        label = "∝ T" if name == "T" else "∝ T²"
+        ax.plot(lengths, y, color="gray", linestyle=style, linewidth=1, alpha=0.7, label=label)
+    return out
+
+
+def scaling_figure(
+    seq_lens: Sequence[int],
+    times: Mapping[str, Sequence[float]],
+    memory: Mapping[str, Sequence[float]] | None = None,
+    *,
+    title: str | None = None,
+    time_label: str = "time",
+    memory_label: str = "peak memory",
+    guides: bool = True,
+) -> Plot:
+    """How attention methods scale: measured time, and optionally memory, against sequence
+    length, one line per method, log–log.
+
+    Left: time in seconds (drawn in s, ms or µs). Right (when ``memory`` is given): bytes. A
+    length a method did not run is ``NaN`` and leaves a gap. With ``guides``, grey ``∝ T``
+    (dotted) and ``∝ T²`` (dash-dotted) lines pass through the first measured point of the first
+    series, so that a quadratic method runs parallel to one and a linear method to the other.
+
+    Args:
+        seq_lens: strictly increasing sequence lengths ``T``.
+        times: method name → seconds at each length (``NaN`` for a length not run). The first
+            series anchors the guides (e.g. the peer the others are compared with).
+        memory: method name → bytes at each length (``NaN`` for not measured), e.g. from
+            :func:`attnlab.inspect.memory.peak_memory`; default none (one panel).
+        title: the figure title. Default ``"Cost of attention against T"``.
+        time_label: the time axis label (the unit is appended). Default ``"time"``.
+        memory_label: the memory axis label (the unit is appended). Default ``"peak memory"``.
+        guides: draw the ``∝ T`` and ``∝ T²`` guides. Default ``True``.
+
+    Returns:
+        :class:`~attnlab.viz.Plot` with ``data["seq_len"]`` ``(N,)``, ``data["time/<name>"]``
+        ``(N,)`` in seconds and ``data["memory/<name>"]`` ``(N,)`` in bytes, as given; with
+        ``guides``, ``data["guide/time/T"]`` and ``data["guide/time/T^2"]`` (and
+        ``"guide/memory/..."``) ``(N,)``, the guide lines in the series' units.
+
+    Shape:
+        - ``seq_lens``: ``(N,)``; each ``times[name]`` and ``memory[name]``: ``(N,)``.
+
+    Raises:
+        TypeError: ``times`` or ``memory`` is not a mapping.
+        ValueError: ``times`` (or a given ``memory``) is empty, a series has another length than
+            ``seq_lens``, or holds a negative value.
+
+    Examples:
+        >>> plot = scaling_figure(
+        ...     [1024, 4096], {"full": [0.01, 0.16], "window": [0.002, 0.008]},
+        ...     {"full": [1e6, 4e6], "window": [1e6, 4e6]},
+        ... )
+        >>> len(plot.figure.axes)
+        2
+    """
+    lengths = _check_lengths("seq_lens", seq_lens)
+    n = len(lengths)
+    panels: list[tuple[str, Mapping[str, Sequence[float]]]] = [("time", times)]
+    if memory is not None:
+        panels.append(("memory", memory))
+    data: dict[str, np.ndarray] = {"seq_len": lengths}
+    for kind, series in panels:
+        arg = "times" if kind == "time" else "memory"
+        if not isinstance(series, Mapping):
+            raise TypeError(
+                f"{arg} must be a mapping of name -> values, got {type(series).__name__}"
+            )
+        if not series:
+            raise ValueError(f"{arg} must hold at least one series, got none")
+        for name, values in series.items():
+            what = "seconds" if kind == "time" else "bytes"
+            data[f"{kind}/{name}"] = _series(f"{arg}[{name!r}]", values, n, what)
+    fig = _new_figure(12.0 if memory is not None else 7.5, 4.6)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    colours = {name: f"C{i}" for i, name in enumerate({**times, **(memory or {})})}
+    for ax, (kind, series) in zip(axes, panels, strict=True):
+        drawn = np.concatenate([data[f"{kind}/{name}"] for name in series])
+        drawn = drawn[np.isfinite(drawn)]
+        if kind == "time":
+            scale, unit = _seconds_axis_label(drawn)
+        else:
+            scale, unit = _bytes_axis_label(drawn)
+        for name in series:
+            ax.plot(lengths, data[f"{kind}/{name}"] / scale, marker="o", markersize=4,
+                    color=colours[name], label=name)  # fmt: skip
+        if guides:
+            first = data[f"{kind}/{next(iter(series))}"] / scale
+            for g, y in _guides(ax, lengths, first).items():
+                data[f"guide/{kind}/{g}"] = y * scale
+        _length_ticks(ax, lengths)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        label = time_label if kind == "time" else memory_label
+        ax.set_ylabel(f"{label} ({unit})")
+        ax.grid(alpha=0.3, which="both")
+        ax.set_title(label[:1].upper() + label[1:], fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title if title is not None else "Cost of attention against T", fontsize=11)
     return Plot(fig, data)
