@@ -14,7 +14,7 @@ attention viewer.
 - approximations: :func:`approximation_error_figure` (Linformer's error against ``k``,
   Performer's against the number of random features) (``approximations``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
-  :func:`residual_growth_figure` (``costs``)
+  :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
 - attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
@@ -31,7 +31,7 @@ from attnlab.viz.attention import (
     layer_head_grid,
     reduce_attention,
 )
-from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figure
+from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figure, scaling_figure
 from attnlab.viz.evolution import (
     ProbeHistory,
     attention_evolution,
@@ -90,6 +90,7 @@ __all__ = [
     "residual_growth_figure",
     "row_entropy",
     "save_figure",
+    "scaling_figure",
     "softmax_jacobian_norm",
     "softmax_scaling_figure",
     "softmax_scaling_stats",
