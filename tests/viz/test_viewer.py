@@ -369,11 +369,16 @@ def test_two_inline_viewers_in_one_page_work_independently(browser, tmp_path):
     a.locator("#heads button", has_text="3").click()
     assert canvas(a) != before_a and canvas(b) == before_b
     # hover in the second frame reads the second model's weights
-    frame = page.locator("iframe").nth(1)
-    frame.scroll_into_view_if_needed()
-    c = b.evaluate("window.attnlabViewer.cellCenter(4, 2)")  # in the frame's viewport
-    box = frame.bounding_box()
-    page.mouse.move(box["x"] + 1 + c["x"], box["y"] + 1 + c["y"])  # + the 1px border
+    # hover the cell (4, 2) of the second frame's canvas; Playwright scrolls and maps the frame
+    at = b.evaluate(
+        "(() => { const c = window.attnlabViewer.cellCenter(4, 2);"
+        " const r = document.getElementById('canvas').getBoundingClientRect();"
+        " return {x: c.x - r.left, y: c.y - r.top}; })()"
+    )
+    b.locator("#canvas").hover(position=at)
+    # the frame handles the move on its own event loop: wait for its tooltip (a loaded CPU is slow)
+    b.wait_for_function("document.getElementById('tip').getAttribute('data-value') !== null")
+    assert int(b.locator("#tip").get_attribute("data-query")) == 4
     assert float(b.locator("#tip").get_attribute("data-value")) == pytest.approx(
         float(gpt["h.0.attn"][0, 0, 4, 2]), rel=1e-6
     )
