@@ -9,18 +9,17 @@ partial) and ``T_q < T_k``; the blockwise backend visits only the visible tiles.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 import attnlab as al
-from attnlab.nn.backends import ATTENTION_BACKENDS, blockwise
+from attnlab.nn.backends import blockwise
 from attnlab.nn.masking import empty_rows, hide_unseen_keys, normalize_mask
+from tests.nn._patterns import BACKENDS, B, use_small_tiles
+from tests.nn._patterns import qkv as _qkv
+from tests.nn._patterns import user_mask as _mask
 from tests.reference import assert_close_rule, attention_ref
 
-BACKENDS = ["math", "sdpa", "blockwise", "blockwise_small"]
-B, H, H_KV, D = 2, 4, 2, 8
 BLOCK = 16
 LENGTHS = [(7, 7), (33, 33), (130, 130), (1, 130), (20, 33)]
 LAYOUTS = {
@@ -33,29 +32,7 @@ LAYOUTS = {
 
 @pytest.fixture(autouse=True)
 def _small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``blockwise_small``: key tiles of 8 keys, so that a run of visible blocks is split."""
-    small = functools.partial(blockwise.blockwise_attention, block_size=8, query_block=16)
-    monkeypatch.setitem(ATTENTION_BACKENDS, "blockwise_small", small)
-
-
-def _qkv(
-    t_q: int, t_k: int, gen: torch.Generator, dtype: torch.dtype = torch.float64
-) -> tuple[torch.Tensor, ...]:
-    q = torch.randn(B, H, t_q, D, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(B, H_KV, t_k, D, generator=gen, dtype=torch.float64).to(dtype)
-    v = torch.randn(B, H_KV, t_k, D, generator=gen, dtype=torch.float64).to(dtype)
-    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-
-
-def _mask(kind: str, t_q: int, t_k: int, gen: torch.Generator) -> torch.Tensor | None:
-    if kind == "none":
-        return None
-    if kind == "padding":  # row 1's keys from the middle on are padding
-        m = torch.ones(B, 1, 1, t_k, dtype=torch.bool)
-        m[1, ..., t_k // 2 + 1 :] = False
-        return m
-    bias = torch.randn(B, H, t_q, t_k, generator=gen, dtype=torch.float64)
-    return bias.masked_fill(torch.rand(B, H, t_q, t_k, generator=gen) < 0.2, float("-inf"))
+    use_small_tiles(monkeypatch)
 
 
 def _check(

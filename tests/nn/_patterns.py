@@ -1,0 +1,44 @@
+"""What the tests of attention patterns (sliding window, block-sparse) share: the sizes, the
+inputs, the masks combined with each pattern, and a blockwise backend with small tiles."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from attnlab.nn.backends import ATTENTION_BACKENDS, blockwise
+
+BACKENDS = ["math", "sdpa", "blockwise", "blockwise_small"]
+B, H, H_KV, D = 2, 4, 2, 8
+
+
+def use_small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register ``blockwise_small``: the blockwise backend with key tiles of 8 and query blocks of
+    16, so that a band or a run of visible blocks spans several tiles even at short lengths."""
+    small = functools.partial(blockwise.blockwise_attention, block_size=8, query_block=16)
+    monkeypatch.setitem(ATTENTION_BACKENDS, "blockwise_small", small)
+
+
+def qkv(
+    t_q: int, t_k: int, gen: torch.Generator, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, ...]:
+    """Queries ``(B, H, T_q, D)``, keys and values ``(B, H_kv, T_k, D)`` that require grad."""
+    q = torch.randn(B, H, t_q, D, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(B, H_KV, t_k, D, generator=gen, dtype=torch.float64).to(dtype)
+    v = torch.randn(B, H_KV, t_k, D, generator=gen, dtype=torch.float64).to(dtype)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+
+
+def user_mask(kind: str, t_q: int, t_k: int, gen: torch.Generator) -> torch.Tensor | None:
+    """``"none"``, ``"padding"`` (row 1's keys from the middle on) or ``"additive"`` (a random
+    bias with a fifth of the keys at −inf)."""
+    if kind == "none":
+        return None
+    if kind == "padding":
+        m = torch.ones(B, 1, 1, t_k, dtype=torch.bool)
+        m[1, ..., t_k // 2 + 1 :] = False
+        return m
+    bias = torch.randn(B, H, t_q, t_k, generator=gen, dtype=torch.float64)
+    return bias.masked_fill(torch.rand(B, H, t_q, t_k, generator=gen) < 0.2, float("-inf"))
