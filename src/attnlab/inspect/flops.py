@@ -237,20 +237,21 @@ def _core_terms(
             terms[f"{prefix}/reduce"] = 2 * h * t_q * m * d_h  # φ(Q) (φ(K)ᵀ V)
             terms[f"{prefix}/normalizer"] = 2 * h * t_q * m  # φ(Q) (φ(K)ᵀ 1)
             return terms
-        state = reduce = norm = scores = 0
-        off, done = t_k - t_q, 0
-        for i0 in range(0, t_q, PERFORMER_CHUNK):  # as attnlab.nn.performer._causal_prefix
+        off = t_k - t_q
+        starts = range(0, t_q, PERFORMER_CHUNK)  # as attnlab.nn.performer._causal_prefix
+        bounds = [min(max(i0 + off + 1, 0), t_k) for i0 in starts] + [t_k]
+        state = 2 * m * bounds[0] * d_h  # S = φ(K)ᵀ V over the keys every query sees
+        reduce = norm = scores = 0
+        for c_idx, i0 in enumerate(starts):
             c = min(i0 + PERFORMER_CHUNK, t_q) - i0
-            full = min(max(i0 + off + 1, 0), t_k)
-            if full > done:
-                state += 2 * m * (full - done) * d_h  # S += φ(K)ᵀ V over the new keys
-                done = full
             reduce += 2 * c * m * d_h  # φ(Q) S
             norm += 2 * c * m  # φ(Q) z
-            n = min(max(i0 + c + off, 0), t_k) - full
+            n = bounds[c_idx + 1] - bounds[c_idx]  # the chunk's own keys
             if n > 0:
-                scores += 2 * c * m * n  # the chunk's own block φ(Q) φ(K)ᵀ
+                scores += 2 * c * m * n  # its block φ(Q) φ(K)ᵀ
                 reduce += 2 * c * n * d_h  # its (masked) weights times V
+                if c_idx + 1 < len(starts):
+                    state += 2 * m * n * d_h  # S += φ(K)ᵀ V for the chunks after it
         terms[f"{prefix}/kv_state"] = h * state
         terms[f"{prefix}/scores"] = h * scores
         terms[f"{prefix}/reduce"] = h * reduce

@@ -264,32 +264,38 @@ def favor_attention(
 def _causal_prefix(
     phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal ``φ(q_i)ᵀ S_i`` and ``φ(q_i)ᵀ z_i`` by chunks of queries (bottom-right)."""
+    """Causal ``φ(q_i)ᵀ S_i`` and ``φ(q_i)ᵀ z_i`` by chunks of queries (bottom-right).
+
+    Chunk ``c`` (queries ``[i_c, i_c + C)``) sees every key before ``b_c = i_c + T_k − T_q + 1``
+    through the running state ``S = Σ φ(k_j) v_jᵀ``, ``z = Σ φ(k_j)``, and its own keys
+    ``[b_c, b_{c+1})`` through a masked ``C × n`` product. The inputs are split once
+    (``torch.split``), so the backward pass is one concatenation, linear in ``T``: slicing them
+    chunk by chunk made autograd write a full-size gradient per chunk, ``O(T²)``.
+    """
     t_q, t_k = phi_q.shape[-2], phi_k.shape[-2]
     off = t_k - t_q
-    s = phi_k.new_zeros((*phi_k.shape[:-2], phi_k.shape[-1], v.shape[-1]))  # (..., H, m, D_v)
-    z = phi_k.new_zeros((*phi_k.shape[:-2], phi_k.shape[-1], 1))  # (..., H, m, 1)
+    starts = list(range(0, t_q, chunk))
+    bounds = [min(max(i0 + off + 1, 0), t_k) for i0 in starts] + [t_k]
+    sizes = [bounds[0]] + [bounds[c + 1] - bounds[c] for c in range(len(starts))]
+    k_parts, v_parts = phi_k.split(sizes, dim=-2), v.split(sizes, dim=-2)
+    pk = k_parts[0].transpose(-2, -1)  # keys every query sees                     (..., H, m, n)
+    s = pk @ v_parts[0]  # S = Σ φ(k_j) v_jᵀ                                     (..., H, m, D_v)
+    z = pk.sum(-1, keepdim=True)  # z = Σ φ(k_j)                                   (..., H, m, 1)
     nums, dens = [], []
-    done = 0  # keys [0, done) are in the state
-    for i0 in range(0, t_q, chunk):
-        i1 = min(i0 + chunk, t_q)
-        # keys every query of the chunk sees (j <= i0 + off) join the running state
-        full = min(max(i0 + off + 1, 0), t_k)
-        if full > done:
-            pk = phi_k[..., done:full, :].transpose(-2, -1)  # (..., H, m, n)
-            s = s + pk @ v[..., done:full, :]  # S += Σ φ(k_j) v_jᵀ
-            z = z + pk.sum(-1, keepdim=True)  # z += Σ φ(k_j)
-            done = full
-        pq = phi_q[..., i0:i1, :]  # (..., H, C, m)
+    for c, pq in enumerate(phi_q.split(chunk, dim=-2)):  # (..., H, C, m)
+        kc, vc = k_parts[c + 1], v_parts[c + 1]
         num, den = pq @ s, pq @ z  # (..., H, C, D_v), (..., H, C, 1)
-        end = min(max(i1 + off, 0), t_k)  # the chunk's own keys [full, end), seen in part
-        if end > full:
-            a = pq @ phi_k[..., full:end, :].transpose(-2, -1)  # (..., H, C, n)
-            i = torch.arange(i0, i1, device=a.device)[:, None]
-            j = torch.arange(full, end, device=a.device)[None, :]
+        if kc.shape[-2]:
+            a = pq @ kc.transpose(-2, -1)  # the chunk's own keys, seen in part      (..., H, C, n)
+            i = torch.arange(starts[c], starts[c] + pq.shape[-2], device=a.device)[:, None]
+            j = torch.arange(bounds[c], bounds[c + 1], device=a.device)[None, :]
             a = a * (j <= i + off).to(a.dtype)
-            num = num + a @ v[..., full:end, :]
+            num = num + a @ vc
             den = den + a.sum(-1, keepdim=True)
+            if c + 1 < len(starts):  # the chunk's keys join the state of the chunks after it
+                pk = kc.transpose(-2, -1)
+                s = s + pk @ vc
+                z = z + pk.sum(-1, keepdim=True)
         nums.append(num)
         dens.append(den)
     return torch.cat(nums, dim=-2), torch.cat(dens, dim=-2)
