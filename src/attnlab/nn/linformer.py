@@ -450,7 +450,7 @@ class LinformerAttention(MultiHeadAttention):
             raise ValueError("cache must be None: LinformerAttention has no KV cache")
         refuse_unused("LinformerAttention", unused)
         q, k, v = project_heads(self, query, key, value)
-        b, t_q = query.shape[0], query.shape[1]
+        b = query.shape[0]
         t_k = k.shape[-2]
         if t_k > self.max_len:
             raise ValueError(
@@ -473,7 +473,7 @@ class LinformerAttention(MultiHeadAttention):
             need_weights=want_weights,
         )
         z, weights = result if isinstance(result, tuple) else (result, None)
-        return merge_heads(self, z, weights, xi, b, t_q, need_weights)
+        return self._merge_heads(z, weights, xi, need_weights)
 
 
 def refuse_unused(layer: str, options: dict[str, Any]) -> None:
@@ -518,21 +518,7 @@ def project_heads(
     Shape:
         q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
     """
-    layer._check_input("query", query)
-    cross = key is not None and key is not query
-    if key is not None and cross:
-        layer._check_input("key", key)
-        if value is not None:
-            layer._check_input("value", value)
-            if value.shape[:2] != key.shape[:2]:
-                raise ValueError(
-                    f"key and value must have the same (B, T_k), got "
-                    f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
-                )
-        if key.shape[0] != query.shape[0]:
-            raise ValueError(
-                f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
-            )
+    cross = layer._check_inputs(query, key, value)
     q, k, v = layer.project_qkv(query, key if cross else None, value if cross else None)
     if k is None or v is None:  # unreachable: project_kv is True
         raise RuntimeError("keys and values were not projected")
@@ -540,49 +526,6 @@ def project_heads(
     k = layer.hook_k(layer._split_heads(k, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
     v = layer.hook_v(layer._split_heads(v, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
     return q, k, v
-
-
-def merge_heads(
-    layer: MultiHeadAttention,
-    z: torch.Tensor,
-    weights: torch.Tensor | None,
-    xi: torch.Tensor | None,
-    b: int,
-    t_q: int,
-    need_weights: bool,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Apply the head mask, the ``hook_weights``/``hook_z`` hook points, merge the heads and
-    project: ``Concat(ξ_1 head_1, …, ξ_H head_H) W^O``.
-
-    Args:
-        layer: the attention layer whose output projection and hooks are used.
-        z: the per-head outputs.
-        weights: the per-head weights, or ``None``.
-        xi: a head mask from :func:`~attnlab.nn.multihead.check_head_mask`, or ``None``.
-        b: ``B``.
-        t_q: ``T_q``.
-        need_weights: return ``(output, weights)``.
-
-    Returns:
-        ``output``, or ``(output, weights)`` with ``need_weights``.
-
-    Shape:
-        z ``(B, H, T_q, d_head)``; weights ``(B, H, T_q, T')`` → output ``(B, T_q, d_model)``.
-    """
-    if xi is not None:
-        xi = xi.to(device=z.device, dtype=z.dtype)
-        z = z * xi  # (B, H, T_q, d_head)
-        if weights is not None:
-            weights = weights * xi.to(weights.dtype)
-    if weights is not None:
-        weights = layer.hook_weights(weights)
-    z = layer.hook_z(z)
-    out = layer.project_out(z.transpose(1, 2).reshape(b, t_q, layer.d_model))  # (B, T_q, d_model)
-    if need_weights:
-        if weights is None:
-            raise RuntimeError("no weights were computed")
-        return out, weights
-    return out
 
 
 # ------------------------------------------------------------------------------ measured errors

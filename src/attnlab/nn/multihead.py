@@ -364,25 +364,11 @@ class MultiHeadAttention(nn.Module):
               head_mask ``(H,)`` or ``(B, H)``
             - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
         """
-        self._check_input("query", query)
+        cross = self._check_inputs(query, key, value)
         if is_causal is None:
             is_causal = self.causal
         window = self.window if window is None else normalize_window(window)
-        cross = key is not None and key is not query
-        if key is not None and cross:
-            self._check_input("key", key)
-            if value is not None:
-                self._check_input("value", value)
-                if value.shape[:2] != key.shape[:2]:
-                    raise ValueError(
-                        f"key and value must have the same (B, T_k), got "
-                        f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
-                    )
-            if key.shape[0] != query.shape[0]:
-                raise ValueError(
-                    f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
-                )
-        b, t_q, _ = query.shape
+        b = query.shape[0]
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         past = cache.length if cache is not None and not cache.static else 0
 
@@ -427,6 +413,40 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
         z, weights = result if isinstance(result, tuple) else (result, None)
+        return self._merge_heads(z, weights, xi, need_weights)
+
+    def _check_inputs(
+        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
+    ) -> bool:
+        """Check the inputs of :meth:`forward`; ``True`` for cross-attention (``key`` given and
+        not ``query`` itself). Subclasses that replace the attention share it."""
+        self._check_input("query", query)
+        cross = key is not None and key is not query
+        if key is not None and cross:
+            self._check_input("key", key)
+            if value is not None:
+                self._check_input("value", value)
+                if value.shape[:2] != key.shape[:2]:
+                    raise ValueError(
+                        f"key and value must have the same (B, T_k), got "
+                        f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
+                    )
+            if key.shape[0] != query.shape[0]:
+                raise ValueError(
+                    f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
+                )
+        return cross
+
+    def _merge_heads(
+        self,
+        z: torch.Tensor,
+        weights: torch.Tensor | None,
+        xi: torch.Tensor | None,
+        need_weights: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The head mask, the ``hook_weights``/``hook_z`` hook points, then
+        ``Concat(ξ_1 head_1, …, ξ_H head_H) W^O``: z ``(B, H, T_q, d_head)`` → ``(B, T_q, d_model)``;
+        subclasses that replace the attention share it (their weights may be ``(B, H, T_q, k)``)."""
         if xi is not None:
             # head_i ← ξ_i · head_i  (Michel et al. 2019): the weights too, as Hugging Face did
             xi = xi.to(device=z.device, dtype=z.dtype)
@@ -436,6 +456,7 @@ class MultiHeadAttention(nn.Module):
         if weights is not None:
             weights = self.hook_weights(weights)
         z = self.hook_z(z)
+        b, _, t_q, _ = z.shape
         # Concat(head_1, …, head_H) W^O                                  (B, T_q, d_model)
         out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))
         if need_weights:

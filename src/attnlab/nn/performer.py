@@ -45,7 +45,6 @@ from attnlab.nn.backends.common import repeat_kv
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linformer import (
     key_mask,
-    merge_heads,
     project_heads,
     refuse_unused,
     relative_error,
@@ -463,7 +462,7 @@ class PerformerAttention(MultiHeadAttention):
                 self.redraw_features()
             self.calls_since_redraw += 1
         q, k, v = project_heads(self, query, key, value)
-        b, t_q = query.shape[0], query.shape[1]
+        b = query.shape[0]
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         if self.training and self.dropout > 0.0:
             # one draw per key, shared by every query: Σ_j a_ij (δ_j / (1 − p)) v_j
@@ -481,7 +480,7 @@ class PerformerAttention(MultiHeadAttention):
             need_weights=want_weights,
         )
         z, weights = result if isinstance(result, tuple) else (result, None)
-        return merge_heads(self, z, weights, xi, b, t_q, need_weights)
+        return self._merge_heads(z, weights, xi, need_weights)
 
 
 def favor_errors(
