@@ -36,14 +36,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from _common import (  # benchmarks/_common.py (the script's folder is on sys.path)
+    as_step,
+    available_bytes,
+    fmt_mb,
+    fmt_ms,
+    fmt_ratio,
+    median_times,
+    probe_in_subprocess,
+)
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -94,34 +101,7 @@ def make_step(case: Case, backward: bool) -> Callable[[], None]:
                 q, k, v, is_causal=case.causal, backend=case.impl
             )
 
-    if not backward:
-
-        def step() -> None:
-            with torch.no_grad():
-                forward()
-
-        return step
-
-    def step_bwd() -> None:
-        out = forward()
-        out.backward(torch.ones_like(out))
-
-    return step_bwd
-
-
-def median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median wall time of each step; the steps take turns, so that a load spike hits all alike."""
-    for step in steps.values():
-        step()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            if len(times[name]) >= 3 and sum(times[name]) > 15.0:
-                continue  # slow enough: three runs will do
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return as_step(forward, backward)
 
 
 def probe_memory(case: Case, backward: bool) -> int:
@@ -140,47 +120,13 @@ def probe_memory(case: Case, backward: bool) -> int:
 
 def peak_memory_in_subprocess(case: Case, backward: bool) -> int | None:
     """Run :func:`probe_memory` in a subprocess; ``None`` when it failed (e.g. out of memory)."""
-    spec = json.dumps({**case.__dict__, "backward": backward})
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--probe", spec],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        return None
-    return int(proc.stdout.strip().splitlines()[-1])
+    return probe_in_subprocess(__file__, {**case.__dict__, "backward": backward})
 
 
 def math_bytes(t: int, dtype: str, backward: bool) -> int:
     """A rough peak of the math backend: a few (H, T, T) tensors (scores, weights, their grads)."""
     per = H * t * t * (4 if dtype == "fp32" else 2)
     return per * (6 if backward else 3)
-
-
-def available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
-
-def fmt_ms(t: float | None) -> str:
-    return "—" if t is None else f"{t * 1e3:,.1f}"
-
-
-def fmt_ratio(a: float | None, b: float | None) -> str:
-    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
-
-
-def fmt_mb(m: int | None) -> str:
-    return "—" if m is None else f"{m / 2**20:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                         row[impl][key] = row[impl][key + "_mem"] = None
                         if not (too_big or (backward and args.no_backward)):
                             steps[impl] = make_step(Case(impl, t, dtype, causal), backward)
-                    for impl, seconds in median_times(steps, repeats).items():
+                    for impl, seconds in median_times(steps, repeats, enough_seconds=15.0).items():
                         row[impl][key] = seconds
                     del steps
                     if not args.no_memory and t in memory_lengths:

@@ -54,10 +54,7 @@ import inspect
 import json
 import math
 import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +62,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import (  # benchmarks/_common.py (the script's folder is on sys.path)
+    as_step,
+    available_bytes,
+    fmt_mb,
+    fmt_ms,
+    fmt_ratio,
+    median_times,
+    probe_in_subprocess,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -159,21 +165,7 @@ def make_step(
     method: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool
 ) -> Callable[[], None]:
     """One forward (under no_grad) or one forward + backward of the method."""
-    forward = make_forward(method, q, k, v)
-    if not backward:
-
-        def step() -> None:
-            with torch.no_grad():
-                forward()
-
-        return step
-
-    def step_bwd() -> None:
-        out = forward()
-        out.backward(torch.ones_like(out))
-        q.grad = k.grad = v.grad = None  # every run writes fresh gradients
-
-    return step_bwd
+    return as_step(make_forward(method, q, k, v), backward, (q, k, v))
 
 
 # ---------------------------------------------------------------------------------- predictions
@@ -222,17 +214,6 @@ def predicted_bytes(method: str, t: int, backward: bool) -> float:
     return base + extra
 
 
-def available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
-
 def skip_reason(method: str, t: int, backward: bool, max_seconds: float) -> str | None:
     """Why a case is not run (predicted from formulas, before running), or ``None``."""
     if method == "bigbird" and bigbird_builder() is None:
@@ -249,23 +230,6 @@ def skip_reason(method: str, t: int, backward: bool, max_seconds: float) -> str 
 # -------------------------------------------------------------------------------- measurements
 
 
-def median_times(
-    steps: dict[str, Callable[[], None]], repeats: int, warm_up: bool = True
-) -> dict[str, float]:
-    """Median wall time of each step; the steps take turns, so that a load spike hits all alike.
-    ``warm_up=False`` skips the untimed first run (for slow cases, after a small warm-up)."""
-    for step in steps.values():
-        if warm_up:
-            step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def probe_memory(case: Case) -> int:
     """In this (fresh) process: growth of the peak resident set over one step, in bytes."""
     stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
@@ -278,34 +242,12 @@ def probe_memory(case: Case) -> int:
 
 def peak_memory_in_subprocess(case: Case) -> int | None:
     """Run :func:`probe_memory` in a subprocess; ``None`` when it failed (e.g. out of memory)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--probe", json.dumps(case.__dict__)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        return None
-    return int(proc.stdout.strip().splitlines()[-1])
+    return probe_in_subprocess(__file__, case.__dict__)
 
 
 # ------------------------------------------------------------------------------------- report
 
 Results = dict[tuple[str, int], dict[str, float | None]]
-
-
-def fmt_ms(t: float | None) -> str:
-    return "—" if t is None else f"{t * 1e3:,.1f}"
-
-
-def fmt_ratio(a: float | None, b: float | None) -> str:
-    return "—" if a is None or b is None or b == 0 else f"{a / b:.3f}x"
-
-
-def fmt_mb(m: float | None) -> str:
-    return "—" if m is None else f"{m / 2**20:,.0f}"
 
 
 def fmt_per_query(m: float | None, t: int) -> str:
@@ -469,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cells = [
                     fmt_ms(r["fwd"]),
-                    fmt_ratio(r["fwd"], peer["fwd"]),
+                    fmt_ratio(r["fwd"], peer["fwd"], 3),
                     fmt_ms(r["bwd"]),
-                    fmt_ratio(r["bwd"], peer["bwd"]),
+                    fmt_ratio(r["bwd"], peer["bwd"], 3),
                     fmt_mb(r["fwd_mem"]),
                     fmt_mb(r["bwd_mem"]),
                     fmt_per_query(r["fwd_mem"], t),

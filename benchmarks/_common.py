@@ -1,0 +1,104 @@
+"""What the attention benchmarks share: timing steps that take turns, one forward (or forward +
+backward) as a step, a peak-memory probe in a fresh subprocess, and the table's number formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def as_step(
+    forward: Callable[[], torch.Tensor], backward: bool, grads: tuple[torch.Tensor, ...] = ()
+) -> Callable[[], None]:
+    """One forward under ``no_grad``, or one forward + backward (then ``grads``' ``.grad`` are
+    cleared, so that every run writes fresh gradients)."""
+    if not backward:
+
+        def step() -> None:
+            with torch.no_grad():
+                forward()
+
+        return step
+
+    def step_bwd() -> None:
+        out = forward()
+        out.backward(torch.ones_like(out))
+        for t in grads:
+            t.grad = None
+
+    return step_bwd
+
+
+def median_times(
+    steps: dict[str, Callable[[], None]],
+    repeats: int,
+    *,
+    warm_up: bool = True,
+    enough_seconds: float | None = None,
+) -> dict[str, float]:
+    """Median wall time of each step; the steps take turns, so that a load spike hits all alike.
+
+    ``warm_up=False`` skips the untimed first run (for slow cases, after a small warm-up); with
+    ``enough_seconds`` a step stops after three runs that took longer than that in all.
+    """
+    if warm_up:
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            if enough_seconds is not None and len(times[name]) >= 3:
+                if sum(times[name]) > enough_seconds:
+                    continue
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def probe_in_subprocess(script: str | Path, spec: dict[str, object]) -> int | None:
+    """Run ``script --probe SPEC`` in a fresh process with this one's threads; the last line it
+    prints (bytes) as an int, or ``None`` when it failed (e.g. out of memory)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.run(
+        [sys.executable, str(script), "--probe", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
+def available_bytes() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` (unbounded where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def fmt_ms(t: float | None) -> str:
+    return "—" if t is None else f"{t * 1e3:,.1f}"
+
+
+def fmt_ratio(a: float | None, b: float | None, digits: int = 2) -> str:
+    return "—" if a is None or b is None or b == 0 else f"{a / b:.{digits}f}x"
+
+
+def fmt_mb(m: float | None) -> str:
+    return "—" if m is None else f"{m / 2**20:,.0f}"
