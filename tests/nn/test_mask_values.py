@@ -146,3 +146,22 @@ def test_huge_finite_biases_give_the_float64_result(backend: str, dtype: torch.d
     baseline = torch.autograd.grad(base, (q, k, v), g)
     for name, a, b, c in zip("qkv", got, want, baseline):
         assert_close_rule(a, b, c, f"d{name}")
+
+
+def test_a_bias_that_hides_nothing_gives_no_boolean_mask() -> None:
+    """ALiBi's (H, T, T) bias hides no key: the backends get no per-row boolean mask to process
+    (empty rows, unseen keys), and the result is that of the float64 reference."""
+    from attnlab.nn.masking import normalize_mask
+
+    q = k = v = torch.randn(1, H, 9, D, dtype=torch.float64)
+    bias = al.alibi_bias(H, 9, 9).double()
+    masking = normalize_mask(q, k, bias, True)
+    assert masking.allowed is None and masking.bias is not None
+    hiding = normalize_mask(
+        q, k, bias.masked_fill(torch.eye(9, dtype=torch.bool), -torch.inf), True
+    )
+    assert hiding.allowed is not None
+    for backend in BACKENDS:
+        out = al.scaled_dot_product_attention(q, k, v, bias, is_causal=True, backend=backend)
+        ref, _ = attention_ref(q, k, v, bias, is_causal=True)
+        assert_close_rule(out, ref, ref, "output")

@@ -224,14 +224,20 @@ def normalize_mask(
     if not _tracing():
         _check_bias_values(mask)
     hidden = is_masked_bias(mask)
+    # a bias that hides nothing (ALiBi, relative positions) gives no boolean mask: the backends
+    # then skip every per-row step (empty rows, unseen keys, a dense mask per layer)
+    hides = _tracing() or bool(hidden.any())
     # softmax(s + b) = softmax(s + b − c) for any c constant along a row: each row's largest
     # visible bias moves to 0, so biases such as −1e9 everywhere neither swallow the scores in
     # rounding nor overflow to −∞ in a half-precision query dtype
-    row_max = mask.masked_fill(hidden, float("-inf")).amax(dim=-1, keepdim=True)
-    shift = row_max.masked_fill(row_max == float("-inf"), 0.0)
+    row_max = (mask.masked_fill(hidden, float("-inf")) if hides else mask).amax(-1, keepdim=True)
+    shift = row_max.masked_fill(row_max == float("-inf"), 0.0) if hides else row_max
     bias = (mask - shift).to(query.dtype)
     # what the query's dtype cannot hold (below its minimum) hides the key: its weight is 0 anyway
-    hidden = hidden | is_masked_bias(bias)
+    low = is_masked_bias(bias)
+    if not hides and not bool(low.any()):
+        return Masking(None, bias, causal_offset, shift, sides, blocks)
+    hidden = hidden | low
     return Masking(~hidden, bias.masked_fill(hidden, 0.0), causal_offset, shift, sides, blocks)
 
 
