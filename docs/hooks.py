@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pkgutil
-import re
 from pathlib import Path
 
 from mkdocs.config.defaults import MkDocsConfig
@@ -37,9 +36,7 @@ def _title(path: Path) -> str:
         if cell["cell_type"] == "markdown":
             for line in "".join(cell["source"]).splitlines():
                 if line.startswith("# "):
-                    # "05 · Flash-style …", "8 — A character …": the nav numbers them alike
-                    number = int(path.name[:2])
-                    return f"{number} · " + re.sub(r"^\d+\s*[·—.:-]\s*", "", line[2:].strip())
+                    return line[2:].strip()
     raise PluginError(f"{path.name}: the first markdown cell must start with a '# ' title")
 
 

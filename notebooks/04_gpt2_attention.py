@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 04 · GPT-2's attention
+# # 4 · GPT-2's attention
 #
 # GPT-2 (Radford et al. 2019, *Language Models are Unsupervised Multitask Learners*) is a stack of
 # pre-norm decoder blocks whose attention differs from the encoder-decoder's in a few concrete

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 05 · Flash-style attention, gradient checkpointing and bf16
+# # 5 · Flash-style attention, gradient checkpointing and bf16
 #
 # Exact attention $\operatorname{softmax}(QK^\top/\sqrt d)\,V$ written as three steps materialises
 # the $T \times T$ weight matrix: memory grows with $T^2$. FlashAttention (Dao et al. 2022) computes

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 06 · Training: the Noam schedule, label smoothing, and attention as it learns
+# # 6 · Training: the Noam schedule, label smoothing, and attention as it learns
 #
 # The Transformer paper trains with two tricks that are easy to state and easy to get wrong:
 # a learning rate that warms up and then decays ("Noam", Vaswani et al. 2017, §5.3) and label

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Looking inside: capture, diagnose, find the NaN, view, count the cost
+# # 7 · Looking inside: capture, diagnose, find the NaN, view, count the cost
 #
 # A trained Transformer is a stack of attention layers whose weights say, for every position,
 # where it looked. This notebook opens one up with `attnlab.inspect`:

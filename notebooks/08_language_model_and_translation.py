@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 08 — A character language model, and English → Japanese translation
+# # 8 · A character language model, and English → Japanese translation
 #
 # Two real models on real data, each built from the same parts that `attnlab train lm` and
 # `attnlab train translate` use (`src/attnlab/tasks/lm.py`, `src/attnlab/tasks/translate.py`):
