@@ -4,21 +4,49 @@ inputs, the masks combined with each pattern, and a blockwise backend with small
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
-from attnlab.nn.backends import ATTENTION_BACKENDS, blockwise
+from attnlab.nn.backends import ATTENTION_BACKENDS, blockwise, fused_tiles
+from attnlab.nn.backends.plan import Tile
 
-BACKENDS = ["math", "sdpa", "blockwise", "blockwise_small"]
+BACKENDS = ["math", "sdpa", "blockwise", "blockwise_small", "blockwise_small_python"]
 B, H, H_KV, D = 2, 4, 2, 8
 
 
 def use_small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register ``blockwise_small``: the blockwise backend with key tiles of 8 and query blocks of
-    16, so that a band or a run of visible blocks spans several tiles even at short lengths."""
+    16, so that a band or a run of visible blocks spans several tiles even at short lengths; and
+    ``blockwise_small_python``: the same small tiles computed by the online softmax written out in
+    PyTorch instead of the fused kernel."""
     small = functools.partial(blockwise.blockwise_attention, block_size=8, query_block=16)
     monkeypatch.setitem(ATTENTION_BACKENDS, "blockwise_small", small)
+    python = functools.partial(small, tile_kernel="python")
+    monkeypatch.setitem(ATTENTION_BACKENDS, "blockwise_small_python", python)
+
+
+def count_scores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Patch both ways of computing the blockwise tiles to count the scores they compute
+    (rows × cols per head, one entry per tile or fused kernel call)."""
+    counted: list[int] = []
+    scores = blockwise._Operands.scores
+    pieces = fused_tiles._Pieces.pieces
+
+    def counting_scores(self: object, tile: Tile, *args: object) -> torch.Tensor:
+        counted.append((tile.r1 - tile.r0) * (tile.j1 - tile.j0))
+        return scores(self, tile, *args)  # type: ignore[arg-type]
+
+    def counting_pieces(self: object, tile: Tile) -> Iterator[Any]:
+        for piece in pieces(self, tile):  # type: ignore[arg-type]
+            counted.append((tile.r1 - tile.r0) * (piece[1] - piece[0]))
+            yield piece
+
+    monkeypatch.setattr(blockwise._Operands, "scores", counting_scores)
+    monkeypatch.setattr(fused_tiles._Pieces, "pieces", counting_pieces)
+    return counted
 
 
 def qkv(

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import attnlab as al
 
-BACKENDS = ["math", "sdpa", "blockwise"]
+BACKENDS = ["math", "sdpa", "blockwise", "blockwise_python"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -8,7 +8,7 @@ import torch
 import attnlab as al
 from tests.reference import attention_ref
 
-BACKENDS = ("math", "sdpa", "blockwise")
+BACKENDS = ("math", "sdpa", "blockwise", "blockwise_python")
 
 
 def _inputs(h: int, h_kv: int, t_q: int, t_k: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -18,7 +18,7 @@ def _inputs(h: int, h_kv: int, t_q: int, t_k: int, d: int) -> tuple[torch.Tensor
     )
 
 
-@pytest.mark.parametrize("backend", ["math", "blockwise", "sdpa"])
+@pytest.mark.parametrize("backend", ["math", "blockwise", "blockwise_python", "sdpa"])
 @pytest.mark.parametrize(
     ("causal", "t_q", "t_k", "h", "h_kv", "mask"),
     [
@@ -45,7 +45,7 @@ def test_gradcheck(
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("backend", ["math", "blockwise"])
+@pytest.mark.parametrize("backend", ["math", "blockwise", "blockwise_python"])
 def test_gradcheck_additive_bias_gradient(backend: str) -> None:
     """A learnable additive bias (e.g. relative positions) gets its gradient too."""
     q, k, v = _inputs(2, 2, 4, 5, 3)

@@ -49,7 +49,7 @@ def test_rows_sum_to_one_or_zero_and_backends_agree(p: dict) -> None:
         backend: al.scaled_dot_product_attention(
             q, k, v, mask, is_causal=causal, backend=backend, need_weights=True
         )
-        for backend in ("math", "sdpa", "blockwise")
+        for backend in ("math", "sdpa", "blockwise", "blockwise_python")
     }
     ref_out, ref_w = attention_ref(q, k, v, mask, is_causal=causal)
     vis = visible_mask(q.shape[-2], k.shape[-2], mask, causal)
@@ -75,7 +75,7 @@ def test_gradients_agree_across_backends(p: dict) -> None:
     ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_out, _ = attention_ref(*ref_in, mask, is_causal=causal)
     ref_g = torch.autograd.grad(ref_out, ref_in, d_out)
-    for backend in ("math", "sdpa", "blockwise"):
+    for backend in ("math", "sdpa", "blockwise", "blockwise_python"):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         out = al.scaled_dot_product_attention(*inputs, mask, is_causal=causal, backend=backend)
         for g, r in zip(torch.autograd.grad(out, inputs, d_out), ref_g):

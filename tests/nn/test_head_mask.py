@@ -20,7 +20,7 @@ from attnlab.inspect import capture
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from tests.reference import assert_close_rule, attention_ref
 
-BACKENDS = ["math", "sdpa", "blockwise"]
+BACKENDS = ["math", "sdpa", "blockwise", "blockwise_python"]
 D, H = 32, 4
 
 

@@ -14,7 +14,7 @@ import torch
 import attnlab as al
 from tests.reference import assert_close_rule, attention_ref
 
-BACKENDS = ["math", "sdpa", "blockwise"]
+BACKENDS = ["math", "sdpa", "blockwise", "blockwise_python"]
 B, H, H_KV, T_Q, T_K, D = 2, 4, 2, 5, 7, 8
 
 # every rank from 0 to 4, and the broadcast patterns of each

@@ -14,10 +14,11 @@ import torch
 
 import attnlab as al
 from attnlab.nn.backends import blockwise
+from attnlab.nn.backends.plan import TilePlan
 from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.masking import empty_rows, normalize_mask
 from tests.decoding._models import tiny_gpt
-from tests.nn._patterns import BACKENDS, B, use_small_tiles
+from tests.nn._patterns import BACKENDS, B, count_scores, use_small_tiles
 from tests.nn._patterns import qkv as _qkv
 from tests.nn._patterns import user_mask as _mask
 from tests.reference import assert_close_rule, attention_ref
@@ -168,26 +169,16 @@ def test_empty_rows_account_for_the_window(is_causal: bool) -> None:
 # --------------------------------------------------------------------- blockwise: band tiles only
 
 
-def _count_scores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Patch the blockwise tiles to count the scores they compute (rows × cols per head)."""
-    counted: list[int] = []
-    original = blockwise._Operands.scores
-
-    def counting(self: object, tile: blockwise._Tile, *args: object) -> torch.Tensor:
-        counted.append((tile.r1 - tile.r0) * (tile.j1 - tile.j0))
-        return original(self, tile, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(blockwise._Operands, "scores", counting)
-    return counted
-
-
-def test_blockwise_visits_only_the_tiles_of_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", ["blockwise", "blockwise_python"])
+def test_blockwise_visits_only_the_tiles_of_the_band(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     t, w = 8192, 64
-    counted = _count_scores(monkeypatch)
+    counted = count_scores(monkeypatch)
     q = torch.randn(1, 1, t, 8, requires_grad=True)
     k = torch.randn(1, 1, t, 8, requires_grad=True)
     v = torch.randn(1, 1, t, 8, requires_grad=True)
-    out = al.scaled_dot_product_attention(q, k, v, window=w, backend="blockwise")
+    out = al.scaled_dot_product_attention(q, k, v, window=w, backend=backend)
     q_block = blockwise.QUERY_BLOCK
     assert len(counted) == t // q_block  # one tile per query block
     # each query block of 64 rows reads at most w + 64 keys: O(T · w), not O(T²)
@@ -197,18 +188,18 @@ def test_blockwise_visits_only_the_tiles_of_the_band(monkeypatch: pytest.MonkeyP
     out.sum().backward()  # the backward pass recomputes the same tiles
     assert len(counted) == t // q_block and sum(counted) <= t * (w + q_block)
     counted.clear()
-    al.scaled_dot_product_attention(q, k, v, window=(w, w), is_causal=True, backend="blockwise")
+    al.scaled_dot_product_attention(q, k, v, window=(w, w), is_causal=True, backend=backend)
     assert sum(counted) <= t * (w + q_block)  # the causal rule cuts the right side
     counted.clear()
     # with a padding mask too, and with rows that see nothing (opened, then zeroed)
     pad = torch.ones(1, 1, 1, t, dtype=torch.bool)
     pad[..., t // 2 :] = False
-    o = al.scaled_dot_product_attention(q, k, v, pad, window=w, backend="blockwise")
+    o = al.scaled_dot_product_attention(q, k, v, pad, window=w, backend=backend)
     assert sum(counted) <= t * (w + q_block) and (o[..., t // 2 + w :, :] == 0).all()
 
 
 def test_blockwise_band_plan_masks_only_cut_tiles() -> None:
-    plan = blockwise._Plan.make_band(256, 256, 64, 32, (-40, 0))
+    plan = TilePlan.make_band(256, 256, 64, 32, (-40, 0))
     for tiles in plan.blocks:
         r0, r1 = tiles[0].r0, tiles[0].r1
         assert tiles[0].j0 == max(0, r0 - 40) and tiles[-1].j1 == r1

@@ -35,14 +35,15 @@ log-sum-exp, ``P_b = e^{S_b − LSE}``, and uses ``D = rowsum(dO ∘ O)``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from attnlab._checks import check_choice
 from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
+from attnlab.nn.backends.fused_tiles import FUSED_QUERY_BLOCK, fused_available, fused_tiles
+from attnlab.nn.backends.plan import Tile, TilePlan
 from attnlab.nn.masking import Masking
-from attnlab.nn.masks import BlockLayout
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 8192
@@ -56,8 +57,9 @@ def blockwise_attention(
     scale: float,
     dropout_p: float,
     need_weights: bool,
-    block_size: int = KEY_BLOCK,
-    query_block: int = QUERY_BLOCK,
+    block_size: int | None = None,
+    query_block: int | None = None,
+    tile_kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention with an online softmax over key blocks of ``block_size`` keys, for query blocks
     of ``query_block`` rows.
@@ -73,8 +75,13 @@ def blockwise_attention(
         scale: the score scale (``1 / √D`` by default upstream).
         dropout_p: dropout probability on the weights, in ``[0, 1)``; ``0.0`` for none.
         need_weights: also compute the attention weights (before dropout).
-        block_size: keys per block of the online softmax (default ``KEY_BLOCK``).
-        query_block: query rows per block (default ``QUERY_BLOCK``).
+        block_size: keys per tile (default ``KEY_BLOCK``).
+        query_block: query rows per block (default ``QUERY_BLOCK``; ``FUSED_QUERY_BLOCK`` for
+            fused tiles without a window; a block layout uses its own block size).
+        tile_kernel: how a tile is computed: ``"python"``, the online softmax written out in
+            PyTorch (this module); ``"fused"``, PyTorch's fused CPU kernel per tile, merged by
+            log-sum-exp (:mod:`attnlab.nn.backends.fused_tiles`); ``"auto"`` (default), fused
+            where it computes the same (CPU, no dropout, no bias gradient), else python.
 
     Returns:
         ``(output, weights)``, ``weights`` being ``None`` unless ``need_weights``.
@@ -82,22 +89,30 @@ def blockwise_attention(
     Shape:
         as :func:`attnlab.nn.backends.math.math_attention`.
     """
+    check_choice("tile_kernel", tile_kernel, ("auto", "fused", "python"))
     groups = head_groups(query, key)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
     bias = masking.bias
     hidden = None if masking.allowed is None else ~masking.allowed
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    if masking.blocks is not None:  # block-sparse: the visible tiles of the layout only
-        bounds = None if masking.window is None else masking.bounds(t_q, t_k)
-        plan = _Plan.make_blocks(
-            t_q, t_k, block_size, masking.blocks, masking.causal_offset, bounds
+    fused = tile_kernel == "fused" or (
+        tile_kernel == "auto" and fused_available(query, value, dropout_p, bias)
+    )
+    if fused and not fused_available(query, value, dropout_p, bias):
+        raise ValueError(
+            "tile_kernel='fused' needs CPU tensors, D_v = D, dropout_p=0 and a mask without "
+            "gradient "
+            "(and a PyTorch with the fused CPU kernel); use tile_kernel='auto' or 'python'"
         )
-    elif masking.window is None:
-        plan = _Plan.make(t_q, t_k, query_block, block_size, masking.causal_offset)
-    else:  # the causal rule is part of the band's bounds
-        plan = _Plan.make_band(t_q, t_k, query_block, block_size, masking.bounds(t_q, t_k))
-    out, lse = _Blockwise.apply(query, key, value, bias, hidden, plan, scale, dropout_p, seed)
+    if query_block is None:  # measured: a band's blocks stay small (each reads w + block keys)
+        dense = masking.window is None and masking.blocks is None
+        query_block = FUSED_QUERY_BLOCK if fused and dense else QUERY_BLOCK
+    block_size = KEY_BLOCK if block_size is None else block_size
+    plan = _plan(query.shape[-2], key.shape[-2], masking, query_block, block_size)
+    if fused:
+        out, lse = fused_tiles(query, key, value, bias, hidden, plan, scale)
+    else:
+        seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_p > 0 else 0
+        out, lse = _Blockwise.apply(query, key, value, bias, hidden, plan, scale, dropout_p, seed)
     weights = None
     if need_weights:
         # P = exp(S − LSE), hidden entries 0: exactly the softmax the pass normalised by
@@ -112,109 +127,18 @@ def blockwise_attention(
     return out, weights
 
 
-@dataclass(frozen=True)
-class _Tile:
-    """Query rows ``r0:r1`` against keys ``j0:j1``; keys from ``mask_from`` on are cut by the
-    causal rule for some rows (``mask_from >= j1``: the tile needs no causal mask); ``band``:
-    some of its keys lie outside some row's sliding window (the plan's ``band``)."""
-
-    r0: int
-    r1: int
-    j0: int
-    j1: int
-    mask_from: int
-    band: bool = False
-
-    @property
-    def diagonal(self) -> bool:
-        return self.mask_from < self.j1
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The tiles a pass visits, grouped by query block, and the causal offset (or ``None``);
-    under a sliding window, ``band = (lo, hi)``: row ``i`` sees keys ``i + lo <= j <= i + hi``."""
-
-    blocks: tuple[tuple[_Tile, ...], ...]
-    causal_offset: int | None
-    band: tuple[int | None, int | None] | None = None
-
-    @staticmethod
-    def make_band(
-        t_q: int, t_k: int, q_block: int, k_block: int, bounds: tuple[int | None, int | None]
-    ) -> _Plan:
-        """Only the tiles that meet the band: ``O(T_q · (w + q_block))`` scores in all."""
-        lo, hi = bounds
-        blocks = []
-        for r0 in range(0, t_q, q_block):
-            r1 = min(r0 + q_block, t_q)
-            start = 0 if lo is None else max(0, r0 + lo)  # keys seen by some row of the block
-            end = t_k if hi is None else min(t_k, r1 + hi)
-            tiles = []
-            for j0 in range(start, end, k_block):
-                j1 = min(j0 + k_block, end)
-                # keys [r1 - 1 + lo, r0 + hi] are in the window of every row of the block
-                cut = (lo is not None and j0 < r1 - 1 + lo) or (hi is not None and j1 - 1 > r0 + hi)
-                tiles.append(_Tile(r0, r1, j0, j1, j1, cut))
-            blocks.append(tuple(tiles))
-        return _Plan(tuple(blocks), None, bounds)
-
-    @staticmethod
-    def make_blocks(
-        t_q: int,
-        t_k: int,
-        k_block: int,
-        layout: BlockLayout,
-        causal_offset: int | None,
-        bounds: tuple[int | None, int | None] | None,
-    ) -> _Plan:
-        """Only the visible tiles of a block layout: a query block of the layout (its ``b`` rows)
-        against each run of consecutive visible key blocks (split at ``k_block`` keys), clipped
-        to the keys the causal rule or the window leave to some row; ``O(#visible blocks · b²)``
-        scores in all. With a window the plan masks as :meth:`make_band` does (``bounds`` holds
-        the causal rule), else the causal rule masks as in :meth:`make`."""
-        lo, hi = (None, causal_offset) if bounds is None else bounds
-        b = layout.block_size
-        blocks = []
-        for r, r0, r1 in layout.row_spans(t_q):
-            start = 0 if lo is None else max(0, r0 + lo)  # keys seen by some row of the block
-            end = t_k if hi is None else min(t_k, r1 + hi)
-            # causal (no window): keys < full are seen by every row of the block
-            full = t_k if causal_offset is None else max(0, min(t_k, r0 + causal_offset + 1))
-            tiles = []
-            for c0, c1 in layout.runs[r]:
-                for j0 in range(max(c0 * b, start), min(c1 * b, end), k_block):
-                    j1 = min(j0 + k_block, c1 * b, end)
-                    if bounds is None:
-                        tiles.append(_Tile(r0, r1, j0, j1, full))
-                    else:
-                        cut = (lo is not None and j0 < r1 - 1 + lo) or (
-                            hi is not None and j1 - 1 > r0 + hi
-                        )
-                        tiles.append(_Tile(r0, r1, j0, j1, j1, cut))
-            if not tiles:  # attend() opens rows that see nothing, so this cannot happen
-                raise RuntimeError(f"query rows {r0}…{r1 - 1} see no tile of the block layout")
-            blocks.append(tuple(tiles))
-        if bounds is None:
-            return _Plan(tuple(blocks), causal_offset)
-        return _Plan(tuple(blocks), None, bounds)
-
-    @staticmethod
-    def make(t_q: int, t_k: int, q_block: int, k_block: int, causal_offset: int | None) -> _Plan:
-        blocks = []
-        for r0 in range(0, t_q, q_block):
-            r1 = min(r0 + q_block, t_q)
-            if causal_offset is None:
-                end, full = t_k, t_k
-            else:
-                end = min(t_k, r1 + causal_offset)  # keys < end: seen by some row of the block
-                full = max(0, min(t_k, r0 + causal_offset + 1))  # keys < full: seen by every row
-            # the last tile also holds the keys that cross the diagonal; only they get masked
-            tiles = [
-                _Tile(r0, r1, j0, min(j0 + k_block, end), full) for j0 in range(0, end, k_block)
-            ]
-            blocks.append(tuple(tiles))
-        return _Plan(tuple(blocks), causal_offset)
+def _plan(t_q: int, t_k: int, masking: Masking, query_block: int, block_size: int) -> TilePlan:
+    """The tiles the masking leaves: a block layout's visible blocks, a window's band, or all
+    keys up to the causal diagonal."""
+    if masking.blocks is not None:  # block-sparse: the visible tiles of the layout only
+        bounds = None if masking.window is None else masking.bounds(t_q, t_k)
+        return TilePlan.make_blocks(
+            t_q, t_k, block_size, masking.blocks, masking.causal_offset, bounds
+        )
+    if masking.window is None:
+        return TilePlan.make(t_q, t_k, query_block, block_size, masking.causal_offset)
+    # the causal rule is part of the band's bounds
+    return TilePlan.make_band(t_q, t_k, query_block, block_size, masking.bounds(t_q, t_k))
 
 
 def _slice(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
@@ -237,7 +161,7 @@ class _Operands:
 
     def scores(
         self,
-        tile: _Tile,
+        tile: Tile,
         bias: torch.Tensor | None,
         hidden: torch.Tensor | None,
         offset: int | None,
@@ -286,7 +210,7 @@ class _Blockwise(torch.autograd.Function):
         v: torch.Tensor,
         bias: torch.Tensor | None,
         hidden: torch.Tensor | None,
-        plan: _Plan,
+        plan: TilePlan,
         scale: float,
         dropout_p: float,
         seed: int,

@@ -24,3 +24,35 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def head_groups(query: torch.Tensor, key: torch.Tensor) -> int:
     """``G = H / H_kv``: query heads per key/value head (1 when there are no heads at all)."""
     return query.shape[-3] // key.shape[-3] if key.shape[-3] else 1
+
+
+def merge_partials(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the keys of two parts, from each part's normalised output and log-sum-exp.
+
+    Each part's output is normalised over its own keys, ``O_a = Σ_a e^{s − L_a} v``; the whole is
+
+        L = log(e^{L_a} + e^{L_b})
+        O = e^{L_a − L} · O_a + e^{L_b − L} · O_b
+
+    A part in which a row sees no key carries ``L = −∞`` (and weighs 0); a row that sees no key
+    in either part keeps ``L = −∞`` and ``O = 0``.
+
+    Args:
+        out_a: the first part's output.
+        lse_a: its log-sum-exp per row.
+        out_b: the second part's output.
+        lse_b: its log-sum-exp per row.
+
+    Returns:
+        ``(output, lse)`` of both parts together.
+
+    Shape:
+        outputs ``(..., T_q, D_v)``, log-sum-exps ``(..., T_q)``.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)  # no key in either part: any shift will do
+    weight_a = torch.exp(lse_a - safe).unsqueeze(-1)
+    weight_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    return out_a * weight_a + out_b * weight_b, lse
