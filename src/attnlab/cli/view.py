@@ -4,7 +4,9 @@ Loads a run folder (its latest checkpoint), a checkpoint folder or a GPT-2 direc
 text into exactly what the model read (through the run's task, special tokens included), runs it
 while capturing every attention layer, and writes one HTML file (no network needed to open it).
 For an encoder-decoder the text is the source and the target is the model's own decoded output
-(as ``attnlab translate`` prints it), or ``--target``.
+(as ``attnlab translate`` prints it), or ``--target``. A Linformer encoder (``--attention
+linformer``) is shown as it computes: its ``T × k`` weights over the projected ``E·K`` rows, and
+the effective weights ``A · F`` over the source tokens (see :mod:`attnlab.viz.viewer`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,15 @@ Weights are named by the path of their attention module in ``model.named_modules
 For long sequences, ``capture(model, weights=False, stats=True)`` records per-row entropy, max
 weight and log-sum-exp instead (``cache.stats``), computed blockwise from each layer's queries,
 keys and mask by :func:`attnlab.inspect.attention_stats` — no ``T × T`` matrix is ever formed.
+
+**Projected keys (Linformer).** A :class:`~attnlab.nn.linformer.LinformerAttention` layer
+(Wang et al. 2020, eq. 7) attends over ``k`` rows of ``E K`` — each a learned mix of *every* key
+position — so its weights are ``(B, H, T_q, k)`` and their columns are not tokens. The capture
+keeps them as they are and says so: ``cache.projected[path]`` is a :class:`ProjectedKeys` (the
+method, ``k``, the labels ``"E·K row j"``, and the layer's ``E`` and ``F`` cut to the ``T_k`` keys
+of the call, with the key mask), and :meth:`ActivationCache.effective_weights` gives what the
+layer took from each *token*: ``A · F`` (``T_q × T_k``, may be negative), because the layer's
+output is exactly ``(A F) V``.
 """
 
 from __future__ import annotations
@@ -29,11 +38,101 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab._checks import shape_str
 from attnlab.inspect.stats import AttentionStats, attention_stats
 from attnlab.nn.hooks import hook_points
+from attnlab.nn.linformer import LinformerAttention, key_mask
 from attnlab.nn.multihead import MultiHeadAttention
 
-__all__ = ["ActivationCache", "attention_modules", "capture", "run_with_cache"]
+__all__ = ["ActivationCache", "ProjectedKeys", "attention_modules", "capture", "run_with_cache"]
+
+
+@dataclass(frozen=True)
+class ProjectedKeys:
+    """The key axis of a layer whose keys are projected along the sequence (Linformer).
+
+    :class:`~attnlab.nn.linformer.LinformerAttention` computes (Wang et al. 2020, §4, eq. 7)
+
+        A = softmax(Q (E K)ᵀ / √d_head)   (T_q × k),      output = A · (F V)
+
+    so column ``j`` of its weights ``A`` is row ``j`` of ``E K`` — a learned mix of *all* key
+    positions (weights ``E[j, :]``, of either sign) — not a token. Keys and values at masked
+    positions are zeroed before the projection (padding contributes nothing).
+
+    **What the layer took from each token.** Since ``output_i = Σ_j A_ij (F V)_j =
+    Σ_t (A F)_it V_t``, the matrix ``A · F`` (``T_q × T_k``) plays exactly the role ``A`` plays in
+    softmax attention (``output = A V``): :meth:`effective_weights`. It is not a distribution:
+    entries may be negative (``F`` has entries of both signs) and rows need not sum to 1.
+    ``A · E`` is *not* offered: ``E`` acts inside the softmax (on the scores), so ``A E`` has no
+    such identity; only with key-value sharing (``E = F``) are the two the same.
+
+    Attributes:
+        method: the projection's name, ``"linformer"``.
+        k: the projected length (columns of the weights).
+        key_length: ``T_k``, the key positions mixed into each projected row in this call.
+        key_projection: ``E`` cut to its first ``T_k`` columns, one per query head (grouped-query
+            or shared projections repeated).
+        value_projection: ``F`` likewise (``E`` itself with key-value sharing).
+        key_mask: the keys the call could see (``True``; hidden keys were zeroed before the
+            projection), or ``None`` when no mask was given.
+
+    Shape:
+        - key_projection, value_projection ``(H, k, T_k)``
+        - key_mask ``(B or 1, H or 1, T_k)``
+    """
+
+    method: str
+    k: int
+    key_length: int
+    key_projection: torch.Tensor
+    value_projection: torch.Tensor
+    key_mask: torch.Tensor | None = None
+
+    @property
+    def labels(self) -> list[str]:
+        """One label per projected row, ``"E·K row 0"`` … ``"E·K row {k-1}"``: the columns of
+        the weights (each a mix of every key position, never a token)."""
+        return [f"E·K row {j}" for j in range(self.k)]
+
+    def effective_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        """``A · F``: the weight each query gives each key *token* through the value projection.
+
+        The layer's output before ``W^O`` is ``A (F V) = (A F) V`` exactly, so this is what the
+        head read from each position (masked positions: 0). Computed in float64 and returned in
+        the dtype of ``weights``.
+
+        Args:
+            weights: the layer's captured weights ``A`` over the ``k`` projected rows.
+
+        Returns:
+            ``A · F``, possibly negative; rows need not sum to 1.
+
+        Raises:
+            ValueError: ``weights`` does not have ``k`` columns or the layer's heads.
+
+        Shape:
+            weights ``(B, H, T_q, k)`` (or ``(H, T_q, k)``) → ``(B, H, T_q, T_k)``
+            (or ``(H, T_q, T_k)``).
+        """
+        heads = self.value_projection.shape[0]
+        if weights.dim() not in (3, 4) or weights.shape[-1] != self.k or weights.shape[-3] != heads:
+            raise ValueError(
+                f"weights must be (B, H, T_q, k) or (H, T_q, k) with H = {heads}, k = {self.k}, "
+                f"got {shape_str(weights.shape)}"
+            )
+        f = self.value_projection.to(device=weights.device, dtype=torch.float64)  # (H, k, T_k)
+        if self.key_mask is not None:
+            m = self.key_mask.to(weights.device)  # (B or 1, H or 1, T_k)
+            if weights.dim() == 3 and m.shape[0] != 1:
+                raise ValueError(
+                    f"weights of one sequence (H, T_q, k) but the call had a mask of {m.shape[0]} "
+                    f"sequences; pass the (B, H, T_q, k) weights"
+                )
+            f = f * m[:, :, None, :]  # hidden keys and values were zeroed: (B or 1, H, k, T_k)
+            if weights.dim() == 3:
+                f = f[0]
+        out = weights.detach().to(torch.float64) @ f  # Σ_j A_ij F_jt   (…, H, T_q, T_k)
+        return out.to(weights.dtype)
 
 
 @dataclass
@@ -49,10 +148,14 @@ class ActivationCache:
             ``hooks=`` (e.g. ``"transformer.h.0.attn.hook_q"``).
         stats: module path → :class:`~attnlab.inspect.stats.AttentionStats` of the latest call
             (entropy, max weight, log-sum-exp per row), filled with ``stats=True``.
+        projected: module path → :class:`ProjectedKeys` for the layers whose key axis is
+            projected (Linformer): their weights are ``(B, H, T_q, k)`` over the rows of
+            ``E K``, not over key tokens. Other layers are absent.
 
     Shape:
-        each weights tensor ``(B, H, T_q, T_k)``; an activation has its hook point's shape, e.g.
-        ``(B, H, T_q, d_head)`` for ``hook_q``.
+        each weights tensor ``(B, H, T_q, T_k)`` — ``(B, H, T_q, k)`` for a layer in
+        ``projected``; an activation has its hook point's shape, e.g. ``(B, H, T_q, d_head)`` for
+        ``hook_q``.
     """
 
     attentions: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -60,6 +163,7 @@ class ActivationCache:
     history: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     activations: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, AttentionStats] = field(default_factory=dict)
+    projected: dict[str, ProjectedKeys] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """``cache[path]``: the attention weights of one layer, else a captured activation."""
@@ -151,6 +255,45 @@ class ActivationCache:
         if not 0 <= batch < w.shape[0]:
             raise ValueError(f"batch must lie in [0, {w.shape[0]}), got {batch}")
         return w[batch, head]
+
+    def key_labels(self, name: str) -> list[str] | None:
+        """The labels of a layer's key axis when it is not the key tokens.
+
+        Args:
+            name: the layer's module path.
+
+        Returns:
+            ``["E·K row 0", …]`` for a layer with projected keys (:attr:`projected`), ``None``
+            for a layer whose columns are the key tokens.
+        """
+        info = self.projected.get(name)
+        return None if info is None else info.labels
+
+    def effective_weights(self, name: str) -> torch.Tensor:
+        """What a projected-key layer took from each key token: ``A · F``
+        (:meth:`ProjectedKeys.effective_weights`).
+
+        Args:
+            name: the module path of a layer in :attr:`projected`.
+
+        Returns:
+            The effective weights of the latest call, possibly negative, in the weights' dtype.
+
+        Raises:
+            KeyError: nothing was captured under ``name``.
+            ValueError: the layer's keys are not projected (its weights already are per token).
+
+        Shape:
+            ``(B, H, T_q, T_k)``.
+        """
+        w = self[name]
+        info = self.projected.get(name)
+        if info is None:
+            raise ValueError(
+                f"layer {name!r} attends to its key tokens directly; effective weights exist only "
+                f"for layers with projected keys: {list(self.projected) or 'none captured'}"
+            )
+        return info.effective_weights(w)
 
 
 def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
@@ -258,10 +401,19 @@ def capture(
                 mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
             ) -> None:
                 cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
-                calls[name] = {"mask": kwargs.get("mask"), "causal": bool(kwargs.get("is_causal"))}
+                calls[name] = {
+                    "mask": kwargs.get("mask"),
+                    "causal": bool(kwargs.get("is_causal")),
+                    "t_k": _key_length(args, kwargs),
+                }
 
             def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
                 call = calls.pop(name, {})
+                if "batch" in call and isinstance(mod, LinformerAttention):
+                    # the weights are over the k rows of E K: say so, with E and F of this call
+                    cache.projected[name] = _linformer_keys(
+                        mod, call.get("t_k"), call.get("mask"), call["batch"], keep
+                    )
                 if stats and "q" in call and "k" in call:
                     q = call.get("rot_q", call["q"])  # the queries the scores saw
                     result = attention_stats(q, call["k"], call["mask"], is_causal=call["causal"])
@@ -273,6 +425,7 @@ def capture(
                 w = keep(out)
                 cache.attentions[name] = w  # a dict keeps the first call's position
                 cache.history.setdefault(name, []).append(w)
+                calls.setdefault(name, {})["batch"] = out.shape[0]
 
             def on_q(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
                 calls.setdefault(name, {})["q"] = out.detach()
@@ -303,6 +456,44 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _key_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """``T_k`` of a ``MultiHeadAttention.forward(query, key=None, …)`` call."""
+    query = args[0] if args else kwargs.get("query")
+    key = args[1] if len(args) > 1 else kwargs.get("key")
+    x = query if key is None else key
+    return int(x.shape[-2]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else None
+
+
+def _linformer_keys(
+    layer: LinformerAttention,
+    t_k: int | None,
+    mask: object,
+    batch: int,
+    keep: Callable[[torch.Tensor], torch.Tensor],
+) -> ProjectedKeys:
+    """The :class:`ProjectedKeys` of one call of a Linformer layer: ``E``, ``F`` cut to ``T_k``
+    columns and repeated to the query heads, and the key mask as the layer applied it."""
+    t_k = layer.max_len if t_k is None else t_k
+    heads, group = layer.num_heads, layer.num_heads // layer.num_kv_heads
+
+    def per_head(p: torch.Tensor) -> torch.Tensor:
+        p = p[..., :t_k].detach()
+        if p.dim() == 2:  # one projection for every head               (k, T_k)
+            return p.expand(heads, *p.shape).contiguous()
+        return p.repeat_interleave(group, dim=0)  # one per key/value head → (H, k, T_k)
+
+    e, f = layer.projections()
+    m = key_mask(mask, batch, heads, t_k, "Linformer attention") if mask is not None else None
+    return ProjectedKeys(
+        method="linformer",
+        k=layer.k,
+        key_length=t_k,
+        key_projection=keep(per_head(e)),
+        value_projection=keep(per_head(f)),
+        key_mask=None if m is None else keep(m),
+    )
 
 
 def _path(layer: str, hook_name: str) -> str:

@@ -47,7 +47,9 @@ from attnlab._checks import (
     shape_str,
 )
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
+from attnlab.nn.backends import choose_backend
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masking import Masking
 from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
 
 __all__ = [
@@ -460,6 +462,10 @@ class LinformerAttention(MultiHeadAttention):
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         e, f = self.projections()
         want_weights = need_weights or self.hook_weights.active
+        # an observer (a hook on hook_weights) must not change what forward computes: the kernel
+        # is the one "auto" picks for the caller's need_weights (after the projection nothing is
+        # masked: hidden keys were zeroed), and it returns exact weights as well
+        backend = choose_backend(self.backend, need_weights, Masking(None, None, None))
         result = linformer_attention(
             q,
             k,
@@ -469,7 +475,7 @@ class LinformerAttention(MultiHeadAttention):
             mask=mask,
             scale=self.d_head**-0.5,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend,
+            backend=backend,  # type: ignore[arg-type]
             need_weights=want_weights,
         )
         z, weights = result if isinstance(result, tuple) else (result, None)

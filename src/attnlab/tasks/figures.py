@@ -117,17 +117,23 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
         title: the viewer's title.
 
     Returns:
-        The viewer's data, every captured layer labelled by its tokens.
+        The viewer's data, every captured layer labelled by its tokens (a layer with projected
+        keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``).
     """
     if inputs.kind == "lm":
         return viewer_data(
-            cache.attentions, tokens=list(inputs.tokens), kinds=cache.kinds, title=title
+            cache.attentions,
+            tokens=list(inputs.tokens),
+            kinds=cache.kinds,
+            projected=cache.projected,
+            title=title,
         )
     return viewer_data(
         cache.attentions,
         source=list(inputs.source_tokens),
         target=list(inputs.target_tokens),
         kinds=cache.kinds,
+        projected=cache.projected,  # Linformer layers: T × k over E·K rows, and A·F
         title=title,
     )
 

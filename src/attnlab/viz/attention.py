@@ -6,6 +6,12 @@ Long sequences stay readable: :func:`reduce_attention` shrinks a ``T_q × T_k`` 
 positions that matter most (``"topk"``: the keys that receive the most attention and the queries
 with the sharpest rows), with the original positions in the labels. Every function returns a
 :class:`~attnlab.viz.Plot` holding the arrays it drew.
+
+The matrices need not be square, nor their columns tokens: a Linformer layer's weights are
+``T × k`` over projected key rows (label the columns with ``cache.key_labels(path)``, i.e.
+``"E·K row j"``). A matrix with negative entries — e.g. the effective weights ``A · F`` of
+:meth:`attnlab.inspect.ActivationCache.effective_weights` — is drawn on a diverging scale
+symmetric about 0 (blue < 0 < red) instead of the ``[0, 1]`` weight scale.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from matplotlib.image import AxesImage
 
 from attnlab._checks import check_choice, check_positive_int, shape_str
 from attnlab.viz._draw import (
+    CMAP,
+    DIVERGING,
     ArrayLike,
     Plot,
     _draw_matrix,
@@ -141,6 +149,16 @@ def reduce_attention(
 # ----------------------------------------------------------------------------- heatmaps
 
 
+def _scale(matrix: np.ndarray, vmax: float | None) -> tuple[float, float | None, str]:
+    """``(vmin, vmax, cmap)``: weights on ``[0, vmax]`` (viridis; ``None`` = the largest); a
+    matrix with negative entries on ``[-m, m]``, ``m = max |value|`` (diverging, white at 0)."""
+    finite = matrix[np.isfinite(matrix)]
+    if finite.size and float(finite.min()) < 0.0:
+        m = float(np.abs(finite).max())
+        return -m, m, DIVERGING
+    return 0.0, vmax, CMAP
+
+
 def attention_heatmap(
     weights: ArrayLike,
     *,
@@ -151,25 +169,34 @@ def attention_heatmap(
     max_tokens: int = 64,
     method: Reduction = "block",
     annotate: bool | None = None,
+    value_label: str = "weight",
 ) -> Plot:
     """One head's attention weights as a heatmap with token labels.
 
     Rows are queries (who looks), columns keys (what is looked at); row ``i`` is
-    ``softmax_j(q_i · k_j / √d)``. Masked cells (``mask == False``) are grey.
+    ``softmax_j(q_i · k_j / √d)``. Masked cells (``mask == False``) are grey. The columns may be
+    something other than key tokens (``T_k = k`` projected rows of a Linformer layer, labelled by
+    ``key_tokens``); a matrix with negative entries (effective weights ``A · F``) is drawn on a
+    diverging scale symmetric about 0.
 
     Args:
         weights: ``(T_q, T_k)``.
         query_tokens: query labels (default: positions).
-        key_tokens: key labels (default: positions).
+        key_tokens: key labels (default: positions), e.g. ``cache.key_labels(path)`` for a
+            layer with projected keys.
         mask: boolean ``(T_q, T_k)``, ``True = may attend``; drawn only without reduction.
         title: axes title.
         max_tokens: longer sides are reduced with ``method`` (see :func:`reduce_attention`).
         method: ``"block"`` or ``"topk"``.
         annotate: write the values in the cells (default: when at most 12 × 12).
+        value_label: the colour bar's label. Default ``"weight"``.
 
     Returns:
         :class:`Plot` with ``data["weights"]`` (the drawn matrix), ``data["row_index"]``,
         ``data["col_index"]`` and ``data["mask"]`` when a mask was drawn.
+
+    Shape:
+        weights ``(T_q, T_k)``; mask ``(T_q, T_k)``.
     """
     w = _to_numpy("weights", weights, 2)
     red = reduce_attention(
@@ -187,6 +214,7 @@ def attention_heatmap(
             if red.matrix.shape == w.shape or method == "topk"
             else None
         )
+    vmin, vmax, cmap = _scale(red.matrix, None)
     r, c = red.matrix.shape
     side = min(10.0, max(3.5, 0.28 * max(r, c) + 1.5))
     fig = _new_figure(side + 1.0, side)
@@ -201,10 +229,13 @@ def attention_heatmap(
         title=title,
         annotate=annotate,
         numbered=(not _reduced(red.row_index), not _reduced(red.col_index)),
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
     )
     ax.set_xlabel("key")
     ax.set_ylabel("query")
-    fig.colorbar(img, ax=ax, shrink=0.8, label="weight")
+    fig.colorbar(img, ax=ax, shrink=0.8, label=value_label)
     data = {"weights": red.matrix, "row_index": red.row_index, "col_index": red.col_index}
     if m is not None:
         data["mask"] = m
@@ -218,7 +249,9 @@ def _draw_grid(
     col_titles: Sequence[str] | None = None,
     row_names: Sequence[str] | None = None,
     max_labels: int = 24,
-    vmax: float = 1.0,
+    vmax: float | None = 1.0,
+    vmin: float = 0.0,
+    cmap: str = CMAP,
 ) -> AxesImage | None:
     """Heatmaps in a grid; each panel carries token labels unless its neighbour shows the same.
 
@@ -244,7 +277,9 @@ def _draw_grid(
                 cell.matrix,
                 cell.row_labels,
                 cell.col_labels,
+                vmin=vmin,
                 vmax=vmax,
+                cmap=cmap,
                 show_rows=left is None or left.row_labels != cell.row_labels,
                 show_cols=below is None or below.col_labels != cell.col_labels,
                 max_labels=max_labels,
@@ -266,6 +301,7 @@ def head_grid(
     max_tokens: int = 48,
     method: Reduction = "block",
     ncols: int | None = None,
+    value_label: str = "weight",
 ) -> Plot:
     """All heads of one layer, one small heatmap each, with token labels on both axes.
 
@@ -275,6 +311,10 @@ def head_grid(
     ``"8–15"`` for ``"block"``, ``"position:token"`` for ``"topk"`` (then every panel is labelled,
     as each head keeps other positions).
 
+    A Linformer layer's ``T_q × k`` weights are drawn as they are, its columns labelled by
+    ``key_tokens`` (``cache.key_labels(path)``: ``"E·K row j"``); negative entries (effective
+    weights ``A · F``) switch every panel to one diverging scale symmetric about 0.
+
     Args:
         weights: ``(H, T_q, T_k)`` (or ``(1, H, T_q, T_k)``).
         query_tokens: query labels (default: positions).
@@ -283,9 +323,13 @@ def head_grid(
         max_tokens: per-side limit before reduction.
         method: ``"block"`` or ``"topk"``.
         ncols: heads per row (default ``min(H, 4)``).
+        value_label: the colour bar's label. Default ``"weight"``.
 
     Returns:
         :class:`Plot` with ``data["weights"]`` ``(H, R_q, R_k)`` as drawn.
+
+    Shape:
+        weights ``(H, T_q, T_k)`` or ``(1, H, T_q, T_k)``.
     """
     w = _to_numpy("weights", weights, (3, 4))
     if w.ndim == 4:
@@ -313,14 +357,24 @@ def head_grid(
         [reds[r * ncols + c] if r * ncols + c < h else None for c in range(ncols)]
         for r in range(nrows)
     ]
-    img = _draw_grid(axes, cells, col_titles=None, max_labels=_labels_that_fit(3.0), vmax=1.0)
+    drawn = np.stack([r.matrix for r in reds])
+    vmin, vmax, cmap = _scale(drawn, 1.0)
+    img = _draw_grid(
+        axes,
+        cells,
+        col_titles=None,
+        max_labels=_labels_that_fit(3.0),
+        vmax=vmax,
+        vmin=vmin,
+        cmap=cmap,
+    )
     for i, ax in enumerate(axes.flat[:h]):
         ax.set_title(f"head {i}", fontsize=9)
     if title:
         fig.suptitle(title)
     if img is not None:
-        fig.colorbar(img, ax=axes, shrink=0.6, label="weight")
-    return Plot(fig, {"weights": np.stack([r.matrix for r in reds])})
+        fig.colorbar(img, ax=axes, shrink=0.6, label=value_label)
+    return Plot(fig, {"weights": drawn})
 
 
 def _layer_labels(

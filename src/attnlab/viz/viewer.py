@@ -9,6 +9,17 @@ the training step.
 
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
+
+**Projected keys (Linformer).** A :class:`~attnlab.nn.linformer.LinformerAttention` layer attends
+over the ``k`` rows of ``E K`` (Wang et al. 2020), each a learned mix of every key position, so its
+weights are ``T_q × k`` and their columns are not tokens. Such layers form a group of their own
+(e.g. ``"encoder self-attention (Linformer, k = 16)"``) whose key labels are ``"E·K row j"``; the
+page says so in a line under the controls and draws no token-to-token lines for them. A second
+mode shows the *effective* weights ``A · F`` (``T_q × T_k``, over the source tokens): the layer's
+output is exactly ``(A F) V``, so entry ``(i, t)`` is what query ``i`` took from token ``t``
+through the value projection ``F``. It may be negative, so it is drawn on a diverging scale
+(blue < 0 < red). See :class:`~attnlab.inspect.capture.ProjectedKeys` for why ``A · F`` and not
+``A · E``.
 """
 
 from __future__ import annotations
@@ -22,12 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from attnlab._checks import shape_str
 from attnlab.viz.files import write_file
+
+if TYPE_CHECKING:
+    from attnlab.inspect.capture import ProjectedKeys
 
 __all__ = [
     "AttentionGroup",
@@ -48,13 +63,18 @@ class AttentionLayer:
     Attributes:
         name: module path, e.g. ``"decoder.layers.0.cross_attn"``.
         weights: ``(H, T_q, T_k)`` float array, or ``(S, H, T_q, T_k)`` when the
-            :class:`ViewerData` has ``steps``.
+            :class:`ViewerData` has ``steps``. In a group with projected keys ``T_k`` is ``k``,
+            the projected rows.
         mask: boolean ``(T_q, T_k)`` (``True = may attend``) or ``None``.
+        effective: only in a group with projected keys (:attr:`AttentionGroup.projected_from`):
+            the effective weights ``A · F`` over the tokens the rows mix, ``(H, T_q, T_tok)``
+            (``(S, H, T_q, T_tok)`` with steps), signed; or ``None``.
     """
 
     name: str
     weights: np.ndarray
     mask: np.ndarray | None = None
+    effective: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -64,14 +84,21 @@ class AttentionGroup:
     Attributes:
         name: shown on the group's tab, e.g. ``"decoder cross-attention"``.
         query: the name of the query token sequence (a key of :attr:`ViewerData.sequences`).
-        key: the name of the key token sequence.
+        key: the name of the key sequence: the key tokens, or for projected keys the labels of
+            the ``k`` rows (``"E·K row j"``).
         layers: the layers, in order.
+        projected_from: for a group whose keys are projected rows (Linformer), the name of the
+            token sequence every row mixes (the columns of the layers' ``effective`` weights);
+            ``None`` (default) when the keys are tokens.
+        note: a line the page shows while the group is open (what the columns are), or ``None``.
     """
 
     name: str
     query: str
     key: str
     layers: list[AttentionLayer] = field(default_factory=list)
+    projected_from: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,29 +134,50 @@ class ViewerData:
             if any(b <= a for a, b in itertools.pairwise(steps)):
                 raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
         for g in self.groups:
-            for side in (g.query, g.key):
+            sides = (
+                (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
+            )
+            for side in sides:
                 if side not in self.sequences:
                     raise ValueError(
                         f"group {g.name!r} names sequence {side!r}, not in sequences {list(self.sequences)}"
                     )
             t_q, t_k = len(self.sequences[g.query]), len(self.sequences[g.key])
             for layer in g.layers:
-                w = layer.weights
-                if self.steps is not None:
-                    n = len(self.steps)
-                    if w.ndim != 4 or w.shape[0] != n or w.shape[2:] != (t_q, t_k):
-                        raise ValueError(
-                            f"weights of {layer.name!r} must be (S, H, T_q, T_k) = ({n}, H, {t_q}, {t_k}) "
-                            f"with steps, got {shape_str(w.shape)}"
-                        )
-                elif w.ndim != 3 or w.shape[1:] != (t_q, t_k):
-                    raise ValueError(
-                        f"weights of {layer.name!r} must be (H, T_q, T_k) = (H, {t_q}, {t_k}), got {shape_str(w.shape)}"
-                    )
+                self._check_weights(f"weights of {layer.name!r}", layer.weights, t_q, t_k)
                 if layer.mask is not None and layer.mask.shape != (t_q, t_k):
                     raise ValueError(
                         f"mask of {layer.name!r} must be ({t_q}, {t_k}), got {shape_str(layer.mask.shape)}"
                     )
+                if layer.effective is None:
+                    continue
+                if g.projected_from is None:
+                    raise ValueError(
+                        f"layer {layer.name!r} has effective weights but its group {g.name!r} has "
+                        "no projected keys (set projected_from)"
+                    )
+                t_tok = len(self.sequences[g.projected_from])
+                self._check_weights(
+                    f"effective weights of {layer.name!r}", layer.effective, t_q, t_tok
+                )
+                if layer.effective.shape[-3] != layer.weights.shape[-3]:
+                    raise ValueError(
+                        f"effective weights of {layer.name!r} have {layer.effective.shape[-3]} heads, "
+                        f"the weights {layer.weights.shape[-3]}"
+                    )
+
+    def _check_weights(self, what: str, w: np.ndarray, t_q: int, t_k: int) -> None:
+        if self.steps is not None:
+            n = len(self.steps)
+            if w.ndim != 4 or w.shape[0] != n or w.shape[2:] != (t_q, t_k):
+                raise ValueError(
+                    f"{what} must be (S, H, T_q, T_k) = ({n}, H, {t_q}, {t_k}) with steps, got "
+                    f"{shape_str(w.shape)}"
+                )
+        elif w.ndim != 3 or w.shape[1:] != (t_q, t_k):
+            raise ValueError(
+                f"{what} must be (H, T_q, T_k) = (H, {t_q}, {t_k}), got {shape_str(w.shape)}"
+            )
 
     def to_json(self) -> dict:
         """The page's JSON (weights as base64 little-endian float32, masks as base64 uint8; with
@@ -137,7 +185,8 @@ class ViewerData:
 
         Returns:
             A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
-            shapes, weights and masks) and ``steps``.
+            shapes, weights, masks and effective weights, and the group's ``projected_from`` and
+            ``note``) and ``steps``.
         """
 
         def b64(a: np.ndarray) -> str:
@@ -152,6 +201,8 @@ class ViewerData:
                     "name": g.name,
                     "query": g.query,
                     "key": g.key,
+                    "projected_from": g.projected_from,
+                    "note": g.note,
                     "layers": [
                         {
                             "name": layer.name,
@@ -160,6 +211,9 @@ class ViewerData:
                             "mask": None
                             if layer.mask is None
                             else b64(layer.mask.astype(np.uint8)),
+                            "effective": None
+                            if layer.effective is None
+                            else b64(layer.effective.astype("<f4")),
                         }
                         for layer in g.layers
                     ],
@@ -175,6 +229,9 @@ def _np(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(x)
 
 
+_METHODS = {"linformer": "Linformer"}
+
+
 def viewer_data(
     attentions: Mapping[str, torch.Tensor | np.ndarray],
     *,
@@ -182,6 +239,7 @@ def viewer_data(
     source: Sequence[str] | None = None,
     target: Sequence[str] | None = None,
     kinds: Mapping[str, str] | None = None,
+    projected: Mapping[str, ProjectedKeys] | None = None,
     batch_index: int = 0,
     title: str = "attnlab attention viewer",
 ) -> ViewerData:
@@ -192,29 +250,44 @@ def viewer_data(
     self-attention (padding mask only), ``kinds[path] == "cross"`` (or ``cross``/``src_attn`` in the
     path) decoder cross-attention, the rest decoder self-attention (look-ahead mask).
 
+    Layers named in ``projected`` (Linformer: ``cache.projected``) attend over ``k`` projected
+    rows of ``E K``, not over tokens: they go to a group of their own, e.g. ``"encoder
+    self-attention (Linformer, k = 16)"``, whose key labels are the rows (``"E·K row j"``), with a
+    note saying what the columns are and the effective weights ``A · F`` over the key tokens
+    (:meth:`~attnlab.inspect.capture.ProjectedKeys.effective_weights`; possibly negative).
+
     Args:
         attentions: module path → ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``.
         tokens: a GPT's tokens.
         source: an encoder-decoder's source tokens.
         target: an encoder-decoder's target tokens (what the decoder read).
         kinds: module path → ``"self"``/``"cross"`` (``cache.kinds``).
+        projected: module path → :class:`~attnlab.inspect.capture.ProjectedKeys` for the layers
+            whose keys are projected (``cache.projected``); default none.
         batch_index: which sequence of the batch.
         title: page title.
 
     Returns:
         :class:`ViewerData`.
 
+    Raises:
+        ValueError: neither ``tokens`` nor ``source`` and ``target``; a weight of another shape
+            than its tokens (a layer with projected keys not named in ``projected`` says so);
+            ``batch_index`` out of range.
+
     Shape:
         - each weight: ``(B, H, T_q, T_k)`` (``batch_index`` picks the sequence) or
           ``(H, T_q, T_k)``; ``T_q``/``T_k`` are the lengths of ``tokens`` for a GPT, of
           ``target``/``source`` (or ``target``/``target``, ``source``/``source``) for an
-          encoder-decoder.
+          encoder-decoder; ``T_k = k`` for a layer in ``projected``.
     """
     if tokens is None and (source is None or target is None):
         raise ValueError(
             "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
         )
     kinds = dict(kinds or {})
+    projected = dict(projected or {})
+    parents: dict[str, str] = {}  # projected group → the group it was split from
     seqs: dict[str, list[str]]
     if tokens is not None:
         seqs = {"tokens": [str(t) for t in tokens]}
@@ -230,6 +303,7 @@ def viewer_data(
         }
     for name, w in attentions.items():
         arr = _np(w)
+        full = arr
         if arr.ndim == 4:
             if not 0 <= batch_index < arr.shape[0]:
                 raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
@@ -248,13 +322,63 @@ def viewer_data(
         else:
             group = groups["decoder self-attention"]
         t_q, t_k = arr.shape[1:]
+        info = projected.get(name)
+        if info is not None:
+            base = group
+            group = _projected_group(groups, seqs, base, info)
+            parents[group.name] = base.name
+            a = w if isinstance(w, torch.Tensor) else torch.as_tensor(full)
+            effective = _np(info.effective_weights(a))  # A · F over the key tokens
+            if effective.ndim == 4:
+                effective = effective[batch_index]
+            group.layers.append(
+                AttentionLayer(name, arr.astype(np.float32), effective=effective.astype(np.float32))
+            )
+            continue
+        if t_k != len(seqs[group.key]) and t_q == len(seqs[group.query]):
+            raise ValueError(
+                f"attentions[{name!r}] must be (H, T_q, T_k) = (H, {t_q}, {len(seqs[group.key])}) "
+                f"over the {group.key} tokens of {group.name}, got {shape_str(arr.shape)}; if the "
+                f"layer's keys are projected (Linformer: T_q × k weights) pass "
+                f"projected=cache.projected"
+            )
         mask = None
         if group.query == group.key and group.name != "encoder self-attention":
             # the look-ahead mask, bottom-right aligned
             mask = np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (t_k - t_q)
         group.layers.append(AttentionLayer(name, arr.astype(np.float32), mask))
-    kept = [g for g in groups.values() if g.layers]
+    # a projected group follows the group it was split from
+    base_order = [n for n in groups if n not in parents]
+    kept = sorted(
+        (g for g in groups.values() if g.layers),
+        key=lambda g: base_order.index(parents.get(g.name, g.name)),
+    )
     return ViewerData(title=title, sequences=seqs, groups=kept)
+
+
+def _projected_group(
+    groups: dict[str, AttentionGroup],
+    seqs: dict[str, list[str]],
+    base: AttentionGroup,
+    info: ProjectedKeys,
+) -> AttentionGroup:
+    """The group of ``base``'s layers whose keys ``info`` projects: its own key labels (the
+    ``k`` rows) and a note that the columns are not tokens (created on first use)."""
+    method = _METHODS.get(info.method, info.method)
+    name = f"{base.name} ({method}, k = {info.k})"
+    if name in groups:
+        return groups[name]
+    rows = f"E·K rows (k = {info.k})"
+    seqs[rows] = list(info.labels)
+    n = len(seqs[base.key])
+    note = (
+        f"keys projected to k = {info.k} rows ({method}): column j is row j of E·K, a learned "
+        f"mix of all {n} {base.key} positions, not a token, so no token-to-token lines are drawn. "
+        f"'effective weight through F' (A·F) shows what each query took from each {base.key} "
+        f"token through the value projection F (output = (A·F)·V); it may be negative."
+    )
+    groups[name] = AttentionGroup(name, base.query, rows, projected_from=base.key, note=note)
+    return groups[name]
 
 
 def _template(name: str) -> str:
@@ -366,6 +490,7 @@ def view(
     source: Sequence[str] | None = None,
     target: Sequence[str] | None = None,
     kinds: Mapping[str, str] | None = None,
+    projected: Mapping[str, ProjectedKeys] | None = None,
     batch_index: int = 0,
     title: str = "attnlab attention viewer",
     height: int = 720,
@@ -386,6 +511,8 @@ def view(
         source: an encoder-decoder's source tokens.
         target: an encoder-decoder's target tokens.
         kinds: module path → ``"self"``/``"cross"``; taken from the cache when it is one.
+        projected: module path → :class:`~attnlab.inspect.capture.ProjectedKeys` for layers
+            with projected keys (Linformer); taken from the cache when it is one.
         batch_index: which sequence of the batch to show.
         title: the page title.
         height: the height of the inline frame in a notebook, in CSS pixels (> 0).
@@ -408,7 +535,7 @@ def view(
         raise ValueError(f"height must be > 0, got {height}")
     if isinstance(attentions, ViewerData):
         extra = [n for n, v in (("tokens", tokens), ("source", source), ("target", target),
-                                ("kinds", kinds)) if v is not None]  # fmt: skip
+                                ("kinds", kinds), ("projected", projected)) if v is not None]  # fmt: skip
         if extra:
             raise ValueError(
                 f"a ViewerData already holds its tokens; got {', '.join(extra)} as well"
@@ -422,12 +549,15 @@ def view(
         )
     if kinds is None:
         kinds = getattr(attentions, "kinds", None)
+    if projected is None:
+        projected = getattr(attentions, "projected", None)
     data = viewer_data(
         weights,
         tokens=tokens,
         source=source,
         target=target,
         kinds=kinds,
+        projected=projected,
         batch_index=batch_index,
         title=title,
     )

@@ -10,10 +10,20 @@
     const t = (i / 255) * (ANCHORS.length - 1), k = Math.min(Math.floor(t), ANCHORS.length - 2), f = t - k;
     for (let c = 0; c < 3; c++) LUT[i * 3 + c] = ANCHORS[k][c] + f * (ANCHORS[k + 1][c] - ANCHORS[k][c]);
   }
+  // signed values (effective weights A·F): RdBu reversed, blue < 0 < red, white at 0
+  const DIV_ANCHORS = [[5, 48, 97], [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240],
+    [247, 247, 247], [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43], [103, 0, 31]];
+  const DIV_LUT = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = (i / 255) * (DIV_ANCHORS.length - 1), k = Math.min(Math.floor(t), DIV_ANCHORS.length - 2), f = t - k;
+    for (let c = 0; c < 3; c++) DIV_LUT[i * 3 + c] = DIV_ANCHORS[k][c] + f * (DIV_ANCHORS[k + 1][c] - DIV_ANCHORS[k][c]);
+  }
   const MASK_RGB = [230, 190, 190];
   const STEPS = Array.isArray(DATA.steps) && DATA.steps.length ? DATA.steps : null;
-  const state = { group: 0, layer: 0, head: 0, view: "matrix", showMask: false, threshold: 0.02, focus: -1,
-    step: STEPS ? STEPS.length - 1 : 0 };
+  // mode: for a layer with projected keys (Linformer), "weights" (T × k over the E·K rows) or
+  // "effective" (A·F, T × T over the tokens the rows mix; signed)
+  const state = { group: 0, layer: 0, head: 0, view: "matrix", mode: "weights", showMask: false, threshold: 0.02,
+    focus: -1, step: STEPS ? STEPS.length - 1 : 0 };
   const cache = new Map();
   const canvas = document.getElementById("canvas");
   const ctx = canvas.getContext("2d");
@@ -28,15 +38,23 @@
   }
   function current() {
     const g = DATA.groups[state.group], L = g.layers[state.layer];
-    const key = state.group + ":" + state.layer;
+    const projected = !!g.projected_from;
+    const signed = projected && state.mode === "effective" && !!L.effective;
+    const key = state.group + ":" + state.layer + (signed ? ":effective" : "");
     if (!cache.has(key)) {
-      cache.set(key, { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
+      cache.set(key, signed ? { w: decode(L.effective, Float32Array), m: null }
+        : { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
     }
-    const tq = DATA.sequences[g.query].length, tk = DATA.sequences[g.key].length;
+    // the columns: key tokens, the k projected rows, or (effective) the tokens the rows mix
+    const kname = signed ? g.projected_from : g.key;
+    const tq = DATA.sequences[g.query].length, tk = DATA.sequences[kname].length;
     // with steps the weights are (S, H, T_q, T_k): this step's block starts at step · H · T_q · T_k
     const offset = STEPS ? state.step * L.heads * tq * tk : 0;
-    return Object.assign({ g, L, tq, tk, offset, q: DATA.sequences[g.query], k: DATA.sequences[g.key] }, cache.get(key));
+    return Object.assign({ g, L, tq, tk, offset, projected, signed, mode: signed ? "effective" : "weights",
+      q: DATA.sequences[g.query], k: DATA.sequences[kname] }, cache.get(key));
   }
+  // a layer with projected keys has no token-to-token lines: its columns are not tokens
+  function viewOf(g) { return g.projected_from ? "matrix" : state.view; }
   function weight(c, h, i, j) { return c.w[c.offset + (h * c.tq + i) * c.tk + j]; }
   function stepText() { return STEPS ? "training step " + STEPS[state.step] : ""; }
   function allowed(c, i, j) { return !c.m || c.m[i * c.tk + j] === 1; }
@@ -65,7 +83,21 @@
     const heads = [{ label: "all", value: -1 }];
     for (let h = 0; h < H; h++) heads.push({ label: String(h), value: h, color: HEAD_COLORS[h % HEAD_COLORS.length] });
     buttons("heads", heads, state.head, (v) => { state.head = v; update(); }, "head-btn");
-    document.querySelectorAll(".view-btn").forEach((b) => b.classList.toggle("active", b.dataset.view === state.view));
+    const projected = !!g.projected_from;
+    document.querySelectorAll(".view-btn").forEach((b) => {
+      b.classList.toggle("active", b.dataset.view === viewOf(g));
+      const off = projected && b.dataset.view === "lines";
+      b.disabled = off;
+      b.title = off ? "no lines: this layer's columns are projected rows (mixes of all positions), not tokens" : "";
+    });
+    document.getElementById("mode-row").hidden = !projected;
+    document.getElementById("note-row").hidden = !(projected && g.note);
+    document.getElementById("note").textContent = projected && g.note ? g.note : "";
+    const hasEffective = projected && !!g.layers[state.layer].effective;
+    document.querySelectorAll(".mode-btn").forEach((b) => {
+      b.classList.toggle("active", b.dataset.mode === (hasEffective ? state.mode : "weights"));
+      if (b.dataset.mode === "effective") b.disabled = !hasEffective;
+    });
     document.getElementById("layers").title = g.layers[state.layer].name;
   }
   function update() { controls(); draw(); }
@@ -82,7 +114,9 @@
   // ---------------------------------------------------------------- matrix view
   function heatImage(c, h) {
     let vmax = 0;
-    for (let i = 0; i < c.tq; i++) for (let j = 0; j < c.tk; j++) vmax = Math.max(vmax, weight(c, h, i, j));
+    for (let i = 0; i < c.tq; i++) {
+      for (let j = 0; j < c.tk; j++) vmax = Math.max(vmax, c.signed ? Math.abs(weight(c, h, i, j)) : weight(c, h, i, j));
+    }
     vmax = vmax > 0 ? vmax : 1;
     const img = new ImageData(c.tk, c.tq), px = img.data;
     for (let i = 0; i < c.tq; i++) {
@@ -90,6 +124,11 @@
         const o = (i * c.tk + j) * 4;
         if (state.showMask && !allowed(c, i, j)) {
           px[o] = MASK_RGB[0]; px[o + 1] = MASK_RGB[1]; px[o + 2] = MASK_RGB[2];
+        } else if (c.signed) {
+          // sign · √(|value| / max |value|), mapped onto blue (−) · white (0) · red (+)
+          const w = weight(c, h, i, j), s = Math.sign(w) * Math.sqrt(Math.min(1, Math.abs(w) / vmax));
+          const v = Math.max(0, Math.min(255, Math.round((s + 1) / 2 * 255)));
+          px[o] = DIV_LUT[v * 3]; px[o + 1] = DIV_LUT[v * 3 + 1]; px[o + 2] = DIV_LUT[v * 3 + 2];
         } else {
           const v = Math.max(0, Math.min(255, Math.round(Math.sqrt(weight(c, h, i, j) / vmax) * 255)));
           px[o] = LUT[v * 3]; px[o + 1] = LUT[v * 3 + 1]; px[o + 2] = LUT[v * 3 + 2];
@@ -176,11 +215,15 @@
 
   function draw() {
     const c = current();
-    if (state.view === "matrix") drawMatrix(c); else drawLines(c);
+    const view = viewOf(c.g);
+    if (view === "matrix") drawMatrix(c); else drawLines(c);
     renders++;
-    document.getElementById("info").textContent = c.L.name + " · " + c.tq + " × " + c.tk +
-      (STEPS ? " · " + stepText() : "") +
-      (state.view === "matrix" ? " · colour √(weight / max of the head)" : "");
+    const shape = c.signed ? c.tq + " × " + c.tk + " effective A·F (queries × tokens)"
+      : c.projected ? c.tq + " × " + c.tk + " (queries × projected E·K rows)" : c.tq + " × " + c.tk;
+    const colour = view !== "matrix" ? ""
+      : c.signed ? " · colour sign·√(|value| / max |value| of the head): blue < 0 < red"
+      : " · colour √(weight / max of the head)";
+    document.getElementById("info").textContent = c.L.name + " · " + shape + (STEPS ? " · " + stepText() : "") + colour;
   }
 
   // ---------------------------------------------------------------- hover
@@ -221,9 +264,17 @@
     if (!t) { tip.hidden = true; return; }
     const v = weight(t.c, t.h, t.i, t.j);
     const masked = !allowed(t.c, t.i, t.j);
-    showTip(ev, (STEPS ? stepText() + "\n" : "") + "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) +
-      " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : ""),
-      { v, ...t });
+    const who = (STEPS ? stepText() + "\n" : "") + "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]);
+    let text;
+    if (t.c.signed) {
+      text = who + " → token " + t.j + " " + JSON.stringify(t.c.k[t.j]) + " through F" +
+        "\neffective weight (A·F) = " + v.toFixed(6) + "  (may be negative)";
+    } else if (t.c.projected) {
+      text = who + " → " + t.c.k[t.j] + " (a mix of all positions, not a token)\nweight = " + v.toFixed(6);
+    } else {
+      text = who + " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : "");
+    }
+    showTip(ev, text, { v, ...t });
   });
   canvas.addEventListener("mouseleave", () => {
     tip.hidden = true;
@@ -234,11 +285,13 @@
     tip.style.left = ev.clientX + 14 + "px"; tip.style.top = ev.clientY + 14 + "px";
     if (t) {
       tip.dataset.value = String(t.v); tip.dataset.head = t.h; tip.dataset.query = t.i; tip.dataset.key = t.j;
+      tip.dataset.mode = t.c.mode;
       if (STEPS) tip.dataset.step = String(STEPS[state.step]);
     }
   }
 
   document.querySelectorAll(".view-btn").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; state.focus = -1; update(); }));
+  document.querySelectorAll(".mode-btn").forEach((b) => b.addEventListener("click", () => { state.mode = b.dataset.mode; tip.hidden = true; update(); }));
   document.getElementById("show-mask").addEventListener("change", (e) => { state.showMask = e.target.checked; draw(); });
   document.getElementById("threshold").addEventListener("change", (e) => { state.threshold = Number(e.target.value) || 0; draw(); });
   window.addEventListener("resize", () => draw());
@@ -261,6 +314,8 @@
     state,
     steps: STEPS,
     get renders() { return renders; },
+    // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
+    get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
     cellCenter(i, j, head) {
       if (!geom || geom.view !== "matrix") return null;
       const p = geom.panels.find((q) => head === undefined || q.h === head) || geom.panels[0];
