@@ -93,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="for the byte counts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_attention_arguments(
-        p, what="self-attention (GPT: sliding or performer; encoder-decoder: also linformer)"
+        p,
+        what="self-attention (GPT: sliding, performer or bigbird; encoder-decoder: also linformer)",
     )
     p.set_defaults(func=run)
 
@@ -229,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         "linformer": f", linformer k {config.linformer_k}",
         "performer": ", performer"
         + (f" m {config.num_features}" if config.num_features is not None else ""),
+        "bigbird": f", bigbird block {config.block_size} global {config.global_blocks} window "
+        f"{config.window_blocks} random {config.num_random_blocks} seed {config.bigbird_seed}",
     }.get(config.attention, "")
     console.print(
         f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"

@@ -44,11 +44,23 @@ per head (``d_h`` the head width):
   masked ``C × C`` block (``scores`` and part of ``reduce``), counted exactly. No KV cache
   (decoding recomputes the prefix), so ``kv_cache`` is 0 for that model's self-attention.
 
+* ``"bigbird"``: ``QKᵀ`` and ``PV`` over the **visible blocks** of the config's layout (its
+  first ``T`` positions, :func:`attnlab.models.config.block_layout`), ``b × b`` scores each
+  (the last block partial: ``rows · cols`` counted exactly), as the blockwise backend computes
+  them (``backend="auto"`` picks it under a layout): ``2 · scores · d_h`` each, with
+  ``scores = Σ_visible rows(r) · cols(c)`` (:func:`block_pairs`). The causal layout's diagonal
+  blocks are counted whole (the backend forms the tile, then masks its upper half). The explicit
+  ``"math"`` backend still forms the whole ``T × T_k`` matrix, and a length at which the layout
+  hides no block runs as full attention. The KV cache keeps every position.
+
 These counts are what :class:`torch.utils.flop_counter.FlopCounterMode` measures for Linformer
-and Performer layers; for sliding windows it is a hand count of the mask's visible pairs.
+and Performer layers and for BigBird on the blockwise backend (its tiles written out as PyTorch
+matmuls: the counter has no formula for PyTorch's fused CPU attention kernel); for sliding
+windows it is a hand count of the mask's visible pairs.
 ``memory["attention_matrix"]`` is likewise the pattern's largest per-layer attention
 intermediate: ``T × T_k`` weights (full), ``T × min(T, span)`` (sliding, ideal), ``T × k``
-(Linformer), the ``(T_q + T_k) × m`` feature maps (Performer), times ``B · H``.
+(Linformer), the ``(T_q + T_k) × m`` feature maps (Performer), the visible blocks' scores
+(BigBird, ideal), times ``B · H``.
 """
 
 from __future__ import annotations
@@ -60,9 +72,10 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.models.config import GPTConfig, TransformerConfig, block_layout
+from attnlab.nn.masks import BlockLayout
 
-__all__ = ["FlopReport", "flops", "kv_cache_bytes", "window_pairs"]
+__all__ = ["FlopReport", "block_pairs", "flops", "kv_cache_bytes", "window_pairs"]
 
 
 @dataclass(frozen=True)
@@ -213,6 +226,45 @@ def window_pairs(t_q: int, t_k: int, left: int | None, right: int | None) -> int
     return total
 
 
+def block_pairs(layout: BlockLayout, q_len: int | None = None) -> int:
+    """Query-key scores of a block layout's visible tiles, as the blockwise backend forms them.
+
+    The ``T_q`` queries are the last positions of the ``T = layout.seq_len`` keys (bottom-right
+    alignment). Each query block ``r`` (its ``rows(r)`` queries) meets each visible key block
+    ``c`` (its ``cols(c)`` keys, fewer in the last, partial block)::
+
+        pairs = Σ_{(r, c) visible} rows(r) · cols(c)
+
+    Under a causal layout the keys past a block's last query are never visited (a tile that
+    crosses the diagonal is formed whole up to there, then masked); a single query (a decoding
+    step) reads the whole of its visible blocks up to itself.
+
+    Args:
+        layout: the :class:`~attnlab.nn.masks.BlockLayout` over the ``T`` keys.
+        q_len: queries ``T_q``, in ``1 … T``; default ``T``.
+
+    Returns:
+        The number of scores computed.
+
+    Examples:
+        >>> from attnlab.nn.masks import bigbird_layout
+        >>> block_pairs(bigbird_layout(10, block_size=4, num_random_blocks=0))  # 3 blocks, all
+        100
+    """
+    t_k = layout.seq_len
+    t_q = t_k if q_len is None else check_positive_int("q_len", q_len)
+    if t_q > t_k:
+        raise ValueError(f"q_len must be at most the layout's seq_len = {t_k}, got {t_q}")
+    b = layout.block_size
+    total = 0
+    for r, r0, r1 in layout.row_spans(t_q):
+        # causal: keys past the block's last query are hidden from all of its rows
+        end = min(t_k, r1 + t_k - t_q) if layout.causal else t_k
+        for c0, c1 in layout.runs[r]:
+            total += (r1 - r0) * max(0, min(c1 * b, end) - c0 * b)
+    return total
+
+
 def _core_terms(
     prefix: str, t_q: int, t_k: int, d_h: int, h: int, h_kv: int, pattern: tuple[Any, ...]
 ) -> dict[str, int]:
@@ -220,6 +272,9 @@ def _core_terms(
     kind = pattern[0]
     if kind == "sliding":
         pairs = window_pairs(t_q, t_k, pattern[1], pattern[2])
+        return {f"{prefix}/scores": 2 * h * pairs * d_h, f"{prefix}/reduce": 2 * h * pairs * d_h}
+    if kind == "bigbird":
+        pairs = block_pairs(pattern[1].crop(t_k), t_q)  # the layout's first T_k positions
         return {f"{prefix}/scores": 2 * h * pairs * d_h, f"{prefix}/reduce": 2 * h * pairs * d_h}
     if kind == "linformer":
         k = pattern[1]
@@ -272,6 +327,8 @@ def _matrix_elements(t_q: int, t_k: int, pattern: tuple[Any, ...]) -> int:
         return t_q * min(t_k, span)
     if kind == "linformer":
         return t_q * pattern[1]
+    if kind == "bigbird":
+        return block_pairs(pattern[1].crop(t_k), t_q)
     if kind == "performer":
         return (t_q + t_k) * pattern[1]
     return t_q * t_k
@@ -290,6 +347,10 @@ def _patterns(config: Any, d_h: int) -> dict[str, tuple[Any, ...]]:
         }
     if attention == "linformer":
         return {"gpt": full, "encoder": ("linformer", config.linformer_k), "decoder": full}
+    if attention == "bigbird":
+        causal = ("bigbird", block_layout(config, causal=True))
+        return {"gpt": causal, "encoder": ("bigbird", block_layout(config, causal=False)),
+                "decoder": causal}  # fmt: skip
     if attention == "performer":
         m = config.num_features
         m = max(d_h, round(d_h * math.log(d_h))) if m is None else m  # PerformerAttention's default
@@ -347,7 +408,7 @@ def kv_cache_bytes(
     tokens) and its cross-attention keys/values (``src_len`` source tokens, default ``seq_len``).
     With ``config.attention == "sliding"`` the self-attention cache is a rolling one of
     ``min(seq_len, window)`` positions; with ``"performer"`` there is no cache at all (decoding
-    recomputes the prefix), so the size is 0.
+    recomputes the prefix), so the size is 0; ``"bigbird"`` keeps every position.
 
     Args:
         config: a :class:`~attnlab.GPTConfig` or :class:`~attnlab.TransformerConfig`.

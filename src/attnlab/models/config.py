@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.nn.backends import check_backend
+from attnlab.nn.masks import BlockLayout, bigbird_layout
 
 __all__ = [
     "ATTENTIONS",
+    "ATTENTION_FIELDS",
+    "BIGBIRD_DEFAULTS",
+    "BIGBIRD_FIELDS",
     "GPTConfig",
     "TransformerConfig",
+    "block_layout",
     "check_attention",
     "config_from_dict",
     "config_to_dict",
@@ -20,7 +26,40 @@ __all__ = [
 C = TypeVar("C")
 
 #: the attention patterns a model config can choose (``attention=``)
-ATTENTIONS: tuple[str, ...] = ("full", "sliding", "linformer", "performer")
+ATTENTIONS: tuple[str, ...] = ("full", "sliding", "linformer", "performer", "bigbird")
+
+#: the config fields that belong to ``attention`` and its parameters (left out of a saved
+#: config with full attention, as in configs saved before they existed)
+ATTENTION_FIELDS: tuple[str, ...] = (
+    "attention", "window", "linformer_k", "num_features", "block_size", "global_blocks",
+    "window_blocks", "num_random_blocks", "bigbird_seed",
+)  # fmt: skip
+
+#: BigBird's parameters among :data:`ATTENTION_FIELDS`
+BIGBIRD_FIELDS: tuple[str, ...] = ATTENTION_FIELDS[4:]
+
+#: what ``attention="bigbird"`` takes for a parameter left ``None``: the defaults of
+#: :func:`attnlab.masks.bigbird_layout` (``bigbird_seed`` is its ``seed``)
+BIGBIRD_DEFAULTS: dict[str, int] = {
+    "global_blocks": 1,
+    "window_blocks": 3,
+    "num_random_blocks": 2,
+    "bigbird_seed": 0,
+}
+
+# each attention's parameters, ``None`` when not chosen: (owner, required)
+_OWNERS: dict[str, tuple[str, bool]] = {
+    "window": ("sliding", True),
+    "linformer_k": ("linformer", True),
+    "num_features": ("performer", False),
+    "block_size": ("bigbird", True),
+    "global_blocks": ("bigbird", False),
+    "window_blocks": ("bigbird", False),
+    "num_random_blocks": ("bigbird", False),
+    "bigbird_seed": ("bigbird", False),
+}
+# the parameters that may be 0 (the others must be positive)
+_MAY_BE_ZERO = ("global_blocks", "window_blocks", "num_random_blocks", "bigbird_seed")
 
 
 def check_attention(
@@ -30,6 +69,11 @@ def check_attention(
     num_features: object,
     *,
     causal_only: bool,
+    block_size: object = None,
+    global_blocks: object = None,
+    window_blocks: object = None,
+    num_random_blocks: object = None,
+    bigbird_seed: object = None,
 ) -> None:
     """Validate a config's choice of attention and its parameters (shared by both configs).
 
@@ -41,23 +85,28 @@ def check_attention(
         num_features: Performer's random features ``m`` (``attention="performer"`` only;
             ``None`` takes the layer's default).
         causal_only: the model has causal self-attention only (GPT): Linformer is refused.
+        block_size: BigBird's block ``b`` (``attention="bigbird"`` only, required there).
+        global_blocks: BigBird's global blocks, the first ``g`` (``"bigbird"`` only, ``>= 0``).
+        window_blocks: BigBird's band width in blocks (``"bigbird"`` only; 0 or odd).
+        num_random_blocks: BigBird's random key blocks per query block (``"bigbird"`` only,
+            ``>= 0``).
+        bigbird_seed: the seed of BigBird's random blocks (``"bigbird"`` only, ``>= 0``).
 
     Raises:
         ValueError: an unknown attention name, a parameter for another attention, a missing
-            or non-positive parameter, or Linformer in a causal-only model.
+            or out-of-range parameter (an even ``window_blocks``; a BigBird layout without
+            global, band or random blocks), or Linformer in a causal-only model.
         TypeError: a parameter that is not an int.
     """
-    if attention == "bigbird":
-        raise ValueError(
-            f"attention='bigbird' is not available yet; attention must be one of "
-            f"{', '.join(repr(a) for a in ATTENTIONS)}"
-        )
     check_choice("attention", attention, ATTENTIONS)
-    params = {"window": ("sliding", window), "linformer_k": ("linformer", linformer_k),
-              "num_features": ("performer", num_features)}  # fmt: skip
-    for name, (owner, value) in params.items():
+    params = {"window": window, "linformer_k": linformer_k, "num_features": num_features,
+              "block_size": block_size, "global_blocks": global_blocks,
+              "window_blocks": window_blocks, "num_random_blocks": num_random_blocks,
+              "bigbird_seed": bigbird_seed}  # fmt: skip
+    for name, value in params.items():
+        owner, required = _OWNERS[name]
         if value is None:
-            if attention == owner and name != "num_features":
+            if attention == owner and required:
                 raise ValueError(f"attention={owner!r} needs {name} (a positive int), got None")
             continue
         if attention != owner:
@@ -67,7 +116,12 @@ def check_attention(
             )
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        check_positive_int(name, value)
+        if name not in _MAY_BE_ZERO:
+            check_positive_int(name, value)
+        elif value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if attention == "bigbird":
+        _check_bigbird(global_blocks, window_blocks, num_random_blocks)
     if causal_only and attention == "linformer":
         raise ValueError(
             "attention='linformer' is not available for GPTConfig: Linformer projects the keys "
@@ -75,6 +129,70 @@ def check_attention(
             "cannot be causal; use 'sliding' or 'performer' (or linformer in a TransformerConfig "
             "encoder)"
         )
+
+
+def _check_bigbird(global_blocks: object, window_blocks: object, num_random: object) -> None:
+    """BigBird's layout needs an odd band (or none) and some visible block besides."""
+    band = BIGBIRD_DEFAULTS["window_blocks"] if window_blocks is None else window_blocks
+    if band != 0 and band % 2 == 0:  # type: ignore[operator]
+        raise ValueError(
+            f"window_blocks must be 0 or odd (a block and (w - 1) / 2 neighbours each side), "
+            f"got {band}"
+        )
+    if global_blocks == 0 and band == 0 and num_random == 0:
+        raise ValueError(
+            "attention='bigbird' needs some visible blocks: global_blocks, window_blocks and "
+            "num_random_blocks are all 0, so every key would be hidden"
+        )
+
+
+def _resolve_bigbird(config: Any) -> None:
+    """Fill a BigBird config's parameters left ``None`` with :data:`BIGBIRD_DEFAULTS`, in place
+    (a frozen dataclass's ``__post_init__``), so that the saved config names every number the
+    layout is drawn from."""
+    if config.attention != "bigbird":
+        return
+    for name, value in BIGBIRD_DEFAULTS.items():
+        if getattr(config, name) is None:
+            object.__setattr__(config, name, value)
+
+
+@lru_cache(maxsize=64)
+def block_layout(config: Any, *, causal: bool) -> BlockLayout:
+    """The BigBird layout of a config with ``attention="bigbird"``, over its longest sequence.
+
+    ``bigbird_layout(n, block_size=…, global_blocks=…, window_blocks=…, num_random_blocks=…,
+    seed=bigbird_seed, causal=causal)`` with ``n`` the config's positions (``n_positions`` of a
+    GPT, ``max_len`` of the encoder-decoder): a call over ``T`` positions uses its crop to the
+    first ``T`` (:meth:`~attnlab.nn.masks.BlockLayout.crop`). The seed is in the config, so a
+    saved model rebuilds the same layout; one layout is built per config and kind and shared
+    by the layers (it is immutable).
+
+    Args:
+        config: a :class:`GPTConfig` or :class:`TransformerConfig` with ``attention="bigbird"``.
+        causal: the causal layout (a GPT, a decoder) or the bidirectional one (an encoder).
+
+    Returns:
+        The :class:`~attnlab.nn.masks.BlockLayout`.
+
+    Raises:
+        ValueError: the config's attention is not ``"bigbird"``.
+    """
+    if getattr(config, "attention", None) != "bigbird":
+        raise ValueError(
+            f"block_layout needs a config with attention='bigbird', got "
+            f"attention={getattr(config, 'attention', None)!r}"
+        )
+    n = config.n_positions if isinstance(config, GPTConfig) else config.max_len
+    return bigbird_layout(
+        n,
+        block_size=config.block_size,
+        global_blocks=config.global_blocks,
+        window_blocks=config.window_blocks,
+        num_random_blocks=config.num_random_blocks,
+        seed=config.bigbird_seed,
+        causal=causal,
+    )
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -85,15 +203,20 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
     Returns:
         ``{"kind": <class name>, <field>: <value>, ...}``; with full attention (the default)
-        the attention fields (``attention``, ``window``, ``linformer_k``, ``num_features``) are
-        left out, as in configs saved before they existed.
+        the attention fields (:data:`ATTENTION_FIELDS`: ``attention``, ``window``,
+        ``linformer_k``, ``num_features`` and BigBird's) are left out, as in configs saved
+        before they existed; with another attention than BigBird, BigBird's fields (``None``)
+        are left out, as in configs saved before BigBird was offered.
     """
     data = dataclasses.asdict(config)
-    if data.get("attention") == "full":
-        # the attention fields are left out at their defaults: a run saved before they existed
-        # compares equal when resumed, and config_from_dict fills them in
-        for name in ("attention", "window", "linformer_k", "num_features"):
-            data.pop(name, None)
+    if "attention" in data:
+        # fields are left out as they were before they existed: a run saved then compares
+        # equal when resumed, and config_from_dict fills them in (None)
+        attention = data["attention"]
+        gone = ATTENTION_FIELDS if attention == "full" else BIGBIRD_FIELDS
+        for name in gone:
+            if name in data and (attention != "bigbird" or data[name] is None):
+                data.pop(name)
     return {"kind": type(config).__name__, **data}
 
 
@@ -167,11 +290,33 @@ class TransformerConfig:
             * ``"performer"``: encoder self-attention bidirectional and decoder self-attention
               causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`). The decoder
               then has no KV cache: decoding recomputes the target prefix at each step.
+            * ``"bigbird"``: block-sparse attention (Zaheer et al. 2020): blocks of
+              ``block_size`` positions, of which the first ``global_blocks`` are global (they
+              see and are seen by every block), a band of ``window_blocks`` blocks and
+              ``num_random_blocks`` random key blocks per query block, drawn from
+              ``bigbird_seed`` (:func:`attnlab.masks.bigbird_layout` over ``max_len``
+              positions, see :func:`block_layout`). Encoder self-attention uses the
+              bidirectional layout, decoder self-attention the causal one (blocks on or below
+              the diagonal, future keys hidden), with a full KV cache while decoding. A
+              sequence of ``T`` positions uses the layout's first ``T`` (its top-left crop), so
+              a position sees the same blocks whatever the length. ``backend="auto"`` runs the
+              blockwise backend, which visits only the visible blocks.
         window: the sliding window ``w`` (``attention="sliding"`` only, required there).
         linformer_k: Linformer's projected length ``k`` (``attention="linformer"`` only,
             required there).
         num_features: Performer's random features ``m`` (``attention="performer"`` only);
             ``None`` (default) takes ``round(d_head · ln d_head)``.
+        block_size: BigBird's block ``b`` in positions (``attention="bigbird"`` only, required
+            there; not a context length).
+        global_blocks: BigBird's global blocks, the first ``g`` (``attention="bigbird"`` only;
+            ``None`` takes 1).
+        window_blocks: BigBird's band width in blocks, 0 or odd (``attention="bigbird"`` only;
+            ``None`` takes 3: a block and its two neighbours).
+        num_random_blocks: BigBird's random key blocks per query block, ``>= 0``
+            (``attention="bigbird"`` only; ``None`` takes 2).
+        bigbird_seed: the seed the random blocks are drawn from, ``>= 0`` (``attention="bigbird"``
+            only; ``None`` takes 0). With ``attention="bigbird"`` the ``None`` parameters are
+            set to these defaults (:data:`BIGBIRD_DEFAULTS`), so a saved config names them.
 
     Examples:
         >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=64,
@@ -204,6 +349,11 @@ class TransformerConfig:
     window: int | None = None
     linformer_k: int | None = None
     num_features: int | None = None
+    block_size: int | None = None
+    global_blocks: int | None = None
+    window_blocks: int | None = None
+    num_random_blocks: int | None = None
+    bigbird_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -257,8 +407,10 @@ class TransformerConfig:
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
         check_attention(
-            self.attention, self.window, self.linformer_k, self.num_features, causal_only=False
-        )
+            self.attention, self.window, self.linformer_k, self.num_features, causal_only=False,
+            **{name: getattr(self, name) for name in BIGBIRD_FIELDS},
+        )  # fmt: skip
+        _resolve_bigbird(self)
 
     @property
     def d_head(self) -> int:
@@ -293,8 +445,9 @@ class GPTConfig:
         bias: biases in the linear layers and LayerNorms. Default True (GPT-2).
         backend: attention backend (see :func:`attnlab.scaled_dot_product_attention`). Default "auto".
         rope_base: base ``θ`` of the rotary frequencies (``positions="rope"`` only). Default 10000.
-        attention: the self-attention pattern, one of ``"full"`` (default), ``"sliding"`` and
-            ``"performer"`` (:data:`ATTENTIONS`; ``"linformer"`` is refused: it cannot be causal).
+        attention: the self-attention pattern, one of ``"full"`` (default), ``"sliding"``,
+            ``"performer"`` and ``"bigbird"`` (:data:`ATTENTIONS`; ``"linformer"`` is refused:
+            it cannot be causal).
 
             * ``"sliding"``: each token sees itself and the ``window`` tokens before it (the
               causal window ``(window, 0)``, Mistral's ``sliding_window``); decoding keeps a
@@ -305,12 +458,36 @@ class GPTConfig:
               additive ALiBi bias). It has no KV cache: :meth:`GPT.new_cache` gives a
               :class:`~attnlab.models.gpt.RecomputeCache` and each decoding step recomputes the
               prefix.
+            * ``"bigbird"``: causal block-sparse attention (Zaheer et al. 2020): blocks of
+              ``block_size`` tokens; the first ``global_blocks`` are global (every later token
+              sees them, and they see the past), each block sees a band of ``window_blocks``
+              blocks and ``num_random_blocks`` random earlier blocks drawn from
+              ``bigbird_seed``, only on or below the diagonal and with future tokens hidden
+              (:func:`attnlab.masks.bigbird_layout` over ``n_positions`` tokens, ``causal=True``,
+              see :func:`block_layout`). A sequence of ``T`` tokens uses the layout's first
+              ``T`` (its top-left crop), so a token sees the same keys whatever the length and
+              decoding with the (full) KV cache gives the logits of the full forward; a left-padded
+              row (``attention_mask``) reads the layout at its tokens' positions, as an unpadded
+              row would. ``backend="auto"`` runs the blockwise backend, which visits only the
+              visible blocks.
 
             Hugging Face interop (``to_hf``) needs ``"full"``.
         window: the sliding window ``w`` (``attention="sliding"`` only, required there).
         linformer_k: accepted for symmetry with :class:`TransformerConfig`; must be ``None``.
         num_features: Performer's random features ``m`` (``attention="performer"`` only);
             ``None`` (default) takes ``round(d_head · ln d_head)``.
+        block_size: BigBird's block ``b`` in tokens (``attention="bigbird"`` only, required
+            there; not the context length, which is ``n_positions``).
+        global_blocks: BigBird's global blocks, the first ``g`` (``attention="bigbird"`` only;
+            ``None`` takes 1).
+        window_blocks: BigBird's band width in blocks, 0 or odd (``attention="bigbird"`` only;
+            ``None`` takes 3: a block and its two neighbours, the later one hidden by the
+            causal rule).
+        num_random_blocks: BigBird's random key blocks per query block, ``>= 0``
+            (``attention="bigbird"`` only; ``None`` takes 2).
+        bigbird_seed: the seed the random blocks are drawn from, ``>= 0`` (``attention="bigbird"``
+            only; ``None`` takes 0). With ``attention="bigbird"`` the ``None`` parameters are
+            set to these defaults (:data:`BIGBIRD_DEFAULTS`), so a saved config names them.
     """
 
     vocab_size: int = 50257
@@ -330,6 +507,11 @@ class GPTConfig:
     window: int | None = None
     linformer_k: int | None = None
     num_features: int | None = None
+    block_size: int | None = None
+    global_blocks: int | None = None
+    window_blocks: int | None = None
+    num_random_blocks: int | None = None
+    bigbird_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -358,8 +540,10 @@ class GPTConfig:
                 raise ValueError(f"{name} must be a positive float, got {value!r}")
         check_backend(self.backend)
         check_attention(
-            self.attention, self.window, self.linformer_k, self.num_features, causal_only=True
-        )
+            self.attention, self.window, self.linformer_k, self.num_features, causal_only=True,
+            **{name: getattr(self, name) for name in BIGBIRD_FIELDS},
+        )  # fmt: skip
+        _resolve_bigbird(self)
         if self.attention == "performer" and self.positions != "learned":
             raise ValueError(
                 f"attention='performer' needs positions='learned' (the FAVOR+ layer applies "

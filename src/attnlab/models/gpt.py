@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +22,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
-from attnlab.models.config import GPTConfig
+from attnlab.models.config import GPTConfig, block_layout
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.masks import BlockLayout
 from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
 from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
@@ -114,7 +115,10 @@ class GPTSelfAttention(_GPTProjections, MultiHeadAttention):
         out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
 
     With ``config.attention == "sliding"`` the layer's :attr:`window` is ``(config.window, 0)``:
-    each token sees itself and the ``window`` tokens before it.
+    each token sees itself and the ``window`` tokens before it. With ``"bigbird"`` its
+    :attr:`block_mask` is the config's causal BigBird layout over ``n_positions`` tokens
+    (:func:`~attnlab.models.config.block_layout`, shared by the model's layers), cropped to
+    each call's length.
 
     Args:
         config: the model's :class:`~attnlab.models.config.GPTConfig`.
@@ -136,6 +140,7 @@ class GPTSelfAttention(_GPTProjections, MultiHeadAttention):
             backend=config.backend,
             rotary=rotary,
             window=(config.window, 0) if config.attention == "sliding" else None,
+            block_mask=block_layout(config, causal=True) if config.attention == "bigbird" else None,
         )
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -264,7 +269,7 @@ def make_attention(
 
     Returns:
         A :class:`GPTPerformerAttention` for ``"performer"``, else a :class:`GPTSelfAttention`
-        (with its window for ``"sliding"``).
+        (with its window for ``"sliding"``, its block layout for ``"bigbird"``).
     """
     if config.attention == "performer":
         return GPTPerformerAttention(config)
@@ -344,6 +349,7 @@ class GPTBlock(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
+        block_mask: BlockLayout | Literal[False] | None = None,
     ) -> torch.Tensor:
         """One block: causal self-attention, then the MLP, each added to the residual stream.
 
@@ -354,6 +360,10 @@ class GPTBlock(nn.Module):
             cache: this block's :class:`~attnlab.nn.kv_cache.KVCache`, or ``None``.
             positions: rotary position ids, or ``None``.
             head_mask: head mask (1 keeps a head, 0 removes its output), or ``None``.
+            block_mask: the attention's block layout for this call: ``None`` (default) the
+                layer's own, ``False`` none (``mask`` then holds the pattern, see
+                :meth:`GPT.forward`), or a layout (see
+                :meth:`~attnlab.nn.multihead.MultiHeadAttention.forward`).
 
         Returns:
             The residual stream after the block.
@@ -364,6 +374,8 @@ class GPTBlock(nn.Module):
             ``(B, H)``.
         """
         x = self.hook_resid_pre(x)
+        # only a layer with a layout takes one (the Performer layer has no block_mask option)
+        extra = {} if block_mask is None else {"block_mask": block_mask}
         a = self.attn(
             self.ln_1(x),
             mask=mask,
@@ -372,6 +384,7 @@ class GPTBlock(nn.Module):
             positions=positions,
             head_mask=head_mask,
             check_positions=False,  # GPT.forward checked them once for every block
+            **extra,
         )
         x = x + self.hook_attn_out(a)
         x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
@@ -539,7 +552,10 @@ class GPT(nn.Module):
             input_ids: token ids ``(B, T)``; with a ``cache``, only the new tokens.
             attention_mask: ``(B, T_past + T)``, 1/True = real token, 0/False = padding (bool or
                 integer). Padding keys are hidden, and the position ids are derived from it
-                (``cumsum − 1``, clamped at 0) so that left padding does not shift positions.
+                (``cumsum − 1``, clamped at 0) so that left padding does not shift positions;
+                with ``attention="bigbird"`` the block layout is read at those positions too
+                (:meth:`~attnlab.nn.masks.BlockLayout.mask_at`), so a left-padded row sees
+                the blocks it would see unpadded.
             labels: ``(B, T)`` targets, usually ``input_ids``; shifted inside (token ``t`` predicts
                 ``labels[t + 1]``); ``-100`` is ignored.
             position_ids: ``(B, T)`` or ``(T,)``; overrides the ones derived from the mask.
@@ -681,6 +697,14 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(positions, check=False)
         x = self.transformer.drop(x)
 
+        block_mask: Literal[False] | None = None  # the layers' own layout, cropped to T_past + T
+        if padding is not None and keep is not None and cfg.attention == "bigbird":
+            # BigBird under left padding: the layout read at each row's token positions (as the
+            # position ids), not at the slots, and the layers' own layout off for this call
+            where = (keep.long().cumsum(-1) - 1).clamp(min=0)  # (B, T_past + T)
+            pattern = block_layout(cfg, causal=True).mask_at(where[:, past:], where)
+            padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
+            block_mask = False
         mask: torch.Tensor | None = padding
         if cfg.positions == "alibi":
             # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
@@ -693,10 +717,11 @@ class GPT(nn.Module):
             layer_cache = None if cache is None else cache.layers[i]
             if checkpointing and layer_cache is None:
                 x = checkpoint(
-                    block, x, mask, None, rope_positions, head_masks[i], use_reentrant=False
-                )
+                    block, x, mask, None, rope_positions, head_masks[i], block_mask,
+                    use_reentrant=False,
+                )  # fmt: skip
             else:
-                x = block(x, mask, layer_cache, rope_positions, head_masks[i])
+                x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         return self.lm_head(x)  # (B, T, vocab_size)
@@ -754,7 +779,8 @@ class GPT(nn.Module):
             ``attention="sliding"`` rolling caches of ``min(capacity, window)`` positions
             (``KVCache(window=window)``: the causal window never reads further back); with
             ``attention="performer"`` (no KV cache) a :class:`RecomputeCache` that keeps the
-            token ids and recomputes the prefix at each step.
+            token ids and recomputes the prefix at each step. ``attention="bigbird"`` keeps
+            every position (its global blocks are seen by every later token).
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
-from attnlab.models.config import TransformerConfig
+from attnlab.models.config import TransformerConfig, block_layout
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
@@ -141,6 +141,9 @@ def self_attention(c: TransformerConfig, *, decoder: bool) -> MultiHeadAttention
       causal).
     * ``"performer"``: :class:`~attnlab.nn.performer.PerformerAttention`, bidirectional in the
       encoder and causal in the decoder.
+    * ``"bigbird"``: a ``MultiHeadAttention`` with the config's BigBird layout over ``max_len``
+      positions (:func:`~attnlab.models.config.block_layout`): bidirectional in the encoder,
+      causal in the decoder; each call uses its crop to the sequence's length.
 
     Args:
         c: the model's configuration.
@@ -162,6 +165,11 @@ def self_attention(c: TransformerConfig, *, decoder: bool) -> MultiHeadAttention
     if c.attention == "performer":
         return PerformerAttention(
             c.d_model, c.num_heads, num_features=c.num_features, causal=decoder, **common
+        )
+    if c.attention == "bigbird":
+        layout = block_layout(c, causal=decoder)
+        return MultiHeadAttention(
+            c.d_model, c.num_heads, backend=c.backend, block_mask=layout, **common
         )
     return None
 
@@ -628,8 +636,9 @@ class Transformer(nn.Module):
         Returns:
             a :class:`Seq2SeqCache` with one self-attention and one cross-attention
             :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer (rolling self-attention
-            caches of ``window`` positions with ``attention="sliding"``); with
-            ``attention="performer"`` a :class:`Seq2SeqRecomputeCache` (no keys or values).
+            caches of ``window`` positions with ``attention="sliding"``, every position with
+            ``"bigbird"``); with ``attention="performer"`` a :class:`Seq2SeqRecomputeCache` (no
+            keys or values).
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)

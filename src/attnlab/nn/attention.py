@@ -14,7 +14,9 @@ Backends (all give the same numbers within the float tolerance of their dtype):
 * ``"blockwise"`` — online softmax over key blocks in pure PyTorch (Milakov & Gimelshein 2018;
   Dao et al. 2022): memory ``O(T · block)``, key blocks hidden by the causal mask are skipped, and
   the backward pass recomputes the weights block by block instead of storing them.
-* ``"auto"`` — ``"math"`` when the weights are asked for (it computes them anyway), else ``"sdpa"``.
+* ``"auto"`` — ``"math"`` when the weights are asked for (it computes them anyway), else
+  ``"blockwise"`` under a ``block_mask`` that hides some block (it skips the hidden tiles), else
+  ``"sdpa"`` (:func:`~attnlab.nn.backends.choose_backend`).
 
 Conventions every backend keeps:
 
@@ -39,7 +41,7 @@ from typing import Literal, overload
 import torch
 
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
-from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, get_backend
+from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
 from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
 
@@ -210,7 +212,8 @@ def attend(
         scale: the score scale, e.g. ``1 / √D``.
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``.
         backend: a registered backend's name or ``"auto"`` (``"math"`` when the weights are
-            asked for, else ``"sdpa"``).
+            asked for, else ``"blockwise"`` under a block layout, else ``"sdpa"``: see
+            :func:`~attnlab.nn.backends.choose_backend`).
         need_weights: also return the attention weights (before dropout).
 
     Returns:
@@ -228,8 +231,7 @@ def attend(
         # precision: under autocast, attention computes as it does for inputs of their own dtype
         with torch.autocast(device, enabled=False):
             return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
-    if backend == "auto":
-        backend = "math" if need_weights else "sdpa"
+    backend = choose_backend(backend, need_weights, masking)
     if _empty(query, key, value):
         # empty in, empty out (PyTorch's rule); the explicit equation handles every empty case
         # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)

@@ -18,7 +18,7 @@ is aligned the same way: with ``window = (left, right)`` query ``i``, at positio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import overload
 
@@ -401,6 +401,10 @@ class BlockLayout:
     block_size: int
     seq_len: int
     causal: bool = False
+    # seq_len -> the layout's crop to that length (see crop): a decoding loop builds each once
+    _crops: dict[int, BlockLayout] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         check_tensor("blocks", self.blocks)
@@ -468,6 +472,87 @@ class BlockLayout:
                 out.append((r, r0, r1))
         return out
 
+    def crop(self, seq_len: int) -> BlockLayout:
+        """The layout of the first ``seq_len`` positions: the top-left corner of this one.
+
+        Position ``j`` keeps its block ``j // b`` and the blocks it sees, so that the pattern a
+        position sees does not depend on the length of the sequence it is in: a model's layout
+        built for its longest sequence serves every shorter one, and a decoding step with a KV
+        cache (the last query of ``T_k`` keys) sees exactly what that row sees in the full
+        forward::
+
+            layout.crop(t).to_dense() == layout.to_dense()[:t, :t]
+
+        Crops are kept (one per length asked for), so that a decoding loop pays for each length
+        once; their ``runs`` are this layout's runs cut at ``seq_len``.
+
+        Args:
+            seq_len: positions to keep ``T'``, in ``1 … seq_len``.
+
+        Returns:
+            A :class:`BlockLayout` over ``seq_len`` positions (``self`` for ``seq_len`` itself),
+            with the same ``block_size`` and ``causal``.
+
+        Raises:
+            ValueError: ``seq_len`` is not a positive int or is longer than the layout's.
+
+        Examples:
+            >>> layout = bigbird_layout(12, block_size=2, num_random_blocks=0)
+            >>> layout.crop(7).blocks.int()     # 4 of the 6 blocks, the last one partial
+            tensor([[1, 1, 1, 1],
+                    [1, 1, 1, 0],
+                    [1, 1, 1, 1],
+                    [1, 0, 1, 1]], dtype=torch.int32)
+        """
+        check_positive_int("seq_len", seq_len)
+        if seq_len > self.seq_len:
+            raise ValueError(
+                f"seq_len must be at most the layout's seq_len = {self.seq_len} (a layout can be "
+                f"cropped, not grown), got {seq_len}"
+            )
+        if seq_len == self.seq_len:
+            return self
+        crops = self._crops
+        if seq_len not in crops:
+            m = -(-seq_len // self.block_size)
+            crop = BlockLayout(self.blocks[:m, :m], self.block_size, seq_len, self.causal)
+            # the runs of the first m blocks, cut at block m: no pass over the m × m blocks
+            crop.__dict__["runs"] = _cut_runs(self.runs[:m], m)
+            crop.__dict__["query_runs"] = _cut_runs(self.query_runs[:m], m)
+            crops[seq_len] = crop
+        return crops[seq_len]
+
+    def mask_at(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The layout's mask between given positions, e.g. per row of a left-padded batch.
+
+        ``mask[..., i, j] = blocks[q_i // b, k_j // b]`` (and ``k_j <= q_i`` when causal), the
+        dense mask read at the positions instead of the slots: a row whose tokens start at slot
+        ``s`` (left padding) passes ``slot − s`` and sees the pattern of an unpadded row.
+
+        Args:
+            q_positions: the queries' positions, integers in ``0 … seq_len − 1``.
+            k_positions: the keys' positions, likewise, with the same leading dims.
+
+        Returns:
+            A boolean mask, ``True = may attend``, on the positions' device.
+
+        Shape:
+            q_positions ``(..., T_q)``, k_positions ``(..., T_k)`` → ``(..., T_q, T_k)``.
+
+        Examples:
+            >>> layout = BlockLayout(torch.tensor([[True, False], [False, True]]), 2, 4)
+            >>> layout.mask_at(torch.tensor([0, 3]), torch.tensor([1, 2])).int()
+            tensor([[1, 0],
+                    [0, 1]], dtype=torch.int32)
+        """
+        q = check_tensor("q_positions", q_positions).unsqueeze(-1)  # (..., T_q, 1)
+        k = check_tensor("k_positions", k_positions).unsqueeze(-2)  # (..., 1, T_k)
+        b = self.block_size
+        mask = self.blocks.to(q.device)[q // b, k // b]
+        if self.causal:
+            mask = mask & (k <= q)
+        return mask
+
     def to_dense(
         self, q_len: int | None = None, device: torch.device | str | None = None
     ) -> torch.Tensor:
@@ -495,6 +580,13 @@ class BlockLayout:
         if self.causal:
             mask &= causal_mask(q_len, t, device=device)
         return mask
+
+
+def _cut_runs(
+    runs: tuple[tuple[tuple[int, int], ...], ...], m: int
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Runs ``(c0, c1)`` of blocks cut to the first ``m`` blocks (runs past them dropped)."""
+    return tuple(tuple((c0, min(c1, m)) for c0, c1 in row if c0 < m) for row in runs)
 
 
 def _runs(blocks: torch.Tensor) -> tuple[tuple[tuple[int, int], ...], ...]:

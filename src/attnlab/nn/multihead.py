@@ -11,11 +11,17 @@ Better than One?", §2.2), as Hugging Face names it ``head_mask``:
     MultiHead(Q, K, V) = Concat(ξ_1 head_1, …, ξ_h head_h) W^O
 
 ``ξ_i = 1`` keeps head ``i``, ``ξ_i = 0`` removes what it adds to the output.
+
+A layer may carry a block-sparse layout (``block_mask``, e.g. BigBird's, Zaheer et al. 2020) built
+for the longest sequence it will see; a call over ``T_k`` keys uses its top-left crop,
+``block_mask.crop(T_k)``, so that what a position sees does not depend on the length of the
+sequence, and a decoding step (the last query of ``T_k`` keys, aligned bottom-right) sees exactly
+the keys of that row in the full forward.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +35,11 @@ from attnlab._checks import (
     shape_str,
 )
 from attnlab.nn.attention import Backend, attend
-from attnlab.nn.backends import check_backend
+from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masking import normalize_mask
-from attnlab.nn.masks import Window, normalize_window
+from attnlab.nn.masks import BlockLayout, Window, normalize_window
 
 if TYPE_CHECKING:
     from attnlab.nn.positional import RotaryEmbedding
@@ -134,6 +140,14 @@ class MultiHeadAttention(nn.Module):
             Stored as :attr:`window`, in the form ``(left, right)``; ``forward(window=...)``
             overrides it for one call. With a KV cache, a cache made with
             ``KVCache(..., window=left)`` keeps only the keys the window can still reach.
+        block_mask: block-sparse attention for every call: ``None`` (default) or a
+            :class:`~attnlab.nn.masks.BlockLayout` (e.g. :func:`attnlab.masks.bigbird_layout`)
+            over the longest sequence the layer will see (a model's ``n_positions``). A call over
+            ``T_k`` keys applies ``block_mask.crop(T_k)`` (queries aligned bottom-right, as the
+            causal rule); a causal layout also hides future keys. Stored as :attr:`block_mask`;
+            ``forward(block_mask=...)`` overrides it for one call. ``"auto"`` then runs the
+            blockwise backend, which visits only the visible blocks. Not with a rolling KV cache
+            (``KVCache(window=...)``): the layout counts every position.
         device: where to create the parameters; default the current default device.
         dtype: dtype of the parameters; default the current default dtype.
 
@@ -157,6 +171,9 @@ class MultiHeadAttention(nn.Module):
     causal: bool = False
     #: the sliding window ``(left, right)`` ``forward`` applies when ``window`` is not given
     window: tuple[int | None, int | None] | None = None
+    #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
+    #: not given
+    block_mask: BlockLayout | None = None
 
     def __init__(
         self,
@@ -169,6 +186,7 @@ class MultiHeadAttention(nn.Module):
         backend: Backend = "auto",
         rotary: RotaryEmbedding | None = None,
         window: Window = None,
+        block_mask: BlockLayout | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -192,6 +210,12 @@ class MultiHeadAttention(nn.Module):
         self.backend: Backend = check_backend(backend)
         self.rotary = rotary
         self.window = normalize_window(window)
+        if block_mask is not None and not isinstance(block_mask, BlockLayout):
+            raise TypeError(
+                f"block_mask must be an attnlab.masks.BlockLayout (e.g. from "
+                f"attnlab.masks.bigbird_layout) or None, got {type(block_mask).__name__}"
+            )
+        self.block_mask = block_mask
         self._build_projections(bias, device, dtype)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
@@ -321,6 +345,7 @@ class MultiHeadAttention(nn.Module):
         head_mask: torch.Tensor | None = None,
         check_positions: bool = True,
         window: Window = None,
+        block_mask: BlockLayout | Literal[False] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when ``key`` is ``None``).
 
@@ -354,6 +379,12 @@ class MultiHeadAttention(nn.Module):
                 :func:`attnlab.scaled_dot_product_attention` (aligned bottom-right, so it works
                 across a KV cache); ``None`` (default) takes the layer's own :attr:`window`, and
                 ``(None, None)`` turns it off for this call.
+            block_mask: the block-sparse layout for this call: ``None`` (default) takes the
+                layer's own :attr:`block_mask`, a :class:`~attnlab.nn.masks.BlockLayout`
+                replaces it, and ``False`` turns it off for this call (e.g. when ``mask``
+                already holds the pattern per row, as :class:`attnlab.GPT` does for left
+                padding). A layout longer than ``T_k`` is cropped to the first ``T_k``
+                positions (:meth:`~attnlab.nn.masks.BlockLayout.crop`).
 
         Returns:
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
@@ -371,6 +402,7 @@ class MultiHeadAttention(nn.Module):
         b = query.shape[0]
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         past = cache.length if cache is not None and not cache.static else 0
+        layout = self._layout(block_mask, cache)
 
         # Q, K, V with the heads split: (B, H, T_q, d_head), (B, H_kv, T_k, d_head)
         cached_kv = cross and cache is not None and cache.static  # cross K/V computed once
@@ -400,20 +432,50 @@ class MultiHeadAttention(nn.Module):
         if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
             k, v = k.to(q.dtype), v.to(q.dtype)
         k, v = self.hook_k(k), self.hook_v(v)
+        layout = self._crop(layout, k.shape[-2])
 
         # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
         want_weights = need_weights or self.hook_weights.active
-        backend = self.backend
-        if backend == "auto" and not need_weights:
-            # an observer (a hook on hook_weights) must not change what forward computes: keep the
-            # kernel "auto" picks when no weights are wanted; it returns exact weights as well
-            backend = "sdpa"
         # q, k, v are built here, consistent by construction: only the mask needs checking
-        masking = normalize_mask(q, k, mask, is_causal, window)
+        masking = normalize_mask(q, k, mask, is_causal, window, layout)
+        # an observer (a hook on hook_weights) must not change what forward computes: the kernel
+        # is the one "auto" picks when no weights are wanted; it returns exact weights as well
+        backend = choose_backend(self.backend, need_weights, masking)
         dropout_p = self.dropout if self.training else 0.0
         result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def _layout(self, block_mask: object, cache: KVCache | None) -> BlockLayout | None:
+        """The call's block layout, checked before the cache changes: ``block_mask``
+        (``None``: the layer's own, ``False``: none), not yet cropped."""
+        if block_mask is None:
+            block_mask = self.block_mask
+        if block_mask is None or block_mask is False:
+            return None
+        if not isinstance(block_mask, BlockLayout):
+            raise TypeError(
+                f"block_mask must be an attnlab.masks.BlockLayout, None (the layer's own) or "
+                f"False (none for this call), got {block_mask!r}"
+            )
+        if cache is not None and cache.window is not None and not cache.static:
+            raise ValueError(
+                f"a block_mask counts every position, but the cache keeps only the last "
+                f"{cache.window} (KVCache(window={cache.window})); use a cache without a window"
+            )
+        return block_mask
+
+    @staticmethod
+    def _crop(layout: BlockLayout | None, t_k: int) -> BlockLayout | None:
+        """The layout of the first ``T_k`` positions (:meth:`BlockLayout.crop`)."""
+        if layout is None:
+            return None
+        if t_k > layout.seq_len:
+            raise ValueError(
+                f"block_mask covers {layout.seq_len} positions but the call has T_k = {t_k} "
+                f"keys; build the layout for the longest sequence (e.g. the model's positions)"
+            )
+        return layout.crop(t_k)
 
     def _check_inputs(
         self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None

@@ -400,7 +400,9 @@ class LanguageModelTask:
             default=True,
             help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
         )
-        add_attention_arguments(parser, what="causal self-attention (sliding or performer)")
+        add_attention_arguments(
+            parser, what="causal self-attention (sliding, performer or bigbird)"
+        )
         o = parser.add_argument_group("optimisation")
         o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
         o.add_argument(

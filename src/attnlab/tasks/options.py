@@ -196,12 +196,32 @@ def add_transformer_arguments(
 
 #: the attention options' argparse dests; left out of a run's ``config.json`` while unset (``None``),
 #: so that runs saved before the options existed compare equal when resumed
-ATTENTION_DESTS: tuple[str, ...] = ("attention", "window", "linformer_k", "num_features")
+ATTENTION_DESTS: tuple[str, ...] = (
+    "attention", "window", "linformer_k", "num_features", "bigbird_block", "global_blocks",
+    "window_blocks", "random_blocks", "bigbird_seed",
+)  # fmt: skip
+
+# each pattern parameter's option: dest -> (flag, the --attention it belongs to, config field);
+# ``--block-size`` is the context length of ``train lm``, so BigBird's block is --bigbird-block
+_PARAMETERS: dict[str, tuple[str, str, str]] = {
+    "window": ("--window", "sliding", "window"),
+    "linformer_k": ("--linformer-k", "linformer", "linformer_k"),
+    "num_features": ("--num-features", "performer", "num_features"),
+    "bigbird_block": ("--bigbird-block", "bigbird", "block_size"),
+    "global_blocks": ("--global-blocks", "bigbird", "global_blocks"),
+    "window_blocks": ("--window-blocks", "bigbird", "window_blocks"),
+    "random_blocks": ("--random-blocks", "bigbird", "num_random_blocks"),
+    "bigbird_seed": ("--bigbird-seed", "bigbird", "bigbird_seed"),
+}
+# the options an --attention cannot do without
+_REQUIRED = ("window", "linformer_k", "bigbird_block")
 
 
 def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     """The attention pattern options: ``--attention``, ``--window``, ``--linformer-k``,
-    ``--num-features`` (group "attention"); all default ``None`` (full attention).
+    ``--num-features``, and BigBird's ``--bigbird-block``, ``--global-blocks``,
+    ``--window-blocks``, ``--random-blocks``, ``--bigbird-seed`` (group "attention"); all
+    default ``None`` (full attention; BigBird's unset ones take the config's defaults).
 
     Args:
         parser: the task's (or command's) parser.
@@ -226,6 +246,26 @@ def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> No
         "--num-features", type=positive_int, default=None,
         help="Performer's random features m (with --attention performer; default d_head·ln d_head)",
     )  # fmt: skip
+    g.add_argument(
+        "--bigbird-block", type=positive_int, default=None, metavar="B",
+        help="BigBird's block of B tokens (with --attention bigbird; not --block-size, the context)",
+    )  # fmt: skip
+    g.add_argument(
+        "--global-blocks", type=non_negative_int, default=None, metavar="G",
+        help="BigBird's global blocks, the first G (with --attention bigbird; default 1)",
+    )  # fmt: skip
+    g.add_argument(
+        "--window-blocks", type=non_negative_int, default=None, metavar="W",
+        help="BigBird's band of W blocks, 0 or odd (with --attention bigbird; default 3)",
+    )  # fmt: skip
+    g.add_argument(
+        "--random-blocks", type=non_negative_int, default=None, metavar="R",
+        help="BigBird's random key blocks per block (with --attention bigbird; default 2)",
+    )  # fmt: skip
+    g.add_argument(
+        "--bigbird-seed", type=non_negative_int, default=None, metavar="S",
+        help="the seed of BigBird's random blocks, kept in the model's config (default 0)",
+    )  # fmt: skip
 
 
 def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[str, Any]:
@@ -237,24 +277,36 @@ def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[st
             refused.
 
     Returns:
-        ``{"attention", "window", "linformer_k", "num_features"}`` for the model config.
+        ``{"attention", "window", "linformer_k", "num_features", "block_size",
+        "global_blocks", "window_blocks", "num_random_blocks", "bigbird_seed"}`` for the model
+        config (``None`` for the options not given).
 
     Raises:
         ValueError: a parameter without its ``--attention`` (``--window`` needs ``sliding``,
-            ``--linformer-k`` ``linformer``, ``--num-features`` ``performer``), a missing
-            ``--window``/``--linformer-k``, or ``--attention linformer`` for a causal model.
+            ``--linformer-k`` ``linformer``, ``--num-features`` ``performer``, the BigBird
+            options ``bigbird``), a missing ``--window``/``--linformer-k``/``--bigbird-block``,
+            an even ``--window-blocks``, or ``--attention linformer`` for a causal model.
     """
     attention = getattr(args, "attention", None) or "full"
-    flags = {"window": ("--window", "sliding"), "linformer_k": ("--linformer-k", "linformer"),
-             "num_features": ("--num-features", "performer")}  # fmt: skip
     out: dict[str, Any] = {"attention": attention}
-    for dest, (flag, owner) in flags.items():
+    for dest, (flag, owner, field) in _PARAMETERS.items():
         value = getattr(args, dest, None)
         if value is not None and attention != owner:
             raise ValueError(f"{flag} applies to --attention {owner}, got --attention {attention}")
-        if value is None and attention == owner and dest != "num_features":
+        if value is None and attention == owner and dest in _REQUIRED:
             raise ValueError(f"--attention {owner} needs {flag}")
-        out[dest] = value
+        out[field] = value
+    blocks = out["window_blocks"]
+    if blocks is not None and blocks % 2 == 0 and blocks != 0:
+        raise ValueError(
+            f"--window-blocks must be 0 or odd (a band around the block), got {blocks}"
+        )
+    if attention == "bigbird" and out["global_blocks"] == out["window_blocks"] == 0:
+        if out["num_random_blocks"] == 0:
+            raise ValueError(
+                "--attention bigbird needs some visible blocks: --global-blocks, "
+                "--window-blocks and --random-blocks are all 0"
+            )
     if causal_only and attention == "linformer":
         raise ValueError(
             "--attention linformer does not fit a GPT: its attention is causal, and "

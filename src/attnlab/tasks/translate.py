@@ -222,7 +222,7 @@ class TranslationTask:
         add_attention_arguments(
             parser,
             what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
-            "only; performer: both; cross-attention stays full)",
+            "only; performer, bigbird: both, the decoder's causal; cross-attention stays full)",
         )
         parser.set_defaults(eval_every=1000)
 

@@ -5,7 +5,8 @@ query row has at least one visible key, and returns ``(output, weights | None)``
 when ``need_weights``). :func:`attnlab.scaled_dot_product_attention` checks the arguments, handles
 rows that may see no key, and calls the backend by name — so a new kernel is one
 :func:`register_backend` call away from every module and model (as Hugging Face's
-``AttentionInterface``). ``"auto"`` is not a backend but a choice among them, made per call.
+``AttentionInterface``). ``"auto"`` is not a backend but a choice among them, made per call
+(:func:`choose_backend`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "backend_names",
     "blockwise_attention",
     "check_backend",
+    "choose_backend",
     "get_backend",
     "math_attention",
     "register_backend",
@@ -67,6 +69,34 @@ def check_backend(backend: object) -> str:
         ValueError: ``backend`` is no such name (the message lists the names).
     """
     return check_choice("backend", backend, backend_names())
+
+
+def choose_backend(backend: str, need_weights: bool, masking: Masking) -> str:
+    """The backend a call runs on: ``backend`` itself, or what ``"auto"`` picks for this call.
+
+    ``"auto"`` picks, in this order:
+
+    * ``"math"`` when the weights are asked for (it forms them anyway);
+    * ``"blockwise"`` under a block-sparse layout (``masking.blocks``, e.g. BigBird's): it visits
+      only the visible tiles, where the others form the whole ``T_q × T_k`` score matrix;
+    * ``"sdpa"`` (PyTorch's fused kernels) otherwise.
+
+    Args:
+        backend: a registered backend's name or ``"auto"``.
+        need_weights: whether the caller wants the attention weights back.
+        masking: the call's normalised mask (a layout that hides nothing has been dropped
+            from it, so full attention keeps the fused kernel).
+
+    Returns:
+        A registered backend's name.
+    """
+    if backend != "auto":
+        return backend
+    if need_weights:
+        return "math"
+    if masking.blocks is not None:
+        return "blockwise"
+    return "sdpa"
 
 
 def get_backend(name: str) -> AttentionBackend:
