@@ -13,6 +13,7 @@ from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
 from attnlab.inspect import capture, run_with_cache
 from attnlab.models.config import config_from_dict, config_to_dict
 from attnlab.models.gpt import GPTPerformerAttention, GPTSelfAttention, RecomputeCache
+from attnlab.nn.kv_cache import PerformerState
 from attnlab.nn.linformer import LinformerAttention
 from attnlab.nn.masks import sliding_window_mask
 from attnlab.nn.multihead import MultiHeadAttention
@@ -197,19 +198,24 @@ def test_gpt_sliding_uses_a_rolling_cache() -> None:
     torch.testing.assert_close(torch.cat([step, more], 1), full, rtol=1e-4, atol=1e-5)
 
 
-def test_gpt_performer_recomputes_the_prefix() -> None:
+def test_gpt_performer_decodes_from_running_sums() -> None:
     model = _gpt(**GPT_KINDS["performer"])
     cache = model.new_cache(2, 16)
-    assert isinstance(cache, RecomputeCache) and cache.nbytes() == 2 * 16 * 8
+    # one PerformerState per layer: S (m × d_head), z (m) and c per row and head, float32
+    assert all(isinstance(c, PerformerState) for c in cache.layers)
+    assert cache.nbytes() == 2 * 2 * 4 * (16 * 8 + 16 + 1) * 4
     x = torch.randint(0, 50, (2, 9))
     with torch.no_grad():
         a = model(x[:, :4], cache=cache).logits
         b = model(x[:, 4:], cache=cache).logits
         full = model(x).logits
+        ref = RecomputeCache(2, 16)  # the recomputing reference still works
+        c = torch.cat([model(x[:, :4], cache=ref).logits, model(x[:, 4:], cache=ref).logits], 1)
     assert cache.length == 9
     torch.testing.assert_close(torch.cat([a, b], 1), full)
+    torch.testing.assert_close(c, full)
     kv = _gpt().new_cache(2, 16)
-    with pytest.raises(ValueError, match="RecomputeCache"):
+    with pytest.raises(ValueError, match="PerformerState"):
         model(x, cache=kv)
 
 
@@ -281,8 +287,9 @@ def test_seq2seq_capture_viewer_and_head_mask(kind: str) -> None:
     assert cache.attentions["decoder.layers.1.cross_attn"].shape == (2, 4, 6, 9)
     shown = dict(cache.attentions)
     if kind == "linformer":
-        # the viewer draws T_q × T_k grids over tokens: the T × k weights over projected keys
-        # are refused with a clear error, the decoder's layers are shown
+        # without projected=cache.projected the viewer reads every column as a token, so the
+        # T × k weights over projected keys are refused with a clear error; with it they are
+        # drawn over their E·K rows (tests/viz/test_linformer_view.py)
         with pytest.raises(ValueError, match="must be"):
             viewer_data(shown, source=list("abcdefghi"), target=list("uvwxyz"), kinds=cache.kinds)
         shown = {n: w for n, w in shown.items() if not n.startswith("encoder")}

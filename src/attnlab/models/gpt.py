@@ -7,14 +7,15 @@ Read top to bottom in the order the data flows:
 The parameter names are GPT-2's (``transformer.wte``, ``transformer.h.{i}.attn.c_attn``, …), so
 Hugging Face weights map one-to-one (see :mod:`attnlab.models.hf`); ``lm_head`` shares its weight
 with ``wte``. Beyond GPT-2: grouped-query attention (``num_kv_heads``), rotary or ALiBi positions,
-gradient checkpointing, and a preallocated KV cache for decoding.
+gradient checkpointing, a preallocated KV cache for decoding, and for Performer (FAVOR+)
+attention a running state in its place (``O(1)`` per token).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from attnlab.models.config import GPTConfig, block_layout
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 from attnlab.nn.masks import BlockLayout
 from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
 from attnlab.nn.performer import PerformerAttention
@@ -150,8 +151,10 @@ class GPTPerformerAttention(_GPTProjections, PerformerAttention):
 
     A :class:`~attnlab.nn.performer.PerformerAttention` (random features ``features``, hook
     points and head mask as there) whose projections are stored as :class:`GPTSelfAttention`
-    stores them, so that a checkpoint's names are GPT-2's. It has no KV cache and applies no
-    rotary embedding or additive bias (``GPTConfig`` asks for learned positions).
+    stores them, so that a checkpoint's names are GPT-2's. It keeps no keys or values: it
+    decodes from a :class:`~attnlab.nn.kv_cache.PerformerState` (running sums, ``O(1)`` per
+    token; :meth:`GPT.new_cache`), and applies no rotary embedding or additive bias
+    (``GPTConfig`` asks for learned positions).
 
     Args:
         config: the model's :class:`~attnlab.models.config.GPTConfig` (``attention="performer"``;
@@ -175,12 +178,14 @@ class GPTPerformerAttention(_GPTProjections, PerformerAttention):
 
 
 class RecomputeCache(ModelCache):
-    """A decoding "cache" for attention without a KV cache (Performer): it keeps the token ids
-    seen so far, and each step runs the whole prefix again and returns the new positions' logits.
+    """A decoding "cache" that keeps no keys or values, only the token ids seen so far: each
+    step runs the whole prefix again and returns the new positions' logits.
 
-    ``O(T²)`` work to decode ``T`` tokens with a linear-time layer (``O(T)`` each step), no
-    key/value memory. Any :class:`GPT` accepts it; :meth:`GPT.new_cache` gives one when
-    ``config.attention == "performer"``.
+    ``O(T²)`` work to decode ``T`` tokens with a linear-time layer (``O(T)`` each step). Any
+    :class:`GPT` accepts it: the reference that cached decoding is checked against, and the
+    baseline of the Performer's running state (:meth:`GPT.new_cache` gives a
+    :class:`~attnlab.nn.kv_cache.PerformerState` per layer for ``attention="performer"``,
+    ``O(1)`` per token).
 
     Args:
         batch: rows ``B``.
@@ -346,7 +351,7 @@ class GPTBlock(nn.Module):
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | PerformerState | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         block_mask: BlockLayout | Literal[False] | None = None,
@@ -357,7 +362,8 @@ class GPTBlock(nn.Module):
             x: the residual stream.
             mask: padding and/or additive (ALiBi) mask, ``True = may attend``; the causal rule
                 always applies on top.
-            cache: this block's :class:`~attnlab.nn.kv_cache.KVCache`, or ``None``.
+            cache: this block's :class:`~attnlab.nn.kv_cache.KVCache` (a
+                :class:`~attnlab.nn.kv_cache.PerformerState` for a Performer layer), or ``None``.
             positions: rotary position ids, or ``None``.
             head_mask: head mask (1 keeps a head, 0 removes its output), or ``None``.
             block_mask: the attention's block layout for this call: ``None`` (default) the
@@ -561,7 +567,7 @@ class GPT(nn.Module):
             position_ids: ``(B, T)`` or ``(T,)``; overrides the ones derived from the mask.
                 (ALiBi reads no position ids: its bias depends on distances ``i − j`` only.)
             cache: a :class:`~attnlab.nn.kv_cache.ModelCache` from :meth:`new_cache`; the new
-                keys/values are appended to it.
+                keys/values are appended to it (a Performer's running sums absorb them).
             head_mask: ``(n_layer, n_head)``, or ``(n_head,)`` for every layer, floating or bool:
                 head ``h`` of block ``l`` has its output multiplied by ``head_mask[l, h]`` (1 keeps
                 it, 0 removes it), as in Hugging Face GPT-2 (Michel et al. 2019). ``None`` (default)
@@ -625,7 +631,7 @@ class GPT(nn.Module):
         Args:
             tokens: ``(B, 1)`` token ids.
             cache: the :class:`~attnlab.nn.kv_cache.ModelCache` holding the past positions; the
-                new key and value are appended.
+                new key and value are appended (absorbed by a Performer's running sums).
             attention_mask: ``(B, T_past + 1)`` bool, ``True`` for real tokens (left padding), or
                 ``None`` when no row is padded.
 
@@ -778,9 +784,12 @@ class GPT(nn.Module):
             ``2 · n_layer · B · H_kv · capacity · d_head`` numbers; with
             ``attention="sliding"`` rolling caches of ``min(capacity, window)`` positions
             (``KVCache(window=window)``: the causal window never reads further back); with
-            ``attention="performer"`` (no KV cache) a :class:`RecomputeCache` that keeps the
-            token ids and recomputes the prefix at each step. ``attention="bigbird"`` keeps
-            every position (its global blocks are seen by every later token).
+            ``attention="performer"`` one :class:`~attnlab.nn.kv_cache.PerformerState` per
+            block instead: the running sums ``S``, ``z`` of causal FAVOR+,
+            ``n_layer · B · H_kv · (m · (d_head + 1) + 1)`` numbers whatever the length, each step
+            ``O(1)``; kept in float32 at least (``dtype`` promoted: a running sum of many terms
+            in a half type drifts). ``attention="bigbird"`` keeps every position (its global
+            blocks are seen by every later token).
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -792,7 +801,17 @@ class GPT(nn.Module):
                 dtype = torch.get_autocast_dtype(where.type)
         cfg = self.config
         if cfg.attention == "performer":
-            return RecomputeCache(batch, capacity, device=where)
+            # causal FAVOR+: running sums S, z per layer, kept in float32 at least
+            sums = torch.promote_types(dtype, torch.float32)
+            states = []
+            for block in self.transformer.h:
+                m = cast(GPTPerformerAttention, cast(GPTBlock, block).attn).num_features
+                states.append(
+                    PerformerState(
+                        batch, cfg.kv_heads, capacity, m, cfg.d_head, dtype=sums, device=where
+                    )
+                )
+            return ModelCache(states)
         window = cfg.window if cfg.attention == "sliding" else None
         layers = [
             KVCache(
@@ -880,22 +899,30 @@ class GPT(nn.Module):
                     f"cache was made for batch {cache.tokens.shape[0]}, input_ids has batch {batch}"
                 )
             return cache.length
-        if self.config.attention == "performer":
-            raise ValueError(
-                "cache must be a RecomputeCache (from GPT.new_cache) for attention='performer': "
-                f"FAVOR+ keeps no keys or values, got a {type(cache).__name__} of KV caches"
-            )
         if not isinstance(cache, ModelCache):
             raise TypeError(
                 f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}"
+            )
+        performer = self.config.attention == "performer"
+        wrong = [c for c in cache.layers if isinstance(c, PerformerState) != performer]
+        if wrong:
+            if performer:
+                raise ValueError(
+                    "cache must hold PerformerState layers (from GPT.new_cache) for "
+                    "attention='performer': FAVOR+ keeps running sums, not keys and values, got "
+                    f"a {type(cache).__name__} of {type(wrong[0]).__name__}"
+                )
+            raise ValueError(
+                "cache holds PerformerState layers, which only attention='performer' reads; "
+                f"this model's attention is {self.config.attention!r}: use GPT.new_cache"
             )
         if len(cache.layers) != self.config.n_layer:
             raise ValueError(
                 f"cache has {len(cache.layers)} layers, the model n_layer = {self.config.n_layer}"
             )
-        if cache.layers[0].k.shape[0] != batch:
+        if cache.layers[0].batch != batch:
             raise ValueError(
-                f"cache was made for batch {cache.layers[0].k.shape[0]}, input_ids has batch {batch}"
+                f"cache was made for batch {cache.layers[0].batch}, input_ids has batch {batch}"
             )
         return cache.length
 

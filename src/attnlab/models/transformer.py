@@ -20,7 +20,8 @@ kept (Chen et al. 2016), as :class:`attnlab.GPT` does.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from attnlab.models.config import TransformerConfig, block_layout
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.linformer import LinformerAttention
 from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
@@ -54,7 +55,8 @@ class Seq2SeqCache(ModelCache):
     tokens seen so far (for their padding mask) and the source mask given on the first step.
 
     Attributes:
-        layers: one growing self-attention :class:`KVCache` per decoder layer.
+        layers: one growing self-attention :class:`KVCache` per decoder layer (a
+            :class:`~attnlab.nn.kv_cache.PerformerState` with ``attention="performer"``).
         cross: one static cross-attention :class:`KVCache` per decoder layer.
         tokens: ``(B, capacity)`` target ids so far (``pad_id`` beyond ``length``).
         src_mask: the source mask of the first decode step, reused when a later step passes none.
@@ -68,7 +70,12 @@ class Seq2SeqCache(ModelCache):
         tokens ``(B, capacity)``.
     """
 
-    def __init__(self, layers: list[KVCache], cross: list[KVCache], tokens: torch.Tensor) -> None:
+    def __init__(
+        self,
+        layers: Sequence[KVCache | PerformerState],
+        cross: list[KVCache],
+        tokens: torch.Tensor,
+    ) -> None:
         super().__init__(layers, cross)
         self.tokens = tokens
         self.src_mask: torch.Tensor | None = None
@@ -96,9 +103,11 @@ class Seq2SeqCache(ModelCache):
 
 
 class Seq2SeqRecomputeCache(Seq2SeqCache):
-    """The decoder "cache" of ``attention="performer"``: FAVOR+ keeps no keys or values, so it
-    remembers the target ids only and every :meth:`Transformer.decode` step runs the decoder
-    again over the whole target prefix (cross-attention included) and returns the new positions.
+    """A decoder "cache" that keeps no keys or values: it remembers the target ids only and
+    every :meth:`Transformer.decode` step runs the decoder again over the whole target prefix
+    (cross-attention included) and returns the new positions. The reference cached decoding is
+    checked against (``attention="performer"`` decodes from running sums instead, see
+    :meth:`Transformer.new_cache`).
 
     Args:
         tokens: a buffer for the target ids, filled with ``pad_id``.
@@ -637,8 +646,10 @@ class Transformer(nn.Module):
             a :class:`Seq2SeqCache` with one self-attention and one cross-attention
             :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer (rolling self-attention
             caches of ``window`` positions with ``attention="sliding"``, every position with
-            ``"bigbird"``); with ``attention="performer"`` a :class:`Seq2SeqRecomputeCache` (no
-            keys or values).
+            ``"bigbird"``); with ``attention="performer"`` the self-attention caches are
+            :class:`~attnlab.nn.kv_cache.PerformerState` running sums (``B · H_kv · (m ·
+            (d_head + 1) + 1)`` numbers a layer whatever the length, ``O(1)`` per token; float32 at
+            least), the cross-attention ones KV caches as usual.
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -651,7 +662,22 @@ class Transformer(nn.Module):
             dtype = torch.get_autocast_dtype(device.type) if autocast else param.dtype
         tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)
         if c.attention == "performer":
-            return Seq2SeqRecomputeCache(tokens)
+            # causal FAVOR+ self-attention: running sums S, z of the target keys (float32 at
+            # least), O(1) per token; cross-attention keeps its KV caches
+            sums = torch.promote_types(dtype, torch.float32)
+            states = []
+            for layer in self.decoder.layers:
+                m = cast(PerformerAttention, layer.self_attn).num_features
+                states.append(
+                    PerformerState(
+                        batch, c.kv_heads, capacity, m, c.d_head, dtype=sums, device=device
+                    )
+                )
+            memory_caches = [
+                KVCache(batch, c.kv_heads, src_len, c.d_head, dtype=dtype, device=device)
+                for _ in range(c.num_decoder_layers)
+            ]
+            return Seq2SeqCache(states, memory_caches, tokens)
         window = c.window if c.attention == "sliding" else None
         layers = [
             KVCache(

@@ -9,15 +9,27 @@ Under sliding-window attention with ``window = (left, 0)`` (Mistral 7B, Jiang et
 query never reads a key more than ``left`` positions back, so a cache made with ``window=left``
 keeps only the last ``left`` positions (a rolling buffer): ``O(left)`` memory whatever the length
 decoded.
+
+Causal linear attention needs no keys at all: it is a recurrent network (Katharopoulos et al.
+2020, "Transformers are RNNs", §3.4) whose state is two running sums over the keys seen so far,
+
+    S_t = S_{t−1} + φ(k_t) v_tᵀ        z_t = z_{t−1} + φ(k_t)        o_t = φ(q_t)ᵀ S_t / φ(q_t)ᵀ z_t
+
+so a causal Performer (FAVOR+) layer decodes from a :class:`PerformerState` of
+``B · H_kv · (m · (d_head + 1) + 1)`` numbers (``m`` random features): ``O(1)`` memory and time per
+token, whatever the length decoded.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 
 from attnlab._checks import check_positive_int, shape_str
 
-__all__ = ["KVCache", "ModelCache"]
+__all__ = ["KVCache", "ModelCache", "PerformerState"]
 
 
 class KVCache:
@@ -73,6 +85,11 @@ class KVCache:
         self.v = torch.zeros(batch, num_kv_heads, capacity, d_v, dtype=dtype, device=device)
         self.length = 0
         self.static = False
+
+    @property
+    def batch(self) -> int:
+        """The rows ``B`` the buffers hold."""
+        return self.k.shape[0]
 
     @property
     def capacity(self) -> int:
@@ -185,6 +202,14 @@ class KVCache:
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
 
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers (at full capacity).
+
+        Returns:
+            The size of ``k`` and ``v`` in bytes.
+        """
+        return self.k.nbytes + self.v.nbytes
+
     def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:
         b, h, _, d = self.k.shape
         if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
@@ -196,9 +221,231 @@ class KVCache:
             raise ValueError(f"values have shape {shape_str(v.shape)}, keys {shape_str(k.shape)}")
 
 
+class PerformerState:
+    """The running state of one causal Performer (FAVOR+) layer: ``O(1)`` memory per layer and
+    ``O(1)`` work per decoded token, however long the sequence (Katharopoulos et al. 2020, §3.4;
+    Choromanski et al. 2021, §2.6).
+
+    Causal linear attention with the feature map ``φ`` is a recurrent network over the keys:
+
+        S_t = S_{t−1} + φ(k_t) v_tᵀ       (m × D_v)
+        z_t = z_{t−1} + φ(k_t)             (m)
+        o_t = φ(q_t)ᵀ S_t / φ(q_t)ᵀ z_t
+
+    FAVOR+'s features ``φ(k) = exp(l − c) / √m``, with exponents ``l = W k' − ‖k'‖²/2``, carry a
+    stabiliser ``c`` that cancels between the numerator and the normaliser; the prefix-sum form
+    (:func:`~attnlab.nn.performer.favor_attention`) takes the largest exponent of every key of
+    the sequence, unknown while decoding. The state keeps the running maximum ``c_t`` instead and
+    the sums scaled by it, ``S̃_t = e^{−c_t} S_t``, ``z̃_t = e^{−c_t} z_t``; a block of new keys
+    moves it and rescales the sums (:meth:`append`). The outputs are those of the prefix-sum form
+    up to rounding.
+
+    The sums are tied to the random features they were built with: the first :meth:`append`
+    through a layer records its ``features`` (:meth:`bind_features`), and a later call after a
+    redraw (``redraw_features``, or new weights loaded) is refused — start a new state.
+
+    Args:
+        batch: batch size ``B``.
+        num_kv_heads: key/value heads ``H_kv`` (the sums depend on keys and values only, so
+            grouped-query heads share them).
+        capacity: the most positions it takes (prompt + new tokens); its memory does not depend
+            on it, only the check does, as for a :class:`KVCache`.
+        num_features: random features ``m``.
+        d_head_v: head dimension of the values ``D_v``.
+        dtype: dtype of the sums; default ``torch.float32``. A running sum of many terms needs
+            the mantissa: prefer float32 (or float64) to half types.
+        device: device of the sums; default the current default device.
+
+    Attributes:
+        s: ``S̃ = e^{−c} Σ_j φ(k_j) v_jᵀ`` ``(B, H_kv, m, D_v)``.
+        z: ``z̃ = e^{−c} Σ_j φ(k_j)`` ``(B, H_kv, m)``.
+        c: the stabiliser ``c``, the largest key exponent absorbed so far, ``−∞`` before the
+            first visible key ``(B, H_kv)``.
+        length: positions absorbed so far (the next token's position), masked ones included.
+
+    Shape:
+        s ``(B, H_kv, m, D_v)``; z ``(B, H_kv, m)``; c ``(B, H_kv)``; none grows with ``length``.
+
+    Examples:
+        >>> state = PerformerState(2, 4, capacity=100, num_features=32, d_head_v=16)
+        >>> state.s.shape, state.nbytes()
+        (torch.Size([2, 4, 32, 16]), 17440)
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        capacity: int,
+        num_features: int,
+        d_head_v: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        check_positive_int("batch", batch)
+        check_positive_int("num_kv_heads", num_kv_heads)
+        self._capacity = check_positive_int("capacity", capacity)
+        check_positive_int("num_features", num_features)
+        check_positive_int("d_head_v", d_head_v)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        shape = (batch, num_kv_heads, num_features)
+        self.s = torch.zeros(*shape, d_head_v, dtype=dtype, device=device)
+        self.z = torch.zeros(*shape, dtype=dtype, device=device)
+        self.c = torch.full(shape[:2], -math.inf, dtype=dtype, device=device)
+        self.length = 0
+        self._features: tuple[int, int] | None = None
+
+    @property
+    def batch(self) -> int:
+        """The rows ``B`` it holds."""
+        return self.s.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads ``H_kv``."""
+        return self.s.shape[1]
+
+    @property
+    def num_features(self) -> int:
+        """Random features ``m``."""
+        return self.s.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        """The most positions it takes."""
+        return self._capacity
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the sums."""
+        return self.s.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the sums."""
+        return self.s.device
+
+    def bind_features(self, features: torch.Tensor) -> None:
+        """Tie the state to the random features its sums are built with, or check that they are
+        still those: the first call records ``features`` (which tensor, and its version counter,
+        which every in-place write bumps), later calls compare.
+
+        Args:
+            features: the layer's ``W`` (``PerformerAttention.features``).
+
+        Raises:
+            ValueError: the features were written since the state was tied to them (a redraw,
+                or weights loaded), or they are another tensor.
+
+        Shape:
+            features ``(m, d_head)``.
+        """
+        tag = (features.data_ptr(), features._version)
+        if self._features is None:
+            self._features = tag
+        elif tag != self._features:
+            raise ValueError(
+                "the Performer's random features changed (redraw_features, or weights loaded) "
+                "since this PerformerState was filled: its sums are built from the old features; "
+                "make a new cache (new_cache) and run the prompt again"
+            )
+
+    def append(
+        self, logits: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Absorb ``T_new`` keys and values, moving the stabiliser and rescaling the sums.
+
+        With ``l_j`` the new keys' exponents (``−∞`` for a masked key) and ``c`` the stabiliser,
+
+            c' = max(c, max_{j, r} l_{j,r})
+            φ̃(k_j) = exp(l_j − c') / √m
+            S̃' = e^{c − c'} S̃ + Σ_j φ̃(k_j) v_jᵀ
+            z̃' = e^{c − c'} z̃ + Σ_j φ̃(k_j)
+
+        (``e^{c − c'} <= 1``: nothing overflows; ``c' = −∞`` while every key so far is masked,
+        and then the exponents use 0, so that the sums stay exactly zero).
+
+        Args:
+            logits: the new keys' exponents ``l = W k' − ‖k'‖²/2``, ``−∞`` at masked keys.
+            v: the new values, zero at masked keys.
+
+        Returns:
+            ``(phi_k, s, z)``: the new keys' features ``φ̃(k_j)``, and the sums *before* them
+            rescaled to the new stabiliser (``e^{c − c'} S̃``, ``e^{c − c'} z̃``: what a new
+            query sees besides the new keys), in the dtype of ``logits``.
+
+        Raises:
+            ValueError: shapes that disagree with the state, or the capacity exceeded.
+
+        Shape:
+            - logits ``(B, H_kv, T_new, m)``; v ``(B, H_kv, T_new, D_v)``
+            - phi_k ``(B, H_kv, T_new, m)``; s ``(B, H_kv, m, D_v)``; z ``(B, H_kv, m)``
+        """
+        b, h, m, d_v = self.s.shape
+        if logits.dim() != 4 or (logits.shape[0], logits.shape[1], logits.shape[3]) != (b, h, m):
+            raise ValueError(
+                f"logits have shape {shape_str(logits.shape)} but the state holds "
+                f"(B, H_kv, T_new, m) = ({b}, {h}, T_new, {m})"
+            )
+        if v.shape != (*logits.shape[:3], d_v):
+            raise ValueError(
+                f"v has shape {shape_str(v.shape)}, expected (B, H_kv, T_new, D_v) = "
+                f"{shape_str((*logits.shape[:3], d_v))}"
+            )
+        n = logits.shape[2]
+        if self.length + n > self.capacity:
+            raise ValueError(
+                f"PerformerState capacity exceeded: it took {self.length} of {self.capacity} "
+                f"positions and {n} more were added; make the cache larger (max_length)"
+            )
+        dt = logits.dtype
+        s, z, c = self.s.to(dt), self.z.to(dt), self.c.to(dt)
+        if n:
+            # c' = max(c, max_{j,r} l_{j,r}), the exponents read with 0 while it is −∞
+            c_new = torch.maximum(c, logits.detach().amax(dim=(-2, -1)))  # (B, H_kv)
+            c_use = torch.where(torch.isfinite(c_new), c_new, torch.zeros_like(c_new))
+            # e^{c − c'} S̃, e^{c − c'} z̃: the old sums under the new stabiliser
+            alpha = torch.exp(c - c_use)  # (B, H_kv), 0 before the first visible key
+            s, z, c = s * alpha[..., None, None], z * alpha[..., None], c_new
+            # φ̃(k_j) = exp(l_j − c') / √m
+            phi_k = torch.exp(logits - c_use[..., None, None]) * m**-0.5  # (B, H_kv, T_new, m)
+        else:
+            phi_k = logits.new_zeros(logits.shape)
+        # S̃' = e^{c − c'} S̃ + Σ_j φ̃(k_j) v_jᵀ,  z̃' = e^{c − c'} z̃ + Σ_j φ̃(k_j)
+        self.s = (s + phi_k.transpose(-2, -1) @ v.to(dt)).to(self.s.dtype)
+        self.z = (z + phi_k.sum(-2)).to(self.z.dtype)
+        self.c = c.to(self.c.dtype)
+        self.length += n
+        return phi_k, s, z
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep, on the state's device; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; the sums become ``(B_new, H_kv, m, D_v)`` and ``(B_new, H_kv, m)``.
+        """
+        self.s = self.s.index_select(0, index)
+        self.z = self.z.index_select(0, index)
+        self.c = self.c.index_select(0, index)
+
+    def nbytes(self) -> int:
+        """Bytes held by the sums and the stabiliser (the same after any number of tokens).
+
+        Returns:
+            The size of ``s``, ``z`` and ``c`` in bytes.
+        """
+        return self.s.nbytes + self.z.nbytes + self.c.nbytes
+
+
 class ModelCache:
-    """The caches of a whole model: one :class:`KVCache` per self-attention layer, and per
-    cross-attention layer for an encoder-decoder.
+    """The caches of a whole model: one :class:`KVCache` per self-attention layer (a
+    :class:`PerformerState` for a causal Performer layer), and per cross-attention layer for an
+    encoder-decoder.
 
     ``length`` is the number of positions processed so far (the next token's position).
 
@@ -208,8 +455,12 @@ class ModelCache:
             ``None`` (the default) for a decoder-only model.
     """
 
-    def __init__(self, layers: list[KVCache], cross: list[KVCache] | None = None) -> None:
-        self.layers = layers
+    def __init__(
+        self,
+        layers: Sequence[KVCache | PerformerState],
+        cross: list[KVCache] | None = None,
+    ) -> None:
+        self.layers: list[KVCache | PerformerState] = list(layers)
         self.cross = cross
 
     @property
@@ -235,9 +486,10 @@ class ModelCache:
             c.reorder(index)
 
     def nbytes(self) -> int:
-        """Bytes held by the key and value buffers of every layer (at full capacity).
+        """Bytes held by the key and value buffers of every layer (at full capacity), or by
+        the running sums of Performer layers.
 
         Returns:
             The total size of the buffers in bytes, cross-attention caches included.
         """
-        return sum(c.k.nbytes + c.v.nbytes for c in self.layers + (self.cross or []))
+        return sum(c.nbytes() for c in self.layers + (self.cross or []))

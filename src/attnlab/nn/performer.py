@@ -29,6 +29,15 @@ paper's code no ``ε`` is added to the features, so the estimate stays unbiased.
 Masks: only keys can be masked (a padding mask, ``(B, 1, 1, T_k)``): a masked key gets
 ``φ(k) = 0`` and a zeroed value, so it contributes nothing, whatever it holds. A query that sees
 no key gets a zero output row.
+
+Decoding: causal linear attention is a recurrent network (Katharopoulos et al. 2020, §3.4),
+``S_t = S_{t−1} + φ(k_t) v_tᵀ``, ``z_t = z_{t−1} + φ(k_t)``, ``o_t = φ(q_t)ᵀ S_t / φ(q_t)ᵀ z_t``,
+so a causal layer given a :class:`~attnlab.nn.kv_cache.PerformerState` (``favor_attention(...,
+state=)``, ``PerformerAttention.forward(cache=)``) continues from the sums of the keys before and
+adds the new ones: ``O(m · D_v)`` memory and work per token instead of the whole prefix again. The
+one maximum over all keys of the stabiliser is unknown while decoding; the state keeps a running
+maximum and rescales its sums when it grows (:meth:`PerformerState.append
+<attnlab.nn.kv_cache.PerformerState.append>`), which gives the same outputs up to rounding.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ import torch
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.backends.common import repeat_kv
-from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.kv_cache import KVCache, PerformerState
 from attnlab.nn.linformer import (
     key_mask,
     project_heads,
@@ -143,18 +152,27 @@ def softmax_features(
     """
     if stabilize not in ("row", "all", "none"):
         raise ValueError(f"stabilize must be one of 'row', 'all', 'none', got {stabilize!r}")
-    w = features.to(x.dtype)
-    x = x * math.sqrt(scale)
-    # ωᵀx − ‖x‖²/2                                                        (..., T, m)
-    logits = x @ w.T - x.square().sum(-1, keepdim=True) / 2
-    if mask is not None:
-        logits = logits.masked_fill(~mask[..., None], -math.inf)
+    logits = _exponents(x, features, scale, mask)  # (..., T, m)
     if stabilize != "none":
         dims = (-1,) if stabilize == "row" else (-2, -1)
         c = logits.detach().amax(dim=dims, keepdim=True)
         c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # a fully masked row/head
         logits = logits - c
     return torch.exp(logits) * features.shape[0] ** -0.5
+
+
+def _exponents(
+    x: torch.Tensor, features: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The exponents ``ωᵀx' − ‖x'‖²/2`` of the features of ``x' = √scale · x``, ``−∞`` at masked
+    rows: ``(..., T, d)`` → ``(..., T, m)``."""
+    w = features.to(x.dtype)
+    x = x * math.sqrt(scale)
+    # ωᵀx − ‖x‖²/2                                                        (..., T, m)
+    logits = x @ w.T - x.square().sum(-1, keepdim=True) / 2
+    if mask is not None:
+        logits = logits.masked_fill(~mask[..., None], -math.inf)
+    return logits
 
 
 def favor_attention(
@@ -168,6 +186,7 @@ def favor_attention(
     scale: float | None = None,
     need_weights: bool = False,
     chunk_size: int = 128,
+    state: PerformerState | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FAVOR+ attention: ``D⁻¹ φ(Q) (φ(K)ᵀ V)`` with positive random features
     (Choromanski et al. 2021, §2.2–2.6), bidirectional or causal by prefix sums.
@@ -177,6 +196,14 @@ def favor_attention(
     ``S = Σ φ(k_j) v_jᵀ``, ``z = Σ φ(k_j)`` over the keys every query of a chunk sees, plus the
     masked ``C × C`` products of the chunk's own keys — memory ``O(m · D_v + C · (m + C))``
     instead of the ``O(T · m · D_v)`` of a cumulative sum, the same numbers.
+
+    With a ``state`` (decoding) the keys before were absorbed into it: ``q``, ``k`` and ``v``
+    are the ``T`` new positions (``T_q = T_k``), each query sees the state and the new keys up to
+    its own, and the state absorbs the new keys (Katharopoulos et al. 2020, §3.4):
+
+        o_i = φ(q_i)ᵀ (S_past + Σ_{j ≤ i} φ(k_j) v_jᵀ) / φ(q_i)ᵀ (z_past + Σ_{j ≤ i} φ(k_j))
+
+    ``O(T · m · D_v)`` work, whatever the number of positions before.
 
     Args:
         q: queries ``(..., H, T_q, D)``.
@@ -189,6 +216,10 @@ def favor_attention(
         scale: the score scale; default ``1 / √D``.
         need_weights: also return the implied weights ``D⁻¹ φ(Q) φ(K)ᵀ`` (forms ``T_q × T_k``).
         chunk_size: queries per chunk ``C`` of the causal form. Default 128.
+        state: a :class:`~attnlab.nn.kv_cache.PerformerState` holding the sums of the keys
+            before (causal only; 4-D inputs, ``T_q = T_k``; ``mask`` then covers the new keys
+            only and must be the same for the heads of a group), updated in place; ``None``
+            (default): no keys before.
 
     Returns:
         The output ``(..., H, T_q, D_v)``, or ``(output, weights)`` with ``need_weights``.
@@ -196,11 +227,13 @@ def favor_attention(
     Raises:
         TypeError: non-tensor or non-floating inputs, a non-boolean mask.
         ValueError: mismatched shapes or head counts, features of the wrong width, a per-query
-            mask.
+            mask; with a ``state``: not causal, ``need_weights``, ``T_q != T_k``, or a state of
+            other shapes.
 
     Shape:
         - q ``(B, H, T_q, D)``; k ``(B, H_kv, T_k, D)``; v ``(B, H_kv, T_k, D_v)``
         - features ``(m, D)``; mask broadcastable to ``(B, H, 1, T_k)``
+        - state: ``s`` ``(B, H_kv, m, D_v)``, ``z`` ``(B, H_kv, m)``
         - output ``(B, H, T_q, D_v)``; weights ``(B, H, T_q, T_k)``
 
     Examples:
@@ -232,6 +265,11 @@ def favor_attention(
         )
     t_q, t_k = q.shape[-2], k.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if state is not None:
+        chunk = check_positive_int("chunk_size", chunk_size)
+        return _favor_recurrent(
+            q, k, v, features, is_causal, mask, scale, need_weights, chunk, state
+        )
     k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (..., H, T_k, D)
     batch = q.shape[0] if q.dim() >= 4 else 1
     m = key_mask(mask, batch, h, t_k, "FAVOR+ attention")
@@ -260,8 +298,90 @@ def favor_attention(
     return out, weights
 
 
+def _favor_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    features: torch.Tensor,
+    is_causal: bool,
+    mask: torch.Tensor | None,
+    scale: float,
+    need_weights: bool,
+    chunk: int,
+    state: PerformerState,
+) -> torch.Tensor:
+    """Causal FAVOR+ continued from ``state`` (the keys before), which absorbs the new keys.
+
+    Grouped-query heads share one state per key/value head: the ``G = H / H_kv`` query heads of a
+    group are read against it together, ``φ(Q)`` viewed ``(B, H_kv, G, T, m)``.
+    """
+    if not is_causal:
+        raise ValueError(
+            "is_causal must be True with a PerformerState: its running sums serve causal "
+            "attention only (each query sees the keys before it)"
+        )
+    if need_weights:
+        raise ValueError(
+            "need_weights is not available with a PerformerState: it keeps no keys to weigh; "
+            "run the whole sequence without a cache to see the weights"
+        )
+    if q.dim() != 4:
+        raise ValueError(
+            f"q must have shape (B, H, T, D) with a PerformerState, got {shape_str(q.shape)}"
+        )
+    b, h, t, _ = q.shape
+    h_kv, t_k, d_v = k.shape[1], k.shape[2], v.shape[3]
+    if t_k != t:
+        raise ValueError(
+            f"with a PerformerState q, k and v are the same new positions: T_q = {t} but "
+            f"T_k = {t_k}"
+        )
+    m = features.shape[0]
+    if (state.batch, state.num_kv_heads, state.num_features, state.s.shape[3]) != (
+        b, h_kv, m, d_v,
+    ):  # fmt: skip
+        raise ValueError(
+            f"state holds (B, H_kv, m, D_v) = {shape_str(tuple(state.s.shape))} but the inputs "
+            f"have {shape_str((b, h_kv, m, d_v))}"
+        )
+    keep = key_mask(mask, b, h, t, "FAVOR+ attention")  # (B or 1, H or 1, T)
+    if keep is not None and keep.shape[1] not in (1, h_kv):
+        raise ValueError(
+            f"mask has {keep.shape[1]} heads but with a PerformerState the query heads of a "
+            f"group share one state: it must have 1 or H_kv = {h_kv} heads"
+        )
+    # the sums keep their own dtype (float32 or wider); compute in the wider of the two
+    out_dtype, dt = q.dtype, torch.promote_types(q.dtype, state.dtype)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    if keep is not None:
+        v = v.masked_fill(~keep[..., None], 0.0)  # NaN in padding never reaches the state
+    # l_j = ωᵀk'_j − ‖k'_j‖²/2, −∞ at masked keys; the state moves its stabiliser to the
+    # largest exponent so far and rescales S, z (PerformerState.append)
+    logits = _exponents(k, features, scale, keep)  # (B, H_kv, T, m)
+    phi_k, s_past, z_past = state.append(logits, v)  # (B, H_kv, T, m), (B, H_kv, m, D_v), (…, m)
+    phi_q = softmax_features(q, features, scale=scale, stabilize="row")  # (B, H, T, m)
+    phi_q = phi_q.view(b, h_kv, h // h_kv, t, m)  # the query heads of a group  (B, H_kv, G, T, m)
+    if t == 1:  # one new token (a decoding step): it sees the state after its own key
+        # φ(q)ᵀ S̃', φ(q)ᵀ z̃'                                          (B, H_kv, G, 1, D_v | 1)
+        num = phi_q @ state.s.to(dt)[:, :, None]
+        den = phi_q @ state.z.to(dt)[:, :, None, :, None]
+    else:
+        # φ(q_i)ᵀ (S_past + Σ_{j ≤ i} φ(k_j) v_jᵀ) and φ(q_i)ᵀ (z_past + Σ_{j ≤ i} φ(k_j))
+        num, den = _causal_prefix(
+            phi_q, phi_k[:, :, None], v[:, :, None], chunk,
+            s_past[:, :, None], z_past[:, :, None, :, None],
+        )  # fmt: skip
+    out = num / den.clamp_min(torch.finfo(den.dtype).tiny)  # (B, H_kv, G, T, D_v)
+    return out.reshape(b, h, t, d_v).to(out_dtype)
+
+
 def _causal_prefix(
-    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, chunk: int
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    chunk: int,
+    s0: torch.Tensor | None = None,
+    z0: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal ``φ(q_i)ᵀ S_i`` and ``φ(q_i)ᵀ z_i`` by chunks of queries (bottom-right).
 
@@ -269,7 +389,9 @@ def _causal_prefix(
     through the running state ``S = Σ φ(k_j) v_jᵀ``, ``z = Σ φ(k_j)``, and its own keys
     ``[b_c, b_{c+1})`` through a masked ``C × n`` product. The inputs are split once
     (``torch.split``), so the backward pass is one concatenation, linear in ``T``: slicing them
-    chunk by chunk made autograd write a full-size gradient per chunk, ``O(T²)``.
+    chunk by chunk made autograd write a full-size gradient per chunk, ``O(T²)``. ``s0``
+    ``(..., m, D_v)`` and ``z0`` ``(..., m, 1)``, when given, are sums of earlier keys every
+    query sees (a decoding state).
     """
     t_q, t_k = phi_q.shape[-2], phi_k.shape[-2]
     off = t_k - t_q
@@ -280,6 +402,8 @@ def _causal_prefix(
     pk = k_parts[0].transpose(-2, -1)  # keys every query sees                     (..., H, m, n)
     s = pk @ v_parts[0]  # S = Σ φ(k_j) v_jᵀ                                     (..., H, m, D_v)
     z = pk.sum(-1, keepdim=True)  # z = Σ φ(k_j)                                   (..., H, m, 1)
+    if s0 is not None and z0 is not None:  # the keys before (a decoding state)
+        s, z = s0 + s, z0 + z
     nums, dens = [], []
     for c, pq in enumerate(phi_q.split(chunk, dim=-2)):  # (..., H, C, m)
         kc, vc = k_parts[c + 1], v_parts[c + 1]
@@ -318,6 +442,11 @@ class PerformerAttention(MultiHeadAttention):
     ``hook_weights`` (and ``need_weights``) give the implied weights ``D⁻¹ φ(Q) φ(K)ᵀ``,
     formed only when asked for.
 
+    Causal self-attention decodes from a :class:`~attnlab.nn.kv_cache.PerformerState` passed as
+    ``cache`` (the running sums ``S``, ``z`` of the keys so far: ``O(1)`` per token). A state is
+    tied to the features it was filled with: ``forward`` never redraws them while given a cache,
+    and refuses a state after a redraw.
+
     Args:
         d_model: model width; must be divisible by ``num_heads``.
         num_heads: query heads ``H``.
@@ -329,7 +458,8 @@ class PerformerAttention(MultiHeadAttention):
             key, which the linear form allows). Default ``0.0``.
         bias: whether the projections have biases. Default ``True``.
         redraw_interval: in training mode, draw new features every ``redraw_interval`` forward
-            calls (§4.1's feature redrawing); ``None`` (default) never redraws by itself.
+            calls without a cache (§4.1's feature redrawing); ``None`` (default) never redraws
+            by itself.
         causal: the default of ``forward``'s ``is_causal``. Default ``False``.
         device: where to create the parameters; default the current default device.
         dtype: dtype of the parameters; default the current default dtype.
@@ -415,7 +545,7 @@ class PerformerAttention(MultiHeadAttention):
         mask: torch.Tensor | None = None,
         is_causal: bool | None = None,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: PerformerState | KVCache | None = None,
         head_mask: torch.Tensor | None = None,
         **unused: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -423,7 +553,8 @@ class PerformerAttention(MultiHeadAttention):
         ``None``).
 
         In training mode with a ``redraw_interval``, new features are drawn before every
-        ``redraw_interval``-th call.
+        ``redraw_interval``-th call without a cache (a call with a cache neither redraws nor
+        counts).
 
         Args:
             query: ``(B, T_q, d_model)``.
@@ -433,8 +564,14 @@ class PerformerAttention(MultiHeadAttention):
                 (e.g. :func:`attnlab.masks.padding_mask`); masked keys contribute nothing.
             is_causal: bottom-right causal attention by prefix sums; ``None`` (default) takes
                 the layer's ``causal``.
-            need_weights: also return the implied weights ``(B, H, T_q, T_k)``.
-            cache: must be ``None`` (no KV cache yet).
+            need_weights: also return the implied weights ``(B, H, T_q, T_k)`` (not with a
+                cache: it keeps no keys).
+            cache: ``None``, or a :class:`~attnlab.nn.kv_cache.PerformerState` for causal
+                self-attention (decoding): ``query`` holds the new positions only, the state
+                supplies the keys before them and absorbs the new ones; ``mask`` then covers
+                the past and new keys ``(B, H, 1, T_past + T)`` (of which the new ones are
+                read: the past ones were applied when they were absorbed). A
+                :class:`~attnlab.nn.kv_cache.KVCache` is refused.
             head_mask: ``ξ`` broadcastable to ``(B, H)``, as in ``MultiHeadAttention``.
             **unused: the other options of ``MultiHeadAttention.forward`` (``positions``,
                 ``check_positions``, ``window``, …), accepted at their neutral values (``None``;
@@ -444,24 +581,31 @@ class PerformerAttention(MultiHeadAttention):
             ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
 
         Raises:
-            ValueError: a per-query mask, a cache, or inputs of the wrong shape.
+            ValueError: a per-query mask, or inputs of the wrong shape; a cache other than a
+                ``PerformerState``, or one with cross-attention, ``is_causal=False``, weights
+                asked for (``need_weights`` or an active ``hook_weights``), or features redrawn
+                since it was filled.
             TypeError: a non-tensor, non-floating input or a non-boolean mask.
 
         Shape:
             - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
-            - mask broadcastable to ``(B, H, 1, T_k)``; head_mask ``(H,)`` or ``(B, H)``
+            - mask broadcastable to ``(B, H, 1, T_k)`` (with a cache ``(B, H, 1, T_past + T_q)``);
+              head_mask ``(H,)`` or ``(B, H)``
             - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
         """
-        if cache is not None:
-            raise ValueError("cache must be None: PerformerAttention has no KV cache")
         refuse_unused("PerformerAttention", unused)
         if is_causal is None:
             is_causal = self.causal
-        if self.training and self.redraw_interval is not None:
+        if cache is None and self.training and self.redraw_interval is not None:
             if int(self.calls_since_redraw) >= self.redraw_interval:
                 self.redraw_features()
             self.calls_since_redraw += 1
         q, k, v = project_heads(self, query, key, value)
+        state = None
+        if cache is not None:
+            state, mask = self._check_state(
+                cache, q.shape[-2], key, value, mask, is_causal, need_weights
+            )
         b = query.shape[0]
         xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         if self.training and self.dropout > 0.0:
@@ -478,9 +622,58 @@ class PerformerAttention(MultiHeadAttention):
             mask=mask,
             scale=self.d_head**-0.5,
             need_weights=want_weights,
+            state=state,
         )
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def _check_state(
+        self,
+        cache: object,
+        t: int,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+    ) -> tuple[PerformerState, torch.Tensor | None]:
+        """Check a decoding call with a :class:`PerformerState`; return it and the mask of the
+        new keys (the state applied the past ones when it absorbed them)."""
+        if not isinstance(cache, PerformerState):
+            raise ValueError(
+                "cache must be None or a PerformerState (the running sums of causal FAVOR+; "
+                f"see GPT.new_cache): FAVOR+ keeps no keys and values, got {type(cache).__name__}"
+            )
+        if key is not None or value is not None:
+            raise ValueError(
+                "key and value must be None with a PerformerState: it serves causal "
+                "self-attention (decoding), not cross-attention"
+            )
+        if not is_causal:
+            raise ValueError("is_causal must be True with a PerformerState (causal decoding)")
+        if need_weights or self.hook_weights.active:
+            raise ValueError(
+                "attention weights (need_weights, or a hook on hook_weights) are not available "
+                "with a PerformerState: it keeps no keys to weigh; run the sequence without a cache"
+            )
+        if (cache.num_kv_heads, cache.num_features) != (self.num_kv_heads, self.num_features):
+            raise ValueError(
+                f"cache holds H_kv = {cache.num_kv_heads} heads and m = {cache.num_features} "
+                f"features but the layer has {self.num_kv_heads} and {self.num_features}"
+            )
+        cache.bind_features(self.features)
+        if not isinstance(mask, torch.Tensor) or mask.dim() == 0:
+            return cache, mask  # None, or what favor_attention refuses
+        total = cache.length + t
+        if mask.shape[-1] == total:
+            return cache, mask[..., total - t :]  # (…, T): the new keys
+        if mask.shape[-1] != 1:
+            raise ValueError(
+                f"mask has shape {shape_str(mask.shape)} but with a PerformerState it covers the "
+                f"past and new keys: it must broadcast to (B, H, 1, T_past + T) = "
+                f"{shape_str((cache.batch, self.num_heads, 1, total))}"
+            )
+        return cache, mask
 
 
 def favor_errors(
