@@ -96,3 +96,122 @@ def test_plot_heads_from_model(tmp_path: Path) -> None:
         out = tmp_path / f"{kind}.png"
         assert main(["plot", kind, "--model", str(run), "--text", "abcabc", "-o", str(out)]) == 0
         assert out.stat().st_size > 1000
+
+
+# ----------------------------------------------------------------------------- a Linformer encoder
+
+
+def _linformer_run(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=TOKENIZER.vocab_size, tgt_vocab_size=TOKENIZER.vocab_size, d_model=32,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=1, d_ff=64, max_len=32,
+        bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id, attention="linformer", linformer_k=6,
+    )  # fmt: skip
+    return _save(tmp_path / "linformer", Transformer(cfg))
+
+
+def _figure(argv: list[str]):
+    """The plot ``attnlab plot`` would save for ``argv``, and what the model captured."""
+    from attnlab.cli import build_parser
+    from attnlab.cli.plot import _model_figure
+    from attnlab.tasks.figures import capture_inputs
+    from attnlab.tasks.run import load_run
+
+    args = build_parser().parse_args(argv)
+    loaded = load_run(args.model)
+    inputs = loaded.inputs(args.text, target=args.target)
+    return _model_figure(args), capture_inputs(loaded.model, inputs)
+
+
+def _ticks(ax, axis: str) -> list[str]:
+    return [t.get_text() for t in (ax.get_xticklabels() if axis == "x" else ax.get_yticklabels())]
+
+
+def test_plot_a_linformer_layer_labels_its_columns_e_k_rows(tmp_path: Path) -> None:
+    run = _linformer_run(tmp_path)
+    base = ["--model", str(run), "--text", "abcd", "--target", "dcba", "--kind", "self"]
+    rows = [f"E·K row {j}" for j in range(6)]
+    layer = "encoder.layers.1.self_attn"
+    plot, cache = _figure(["plot", "heatmap", *base, "--layer", "1", "--head", "2"])
+    np.testing.assert_array_equal(plot.data["weights"], cache.attentions[layer][0, 2].numpy())
+    assert _ticks(plot.figure.axes[0], "x") == rows and cache.key_labels(layer) == rows
+    plot, _ = _figure(["plot", "heads", *base, "--layer", "0"])
+    assert plot.data["weights"].shape == (4, 4, 6)  # (H, T, k): the source is "abcd"
+    assert _ticks(plot.figure.axes[3], "x") == rows
+    plot, _ = _figure(["plot", "layers", *base])
+    assert list(plot.data["layers"]) == [
+        "encoder.layers.0.self_attn", "encoder.layers.1.self_attn", "decoder.layers.0.self_attn",
+    ]  # fmt: skip
+    assert _ticks(plot.figure.axes[4], "x") == rows  # layer 1, head 0
+    for kind in ("heatmap", "heads", "layers"):  # through the command: files written
+        out = tmp_path / f"{kind}.png"
+        assert main(["plot", kind, *base, "--layer", "0", "-o", str(out)]) == 0
+        assert out.stat().st_size > 3000
+
+
+def test_plot_effective_draws_a_f_on_a_diverging_scale(tmp_path: Path) -> None:
+    run = _linformer_run(tmp_path)
+    base = ["--model", str(run), "--text", "abcd", "--target", "dcba", "--kind", "self"]
+    layer = "encoder.layers.0.self_attn"
+    plot, cache = _figure(["plot", "heads", *base, "--layer", "0", "--effective"])
+    eff = cache.effective_weights(layer)[0]  # (H, T, T) over the source tokens
+    np.testing.assert_array_equal(plot.data["weights"], eff.numpy())
+    assert (eff < 0).any()
+    lo, hi = plot.figure.axes[0].images[0].get_clim()
+    assert lo == -hi == pytest.approx(-float(eff.abs().max()))
+    assert plot.figure.axes[0].images[0].cmap.name.startswith("RdBu")
+    assert _ticks(plot.figure.axes[3], "x") == ["a", "b", "c", "d"]
+    assert "effective weights A·F" in plot.figure.get_suptitle()
+    assert plot.figure.axes[-1].get_ylabel() == "effective weight (A·F)"
+    plot, _ = _figure(["plot", "heatmap", *base, "--layer", "0", "--head", "3", "--effective"])
+    np.testing.assert_array_equal(plot.data["weights"], eff[3].numpy())
+    assert plot.figure.axes[0].images[0].get_clim() == pytest.approx(
+        (-float(eff[3].abs().max()), float(eff[3].abs().max()))
+    )
+    out = tmp_path / "effective.png"
+    assert main(["plot", "heatmap", *base, "--layer", "0", "--effective", "-o", str(out)]) == 0
+    assert out.stat().st_size > 3000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plot", "heads", "--effective"],
+         "--effective: decoder.layers.0.cross_attn attends to its key tokens directly (its weights "
+         "are already per token); the layers with projected keys are encoder.layers.0.self_attn "
+         "(--kind all --layer 0), encoder.layers.1.self_attn (--kind all --layer 1)"),
+        (["plot", "heads", "--kind", "cross", "--effective"],
+         "encoder.layers.0.self_attn (--kind self --layer 0)"),
+        (["plot", "layers", "--effective"],
+         "--effective draws one layer's effective weights: plot heatmap or heads, got plot layers"),
+        (["plot", "steps"],
+         "plot steps: encoder.layers.0.self_attn projects its keys to k rows (Linformer), which "
+         "the step panel does not draw; pick a layer that attends to tokens with --layer "
+         "(e.g. --layer 2)"),
+    ],
+    ids=["not-projected", "other-kind", "layers", "steps"],
+)  # fmt: skip
+def test_plot_linformer_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    run = _linformer_run(tmp_path)
+    out = tmp_path / "x.png"
+    args = [*argv, "--model", str(run), "--text", "abcd", "--target", "dcba", "-o", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_plot_effective_on_full_attention_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = GPT(
+        GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    )
+    run = _save(tmp_path / "gpt", model)
+    argv = ["plot", "heads", "--model", str(run), "--text", "abc", "--effective"]
+    assert main([*argv, "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the model has no layer with projected keys" in err

@@ -8,6 +8,12 @@ the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (
 layer), ``layers`` (layers × heads), each for ``--kind self|cross|all`` layers. ``training RUN``:
 how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
 with the heads' entropy per step in ``FILE_entropy.png``.
+
+A Linformer layer (``--attention linformer``) is drawn as it computes: ``T × k`` weights whose
+columns are the projected rows ``E·K row j``, not tokens. ``heatmap``/``heads`` with
+``--effective`` draw its effective weights ``A · F`` over the key tokens instead (what each query
+took from each token through the value projection; possibly negative, so on a diverging scale,
+blue < 0 < red).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 
 if TYPE_CHECKING:
+    from attnlab.inspect.capture import ActivationCache
     from attnlab.viz import Plot
 
 __all__ = ["register", "run"]
@@ -50,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--layer", type=int, default=None, help="layer index among --kind's layers")
     p.add_argument("--head", type=int, default=0, help="head index (heatmap, steps)")
+    p.add_argument(
+        "--effective",
+        action="store_true",
+        help="heatmap / heads of a Linformer layer: the effective weights A·F over the key "
+        "tokens (signed) instead of the T × k weights over the projected E·K rows",
+    )
     p.add_argument("--d-model", type=int, default=512, help="noam / positional width")
     p.add_argument("--warmup", type=int, default=4000, help="noam warm-up steps")
     p.add_argument("--steps", type=int, default=20000, help="noam steps to draw")
@@ -77,7 +90,19 @@ def _model_figure(args: argparse.Namespace) -> Plot:
         names = [n for n, m in loaded.model.named_modules() if hasattr(m, "hook_weights")]
         layer = names[0] if args.layer is None else _pick(names, args.layer, "--layer")
         cache = capture_inputs(loaded.model, inputs, names=[layer])
-        rows, cols = layer_labels(inputs, layer, cache.kinds.get(layer, "self"))
+        if layer in cache.projected:  # the panel's softmax(Q Kᵀ/√d) over tokens is not its path
+            from attnlab.nn.linformer import LinformerAttention
+
+            modules = dict(loaded.model.named_modules())
+            plain = [
+                i for i, n in enumerate(names) if not isinstance(modules[n], LinformerAttention)
+            ]
+            hint = f" (e.g. --layer {plain[0]})" if plain else ""
+            raise CLIError(
+                f"plot steps: {layer} projects its keys to k rows (Linformer), which the step "
+                f"panel does not draw; pick a layer that attends to tokens with --layer{hint}"
+            )
+        rows, cols = layer_labels(inputs, layer, cache.kinds.get(layer, "self"), cache)
         _check_head(args.head, cache.attentions[layer].shape[1])
         loaded.model.eval()
         with torch.no_grad():
@@ -89,7 +114,8 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     names = cache.names(None if args.attention == "all" else args.attention)
     if not names:
         raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
-    labels = {n: layer_labels(inputs, n, cache.kinds.get(n, "self")) for n in names}
+    # a Linformer layer's columns are its projected rows (E·K row j), not tokens
+    labels = {n: layer_labels(inputs, n, cache.kinds.get(n, "self"), cache) for n in names}
     if args.kind == "layers":
         return F.layer_head_grid(
             {n: cache.attentions[n] for n in names},
@@ -101,15 +127,45 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     name = _pick(names, -1 if args.layer is None else args.layer, "--layer")
     w = cache.attentions[name][0]
     rows, cols = labels[name]
+    value, what = "weight", ""
+    if args.effective:
+        _check_projected(cache, names, name, args.attention)
+        w = cache.effective_weights(name)[0]  # A · F: (H, T_q, T_k) over the key tokens, signed
+        rows, cols = layer_labels(inputs, name, cache.kinds.get(name, "self"))
+        value, what = "effective weight (A·F)", ": effective weights A·F (output = (A·F)·V)"
     if args.kind == "heads":
         return F.head_grid(
-            w, max_tokens=args.max_tokens, title=name, query_tokens=rows, key_tokens=cols
-        )
+            w, max_tokens=args.max_tokens, title=f"{name}{what}", query_tokens=rows,
+            key_tokens=cols, value_label=value,
+        )  # fmt: skip
     _check_head(args.head, w.shape[0])
     return F.attention_heatmap(
-        w[args.head], max_tokens=args.max_tokens, title=f"{name} head {args.head}",
-        query_tokens=rows, key_tokens=cols,
+        w[args.head], max_tokens=args.max_tokens, title=f"{name} head {args.head}{what}",
+        query_tokens=rows, key_tokens=cols, value_label=value,
     )  # fmt: skip
+
+
+def _check_projected(cache: ActivationCache, names: list[str], name: str, kind: str) -> None:
+    """A one-line error unless ``name`` has projected keys, naming the layers that have them."""
+    if name in cache.projected:
+        return
+    if not cache.projected:
+        raise CLIError(
+            "--effective: the model has no layer with projected keys (its weights are already "
+            "per token); effective weights A·F are for Linformer layers (--attention linformer)"
+        )
+
+    def flags(n: str) -> str:
+        if n in names:
+            return f"--kind {kind} --layer {names.index(n)}"
+        own = cache.kinds.get(n, "self")
+        return f"--kind {own} --layer {cache.names(own).index(n)}"
+
+    where = ", ".join(f"{n} ({flags(n)})" for n in cache.projected)
+    raise CLIError(
+        f"--effective: {name} attends to its key tokens directly (its weights are already per "
+        f"token); the layers with projected keys are {where}"
+    )
 
 
 def _pick(names: list[str], index: int, flag: str) -> str:
@@ -127,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
     from attnlab import viz as F
 
     out = checked_figure(args.output or f"{args.kind}.png", "-o/--output")  # before any work
+    if args.effective and args.kind not in ("heatmap", "heads"):
+        raise CLIError(
+            f"--effective draws one layer's effective weights: plot heatmap or heads, "
+            f"got plot {args.kind}"
+        )
     written = [out]
     if args.kind == "noam":
         plot = F.noam_curve(((args.d_model, args.warmup),), steps=args.steps)

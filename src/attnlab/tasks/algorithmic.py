@@ -6,6 +6,11 @@ alphabet (the encoder reads them followed by ``<eos>``), a 2 + 2 layer Transform
 the Noam schedule (factor 0.5, 200 warm-up steps). The demo adds ``--cooldown`` (the rate annealed
 to 0 over the last third). The score is the exact-match accuracy of greedy decoding on held-out
 strings (never seen in training, see :mod:`attnlab.data.tasks`).
+
+The attention pattern is chosen as for ``attnlab train translate`` (``--attention
+sliding|linformer|performer|bigbird`` with its parameters, e.g. ``--attention linformer
+--linformer-k 8``: the encoder's self-attention over ``k`` projected key rows), checked before any
+step and saved with the run.
 """
 
 from __future__ import annotations
@@ -27,7 +32,11 @@ from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.figures import save_attention_figures
-from attnlab.tasks.options import add_transformer_arguments, positive_int
+from attnlab.tasks.options import (
+    add_attention_arguments,
+    add_transformer_arguments,
+    positive_int,
+)
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import (
     Seq2SeqIO,
@@ -68,10 +77,15 @@ def task_model_config(task: SequenceTask, args: argparse.Namespace) -> Transform
 
     Args:
         task: the task (its tokenizer gives both vocabularies, shared embeddings).
-        args: the parsed options (sizes, dropout, label smoothing).
+        args: the parsed options (sizes, dropout, label smoothing, and the attention pattern of
+            :func:`~attnlab.tasks.options.add_attention_arguments`; full when unset).
 
     Returns:
         The model's configuration, with :func:`model_len` positions.
+
+    Raises:
+        ValueError: the attention options do not fit together
+            (:func:`~attnlab.tasks.options.attention_options`).
     """
     tok = task.tokenizer
     return transformer_config(args, tok, tok, max_len=model_len(task), share=True)
@@ -213,8 +227,10 @@ class AlgorithmicTask:
         self.help = _HELP[name]
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data options (``--num-symbols``, ``--min-len``, ``--max-len``, ``--num-heldout``)
-        and the Transformer options with this task's defaults.
+        """Add the data options (``--num-symbols``, ``--min-len``, ``--max-len``,
+        ``--num-heldout``), the Transformer options with this task's defaults, and the attention
+        options of ``train translate`` (``--attention``, ``--window``, ``--linformer-k``, …;
+        default full).
 
         Args:
             parser: the task's sub-command parser.
@@ -242,6 +258,11 @@ class AlgorithmicTask:
             warmup=200,
             batch_size=64,
             lr_factor=0.5,
+        )
+        add_attention_arguments(
+            parser,
+            what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
+            "only; performer, bigbird: both, the decoder's causal; cross-attention stays full)",
         )
         parser.set_defaults(eval_every=500)
 

@@ -92,20 +92,32 @@ def layer_sequences(inputs: ModelInputs, name: str, kind: str) -> tuple[str, str
     return "target", "target"
 
 
-def layer_labels(inputs: ModelInputs, name: str, kind: str) -> tuple[list[str], list[str]]:
-    """The labels of one attention layer's queries and keys (see :func:`layer_sequences`).
+def layer_labels(
+    inputs: ModelInputs, name: str, kind: str, cache: ActivationCache | None = None
+) -> tuple[list[str], list[str]]:
+    """The labels of one attention layer's queries and keys (see :func:`layer_sequences`): the
+    rows and columns of its captured weights.
+
+    A layer whose keys are projected along the sequence (Linformer, in ``cache.projected``)
+    attends over the ``k`` rows of ``E K``, not over tokens: its key labels are
+    ``"E·K row 0"`` … (:meth:`~attnlab.inspect.ActivationCache.key_labels`). The token labels
+    of its keys (the columns of its effective weights ``A · F``) are those of the call
+    without ``cache``.
 
     Args:
         inputs: what the model read.
         name: the layer's module path.
         kind: ``"self"`` or ``"cross"``.
+        cache: the capture the weights come from, for the layers with projected keys; default
+            ``None``: token labels on both sides.
 
     Returns:
         ``(query labels, key labels)``.
     """
     seqs = token_sequences(inputs)
     query, key = layer_sequences(inputs, name, kind)
-    return seqs[query], seqs[key]
+    rows = None if cache is None else cache.key_labels(name)
+    return seqs[query], seqs[key] if rows is None else rows
 
 
 def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> ViewerData:
@@ -157,7 +169,7 @@ def save_attention_figures(
         cache = capture_inputs(model, inputs)
         names = cache.names("cross") or cache.names()
         name = names[-1]
-        rows, cols = layer_labels(inputs, name, cache.kinds.get(name, "self"))
+        rows, cols = layer_labels(inputs, name, cache.kinds.get(name, "self"), cache)
         weights = cache.attentions[name][0].float().cpu()  # (H, T_q, T_k)
         path = run_dir / "attention.png"
         attention_heatmap(

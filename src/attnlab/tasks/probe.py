@@ -12,6 +12,12 @@ changes the training trajectory — and writes the captured weights to
 each written to a temporary file and renamed into place. A resumed run drops the records past the
 step it resumes from. :func:`load_probe_history` reads them back as a
 :class:`~attnlab.viz.evolution.ProbeHistory` for ``attnlab plot training`` and the viewer.
+
+A layer whose keys are projected along the sequence (a Linformer encoder, ``--attention
+linformer``) is recorded as it computes: its ``(H, T_q, k)`` weights over the ``k`` rows of
+``E K``, labelled ``"E·K row j"`` in ``probe.json`` (with ``"projected": {layer: [method, token
+sequence]}``), and beside them, under ``"effective:LAYER"``, its effective weights ``A · F`` over
+the key tokens ``(H, T_q, T_k)`` at that step (see :class:`~attnlab.inspect.capture.ProjectedKeys`).
 """
 
 from __future__ import annotations
@@ -20,25 +26,23 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
 
 from attnlab.tasks.base import ModelInputs
-from attnlab.tasks.figures import capture_inputs, layer_sequences, token_sequences
+from attnlab.tasks.figures import capture_inputs, token_sequences
 from attnlab.training.files import replace_file, safetensors_bytes
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
-
-if TYPE_CHECKING:
-    from attnlab.viz.evolution import ProbeHistory
+from attnlab.viz.evolution import ProbeHistory
 
 __all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history", "write_training_figures"]
 
 PROBE_DIR = "probe"
 _META = "probe.json"
 _STEP = re.compile(r"^step-(\d{8})\.safetensors$")
+_EFFECTIVE = "effective:"  # the key of a projected layer's A · F in a step file: effective:LAYER
 
 
 class AttentionProbe(TrainerCallback):
@@ -104,22 +108,27 @@ class AttentionProbe(TrainerCallback):
             cache = capture_inputs(model, self.inputs)
         finally:
             set_rng_state(rng)
+        # this step as a history of one step: its layers labelled, projected keys included, as
+        # load_probe_history will read them back
+        one = ProbeHistory.new(**token_sequences(self.inputs))
+        one.record(step, cache.attentions, cache.kinds, projected=cache.projected)
         if not (self.dir / _META).exists():
-            self._write_meta(cache.kinds)
-        tensors = {n: w[0].float().cpu().contiguous() for n, w in cache.attentions.items()}
+            self._write_meta(one)
+        tensors = {n: w[0].contiguous() for n, w in one.attentions.items()}
+        tensors.update({_EFFECTIVE + n: e[0].contiguous() for n, e in one.effective.items()})
         path = self.dir / f"step-{step:08d}.safetensors"
         replace_file(path, safetensors_bytes(tensors, {"step": str(step)}))
         return path
 
-    def _write_meta(self, kinds: dict[str, str]) -> None:
-        inputs = self.inputs
+    def _write_meta(self, history: ProbeHistory) -> None:
         meta = {
             "text": self.text,
             "every": self.every,
-            "inputs": inputs.to_dict(),
-            "sequences": token_sequences(inputs),
-            "kinds": kinds,
-            "layer_sequences": {n: list(layer_sequences(inputs, n, k)) for n, k in kinds.items()},
+            "inputs": self.inputs.to_dict(),
+            "sequences": history.sequences,
+            "kinds": history.kinds,
+            "layer_sequences": {n: list(v) for n, v in history.layer_sequences.items()},
+            "projected": {n: list(v) for n, v in history.projected.items()},
         }
         replace_file(self.dir / _META, json.dumps(meta, ensure_ascii=False, indent=1).encode())
 
@@ -131,13 +140,13 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         run_dir: the run folder.
 
     Returns:
-        The probe's inputs and the attention recorded at each step.
+        The probe's inputs and the attention recorded at each step (and, for layers with
+        projected keys, their effective weights ``A · F``).
 
     Raises:
-        ValueError: the run recorded no probe (train with ``--probe TEXT``).
+        ValueError: the run recorded no probe (train with ``--probe TEXT``), or its files do not
+            agree with each other.
     """
-    from attnlab.viz.evolution import ProbeHistory
-
     d = Path(run_dir) / PROBE_DIR
     if not (d / _META).is_file():
         raise ValueError(
@@ -160,7 +169,16 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
     if missing:
         raise ValueError(f"{d}: a recorded step lacks the attention of {missing[0]!r}")
     attentions = {n: torch.stack([fr[n] for fr in frames]) for n in names}  # (S, H, T_q, T_k)
+    effective: dict[str, torch.Tensor] = {}  # a projected layer's A · F at each step
+    projected = meta.get("projected")
+    for n in projected if isinstance(projected, dict) else ():
+        have = [_EFFECTIVE + n in fr for fr in frames]
+        if all(have):
+            effective[n] = torch.stack([fr[_EFFECTIVE + n] for fr in frames])  # (S, H, T_q, T_k)
+        elif any(have):
+            raise ValueError(f"{d}: a recorded step lacks the effective weights of {n!r}")
     state = {"steps": [s for s, _ in records], "attentions": attentions, **meta}
+    state["effective"] = effective
     try:  # every entry checked by the history itself, which names the bad one
         return ProbeHistory.from_state_dict(state)
     except (TypeError, ValueError) as exc:

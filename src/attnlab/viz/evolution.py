@@ -17,8 +17,19 @@ Recording, e.g. inside a training loop::
         if step % every == 0:
             with torch.no_grad(), attnlab.inspect.capture(model) as cache:
                 model(probe_ids)
-            history.record(step, cache.attentions, cache.kinds)
+            history.record(step, cache.attentions, cache.kinds, projected=cache.projected)
         ...                                                     # one optimisation step
+
+**Projected keys (Linformer).** A :class:`~attnlab.nn.linformer.LinformerAttention` layer
+attends over the ``k`` rows of ``E K`` (Wang et al. 2020), each a learned mix of every key
+position, so its weights are ``T_q × k`` and their columns are not tokens. Given
+``projected=cache.projected``, :meth:`ProbeHistory.record` keeps such a layer as it computes: its
+key sequence is the ``k`` row labels ``"E·K row j"`` (a sequence of their own,
+``"E·K rows (k = 8)"``), and beside the weights it records the effective weights ``A · F`` over
+the key tokens at each step (:meth:`~attnlab.inspect.capture.ProjectedKeys.effective_weights`:
+the layer's output is exactly ``(A F) V``; signed, and ``F`` itself changes as the model trains).
+The figures draw the ``T × k`` weights; the viewer shows both, with the note the viewer of a
+trained model shows.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +49,10 @@ from attnlab._checks import check_positive_int, shape_str
 from attnlab.viz._draw import Plot, _labels_that_fit, _new_figure
 from attnlab.viz.attention import Reduced, _draw_grid, reduce_attention
 from attnlab.viz.files import write_file
-from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData
+from attnlab.viz.viewer import AttentionGroup, AttentionLayer, ViewerData, _projected_group
+
+if TYPE_CHECKING:
+    from attnlab.inspect.capture import ProjectedKeys
 
 __all__ = [
     "ProbeHistory",
@@ -72,13 +86,22 @@ class ProbeHistory:
             ``{"source": [...], "target": [...]}`` for an encoder-decoder).
         layer_sequences: layer path → ``(query sequence name, key sequence name)``, e.g.
             ``("target", "source")`` for a cross-attention layer.
+        projected: layer path → ``(method, token sequence name)`` for the layers whose keys are
+            projected along the sequence (Linformer: ``("linformer", "source")``). Their key
+            sequence holds the labels of the ``k`` projected rows (``"E·K row j"``), each a
+            learned mix of every position of the named token sequence. Other layers are absent.
+        effective: layer path → the effective weights ``A · F`` of a layer in ``projected`` at
+            each step, over the positions of its token sequence (signed; rows need not sum to
+            1); absent when they were not recorded.
 
     Build one with :meth:`new` and :meth:`record` (or :meth:`from_records`); the constructor
     checks that everything agrees.
 
     Shape:
         ``attentions[path]``: ``(S, H, T_q, T_k)``, ``T_q = len(sequences[query name])``,
-        ``T_k = len(sequences[key name])``.
+        ``T_k = len(sequences[key name])`` (``k`` for a layer in ``projected``);
+        ``effective[path]``: ``(S, H, T_q, T_tok)``, ``T_tok`` the length of the token sequence
+        the projected rows mix.
     """
 
     steps: list[int]
@@ -86,6 +109,8 @@ class ProbeHistory:
     kinds: dict[str, str]
     sequences: dict[str, list[str]]
     layer_sequences: dict[str, tuple[str, str]] = field(default_factory=dict)
+    projected: dict[str, tuple[str, str]] = field(default_factory=dict)
+    effective: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the containers first: a history may come from a file (see from_state_dict)
@@ -108,6 +133,14 @@ class ProbeHistory:
             n: _as_pair(f"layer_sequences[{n!r}]", v)
             for n, v in _as_dict("layer_sequences", self.layer_sequences).items()
         }
+        self.projected = {
+            n: _as_pair(f"projected[{n!r}]", v, "(method, token sequence) pair")
+            for n, v in _as_dict("projected", self.projected).items()
+        }
+        self.effective = {
+            n: _as_weights(f"effective[{n!r}]", w)
+            for n, w in _as_dict("effective", self.effective).items()
+        }
         if set(self.layer_sequences) != set(self.attentions):
             raise ValueError(
                 "layer_sequences must name the query and key sequence of every layer in attentions, "
@@ -126,9 +159,39 @@ class ProbeHistory:
                     )
             want = (len(self.steps), len(self.sequences[q_name]), len(self.sequences[k_name]))
             if w.dim() != 4 or (w.shape[0], w.shape[2], w.shape[3]) != want:
+                keys_only = w.dim() == 4 and w.shape[2] == want[1] and name not in self.projected
+                hint = _PROJECTED_HINT if keys_only else ""
                 raise ValueError(
                     f"attentions[{name!r}] must be (S, H, T_q, T_k) = ({want[0]}, H, {want[1]}, "
-                    f"{want[2]}), got {shape_str(w.shape)}"
+                    f"{want[2]}), got {shape_str(w.shape)}{hint}"
+                )
+        self._check_projected()
+
+    def _check_projected(self) -> None:
+        """``projected`` and ``effective`` agree with the layers and their sequences."""
+        for name, (_, tokens) in self.projected.items():
+            if name not in self.attentions:
+                raise ValueError(
+                    f"projected names layer {name!r}, not in attentions {sorted(self.attentions)}"
+                )
+            if tokens not in self.sequences:
+                raise ValueError(
+                    f"projected[{name!r}] names sequence {tokens!r}, not in sequences "
+                    f"{list(self.sequences)}"
+                )
+        for name, e in self.effective.items():
+            if name not in self.projected:
+                raise ValueError(
+                    f"effective weights of {name!r} need its projection: the layer is not in "
+                    f"projected {sorted(self.projected)}"
+                )
+            w = self.attentions[name]
+            t_tok = len(self.sequences[self.projected[name][1]])
+            want = (w.shape[0], w.shape[1], w.shape[2], t_tok)
+            if tuple(e.shape) != want:
+                raise ValueError(
+                    f"effective[{name!r}] must be (S, H, T_q, T_tok) = {want}, "
+                    f"got {shape_str(e.shape)}"
                 )
 
     # -- building --
@@ -167,7 +230,10 @@ class ProbeHistory:
             raise ValueError(
                 "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
             )
-        return cls(steps=[], attentions={}, kinds={}, sequences=sequences, layer_sequences={})
+        return cls(
+            steps=[], attentions={}, kinds={}, sequences=sequences, layer_sequences={},
+            projected={}, effective={},
+        )  # fmt: skip
 
     def record(
         self,
@@ -175,10 +241,11 @@ class ProbeHistory:
         attentions: Mapping[str, torch.Tensor | np.ndarray],
         kinds: Mapping[str, str] | None = None,
         *,
+        projected: Mapping[str, ProjectedKeys] | None = None,
         batch_index: int = 0,
     ) -> None:
-        """Append the weights of one step (e.g. ``cache.attentions`` and ``cache.kinds`` of
-        :func:`attnlab.inspect.capture`).
+        """Append the weights of one step (e.g. ``cache.attentions``, ``cache.kinds`` and
+        ``cache.projected`` of :func:`attnlab.inspect.capture`).
 
         Args:
             step: the training step; larger than every recorded one.
@@ -186,19 +253,27 @@ class ProbeHistory:
                 at every step.
             kinds: layer path → ``"self"``/``"cross"`` (default: ``"cross"`` when the path says
                 so, e.g. ``cross_attn``).
+            projected: layer path → :class:`~attnlab.inspect.capture.ProjectedKeys` for the
+                layers whose keys are projected (Linformer; ``cache.projected``), the same layers
+                at every step; default none. Their weights are ``(…, T_q, k)`` over the ``k``
+                rows of ``E K``; their effective weights ``A · F`` are recorded with them.
             batch_index: which sequence of the batch is the probe. Default 0.
 
         Layers are given their token sequences on the first record: a GPT's layers
         ``("tokens", "tokens")``; an encoder-decoder's encoder layers ``("source", "source")``,
         cross-attention ``("target", "source")``, decoder self-attention ``("target", "target")``.
+        A layer in ``projected`` has the ``k`` row labels as its key sequence instead
+        (``"E·K rows (k = …)"``, added to :attr:`sequences`), and its token sequence in
+        :attr:`projected`.
 
         Raises:
-            ValueError: ``step`` is not larger than the last one, the layers differ from the
-                first record's, or the shapes disagree with the token sequences.
+            ValueError: ``step`` is not larger than the last one, the layers (or the projected
+                layers) differ from the first record's, or the shapes disagree with the token
+                sequences.
 
         Shape:
             each weights tensor ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``; stored as
-            ``(H, T_q, T_k)`` (row ``batch_index``).
+            ``(H, T_q, T_k)`` (row ``batch_index``), effective weights as ``(H, T_q, T_tok)``.
         """
         step = _check_step("step", step)
         if self.steps and step <= self.steps[-1]:
@@ -213,9 +288,17 @@ class ProbeHistory:
                 f"got {sorted(attentions)}"
             )
         kinds = dict(kinds or {})
+        infos = {n: p for n, p in (projected or {}).items() if n in attentions}
+        if self.steps and set(infos) != set(self.projected):
+            raise ValueError(
+                f"projected must name the same layers at every step: recorded "
+                f"{sorted(self.projected)}, got {sorted(infos)}"
+            )
         rows: dict[str, torch.Tensor] = {}
+        effective: dict[str, torch.Tensor] = {}
         for name, w in attentions.items():
-            t = torch.as_tensor(w).detach().to("cpu", torch.float32)
+            full = torch.as_tensor(w).detach()
+            t = full.to("cpu", torch.float32)
             if t.dim() == 4:
                 if not 0 <= batch_index < t.shape[0]:
                     raise ValueError(f"batch_index must be in [0, {t.shape[0]}), got {batch_index}")
@@ -225,29 +308,55 @@ class ProbeHistory:
                     f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(t.shape)}"
                 )
             rows[name] = t
+            if name in infos:  # A · F over the key tokens, with this call's E, F and key mask
+                e = infos[name].effective_weights(full).to("cpu", torch.float32)
+                effective[name] = e[batch_index] if e.dim() == 4 else e
         new_layers = [n for n in rows if n not in self.attentions]
         for name in new_layers:
             kind = kinds.get(name) or ("cross" if _is_cross_name(name) else "self")
             if kind not in KINDS:
                 raise ValueError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
             self.kinds[name] = kind
-            self.layer_sequences[name] = self._sequences_of(name, kind)
+            q_name, k_name = self._sequences_of(name, kind)
+            if name in infos:  # keys: the k projected rows, each a mix of the k_name positions
+                info = infos[name]
+                labels = list(info.labels)
+                rows_name = _rows_sequence(info.k)
+                if self.sequences.setdefault(rows_name, labels) != labels:
+                    raise ValueError(
+                        f"sequences[{rows_name!r}] holds other labels than layer {name!r}'s "
+                        f"projected rows"
+                    )
+                self.projected[name] = (info.method, k_name)
+                k_name = rows_name
+            self.layer_sequences[name] = (q_name, k_name)
         for name, t in rows.items():
             q_name, k_name = self.layer_sequences[name]
             want = (len(self.sequences[q_name]), len(self.sequences[k_name]))
             if tuple(t.shape[1:]) != want:
+                hint = _PROJECTED_HINT if name not in infos and t.shape[1] == want[0] else ""
                 raise ValueError(
                     f"attentions[{name!r}] must have (T_q, T_k) = {want} (sequences {q_name!r}, "
-                    f"{k_name!r}), got {shape_str(t.shape)}"
+                    f"{k_name!r}), got {shape_str(t.shape)}{hint}"
                 )
             old = self.attentions.get(name)
             if old is not None and old.shape[1] != t.shape[0]:
                 raise ValueError(
                     f"attentions[{name!r}] has {t.shape[0]} heads, recorded {old.shape[1]}"
                 )
+        for name, e in effective.items():
+            t_tok = len(self.sequences[self.projected[name][1]])
+            if e.shape[-1] != t_tok:
+                raise ValueError(
+                    f"the effective weights of {name!r} span {e.shape[-1]} key positions but its "
+                    f"sequence {self.projected[name][1]!r} has {t_tok}"
+                )
         for name, t in rows.items():
             old = self.attentions.get(name)
             self.attentions[name] = t[None] if old is None else torch.cat([old, t[None]])
+        for name, e in effective.items():
+            old = self.effective.get(name)
+            self.effective[name] = e[None] if old is None else torch.cat([old, e[None]])
         self.steps.append(step)
 
     def _sequences_of(self, name: str, kind: str) -> tuple[str, str]:
@@ -272,6 +381,7 @@ class ProbeHistory:
         source: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         kinds: Mapping[str, str] | None = None,
+        projected: Sequence[Mapping[str, ProjectedKeys]] | None = None,
         batch_index: int = 0,
     ) -> ProbeHistory:
         """A history from one ``cache.attentions``-like mapping per step (see :meth:`record`).
@@ -283,14 +393,16 @@ class ProbeHistory:
             source: an encoder-decoder probe's source token texts.
             target: an encoder-decoder probe's decoder input token texts.
             kinds: layer path → ``"self"``/``"cross"`` (default: from the paths).
+            projected: one ``cache.projected`` per step, for layers with projected keys
+                (Linformer); default none.
             batch_index: which sequence of each batch is the probe. Default 0.
 
         Returns:
             The filled history.
 
         Raises:
-            ValueError: ``steps`` and ``records`` differ in length, or a record does not agree
-                with the others.
+            ValueError: ``steps``, ``records`` (and ``projected``) differ in length, or a record
+                does not agree with the others.
 
         Shape:
             each weights tensor ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``.
@@ -299,9 +411,15 @@ class ProbeHistory:
             raise ValueError(
                 f"steps and records must have the same length, got {len(steps)} and {len(records)}"
             )
+        if projected is not None and len(projected) != len(records):
+            raise ValueError(
+                f"projected must hold one mapping per record, got {len(projected)} for "
+                f"{len(records)} records"
+            )
         history = cls.new(tokens=tokens, source=source, target=target)
-        for step, rec in zip(steps, records):
-            history.record(step, rec, kinds, batch_index=batch_index)
+        for i, (step, rec) in enumerate(zip(steps, records)):
+            info = None if projected is None else projected[i]
+            history.record(step, rec, kinds, projected=info, batch_index=batch_index)
         return history
 
     # -- reading --
@@ -347,6 +465,8 @@ class ProbeHistory:
             "kinds": dict(self.kinds),
             "sequences": {k: list(v) for k, v in self.sequences.items()},
             "layer_sequences": {k: list(v) for k, v in self.layer_sequences.items()},
+            "projected": {k: list(v) for k, v in self.projected.items()},
+            "effective": dict(self.effective),
         }
 
     @classmethod
@@ -355,6 +475,7 @@ class ProbeHistory:
 
         Every entry is checked (its container type, then what the constructor checks), so a
         damaged or crafted file gives a ``TypeError``/``ValueError`` naming the entry.
+        ``projected`` and ``effective`` may be absent (a history saved before they existed).
 
         Args:
             state: what :meth:`state_dict` returned.
@@ -376,6 +497,8 @@ class ProbeHistory:
             kinds=state["kinds"],
             sequences=state["sequences"],
             layer_sequences=state["layer_sequences"],
+            projected=state.get("projected", {}),
+            effective=state.get("effective", {}),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -435,12 +558,25 @@ def _as_list(name: str, value: object) -> list[Any]:
     return list(value)
 
 
-def _as_pair(name: str, value: object) -> tuple[str, str]:
-    """``value`` as a ``(query name, key name)`` pair of strings."""
+def _as_pair(
+    name: str, value: object, what: str = "(query, key) pair of sequence names"
+) -> tuple[str, str]:
+    """``value`` as a pair of strings, e.g. ``(query name, key name)``."""
     pair = _as_list(name, value)
     if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
-        raise ValueError(f"{name} must be a (query, key) pair of sequence names, got {value!r:.80}")
+        raise ValueError(f"{name} must be a {what}, got {value!r:.80}")
     return pair[0], pair[1]
+
+
+_PROJECTED_HINT = (
+    "; a layer whose keys are projected (Linformer: T_q × k weights) needs its projection "
+    "(projected=cache.projected)"
+)
+
+
+def _rows_sequence(k: int) -> str:
+    """The name of the sequence of a projected layer's ``k`` row labels (as the viewer names it)."""
+    return f"E·K rows (k = {k})"
 
 
 def _as_weights(name: str, w: object) -> torch.Tensor:
@@ -533,9 +669,12 @@ def attention_evolution(
         vmax=1.0,
     )
     kind = history.kinds.get(layer, "self")
+    keys = "keys across"
+    if layer in history.projected:  # Linformer: the columns are the k rows of E·K, not tokens
+        keys = f"the k = {len(k_tok)} rows of E·K across (mixes of all positions, not tokens)"
     fig.suptitle(
         f"{layer} ({kind}-attention): how the heads change from step {steps[0]} to step {steps[-1]}\n"
-        "rows: training steps (top: first recorded) · columns: heads · queries down, keys across",
+        f"rows: training steps (top: first recorded) · columns: heads · queries down, {keys}",
         fontsize=10,
     )
     if img is not None:
@@ -585,7 +724,8 @@ def head_entropy_curves(
     ``mean_i log n_i`` (uniform over the ``n_i`` keys row ``i`` may see). As training goes on the
     heads sharpen at different rates and to different levels: heads that learn different roles
     show as curves that separate (a positional head that looks at one key falls towards 0 nats; a
-    head that averages stays high).
+    head that averages stays high). A layer with projected keys (Linformer) spreads its rows over
+    its ``k`` rows of ``E K``: its entropy is over them, and its uniform line is ``log k``.
 
     Args:
         history: the recorded :class:`ProbeHistory`.
@@ -628,7 +768,10 @@ def head_entropy_curves(
             )
         if math.isfinite(uniform[i]):
             ax.axhline(uniform[i], color="0.5", ls="--", lw=1, label="uniform")
-        ax.set_title(f"{name} ({history.kinds.get(name, 'self')})", fontsize=9)
+        over = ""
+        if name in history.projected:  # the entropy of a row over the k projected rows
+            over = f", over k = {len(history.tokens(name)[1])} E·K rows"
+        ax.set_title(f"{name} ({history.kinds.get(name, 'self')}{over})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0.0)
         if i % ncols == 0:
@@ -679,6 +822,10 @@ def viewer_data_from_history(
 
     Layers are grouped by kind and token sequences as :func:`~attnlab.viz.viewer.viewer_data`
     groups them; self-attention over the target (or a GPT's tokens) carries the look-ahead mask.
+    Layers with projected keys (:attr:`ProbeHistory.projected`, Linformer) form a group of their
+    own, as in the viewer of a trained model: the ``"E·K row j"`` columns, the note saying what
+    they are, no token-to-token lines, and the effective weights ``A · F`` of every step when
+    they were recorded.
 
     Args:
         history: the recorded :class:`ProbeHistory`.
@@ -690,9 +837,25 @@ def viewer_data_from_history(
     """
     history = _check_history(history)
     groups: dict[str, AttentionGroup] = {}
+    sequences = {k: list(v) for k, v in history.sequences.items()}
     for name, w in history.attentions.items():
         kind = history.kinds[name]
         q_name, k_name = history.layer_sequences[name]
+        if name in history.projected:
+            method, tokens = history.projected[name]
+            base = AttentionGroup(_group_name(history, kind, q_name, tokens), q_name, tokens)
+            # the group, its name and note exactly as viewer_data makes them for a capture
+            rows = _Rows(method, w.shape[3], sequences[k_name])
+            group = _projected_group(groups, sequences, base, cast("ProjectedKeys", rows))
+            effective = history.effective.get(name)
+            group.layers.append(
+                AttentionLayer(
+                    name,
+                    w.numpy().astype(np.float32),
+                    effective=None if effective is None else effective.numpy().astype(np.float32),
+                )
+            )
+            continue
         label = _group_name(history, kind, q_name, k_name)
         group = groups.setdefault(label, AttentionGroup(label, q_name, k_name))
         t_q, t_k = w.shape[2], w.shape[3]
@@ -706,8 +869,15 @@ def viewer_data_from_history(
             mask = np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (t_k - t_q)
         group.layers.append(AttentionLayer(name, w.numpy().astype(np.float32), mask))
     return ViewerData(
-        title=title,
-        sequences={k: list(v) for k, v in history.sequences.items()},
-        groups=list(groups.values()),
-        steps=list(history.steps),
+        title=title, sequences=sequences, groups=list(groups.values()), steps=list(history.steps)
     )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What :func:`~attnlab.viz.viewer._projected_group` reads of a
+    :class:`~attnlab.inspect.capture.ProjectedKeys` (a history keeps no ``E`` or ``F``)."""
+
+    method: str
+    k: int
+    labels: list[str]
