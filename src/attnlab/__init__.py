@@ -10,7 +10,7 @@ from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 from attnlab.nn import masks
 from attnlab.nn.attention import scaled_dot_product_attention
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.positional import (
     LearnedPositionalEmbedding,
@@ -29,6 +29,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "ModelCache",
     "MultiHeadAttention",
+    "PerformerState",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "Transformer",

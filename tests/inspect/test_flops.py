@@ -186,7 +186,10 @@ def test_performer_gpt_agrees_with_flop_counter() -> None:
             counted = _counted(lambda x=x: model(x))
         assert report.forward_total == counted
         assert report.params["total"] == sum(p.numel() for p in model.parameters())
-        assert report.memory["kv_cache"] == 0  # no KV cache: decoding recomputes
+        # no KV cache: the running sums of every layer, as large as the cache decoding makes
+        assert report.memory["kv_cache"] == kv_cache_bytes(cfg, t, 2)
+        assert kv_cache_bytes(cfg, t, 2) == model.new_cache(2, t).nbytes()
+        assert kv_cache_bytes(cfg, 1, 2) == kv_cache_bytes(cfg, t, 2)  # flat in T
 
 
 def test_performer_causal_chunks_agree_with_flop_counter() -> None:

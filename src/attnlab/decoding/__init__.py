@@ -2,12 +2,13 @@
 
 from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.decoding.strategies import greedy_choice, sample_choice, top_k_filter, top_p_filter
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 
 __all__ = [
     "STRATEGIES",
     "KVCache",
     "ModelCache",
+    "PerformerState",
     "generate",
     "greedy_choice",
     "sample_choice",

@@ -407,8 +407,10 @@ def kv_cache_bytes(
     For the encoder-decoder each decoder layer holds its self-attention cache (``seq_len`` target
     tokens) and its cross-attention keys/values (``src_len`` source tokens, default ``seq_len``).
     With ``config.attention == "sliding"`` the self-attention cache is a rolling one of
-    ``min(seq_len, window)`` positions; with ``"performer"`` there is no cache at all (decoding
-    recomputes the prefix), so the size is 0; ``"bigbird"`` keeps every position.
+    ``min(seq_len, window)`` positions; with ``"performer"`` each layer keeps its running sums
+    (:class:`~attnlab.nn.kv_cache.PerformerState`: ``H_kv · (m · (d_h + 1) + 1)`` numbers per
+    sequence in at least float32), the same for any ``seq_len``; ``"bigbird"`` keeps every
+    position.
 
     Args:
         config: a :class:`~attnlab.GPTConfig` or :class:`~attnlab.TransformerConfig`.
@@ -427,16 +429,22 @@ def kv_cache_bytes(
     _check_length(geo, "seq_len", seq_len)
     check_positive_int("batch", batch)
     attention = getattr(config, "attention", "full")
-    tokens = seq_len  # self-attention: every position, a rolling window, or none (performer)
+    h_kv, d_h = geo["kv_heads"], geo["d"] // geo["h"]
+    tokens = seq_len  # self-attention: every position, or a rolling window
     if attention == "sliding" and config.window is not None:
         tokens = min(seq_len, config.window)
-    elif attention == "performer":
-        tokens = 0
+    cross = 0
     if geo["kind"] == "transformer":
-        s = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
-        tokens += 0 if attention == "performer" else s  # performer decoding keeps no cache
-    per_token = 2 * geo["layers_dec"] * geo["kv_heads"] * (geo["d"] // geo["h"])
-    return per_token * batch * tokens * _dtype_bytes(dtype)
+        cross = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
+    per_token = 2 * geo["layers_dec"] * h_kv * d_h  # K and V
+    if attention != "performer":
+        return per_token * batch * (tokens + cross) * _dtype_bytes(dtype)
+    # performer: per layer and key/value head the running sums S (m × d_h), z (m) and the
+    # stabiliser c, kept in at least float32, whatever the number of tokens
+    m = _patterns(config, d_h)["decoder"][1]
+    state = geo["layers_dec"] * batch * h_kv * (m * (d_h + 1) + 1)
+    sums = torch.promote_types(dtype, torch.float32)
+    return state * _dtype_bytes(sums) + per_token * batch * cross * _dtype_bytes(dtype)
 
 
 def flops(

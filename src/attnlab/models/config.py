@@ -288,8 +288,10 @@ class TransformerConfig:
               ``max_len`` columns); the decoder's causal self-attention stays full, as Linformer
               cannot be causal.
             * ``"performer"``: encoder self-attention bidirectional and decoder self-attention
-              causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`). The decoder
-              then has no KV cache: decoding recomputes the target prefix at each step.
+              causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`). The decoder's
+              self-attention keeps FAVOR+'s running sums
+              (:class:`~attnlab.nn.kv_cache.PerformerState`) instead of a KV cache, so a
+              decoding step costs the same whatever the target prefix.
             * ``"bigbird"``: block-sparse attention (Zaheer et al. 2020): blocks of
               ``block_size`` positions, of which the first ``global_blocks`` are global (they
               see and are seen by every block), a band of ``window_blocks`` blocks and
@@ -455,9 +457,9 @@ class GPTConfig:
             * ``"performer"``: causal FAVOR+ (:class:`~attnlab.nn.performer.PerformerAttention`,
               Choromanski et al. 2021) with GPT-2's ``c_attn``/``c_proj`` names. Needs
               ``positions="learned"`` (the layer applies neither rotary embeddings nor the
-              additive ALiBi bias). It has no KV cache: :meth:`GPT.new_cache` gives a
-              :class:`~attnlab.models.gpt.RecomputeCache` and each decoding step recomputes the
-              prefix.
+              additive ALiBi bias). It has no KV cache: :meth:`GPT.new_cache` gives one
+              :class:`~attnlab.nn.kv_cache.PerformerState` per layer (FAVOR+'s running sums), so
+              each decoding step costs the same whatever the prefix.
             * ``"bigbird"``: causal block-sparse attention (Zaheer et al. 2020): blocks of
               ``block_size`` tokens; the first ``global_blocks`` are global (every later token
               sees them, and they see the past), each block sees a band of ``window_blocks``
