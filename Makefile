@@ -59,9 +59,10 @@ docs: setup
 bench: setup
 	$(BIN)/attnlab bench attention long_attention generate train_step
 
-# the training results of the issues: reverse task, tinyshakespeare, en→ja translation (~40 min)
+# the training results of the issues: reverse task, tinyshakespeare, en→ja translation, and what
+# each efficient attention loses (long_quality: selective copy, tinyshakespeare at context 1024) (~75 min)
 results: setup
-	$(BIN)/attnlab bench reverse shakespeare translate_enja
+	$(BIN)/attnlab bench reverse shakespeare translate_enja long_quality
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

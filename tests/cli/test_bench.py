@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from attnlab.cli import main
@@ -67,3 +69,19 @@ def test_unbalanced_quotes_in_args_are_one_line(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert err.startswith("attnlab: error: --args must be options as a shell would split them")
     assert err.count("\n") == 1
+
+
+def test_runs_the_long_quality_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
+    """The selective-copy table of every attention (20 steps: the script works, not the result)."""
+    assert main(["bench", "long_quality", "--quick", "--args", "copy"]) == 0
+    out = capfd.readouterr().out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["attention"] for r in rows] == [
+        "full",
+        "sliding (w=16)",
+        "bigbird (b=16, 1 global)",
+        "bigbird, no global block",
+        "performer",
+    ]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["chance"] == 1 / 16 for r in rows)
+    assert "selective copy, T = 64" in out
