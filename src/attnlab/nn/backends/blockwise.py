@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_choice
-from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, head_groups, mask_tile, repeat_kv
 from attnlab.nn.backends.fused_tiles import FUSED_QUERY_BLOCK, fused_available, fused_tiles
 from attnlab.nn.backends.plan import Tile, TilePlan
 from attnlab.nn.masking import Masking
@@ -141,13 +141,6 @@ def _plan(t_q: int, t_k: int, masking: Masking, query_block: int, block_size: in
     return TilePlan.make_band(t_q, t_k, query_block, block_size, masking.bounds(t_q, t_k))
 
 
-def _slice(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
-    """Rows/cols of a mask that may be broadcast (size 1) along either of its last two dims."""
-    return t[
-        ..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)
-    ]
-
-
 class _Operands:
     """The inputs laid out once for fast tiles: scaled queries and ``Kᵀ`` contiguous."""
 
@@ -171,9 +164,9 @@ class _Operands:
         rows, cols = slice(tile.r0, tile.r1), slice(tile.j0, tile.j1)
         s = torch.matmul(self.q[..., rows, :], self.k_t[..., cols])
         if bias is not None:  # s has the full (..., H, rows, cols) shape; the bias broadcasts
-            s = s.add_(_slice(bias, rows, cols))
+            s = s.add_(mask_tile(bias, rows, cols))
         if hidden is not None:
-            s = s.masked_fill_(_slice(hidden, rows, cols), float("-inf"))
+            s = s.masked_fill_(mask_tile(hidden, rows, cols), float("-inf"))
         if offset is not None and tile.diagonal:  # only causal plans have diagonal tiles
             c0 = max(tile.j0, tile.mask_from)
             i = torch.arange(tile.r0, tile.r1, device=s.device)[:, None]
@@ -296,7 +289,7 @@ class _Blockwise(torch.autograd.Function):
                 dq_b += torch.matmul(ds, k_a[..., cols, :])
                 dk[..., cols, :] += torch.matmul(ds.transpose(-2, -1), q_b)  # Q holds the scale
                 if dbias is not None:
-                    target = _slice(dbias, rows, cols)
+                    target = mask_tile(dbias, rows, cols)
                     target += ds.sum_to_size(target.shape)
                 index += 1
             dq[..., rows, :] = dq_b

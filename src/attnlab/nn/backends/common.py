@@ -56,3 +56,14 @@ def merge_partials(
     weight_a = torch.exp(lse_a - safe).unsqueeze(-1)
     weight_b = torch.exp(lse_b - safe).unsqueeze(-1)
     return out_a * weight_a + out_b * weight_b, lse
+
+
+def mask_tile(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
+    """Rows and columns of a mask that may be broadcast (size 1) along either of its last two dims.
+
+    Shape:
+        ``(..., T_q | 1, T_k | 1)`` → ``(..., rows | 1, cols | 1)``.
+    """
+    return t[
+        ..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)
+    ]

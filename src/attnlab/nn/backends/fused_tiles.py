@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from attnlab.nn.backends.common import merge_partials
+from attnlab.nn.backends.common import mask_tile, merge_partials
 from attnlab.nn.backends.plan import Tile, TilePlan
 
 _forward_op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -159,9 +159,9 @@ class _Pieces:
         rows, cols = slice(tile.r0, tile.r1), slice(c0, c1)
         m = torch.zeros((tile.r1 - tile.r0, c1 - c0), dtype=self.acc, device=self.q.device)
         if self.bias is not None:
-            m = m + _slice(self.bias, rows, cols).to(self.acc)
+            m = m + mask_tile(self.bias, rows, cols).to(self.acc)
         if self.hidden is not None:
-            m = m.masked_fill(_slice(self.hidden, rows, cols), float("-inf"))
+            m = m.masked_fill(mask_tile(self.hidden, rows, cols), float("-inf"))
         i = torch.arange(tile.r0, tile.r1, device=m.device)[:, None]
         j = torch.arange(c0, c1, device=m.device)[None, :]
         if causal:
@@ -181,13 +181,6 @@ class _Pieces:
         if all(s == 1 for s in m.shape[:-3]):
             return m.reshape(1, *m.shape[-3:])
         return m.expand(*self.lead, *m.shape[-3:]).reshape(-1, *m.shape[-3:])
-
-
-def _slice(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
-    """Rows/cols of a mask that may be broadcast (size 1) along either of its last two dims."""
-    return t[
-        ..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)
-    ]
 
 
 def _sees_nothing(mask: torch.Tensor | None) -> torch.Tensor | None:
