@@ -193,3 +193,19 @@ def test_auto_runs_blockwise_in_the_function_and_the_layer(monkeypatch: pytest.M
     layer(x, is_causal=True, need_weights=True)
     layer(x, is_causal=True, block_mask=False)
     assert calls == ["blockwise", "math", "sdpa"]
+
+
+def test_auto_runs_a_narrow_window_on_blockwise() -> None:
+    """A band much narrower than the keys goes to the backend that visits only its tiles; a wide
+    one (or a call without lengths) stays on the fused kernels."""
+    q = torch.randn(1, 1, 1024, 8)
+    narrow = normalize_mask(q, q, None, True, 128)
+    wide = normalize_mask(q, q, None, True, 700)
+    assert choose_backend("auto", False, narrow, 1024, 1024) == "blockwise"
+    assert choose_backend("auto", False, wide, 1024, 1024) == "sdpa"
+    assert choose_backend("auto", False, narrow) == "sdpa"
+    assert choose_backend("auto", True, narrow, 1024, 1024) == "math"
+    # the whole call: what auto computes is what blockwise computes
+    out = al.scaled_dot_product_attention(q, q, q, is_causal=True, window=128)
+    ref = al.scaled_dot_product_attention(q, q, q, is_causal=True, window=128, backend="math")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)

@@ -11,12 +11,13 @@ Backends (all give the same numbers within the float tolerance of their dtype):
 
 * ``"math"`` — the explicit equation, materialises the ``T_q × T_k`` weights; the readable reference.
 * ``"sdpa"`` — PyTorch's fused ``scaled_dot_product_attention`` (flash / memory-efficient kernels).
-* ``"blockwise"`` — online softmax over key blocks in pure PyTorch (Milakov & Gimelshein 2018;
-  Dao et al. 2022): memory ``O(T · block)``, key blocks hidden by the causal mask are skipped, and
-  the backward pass recomputes the weights block by block instead of storing them.
+* ``"blockwise"`` — online softmax over key blocks (Milakov & Gimelshein 2018; Dao et al. 2022):
+  memory ``O(T · block)``, key blocks hidden by the causal mask, a window or a block layout are
+  skipped, and the backward pass recomputes the weights block by block instead of storing them;
+  its tiles run in PyTorch's fused CPU kernel, merged by log-sum-exp, or written out in PyTorch.
 * ``"auto"`` — ``"math"`` when the weights are asked for (it computes them anyway), else
-  ``"blockwise"`` under a ``block_mask`` that hides some block (it skips the hidden tiles), else
-  ``"sdpa"`` (:func:`~attnlab.nn.backends.choose_backend`).
+  ``"blockwise"`` under a ``block_mask`` that hides some block or a narrow sliding window (it
+  skips the hidden tiles), else ``"sdpa"`` (:func:`~attnlab.nn.backends.choose_backend`).
 
 Conventions every backend keeps:
 
@@ -212,8 +213,8 @@ def attend(
         scale: the score scale, e.g. ``1 / √D``.
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``.
         backend: a registered backend's name or ``"auto"`` (``"math"`` when the weights are
-            asked for, else ``"blockwise"`` under a block layout, else ``"sdpa"``: see
-            :func:`~attnlab.nn.backends.choose_backend`).
+            asked for, else ``"blockwise"`` under a block layout or a narrow window, else
+            ``"sdpa"``: see :func:`~attnlab.nn.backends.choose_backend`).
         need_weights: also return the attention weights (before dropout).
 
     Returns:
@@ -231,7 +232,7 @@ def attend(
         # precision: under autocast, attention computes as it does for inputs of their own dtype
         with torch.autocast(device, enabled=False):
             return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
-    backend = choose_backend(backend, need_weights, masking)
+    backend = choose_backend(backend, need_weights, masking, query.shape[-2], key.shape[-2])
     if _empty(query, key, value):
         # empty in, empty out (PyTorch's rule); the explicit equation handles every empty case
         # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)
