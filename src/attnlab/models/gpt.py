@@ -527,7 +527,8 @@ class GPT(nn.Module):
         prefix = kwargs.get("prefix", "")
         plain: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
         for name, t in state.items():
-            if name.startswith(prefix) and isinstance(t, torch.Tensor) and not t.is_contiguous():
+            # a tensor subclass (a DTensor under tensor parallelism) has no storage of its own here
+            if name.startswith(prefix) and type(t) is torch.Tensor and not t.is_contiguous():
                 state[name] = plain.setdefault((t.data_ptr(), t.stride()), t.contiguous())
         return state
 
@@ -813,11 +814,11 @@ class GPT(nn.Module):
                 )
             return ModelCache(states)
         window = cfg.window if cfg.attention == "sliding" else None
+        # each layer's own key/value heads: a tensor-parallel rank holds H_kv / N of them
+        heads = [cast(GPTBlock, block).attn.num_kv_heads for block in self.transformer.h]
         layers = [
-            KVCache(
-                batch, cfg.kv_heads, capacity, cfg.d_head, dtype=dtype, device=where, window=window
-            )
-            for _ in range(cfg.n_layer)
+            KVCache(batch, h, capacity, cfg.d_head, dtype=dtype, device=where, window=window)
+            for h in heads
         ]
         return ModelCache(layers)
 

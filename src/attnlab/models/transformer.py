@@ -679,16 +679,20 @@ class Transformer(nn.Module):
             ]
             return Seq2SeqCache(states, memory_caches, tokens)
         window = c.window if c.attention == "sliding" else None
+        # each layer's own key/value heads: a tensor-parallel rank holds H_kv / N of them
+        decoder = [cast(DecoderLayer, layer) for layer in self.decoder.layers]
         layers = [
             KVCache(
-                batch, c.kv_heads, capacity, c.d_head, dtype=dtype, device=device, window=window
+                batch, layer.self_attn.num_kv_heads, capacity, c.d_head, dtype=dtype,
+                device=device, window=window,
             )
-            for _ in range(c.num_decoder_layers)
-        ]
+            for layer in decoder
+        ]  # fmt: skip
         cross = [
-            KVCache(batch, c.kv_heads, src_len, c.d_head, dtype=dtype, device=device)
-            for _ in range(c.num_decoder_layers)
-        ]
+            KVCache(batch, layer.cross_attn.num_kv_heads, src_len, c.d_head, dtype=dtype,
+                    device=device)
+            for layer in decoder
+        ]  # fmt: skip
         return Seq2SeqCache(layers, cross, tokens)
 
 

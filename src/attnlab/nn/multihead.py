@@ -301,7 +301,7 @@ class MultiHeadAttention(nn.Module):
             query ``(B, T_q, d_model)``, key/value ``(B, T_k, d_model)`` → ``q`` ``(B, T_q, d_model)``,
             ``k``, ``v`` ``(B, T_k, H_kv · d_head)`` (heads still merged in the last dim).
         """
-        d, kv = self.d_model, self.num_kv_heads * self.d_head
+        d, kv = self.num_heads * self.d_head, self.num_kv_heads * self.d_head  # d_model unsharded
         if key is None:
             q, k, v = self.fused_qkv(query).split([d, kv, kv], dim=-1)
             return q, k, v
@@ -520,7 +520,7 @@ class MultiHeadAttention(nn.Module):
         z = self.hook_z(z)
         b, _, t_q, _ = z.shape
         # Concat(head_1, …, head_H) W^O                                  (B, T_q, d_model)
-        out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.d_model))
+        out = self.project_out(z.transpose(1, 2).reshape(b, t_q, self.num_heads * self.d_head))
         if need_weights:
             if weights is None:
                 raise RuntimeError("the attention backend returned no weights")
