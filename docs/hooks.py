@@ -20,7 +20,9 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
 NOTEBOOKS = BUILD / "notebooks"
-PACKAGES = ["nn", "models", "decoding", "training", "data", "inspect", "viz", "tasks"]
+PACKAGES = [
+    "nn", "models", "decoding", "training", "distributed", "data", "inspect", "viz", "tasks"
+]  # fmt: skip
 
 
 def _notebooks() -> list[Path]:

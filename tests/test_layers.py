@@ -26,6 +26,7 @@ RANK = {
     "models": 2,
     "decoding": 3,
     "training": 3,
+    "distributed": 4,
     "inspect": 4,
     "viz": 5,
     "tasks": 6,

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,17 +14,17 @@ from safetensors.torch import load_file
 from attnlab.cli import main
 from attnlab.tasks.registry import register_task
 from attnlab.training.checkpoint import resolve_checkpoint
-from attnlab.training.distributed import DistInfo, init_distributed, shard_batch
-from tests.training._tiny_task import TASK
+from attnlab.training.distributed import (
+    DDPStrategy,
+    DistInfo,
+    broadcast_text,
+    init_distributed,
+    shard_batch,
+)
+from tests.distributed._torchrun import torchrun
+from tests.training._tiny_task import TASK, tiny_trainer
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _losses(run: Path) -> list[float]:
@@ -54,30 +50,7 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
         "--seed",
         "4",
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO / "src"),
-        "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        str(HERE / "_tiny_task.py"),
-        *args,
-        "--out",
-        str(tmp_path / "two"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = torchrun([str(HERE / "_tiny_task.py"), *args, "--out", str(tmp_path / "two")], nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     register_task(TASK)
@@ -132,3 +105,16 @@ def test_single_process_without_torchrun(monkeypatch: pytest.MonkeyPatch) -> Non
     info = init_distributed("cpu")
     assert info == DistInfo(device=torch.device("cpu"))
     assert info.is_main and not info.distributed
+
+
+def test_ddp_strategy_in_one_process(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    strategy = DDPStrategy()
+    assert strategy.wrap(model, DistInfo()) is model and not strategy.sharded
+    assert strategy.gathered_model(model, DistInfo()) is model
+    assert strategy.gathered_model(model, DistInfo(rank=1, world_size=2)) is None
+    assert broadcast_text("step-00000002") == "step-00000002"
+    with pytest.raises(ValueError, match="text must be a str on rank 0, got None"):
+        broadcast_text(None)
+    with pytest.raises(TypeError, match="strategy must be a ParallelStrategy"):
+        tiny_trainer(tmp_path, 1, strategy="fsdp")

@@ -20,7 +20,18 @@ from attnlab.cli.errors import CLIError, report
 __all__ = ["INTERRUPTED_EXIT", "CLIError", "interrupted", "main"]
 
 # command modules, in the order `attnlab --help` lists them
-COMMANDS = ("demo", "train", "generate", "translate", "view", "inspect", "plot", "flops", "bench")
+COMMANDS = (
+    "demo",
+    "train",
+    "generate",
+    "translate",
+    "view",
+    "inspect",
+    "plot",
+    "flops",
+    "bench",
+    "checkpoint",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,6 +6,12 @@ The generic driver: it seeds the generators, lets the task (see
 number of optimizer steps: ``--resume --steps 40`` on a run stopped at 20 trains 20 more. Ctrl-C
 saves a checkpoint and exits with code 130. Under ``torchrun --nproc_per_node N`` it trains with
 DistributedDataParallel on the same global batch; rank 0 writes and prints.
+
+``--parallel fsdp`` shards the model, its gradients and the optimizer state over the processes
+instead (FSDP2, :class:`attnlab.distributed.fsdp.FSDPStrategy`): every rank writes its shards of
+each checkpoint, which resumes with any number of processes (``--parallel fsdp`` again) and
+becomes a single folder with ``attnlab checkpoint convert``. Without ``torchrun`` it trains one
+process, unsharded, writing the same sharded checkpoints (one shard).
 """
 
 from __future__ import annotations
@@ -20,11 +26,17 @@ from rich.console import Console
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import CLIError
+from attnlab.distributed.fsdp import FSDPStrategy
 from attnlab.tasks.options import ATTENTION_DESTS, non_negative_int, positive_int
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
-from attnlab.training.distributed import cleanup_distributed, init_distributed
+from attnlab.training.distributed import (
+    DDPStrategy,
+    ParallelStrategy,
+    cleanup_distributed,
+    init_distributed,
+)
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
 from attnlab.training.run_dir import check_run_dir, claim_run_dir
@@ -43,6 +55,15 @@ def _clip(text: str) -> float | None:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}")
     return value
+
+
+#: ``--parallel`` choices
+PARALLEL = ("ddp", "fsdp")
+
+
+def strategy_of(name: str) -> ParallelStrategy:
+    """The trainer's :class:`~attnlab.training.distributed.ParallelStrategy` for ``--parallel``."""
+    return FSDPStrategy() if name == "fsdp" else DDPStrategy()
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,6 +117,14 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--keep-last", type=positive_int, default=2, help="checkpoints to keep (default 2)"
+    )
+    g.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default="ddp",
+        help="under torchrun: ddp (a replica per process; default) or fsdp (parameters, "
+        "gradients and optimizer state sharded over the processes, FSDP2; sharded checkpoints "
+        "that resume on any number of processes, `attnlab checkpoint convert` makes one folder)",
     )
     g.add_argument(
         "--device",
@@ -195,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     dist = init_distributed(args.device)
     console = Console(stderr=True)
     lock = None
+    trainer: Trainer | None = None
     try:
         seed_everything(args.seed)
         setup = task.build(args, dist.device)
@@ -218,7 +248,13 @@ def run(args: argparse.Namespace) -> int:
         )
         progress = RichProgress(console, description=args.task)
         callbacks: list[TrainerCallback] = [progress]
+        strategy = strategy_of(getattr(args, "parallel", "ddp"))
         if args.probe is not None:
+            if strategy.sharded and dist.distributed:
+                raise CLIError(
+                    "--probe records on rank 0 alone, which cannot run a model sharded over "
+                    "the processes: drop --probe or train with --parallel ddp"
+                )
             if setup.io is None:
                 raise CLIError(f"--probe: the task {args.task!r} has no text path to encode it")
             probe = setup.io.probe_inputs(args.probe)
@@ -236,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
             callbacks=callbacks,
             dist=dist,
             data_files=setup.data_files,
+            strategy=strategy,
         )
         # every option checked: lock the folder for this one training before writing into it
         if dist.is_main:
@@ -245,6 +282,12 @@ def run(args: argparse.Namespace) -> int:
         elif dist.is_main and (out / METRICS_FILE).exists():
             (out / METRICS_FILE).unlink()  # left by a run killed before its first checkpoint
         result = trainer.fit()
+        # the whole model for the report (every rank takes part when it is sharded)
+        model = (
+            trainer.gathered_model()
+            if setup.report is not None and not result.interrupted
+            else None
+        )
         if not dist.is_main:
             return 130 if result.interrupted else 0
         if result.interrupted:
@@ -260,10 +303,12 @@ def run(args: argparse.Namespace) -> int:
             text = "  ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
             stdout.print(f"evaluation: {text}")
         stdout.print(f"checkpoint: {result.checkpoint}")
-        if setup.report is not None:
-            setup.report(trainer.model, out, stdout)
+        if setup.report is not None and model is not None:
+            setup.report(model, out, stdout)
         return 0
     finally:
         if lock is not None:
             lock.release()
+        if trainer is not None:
+            trainer.close()  # DDP's reducer first: see Trainer.close
         cleanup_distributed()

@@ -16,6 +16,17 @@ Layout of a run folder::
           <files>                   opaque files of the task, e.g. tokenizer.json
           manifest.json             size and SHA-256 of every file above, written last
 
+A *sharded* checkpoint (written by a sharded strategy such as
+:class:`attnlab.distributed.fsdp.FSDPStrategy`, :func:`save_sharded_checkpoint`) holds
+``sharded/`` instead of ``model.safetensors``: the model and optimizer tensors as every rank
+wrote its part of them with ``torch.distributed.checkpoint``, one safetensors file per rank
+(``sharded/shard-0000R-model-00001-of-00001.safetensors``, each tensor's offset in the whole
+tensor in the file's metadata; nothing is pickled). The optimizer's hyper-parameters live in
+``training_state.json`` with the rest of the training state; the manifest covers every file. Only
+a training resumes such a checkpoint (on any number of processes); every other reader refuses it
+in one line and names the conversion into a single folder
+(``attnlab checkpoint convert``, :func:`attnlab.distributed.checkpoint.consolidate`).
+
 Saving writes everything into a temporary sibling (``checkpoints/.tmp-…``), fsyncs every file
 and the directory, renames it into place and only then replaces the ``latest`` pointer (written
 to ``latest.tmp``, fsynced, ``os.replace``d). A process killed at any moment therefore leaves the
@@ -52,7 +63,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +72,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model
 
+from attnlab.training.distributed import all_reduce_sum, broadcast_text
 from attnlab.training.files import (
     fsync_dir,
     fsync_file,
@@ -82,6 +94,7 @@ from attnlab.training.manifest import (
 __all__ = [
     "CheckpointError",
     "config_as_saved",
+    "is_sharded",
     "list_checkpoints",
     "load_config",
     "load_model_weights",
@@ -93,6 +106,7 @@ __all__ = [
     "read_training_state",
     "resolve_checkpoint",
     "save_checkpoint",
+    "save_sharded_checkpoint",
     "verify_checkpoint",
 ]
 
@@ -104,7 +118,8 @@ CONFIG = "config.json"
 MODEL = "model.safetensors"
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
-_RESERVED = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST}
+SHARDED = "sharded"
+_RESERVED = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST, SHARDED}
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -189,7 +204,13 @@ def config_as_saved(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_name(name: str) -> str:
     p = Path(name)
-    if p.is_absolute() or ".." in p.parts or not p.parts or name in _RESERVED:
+    if (
+        p.is_absolute()
+        or ".." in p.parts
+        or not p.parts
+        or name in _RESERVED
+        or p.parts[0] == SHARDED
+    ):
         raise ValueError(
             f"files keys must be relative file names inside the checkpoint other than "
             f"{sorted(_RESERVED)}, got {name!r}"
@@ -244,7 +265,7 @@ def save_checkpoint(
     run_dir: str | os.PathLike[str],
     *,
     step: int,
-    model: torch.nn.Module,
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
     config: Mapping[str, Any],
     training_state: Mapping[str, Any] | None = None,
     files: Mapping[str, str | bytes | os.PathLike[str]] | None = None,
@@ -256,7 +277,8 @@ def save_checkpoint(
         run_dir: the run folder (created if missing).
         step: the number of optimizer steps done (>= 0).
         model: the model whose ``state_dict`` goes to ``model.safetensors`` (shared/tied tensors
-            are stored once, as ``safetensors.torch.save_model`` does).
+            are stored once, as ``safetensors.torch.save_model`` does), or that state dict
+            itself (name → tensor).
         config: a JSON-able mapping written to ``config.json``.
         training_state: a tree of dicts/lists/numbers/strings/tensors (see module docstring), or
             ``None`` for a weights-only checkpoint.
@@ -267,6 +289,132 @@ def save_checkpoint(
     Returns:
         The path of the checkpoint directory. If a checkpoint of this step already exists, it is
         kept as it is (a step's state is determined by the run) and its path returned.
+
+    Shape:
+        each tensor of ``model`` is stored with its shape.
+    """
+    root, final, tmp = _begin(run_dir, step, keep_last)
+    if tmp is None:
+        return final
+    try:
+        weights = model.state_dict() if isinstance(model, torch.nn.Module) else dict(model)
+        write_synced(tmp / MODEL, safetensors_bytes(weights, {"format": "pt"}))
+        _write_rest(tmp, config, training_state, files)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _finish(run_dir, root, tmp, final, step, keep_last)
+    return final
+
+
+def save_sharded_checkpoint(
+    run_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    write_shards: Callable[[Path], Mapping[str, Any] | None],
+    config: Mapping[str, Any],
+    training_state: Mapping[str, Any] | None = None,
+    files: Mapping[str, str | bytes | os.PathLike[str]] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Save one sharded checkpoint, every rank writing its part (call it on every rank).
+
+    Rank 0 makes the temporary checkpoint folder and tells the other ranks where it is; every
+    rank calls ``write_shards(folder / "sharded")`` (a collective such as
+    ``torch.distributed.checkpoint.save``); then rank 0 writes ``config.json``, the training
+    state and the files, the manifest of all of them (the shards included), and renames the
+    folder into place as :func:`save_checkpoint` does. The ranks must share the file system of
+    ``run_dir`` (on several machines: a shared folder); rank 0 refuses to finish a checkpoint
+    when another rank sees shard files it does not. Every rank learns whether rank 0
+    succeeded: a failure raises on every rank and leaves the previous checkpoint as it was.
+
+    Args:
+        run_dir: the run folder (created if missing).
+        step: the number of optimizer steps done (>= 0).
+        write_shards: ``folder -> extra`` writes this rank's tensors into the existing, empty
+            ``folder``; what it returns on rank 0 (a mapping, or ``None``) is added to the
+            training state (e.g. the optimizer's hyper-parameters).
+        config: a JSON-able mapping written to ``config.json`` (rank 0's is used).
+        training_state: the rest of the training state (rank 0's is used), see
+            :func:`save_checkpoint`.
+        files: the task's files (rank 0's are used), see :func:`save_checkpoint`.
+        keep_last: keep only this many newest checkpoints (``None`` keeps all).
+
+    Returns:
+        The path of the checkpoint directory (on every rank). An existing checkpoint of this
+        step is kept as it is.
+
+    Raises:
+        CheckpointError: rank 0 could not finish the checkpoint (on the other ranks; rank 0
+            raises its own error).
+    """
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    where = ""
+    final_text = ""
+    if is_main:
+        root, final, tmp = _begin(run_dir, step, keep_last)
+        final_text = str(final)
+        where = "" if tmp is None else str(tmp)
+        if tmp is not None:
+            (tmp / SHARDED).mkdir()
+    where = broadcast_text(where)
+    final = Path(broadcast_text(final_text))
+    if not where:  # the step is saved already
+        return final
+    tmp = Path(where)
+    extra: Mapping[str, Any] | None = None
+    error: BaseException | None = None
+    try:
+        extra = write_shards(tmp / SHARDED)
+    except BaseException as exc:  # every rank must learn it before rank 0 goes on
+        error = exc
+    failed = all_reduce_sum(torch.tensor([float(error is not None)], dtype=torch.float64))
+    if error is not None:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise error
+    if float(failed.item()) > 0:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"checkpoint {final}: another rank failed to write its shards")
+    # what each rank sees of the shards: ranks that do not share the file system see different ones
+    seen = sorted(p.name for p in (tmp / SHARDED).iterdir()) if (tmp / SHARDED).is_dir() else []
+    everyone: list[Any] = [seen]
+    if torch.distributed.is_initialized():
+        everyone = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, seen)
+    if is_main:
+        try:
+            unseen = sorted(set().union(*map(set, everyone)) - set(seen))
+            if unseen:
+                raise CheckpointError(
+                    f"checkpoint {final}: rank 0 does not see the shards {unseen[:3]} other ranks "
+                    f"wrote; the run folder must be on a file system every machine shares"
+                )
+            state = None
+            if training_state is not None:
+                state = {**dict(training_state), **dict(extra or {})}
+            _write_rest(tmp, config, state, files)
+            _finish(run_dir, root, tmp, final, step, keep_last)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = exc
+    failed = all_reduce_sum(torch.tensor([float(error is not None)], dtype=torch.float64))
+    if error is not None:
+        raise error
+    if float(failed.item()) > 0:
+        raise CheckpointError(f"checkpoint {final}: rank 0 failed to finish it")
+    return final
+
+
+def _begin(
+    run_dir: str | os.PathLike[str], step: int, keep_last: int | None
+) -> tuple[Path, Path, Path | None]:
+    """Check the arguments and make the temporary folder of a new checkpoint.
+
+    Returns:
+        ``(checkpoints folder, final path, temporary folder)``; the temporary folder is
+        ``None`` when the step's checkpoint exists already (``latest`` then names it).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -281,28 +429,48 @@ def save_checkpoint(
     if final.exists():
         logger.info("checkpoint %s exists; keeping it", final)
         _write_latest(root, final.name)
-        return final
+        return root, final, None
     tmp = root / f".tmp-{final.name}-pid{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    return root, final, tmp
+
+
+def _write_rest(
+    tmp: Path,
+    config: Mapping[str, Any],
+    training_state: Mapping[str, Any] | None,
+    files: Mapping[str, str | bytes | os.PathLike[str]] | None,
+) -> None:
+    """Write ``config.json``, the training state and the task's files into ``tmp``."""
+    write_synced(tmp / CONFIG, _config_text(config).encode())
+    if training_state is not None:
+        tensors: dict[str, torch.Tensor] = {}
+        tree = _encode(dict(training_state), tensors)
+        write_synced(tmp / STATE_TENSORS, safetensors_bytes(tensors, {"format": "pt"}))
+        write_synced(tmp / STATE_JSON, dumps_strict(tree, what="training state").encode())
+    for name, content in (files or {}).items():
+        target = tmp / _check_name(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            write_synced(target, content.encode("utf-8"))
+        elif isinstance(content, bytes):
+            write_synced(target, content)
+        else:
+            shutil.copyfile(content, target)
+
+
+def _finish(
+    run_dir: str | os.PathLike[str],
+    root: Path,
+    tmp: Path,
+    final: Path,
+    step: int,
+    keep_last: int | None,
+) -> None:
+    """Write the manifest of ``tmp``, rename it to ``final``, move ``latest``, prune old ones."""
     try:
-        write_synced(tmp / CONFIG, _config_text(config).encode())
-        write_synced(tmp / MODEL, safetensors_bytes(model.state_dict(), {"format": "pt"}))
-        if training_state is not None:
-            tensors: dict[str, torch.Tensor] = {}
-            tree = _encode(dict(training_state), tensors)
-            write_synced(tmp / STATE_TENSORS, safetensors_bytes(tensors, {"format": "pt"}))
-            write_synced(tmp / STATE_JSON, dumps_strict(tree, what="training state").encode())
-        for name, content in (files or {}).items():
-            target = tmp / _check_name(name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, str):
-                write_synced(target, content.encode("utf-8"))
-            elif isinstance(content, bytes):
-                write_synced(target, content)
-            else:
-                shutil.copyfile(content, target)
         entries = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
@@ -322,7 +490,6 @@ def save_checkpoint(
         for _, old in list_checkpoints(run_dir)[:-keep_last]:
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _write_latest(root: Path, name: str) -> None:
@@ -363,29 +530,65 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     raise CheckpointError(f"no checkpoint in {p} (expected {CHECKPOINTS}/{LATEST} or a checkpoint)")
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
+def verify_checkpoint(path: str | os.PathLike[str], *, allow_sharded: bool = False) -> Path:
     """Check every file of a checkpoint against its manifest (presence, size, SHA-256).
 
     Args:
         path: anything :func:`resolve_checkpoint` accepts.
+        allow_sharded: accept a sharded checkpoint (see the module docstring). Default: False,
+            for the readers of ``model.safetensors``: a sharded checkpoint is then refused in one
+            line that names the conversion.
 
     Returns:
         The checkpoint directory.
 
     Raises:
-        CheckpointError: one line naming the first problem (missing, truncated or corrupted file).
+        CheckpointError: one line naming the first problem (missing, truncated or corrupted file;
+            a sharded checkpoint without ``allow_sharded``).
     """
-    return _check_manifest(resolve_checkpoint(path))
+    return _check_manifest(resolve_checkpoint(path), allow_sharded=allow_sharded)
 
 
-def _check_manifest(ckpt: Path) -> Path:
+def is_sharded(ckpt: str | os.PathLike[str]) -> bool:
+    """Whether the checkpoint directory ``ckpt`` is sharded (its manifest lists ``sharded/`` files).
+
+    Args:
+        ckpt: a checkpoint directory (not a run folder).
+
+    Returns:
+        ``True`` for a checkpoint written by :func:`save_sharded_checkpoint`.
+
+    Raises:
+        CheckpointError: the manifest is missing or invalid.
+    """
+    return _sharded_files(read_manifest(Path(ckpt))) != []
+
+
+def _sharded_files(manifest: Any) -> list[str]:
+    """The names of a manifest's files under ``sharded/``."""
+    return [n for n in manifest.files if n.startswith(SHARDED + "/")]
+
+
+def _check_manifest(ckpt: Path, *, allow_sharded: bool = False) -> Path:
     """:func:`verify_checkpoint` of a resolved checkpoint directory; returns it."""
-    verify_files(
-        ckpt,
-        read_manifest(ckpt),
-        required=(CONFIG, MODEL),
-        covered=(STATE_JSON, STATE_TENSORS),
-    )
+    manifest = read_manifest(ckpt)
+    shards = _sharded_files(manifest)
+    if shards and not allow_sharded:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is sharded (each process of a --parallel fsdp run wrote its "
+            f"part); make a single-folder copy first: attnlab checkpoint convert {ckpt} --out DIR"
+        )
+    required = (CONFIG,) if shards else (CONFIG, MODEL)
+    verify_files(ckpt, manifest, required=required, covered=(STATE_JSON, STATE_TENSORS))
+    if shards:
+        # the shards' reader opens every file of the folder: none may escape the manifest
+        folder = ckpt / SHARDED
+        for f in sorted(folder.rglob("*")):
+            name = f.relative_to(ckpt).as_posix()
+            if not f.is_dir() and name not in manifest.files:
+                raise CheckpointError(
+                    f"checkpoint {ckpt} is corrupted: {name} is not listed in {MANIFEST}"
+                )
     return ckpt
 
 

@@ -9,25 +9,40 @@ The trainer keeps the *same global batch* whatever the number of processes: ever
 same batch from the batch source and keeps its own slice (:func:`shard_batch`), and losses are
 weighted by the number of tokens of each slice, so N processes give the result of one process
 within float tolerance. Only rank 0 writes files (checkpoints, metrics).
+
+How the model itself is spread over the processes is a :class:`ParallelStrategy` that the
+:class:`~attnlab.training.trainer.Trainer` is given: :class:`DDPStrategy` (the default) keeps a
+whole replica on every rank and averages the gradients (``DistributedDataParallel``), its
+checkpoints a single folder written by rank 0;
+:class:`attnlab.distributed.fsdp.FSDPStrategy` shards parameters, gradients and optimizer state
+over the ranks (``fully_shard``, FSDP2) and every rank writes its shards of a checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
 
 __all__ = [
+    "DDPStrategy",
     "DistInfo",
+    "ParallelStrategy",
     "all_reduce_sum",
     "barrier",
+    "broadcast_text",
     "cleanup_distributed",
     "init_distributed",
+    "is_initialized",
     "map_batch",
     "shard_batch",
 ]
@@ -93,6 +108,38 @@ def cleanup_distributed() -> None:
     """Leave the process group (no-op when not distributed)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    """Whether this process belongs to a process group (``torch.distributed`` is set up).
+
+    Returns:
+        ``True`` under ``torchrun`` once :func:`init_distributed` ran, else ``False``.
+    """
+    return dist.is_available() and dist.is_initialized()
+
+
+def broadcast_text(text: str | None) -> str:
+    """Rank 0's ``text`` on every rank.
+
+    Args:
+        text: the string to send (read on rank 0 only; other ranks may pass ``None``).
+
+    Returns:
+        Rank 0's string (``text`` itself when not distributed).
+
+    Raises:
+        ValueError: ``text`` is ``None`` on rank 0 (or in a single process).
+    """
+    if not is_initialized():
+        if text is None:
+            raise ValueError("text must be a str on rank 0, got None")
+        return text
+    box: list[str | None] = [text]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        raise ValueError("text must be a str on rank 0, got None")
+    return box[0]
 
 
 def barrier() -> None:
@@ -177,3 +224,158 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
         return t[rank * n : (rank + 1) * n]
 
     return map_batch(shard, batch)
+
+
+class ParallelStrategy:
+    """How the :class:`~attnlab.training.trainer.Trainer` spreads one model over the processes.
+
+    The trainer calls :meth:`wrap` once, before the optimizer is made (so that the optimizer
+    holds the parameters as the strategy left them), runs every micro-batch's forward and
+    backward inside :meth:`gradient_sync`, evaluates and reports with :meth:`gathered_model`,
+    and, when :attr:`sharded` is true, writes and reads the model and optimizer state of its
+    checkpoints with :meth:`save_state` / :meth:`load_state` on every rank (the rest of the
+    training state — step, scheduler, random states, data position — stays rank 0's, in JSON and
+    safetensors, as in every checkpoint).
+
+    Subclasses: :class:`DDPStrategy` (replicas; single-folder checkpoints) and
+    :class:`attnlab.distributed.fsdp.FSDPStrategy` (sharded).
+
+    Attributes:
+        name: the strategy's name on the command line (``--parallel NAME``).
+        sharded: whether each rank holds only a part of the model, so that checkpoints are
+            written by every rank (:meth:`save_state`) and evaluation needs
+            :meth:`gathered_model`.
+    """
+
+    name: str = "none"
+    sharded: bool = False
+
+    def wrap(self, model: nn.Module, info: DistInfo) -> nn.Module:
+        """Prepare ``model`` for training on this process (in place where the strategy can).
+
+        Args:
+            model: the model, already on ``info.device``.
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            The module the loss function calls (``model`` itself or a wrapper around it).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement wrap")
+
+    def gradient_sync(
+        self, forward_model: nn.Module, sync: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The context of one micro-batch's forward and backward.
+
+        Args:
+            forward_model: what :meth:`wrap` returned.
+            sync: ``True`` for the last micro-batch of a step (the gradients are reduced over
+                the ranks); ``False`` to accumulate them locally first.
+
+        Returns:
+            A context manager (a no-op unless the strategy can skip the reduction).
+        """
+        return contextlib.nullcontext()
+
+    def grad_scaler(self, info: DistInfo) -> torch.amp.GradScaler:
+        """The fp16 gradient scaler of a run (``TrainConfig(fp16=True)``).
+
+        Args:
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            A ``torch.amp.GradScaler`` for ``info.device``; sharded strategies return one that
+            agrees over the ranks on whether a gradient overflowed.
+        """
+        return torch.amp.GradScaler(info.device.type)
+
+    def gathered_model(self, model: nn.Module, info: DistInfo) -> nn.Module | None:
+        """The whole model, on rank 0, for evaluation and reports (every rank must call it).
+
+        Args:
+            model: the model :meth:`wrap` prepared.
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            A module holding the full current weights on rank 0, ``None`` on the other ranks.
+        """
+        return model if info.is_main else None
+
+    def save_state(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+        """Write this rank's part of the model and optimizer state into ``directory``.
+
+        Called on every rank with the same ``directory`` (sharded strategies only).
+
+        Args:
+            directory: an existing, empty folder shared by the ranks.
+            model: the model :meth:`wrap` prepared.
+            optimizer: its optimizer.
+
+        Returns:
+            The optimizer state's JSON-able rest (hyper-parameters, non-tensor entries), kept
+            in the checkpoint's training state and given back to :meth:`load_state`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} writes no sharded checkpoints")
+
+    def load_state(
+        self, directory: Path, model: nn.Module, optimizer: Optimizer, rest: Mapping[str, Any]
+    ) -> None:
+        """Read the model and optimizer state that :meth:`save_state` wrote (on every rank).
+
+        The number of processes may differ from the run that saved it.
+
+        Args:
+            directory: the folder :meth:`save_state` wrote.
+            model: the model :meth:`wrap` prepared (loaded in place).
+            optimizer: its optimizer (loaded in place).
+            rest: what :meth:`save_state` returned.
+        """
+        raise NotImplementedError(f"{type(self).__name__} reads no sharded checkpoints")
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data parallelism: a whole replica of the model on every rank (``DistributedDataParallel``).
+
+    Each rank computes the gradient of its slice of the global batch and DDP averages the
+    gradients over the ranks during the backward pass of the last micro-batch of each step
+    (``no_sync`` before). Checkpoints are the single folder rank 0 writes
+    (:mod:`attnlab.training.checkpoint`). In a single process the model is used as it is.
+    """
+
+    name = "ddp"
+    sharded = False
+
+    def wrap(self, model: nn.Module, info: DistInfo) -> nn.Module:
+        """``DistributedDataParallel(model)`` when distributed, else ``model``.
+
+        Args:
+            model: the model, already on ``info.device``.
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            The module the loss function calls.
+        """
+        if not info.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def gradient_sync(
+        self, forward_model: nn.Module, sync: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync()`` for the micro-batches before the last.
+
+        Args:
+            forward_model: what :meth:`wrap` returned.
+            sync: whether this micro-batch's backward reduces the gradients.
+
+        Returns:
+            ``forward_model.no_sync()``, or a no-op context.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        if sync or not isinstance(forward_model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return forward_model.no_sync()

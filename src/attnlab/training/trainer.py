@@ -61,6 +61,16 @@ part of the training state, so a resumed fp16 run stays bit-identical. fp16 auto
 gradient scaler run on the CPU too (PyTorch ≥ 2.3), slowly: fp16 is for GPUs; on a CPU bf16
 is the fast reduced precision.
 
+Processes. Under ``torchrun`` (see :mod:`attnlab.training.distributed`) a
+:class:`~attnlab.training.distributed.ParallelStrategy` spreads the model over the ranks:
+:class:`~attnlab.training.distributed.DDPStrategy` (the default) keeps a replica per rank and
+rank 0 writes single-folder checkpoints; :class:`attnlab.distributed.fsdp.FSDPStrategy` shards
+parameters, gradients and optimizer state (FSDP2), every rank writes its shards of each
+checkpoint (:func:`~attnlab.training.checkpoint.save_sharded_checkpoint`), such a checkpoint
+resumes on any number of processes, and evaluation runs on rank 0 with the weights gathered into
+a whole copy (:meth:`Trainer.gathered_model`). Either way the global batch, the token weighting,
+the global gradient norm and clipping, and the divergence checks are those of one process.
+
 Progress display is a callback (:class:`TrainerCallback`); the command line uses
 :class:`attnlab.training.progress.RichProgress`. The trainer's parts live beside it:
 :class:`~attnlab.training.metrics_log.MetricsLog` (``metrics.jsonl``),
@@ -83,25 +93,32 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from attnlab.training.batches import BatchSource, IndexedBatches
 from attnlab.training.checkpoint import (
+    SHARDED,
     CheckpointError,
     config_as_saved,
+    is_sharded,
     read_config,
     read_manifest,
     read_model_weights,
     read_training_state,
     save_checkpoint,
+    save_sharded_checkpoint,
     verify_checkpoint,
 )
 from attnlab.training.data_files import DATA_FILES_KEY, data_change, fingerprint_files
 from attnlab.training.distributed import (
+    DDPStrategy,
     DistInfo,
+    ParallelStrategy,
     all_reduce_sum,
     barrier,
+    is_initialized,
     map_batch,
     shard_batch,
 )
@@ -138,6 +155,21 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return map_batch(lambda t: t.to(device, non_blocking=True), batch)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (a ``DTensor``'s local shard, any other tensor itself)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _as_float(t: torch.Tensor) -> float:
+    """A scalar tensor's value (a ``DTensor`` norm is replicated: its whole value)."""
+    return float(t.full_tensor() if isinstance(t, DTensor) else t)
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (a collective when distributed)."""
+    return float(all_reduce_sum(torch.tensor([float(flag)], dtype=torch.float64)).item()) > 0
+
+
 def _first_tensor(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
         return batch
@@ -157,7 +189,10 @@ class Trainer:
     """The training loop (see the module docstring for the protocol of its arguments).
 
     Args:
-        model: the model (moved to ``dist.device``; wrapped in DDP when distributed).
+        model: the model (moved to ``dist.device`` and prepared by ``strategy``: wrapped in DDP
+            when distributed, or sharded in place by FSDP). :attr:`model` is this module;
+            with a sharded strategy each rank holds only its shards (see
+            :meth:`gathered_model`).
         make_optimizer: ``model -> optimizer`` or ``model -> (optimizer, scheduler | None)``.
         batches: a :class:`BatchSource` of global batches.
         loss_fn: ``(model, batch) -> TokenLoss | Tensor``.
@@ -173,6 +208,10 @@ class Trainer:
         data_files: the files the run's data came from, by the name messages give them (e.g.
             ``{"--data": "input.txt"}``); their size and SHA-256 go into ``config.json`` and
             :meth:`resume` refuses when they changed.
+        strategy: how the model is spread over the processes (default
+            :class:`~attnlab.training.distributed.DDPStrategy`; see also
+            :class:`attnlab.distributed.fsdp.FSDPStrategy`). A checkpoint resumes only with a
+            strategy of its kind (sharded or single-folder).
 
     Shape:
         ``loss_fn`` returns a scalar ``()`` loss (or a :class:`TokenLoss` of one).
@@ -193,6 +232,7 @@ class Trainer:
         callbacks: Sequence[TrainerCallback] = (),
         dist: DistInfo | None = None,
         data_files: Mapping[str, str | os.PathLike[str]] | None = None,
+        strategy: ParallelStrategy | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -204,8 +244,16 @@ class Trainer:
                     f"batches must provide next_batch/state_dict/load_state_dict, "
                     f"got {type(batches).__name__} without {name}"
                 )
+        if strategy is not None and not isinstance(strategy, ParallelStrategy):
+            raise TypeError(
+                f"strategy must be a ParallelStrategy (DDPStrategy, FSDPStrategy), "
+                f"got {type(strategy).__name__}"
+            )
         self.dist = dist or DistInfo()
+        self.strategy: ParallelStrategy = strategy if strategy is not None else DDPStrategy()
         self.model = model.to(self.dist.device)
+        # before the optimizer is made: FSDP replaces the parameters by their shards
+        self.forward_model: nn.Module = self.strategy.wrap(self.model, self.dist)
         self.batches = batches
         self.loss_fn = loss_fn
         self.config = config
@@ -233,15 +281,10 @@ class Trainer:
             )
         # fp16: scale the loss so small gradients survive in fp16 (see the module docstring)
         self.scaler: torch.amp.GradScaler | None = (
-            torch.amp.GradScaler(self.dist.device.type) if config.fp16 else None
+            self.strategy.grad_scaler(self.dist) if config.fp16 else None
         )
-        self.forward_model: nn.Module = self.model
-        if self.dist.distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
-            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
         self.step = 0
+        self._gathered: tuple[int, nn.Module | None] | None = None  # (step, gathered model)
         self.last_checkpoint: Path | None = None
         self._saved_step: int | None = None
         self._evaluated_step: int | None = None
@@ -255,11 +298,13 @@ class Trainer:
 
         Returns:
             The optimizer, scheduler, step, RNG states, data position and the rest of the
-            loop's state, as a tree of JSON-able values and tensors.
+            loop's state, as a tree of JSON-able values and tensors. With a sharded strategy
+            ``"optimizer"`` is ``None``: every rank saves its shards of it with the model's
+            (:meth:`~attnlab.training.distributed.ParallelStrategy.save_state`).
         """
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.strategy.sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "data": self.batches.state_dict(),
             "rng": get_rng_state(),
@@ -278,7 +323,11 @@ class Trainer:
         return {**self.run_config, DATA_FILES_KEY: self.data_fingerprints}
 
     def save(self) -> Path | None:
-        """Write a checkpoint of the current step (rank 0; other ranks wait).
+        """Write a checkpoint of the current step (every rank must call it).
+
+        Single-folder checkpoints are written by rank 0 while the other ranks wait; with a
+        sharded strategy every rank writes its shards
+        (:func:`~attnlab.training.checkpoint.save_sharded_checkpoint`).
 
         Returns:
             The checkpoint directory on rank 0, ``None`` on the other ranks.
@@ -286,17 +335,73 @@ class Trainer:
         Raises:
             DivergenceError: the weights are not finite (nothing is written).
         """
-        if not all_finite(self.model.parameters()):
+        if not self._weights_finite():
             raise DivergenceError(
                 f"training diverged at step {self.step}: the weights hold NaN or infinite values "
                 f"after it, so no checkpoint was written; {self._latest_text()}; lower the "
                 f"learning rate or clip the gradients",
                 self.step,
             )
-        path = self._write_checkpoint() if self.dist.is_main else None
+        if self.strategy.sharded:
+            path: Path | None = self._write_sharded_checkpoint()
+        else:
+            path = self._write_checkpoint() if self.dist.is_main else None
         self._saved_step = self.step
         barrier()
+        return path if self.dist.is_main else None
+
+    def _weights_finite(self) -> bool:
+        """Whether every weight is finite, on every rank (sharded: each rank checks its shards)."""
+        local = all_finite(_local(p) for p in self.model.parameters())
+        if not self.strategy.sharded or not is_initialized():
+            return local
+        return not _any_rank(not local)
+
+    def _write_sharded_checkpoint(self) -> Path:
+        """Every rank's part of :meth:`save` with a sharded strategy."""
+
+        def write_shards(folder: Path) -> dict[str, Any]:
+            return {"optimizer": self.strategy.save_state(folder, self.model, self.optimizer)}
+
+        path = save_sharded_checkpoint(
+            self.run_dir,
+            step=self.step,
+            write_shards=write_shards,
+            config=self.saved_config(),
+            training_state=self.state_dict(),
+            files=self.files,
+            keep_last=self.config.keep_last,
+        )
+        self.last_checkpoint = path
+        self._saved_step = self.step
+        for cb in self.callbacks:
+            cb.on_save(self.step, path)
         return path
+
+    def gathered_model(self) -> nn.Module | None:
+        """The whole model with the current weights, on rank 0 (every rank must call it).
+
+        With DDP or in one process this is :attr:`model` itself; with a sharded strategy the
+        shards are all-gathered into rank 0's whole copy (what evaluation and reports use).
+
+        Returns:
+            The model on rank 0, ``None`` on the other ranks. Asked again at the same step (the
+            final evaluation, then the report), the model gathered then is returned as it is.
+        """
+        if self._gathered is None or self._gathered[0] != self.step:
+            self._gathered = (self.step, self.strategy.gathered_model(self.model, self.dist))
+        return self._gathered[1]
+
+    def close(self) -> None:
+        """Drop the strategy's wrapper of the model (DDP's) before the process group is destroyed.
+
+        DDP's C++ reducer holds the process group; were it the last holder, destroying it would
+        wait for gloo's worker threads while holding the GIL, which those threads may need to
+        free a finished collective's tensors: a deadlock PyTorch does not guard against. Call
+        this before :func:`~attnlab.training.distributed.cleanup_distributed` (``attnlab train``
+        does); the trainer must not train afterwards.
+        """
+        self.forward_model = self.model
 
     def _write_checkpoint(self) -> Path:
         """Rank 0's part of :meth:`save`: the checkpoint of the current step, written now."""
@@ -342,10 +447,21 @@ class Trainer:
             CheckpointError: no valid checkpoint, or a training state that does not fit this run
                 (one line; the trainer may then be half restored: build a new one).
             ValueError: the checkpoint's configuration differs from this run's, a data file
-                changed, or the checkpoint has done more than ``config.steps`` steps. Nothing is
-                changed then.
+                changed, the checkpoint has done more than ``config.steps`` steps, or it is
+                sharded and the strategy is not (or the reverse). Nothing is changed then.
         """
-        ckpt = verify_checkpoint(path or self.run_dir)  # resolved once: all below reads ckpt
+        # resolved once: all below reads ckpt
+        ckpt = verify_checkpoint(path or self.run_dir, allow_sharded=True)
+        sharded = is_sharded(ckpt)
+        if sharded != self.strategy.sharded:
+            saved_by = (
+                "a sharded (--parallel fsdp)" if sharded else "a single-folder (--parallel ddp)"
+            )
+            raise ValueError(
+                f"cannot resume {ckpt} with the {self.strategy.name} strategy: it is {saved_by} "
+                f"checkpoint; resume it with --parallel {'fsdp' if sharded else 'ddp'} (any "
+                f"number of processes). Nothing was changed"
+            )
         saved = read_config(ckpt)
         saved_data = saved.pop(DATA_FILES_KEY, None)
         diff = config_difference(saved, self.run_config)
@@ -369,9 +485,15 @@ class Trainer:
                 f"steps must be at least the {step} steps the checkpoint has done, "
                 f"got {self.config.steps}"
             )
-        read_model_weights(ckpt, self.model)
+        if not sharded:
+            read_model_weights(ckpt, self.model)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if sharded:
+                self.strategy.load_state(
+                    ckpt / SHARDED, self.model, self.optimizer, state["optimizer"]
+                )
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
             if self.scheduler is not None and state["scheduler"] is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
             if self.scaler is not None and state.get("scaler"):
@@ -385,6 +507,7 @@ class Trainer:
                 f"({type(exc).__name__}: {first})"
             ) from None
         self.step = step
+        self._gathered = None
         self._saved_step = self.step
         self.last_checkpoint = ckpt
         if self.dist.is_main:
@@ -421,28 +544,45 @@ class Trainer:
     def run_evaluation(self) -> dict[str, float] | None:
         """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards).
 
+        Every rank must call it: with a sharded strategy the weights are first gathered into
+        rank 0's whole copy (:meth:`gathered_model`), and every rank learns whether the
+        evaluation failed.
+
         Returns:
             What ``evaluate`` returned, ``{name: value}``; ``None`` without ``evaluate`` and on
             the other ranks.
+
+        Raises:
+            Exception: what ``evaluate`` raised (rank 0); ``RuntimeError`` on the other ranks
+                when it failed on rank 0.
         """
         if self.evaluate is None:
             return None
+        model = self.gathered_model()
         metrics: dict[str, float] | None = None
-        if self.dist.is_main:
+        error: Exception | None = None
+        if self.dist.is_main and model is not None:
             rng = get_rng_state()
-            was_training = self.model.training
-            self.model.eval()
+            was_training = model.training
+            model.eval()
             try:
                 with torch.no_grad():
-                    metrics = {k: float(v) for k, v in dict(self.evaluate(self.model)).items()}
+                    metrics = {k: float(v) for k, v in dict(self.evaluate(model)).items()}
+            except Exception as exc:
+                error = exc
             finally:
-                self.model.train(was_training)
+                model.train(was_training)
                 set_rng_state(rng)
-            self._log({"kind": "eval", "step": self.step, **metrics})
-            for cb in self.callbacks:
-                cb.on_eval(self.step, metrics)
+            if metrics is not None:
+                self._log({"kind": "eval", "step": self.step, **metrics})
+                for cb in self.callbacks:
+                    cb.on_eval(self.step, metrics)
+        failed = _any_rank(error is not None)  # every rank waits for rank 0 here
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"the evaluation of step {self.step} failed on rank 0")
         self._evaluated_step = self.step
-        barrier()
         return metrics
 
     def _train_step(self) -> tuple[float, float, float, bool, bool, bool]:
@@ -466,9 +606,8 @@ class Trainer:
             local = _to_device(
                 shard_batch(batch, self.dist.rank, self.dist.world_size), self.dist.device
             )
-            sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
-            ctx = contextlib.nullcontext() if sync else self.forward_model.no_sync()  # type: ignore[operator]
-            with ctx:
+            sync = micro == cfg.grad_accum - 1  # reduce the gradients over the ranks only then
+            with self.strategy.gradient_sync(self.forward_model, sync):
                 with self._autocast():
                     out = self.loss_fn(self.forward_model, local)
                 if isinstance(out, TokenLoss):
@@ -511,8 +650,12 @@ class Trainer:
                 p.grad.mul_(scale)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # grads /= S, before the norm and clipping
+        # the global norm: over DTensor shards, clip_grad_norm_ all-reduces the sum of squares
         if cfg.clip is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
+            norm = _as_float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
+        elif any(isinstance(p, DTensor) for p in params):
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = _as_float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         else:
             grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
             norm = float(torch.stack(grads).norm()) if grads else 0.0
@@ -537,13 +680,14 @@ class Trainer:
         return g_mean, norm, g_tokens, g_stop > 0, skipped, False
 
     def _evaluate_or_save(self) -> dict[str, float] | None:
-        """:meth:`run_evaluation`; when it raises, the step is saved first (rank 0) if it is not."""
+        """:meth:`run_evaluation`; when it raises, the step is saved first if it is not."""
         try:
             return self.run_evaluation()
         except Exception:
-            if self.dist.is_main and self._saved_step != self.step:
-                if all_finite(self.model.parameters()):
-                    self._write_checkpoint()
+            # every rank is here (run_evaluation raises on all): the save may be collective
+            if self._saved_step != self.step and self._weights_finite():
+                self.save()
+                if self.dist.is_main:
                     logger.warning(
                         "the evaluation of step %d failed; the step is saved in %s",
                         self.step,
@@ -564,7 +708,7 @@ class Trainer:
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         value = loss if not math.isfinite(loss) else norm
         where = self._latest_text()
-        if self._saved_step != self.step and all_finite(self.model.parameters()):
+        if self._saved_step != self.step and self._weights_finite():
             self.save()
             where = f"the last finite state, step {self.step}, is saved as the latest checkpoint"
             if self.last_checkpoint is not None:

@@ -1,0 +1,236 @@
+"""Ring attention: peak memory per process and wall time, 1, 2 and 4 processes, same whole sequence.
+
+One causal forward + backward of :func:`attnlab.distributed.ring_attention` over a whole sequence
+of ``T`` tokens (default ``T = 32768``, batch 1, ``H = 4`` heads of ``d_head = 64``, fp32; the
+inputs laid out as a model makes them, ``(B, T, H, D)`` viewed as ``(B, H, T, D)``), the
+sequence spread over ``N`` processes (``T / N`` tokens each; gloo on the CPU on 127.0.0.1, one
+thread per process), for every ``N`` and layout asked for. For each run it reports
+
+* **peak memory per process** — the growth of each process's peak resident set over one step
+  (:func:`attnlab.inspect.memory.peak_memory`, as in ``benchmarks/attention.py``: ``VmHWM``
+  reset just before the step, after the inputs exist and a tiny warm-up step has loaded the
+  kernels and the process group's buffers), the largest over the ranks; and its ratio to the
+  one-process ring (the target: ``1/N``);
+* **wall time** of the step, from a barrier before it to a barrier after it (so the slowest rank
+  counts), and the speed-up over one process (one thread) doing the same whole work.
+
+Rows: ``torch.sdpa`` (``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence,
+one process, the peer), ``ring`` with one process (no process group: the same kernel, merged by
+nothing, the baseline of the ratios), with one process and two threads (the machine's cores in
+one process), and ``ring`` on 2 and 4 processes in the ``zigzag`` layout (every rank the same
+causal work) and, for comparison, the ``contiguous`` one (the last rank does the most work).
+On a 2-core machine 4 processes share 2 cores: memory still falls as ``1/N``, time cannot.
+
+What to expect of the memory: the inputs exist before the step and are not counted, so one
+process alone holds about five chunk-sized tensors (``O``, ``dO`` and the kernel's ``dQ``, ``dK``,
+``dV``); a rank of a ring holds about twice as many (also the key/value chunk it received and the
+next one in flight, the arriving ``dK``/``dV`` accumulator, ``dQ`` across the steps). The memory
+per process is that count times ``T / N``: it falls as ``1/N`` from two processes on, at about
+twice the single process's constant (the ``KB / local token`` column).
+
+Usage::
+
+    python benchmarks/ring_attention.py                 # T = 32768 (a few minutes)
+    python benchmarks/ring_attention.py --quick         # T = 2048; seconds
+    python benchmarks/ring_attention.py --length 16384 --worlds 1 2 --layouts zigzag
+    attnlab bench ring_attention [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from _common import fmt_mb  # benchmarks/_common.py (the script's folder is on sys.path)
+from rich.console import Console
+from rich.table import Table
+
+H, D = 4, 64
+
+
+@dataclass(frozen=True)
+class Run:
+    impl: str  # "torch.sdpa" | "ring"
+    world: int
+    layout: str
+    threads: int
+
+    @property
+    def label(self) -> str:
+        if self.impl == "torch.sdpa":
+            return "torch.sdpa"
+        return f"ring {self.layout}" if self.world > 1 else "ring"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, run: Run, length: int, port: int, queue: Any) -> None:
+    """One process: measure one step, put ``(rank, peak bytes, wall seconds)`` on the queue."""
+    try:
+        from attnlab.inspect.memory import peak_memory, stabilize_allocator
+
+        stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
+        torch.set_num_threads(run.threads)
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        from attnlab.distributed import ring_attention
+
+        if run.world > 1:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=run.world,
+                timeout=datetime.timedelta(minutes=10),
+            )
+
+        def barrier() -> None:
+            if run.world > 1:
+                dist.barrier()
+
+        def make_step(t_local: int) -> Any:
+            gen = torch.Generator().manual_seed(rank)
+            # as a model makes them: (B, T, H, D) viewed as (B, H, T, D)
+            q, k, v = (
+                torch.randn(1, t_local, H, D, generator=gen).transpose(1, 2).requires_grad_()
+                for _ in range(3)
+            )
+
+            def step() -> None:
+                if run.impl == "torch.sdpa":
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                else:
+                    out = ring_attention(q, k, v, is_causal=True, layout=run.layout)
+                out.backward(torch.ones_like(out))
+                for t in (q, k, v):
+                    t.grad = None
+
+            return step
+
+        make_step(16)()  # load the kernels, the process group's buffers
+        step = make_step(length // run.world)
+        barrier()
+        t0 = time.perf_counter()
+        peak = peak_memory(step)
+        barrier()
+        wall = time.perf_counter() - t0
+        queue.put((rank, peak, wall, None))
+        if run.world > 1:
+            dist.destroy_process_group()
+    except BaseException as e:  # reported by the parent
+        queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
+
+
+def measure(run: Run, length: int, timeout: float) -> tuple[int, float] | str:
+    """``(largest peak over the ranks, wall seconds)`` of one step, or the error text."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    os.environ["OMP_NUM_THREADS"] = str(run.threads)  # the children read it at import
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, run, length, port, queue), daemon=True)
+        for r in range(run.world)
+    ]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in range(run.world):
+            results.append(queue.get(timeout=timeout))
+    except Exception:
+        return f"no result within {timeout:.0f} s"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    errors = [e for *_, e in results if e]
+    if errors:
+        return errors[0]
+    return max(r[1] for r in results), max(r[2] for r in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="T = 2048; seconds")
+    parser.add_argument("--length", type=int, help="the whole sequence length T (default 32768)")
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--layouts", nargs="+", choices=["zigzag", "contiguous"], default=["zigzag", "contiguous"]
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip the torch.sdpa row")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    args = parser.parse_args(argv)
+    length = args.length or (2048 if args.quick else 32768)
+
+    runs = [] if args.no_peer else [Run("torch.sdpa", 1, "contiguous", 1)]
+    if 1 in args.worlds:
+        runs += [Run("ring", 1, "contiguous", 1), Run("ring", 1, "contiguous", 2)]
+    for layout in args.layouts:
+        runs += [Run("ring", w, layout, 1) for w in args.worlds if w > 1]
+
+    console = Console(width=max(Console().width, 110))
+    console.print(
+        f"[bold]ring attention[/]: one causal forward + backward, T = {length}, B = 1, H = {H}, "
+        f"d_head = {D}, fp32, torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+    table = Table(title="peak memory per process (largest over the ranks) and wall time")
+    for col in (
+        "impl",
+        "processes",
+        "threads",
+        "T / process",
+        "peak MB",
+        "KB / local token",
+        "× 1 proc",
+        "wall s",
+        "speed-up",
+    ):
+        table.add_column(col, justify="right")
+    base: tuple[int, float] | None = None
+    for run in runs:
+        got = measure(run, length, args.timeout)
+        if isinstance(got, str):
+            table.add_row(run.label, str(run.world), str(run.threads), "", "—", "", "", "—", got)
+            continue
+        peak, wall = got
+        if run.impl == "ring" and run.world == 1 and run.threads == 1:
+            base = got
+        mem_ratio = f"{peak / base[0]:.2f}" if base and base[0] else "—"
+        speed = f"{base[1] / wall:.2f}x" if base else "—"
+        table.add_row(
+            run.label,
+            str(run.world),
+            str(run.threads),
+            str(length // run.world),
+            fmt_mb(peak),
+            f"{peak / (length // run.world) / 1024:.1f}",
+            mem_ratio,
+            f"{wall:.2f}",
+            speed,
+        )
+    console.print(table)
+    console.print(
+        "× 1 proc: peak memory against the one-process ring (target 1/N: 0.50 for 2, 0.25 for 4); "
+        "KB / local token: the peak over the tokens a process holds (flat when memory falls as "
+        "1/N); speed-up: the one-process, one-thread ring's wall time over this row's."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
