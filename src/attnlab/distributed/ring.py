@@ -265,7 +265,8 @@ def _agree(
             f"{what}: rank {ranks} of {ring.world_size} rejected its arguments (see the error "
             "raised there); every rank raises, so that none waits on the ring"
         )
-    assert fields is not None
+    if fields is None:  # every rank passed its checks, this one included, so it has fields
+        raise RuntimeError(f"{what}: a rank that passed its checks sent no arguments")
     for r, row in enumerate(rows[1:], start=1):
         at = 1
         for f in fields:
@@ -423,7 +424,8 @@ class _RingAttention(torch.autograd.Function):
             if incoming is not None:
                 kv = incoming.wait()
                 incoming = None  # lets go of the chunk sent on
-        assert out is not None  # step 0 (the own chunk) always has a piece over every row
+        if out is None:  # step 0 (the own chunk) always has a piece over every row
+            raise RuntimeError("ring attention: the own chunk produced no output")
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.params = (ring, is_causal, layout, pieces)
         return out.to(q.dtype)
@@ -465,7 +467,8 @@ class _RingAttention(torch.autograd.Function):
                     d_k = _accumulate(d_k, _sum_groups(g_k, groups), keys, k.shape)
                     d_v = _accumulate(d_v, _sum_groups(g_v, groups), keys, v.shape)
                     del g_q, g_k, g_v
-                assert d_k is not None and d_v is not None
+                if d_k is None or d_v is None:  # todo is not empty
+                    raise RuntimeError("ring attention: a step with pieces produced no dK/dV")
                 share = (_wire(d_k), _wire(d_v)) if ring.world_size > 1 else (d_k, d_v)
                 del k_s, v_s, d_k, d_v
             # chunk s's accumulator arrives from rank r − 1 (which worked on s one step earlier)
@@ -484,7 +487,8 @@ class _RingAttention(torch.autograd.Function):
                 incoming = None
         if travelling is not None:
             grads = travelling.wait()
-        assert grads is not None and dq is not None  # step 0 always works on every row
+        if grads is None or dq is None:  # step 0 always works on every row
+            raise RuntimeError("ring attention: the backward produced no gradient")
         dk, dv = grads
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
