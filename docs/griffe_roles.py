@@ -3,7 +3,8 @@
 The docstrings are written for ``help()`` and the terminal, with Sphinx roles such as
 ``:func:`capture``` and ``:class:`~attnlab.inspect.ActivationCache```. Markdown has no roles, so
 each becomes inline code holding the name as written (``~`` keeps only the last part, as in
-Sphinx): ```capture```, ```ActivationCache```.
+Sphinx): ```capture```, ```ActivationCache```. A paragraph that introduces an indented block with
+reST's ``::`` ends in one ``:`` on the site (Markdown already reads the indented block as code).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import griffe
 
 ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
+LITERAL_BLOCK = re.compile(r"(?<=\S)::$", re.MULTILINE)  # "text::" before an indented block
 
 
 def _code(match: re.Match[str]) -> str:
@@ -26,4 +28,5 @@ class ReSTRoles(griffe.Extension):
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = ROLE.sub(_code, obj.docstring.value)
+            text = ROLE.sub(_code, obj.docstring.value)
+            obj.docstring.value = LITERAL_BLOCK.sub(":", text)
