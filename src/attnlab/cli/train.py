@@ -12,6 +12,12 @@ instead (FSDP2, :class:`attnlab.distributed.fsdp.FSDPStrategy`): every rank writ
 each checkpoint, which resumes with any number of processes (``--parallel fsdp`` again) and
 becomes a single folder with ``attnlab checkpoint convert``. Without ``torchrun`` it trains one
 process, unsharded, writing the same sharded checkpoints (one shard).
+
+``--context-parallel C`` spreads every sequence over ``C`` processes (ring attention) and
+``--tensor-parallel N`` every layer's heads and feed-forward units over ``N``; the ``W``
+processes form a ``(data, context, tensor)`` mesh of ``W / (C·N) × C × N``
+(:class:`attnlab.distributed.mesh.MeshStrategy`). Their checkpoints are single folders that
+resume with any other layout.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import CLIError
 from attnlab.distributed.fsdp import FSDPStrategy
+from attnlab.distributed.mesh import MeshStrategy
+from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.tasks.options import ATTENTION_DESTS, non_negative_int, positive_int
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
@@ -61,9 +69,22 @@ def _clip(text: str) -> float | None:
 PARALLEL = ("ddp", "fsdp")
 
 
-def strategy_of(name: str) -> ParallelStrategy:
-    """The trainer's :class:`~attnlab.training.distributed.ParallelStrategy` for ``--parallel``."""
-    return FSDPStrategy() if name == "fsdp" else DDPStrategy()
+def strategy_of(args: argparse.Namespace) -> ParallelStrategy:
+    """The trainer's :class:`~attnlab.training.distributed.ParallelStrategy` for ``--parallel``,
+    ``--context-parallel`` and ``--tensor-parallel``."""
+    name = getattr(args, "parallel", "ddp")
+    cp = getattr(args, "context_parallel", 1)
+    tp = getattr(args, "tensor_parallel", 1)
+    if cp == 1 and tp == 1:
+        return FSDPStrategy() if name == "fsdp" else DDPStrategy()
+    if name == "fsdp":
+        raise CLIError(
+            "--parallel fsdp does not combine with --context-parallel or --tensor-parallel: "
+            "their data-parallel dimension replicates the model (use --parallel ddp)"
+        )
+    return MeshStrategy(
+        context_parallel=cp, tensor_parallel=tp, layout=getattr(args, "context_layout", "zigzag")
+    )
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,6 +146,30 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         help="under torchrun: ddp (a replica per process; default) or fsdp (parameters, "
         "gradients and optimizer state sharded over the processes, FSDP2; sharded checkpoints "
         "that resume on any number of processes, `attnlab checkpoint convert` makes one folder)",
+    )
+    g.add_argument(
+        "--context-parallel",
+        type=positive_int,
+        default=1,
+        metavar="C",
+        help="under torchrun: spread every sequence over C processes, attention as ring "
+        "attention (GPT, attention full, no dropout); default 1",
+    )
+    g.add_argument(
+        "--context-layout",
+        choices=LAYOUTS,
+        default="zigzag",
+        help="which tokens each context-parallel process holds: zigzag (an early and a late "
+        "chunk, the causal work balanced; default) or contiguous",
+    )
+    g.add_argument(
+        "--tensor-parallel",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="under torchrun: split every layer's heads and feed-forward units over N "
+        "processes (Megatron-style, DTensor); the processes form a (data, context, tensor) "
+        "mesh of W / (C·N) × C × N; default 1",
     )
     g.add_argument(
         "--device",
@@ -248,12 +293,13 @@ def run(args: argparse.Namespace) -> int:
         )
         progress = RichProgress(console, description=args.task)
         callbacks: list[TrainerCallback] = [progress]
-        strategy = strategy_of(getattr(args, "parallel", "ddp"))
+        strategy = strategy_of(args)
         if args.probe is not None:
-            if strategy.sharded and dist.distributed:
+            if not strategy.runs_alone and dist.distributed:
                 raise CLIError(
-                    "--probe records on rank 0 alone, which cannot run a model sharded over "
-                    "the processes: drop --probe or train with --parallel ddp"
+                    "--probe records on rank 0 alone, which cannot run a model spread over "
+                    "the processes (--parallel fsdp, --context-parallel, --tensor-parallel): "
+                    "drop --probe or train with --parallel ddp"
                 )
             if setup.io is None:
                 raise CLIError(f"--probe: the task {args.task!r} has no text path to encode it")

@@ -143,6 +143,7 @@ class FSDPStrategy(ParallelStrategy):
 
     name = "fsdp"
     sharded = True
+    runs_alone = False
 
     def __init__(
         self,

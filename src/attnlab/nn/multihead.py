@@ -38,7 +38,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import normalize_mask
+from attnlab.nn.masking import Masking, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
 
 if TYPE_CHECKING:
@@ -442,9 +442,41 @@ class MultiHeadAttention(nn.Module):
         # is the one "auto" picks when no weights are wanted; it returns exact weights as well
         backend = choose_backend(self.backend, need_weights, masking, q.shape[-2], k.shape[-2])
         dropout_p = self.dropout if self.training else 0.0
-        result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
+        result = self.attend_heads(q, k, v, masking, dropout_p, backend, want_weights)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def attend_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        masking: Masking,
+        dropout_p: float,
+        backend: str,
+        need_weights: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Every head's ``softmax(Q Kᵀ / √d_head + M) V``: the kernel call of :meth:`forward`,
+        which a subclass replaces to compute the same thing elsewhere (ring attention across
+        processes: :mod:`attnlab.distributed.context_parallel`).
+
+        Args:
+            q: queries, heads split (rotated, cached keys and values appended).
+            k: keys.
+            v: values.
+            masking: the normalised masks (:func:`~attnlab.nn.masking.normalize_mask`).
+            dropout_p: attention dropout (0 in eval mode).
+            backend: the backend :func:`~attnlab.nn.backends.choose_backend` picked.
+            need_weights: also return the weights.
+
+        Returns:
+            ``z`` ``(B, H, T_q, d_head)``, or ``(z, weights)`` with the weights
+            ``(B, H, T_q, T_k)``.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+        """
+        return attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, need_weights)
 
     def _layout(self, block_mask: object, cache: KVCache | None) -> BlockLayout | None:
         """The call's block layout, checked before the cache changes: ``block_mask``

@@ -245,10 +245,14 @@ class ParallelStrategy:
         sharded: whether each rank holds only a part of the model, so that checkpoints are
             written by every rank (:meth:`save_state`) and evaluation needs
             :meth:`gathered_model`.
+        runs_alone: whether rank 0 can run the training model by itself (a callback such as
+            the attention probe does); ``False`` when the model's forward pass is a collective
+            (sharded parameters, ring attention).
     """
 
     name: str = "none"
     sharded: bool = False
+    runs_alone: bool = True
 
     def wrap(self, model: nn.Module, info: DistInfo) -> nn.Module:
         """Prepare ``model`` for training on this process (in place where the strategy can).
@@ -261,6 +265,86 @@ class ParallelStrategy:
             The module the loss function calls (``model`` itself or a wrapper around it).
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement wrap")
+
+    def local_batch(self, batch: Any, info: DistInfo) -> Any:
+        """This rank's part of a global batch.
+
+        Args:
+            batch: the global batch (every rank draws the same one).
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            The part this rank computes with: by default its slice along dim 0 of every tensor
+            (:func:`shard_batch` by rank and world size).
+        """
+        return shard_batch(batch, info.rank, info.world_size)
+
+    def reduce_totals(self, totals: torch.Tensor, info: DistInfo) -> torch.Tensor:
+        """The sum of a step's totals (loss · count, count, tokens, stop flag) over the ranks
+        that computed different parts of the global batch.
+
+        Args:
+            totals: this rank's totals, float64.
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            Their sum over those ranks (by default all of them).
+
+        Shape:
+            ``(n,)`` → ``(n,)``.
+        """
+        return all_reduce_sum(totals)
+
+    def gradient_replicas(self, info: DistInfo) -> int:
+        """Over how many ranks' gradients the strategy averages (the trainer rescales by it).
+
+        Args:
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            By default the number of processes (DDP and FSDP average over all of them).
+        """
+        return info.world_size
+
+    def whole_state(
+        self, model: nn.Module, optimizer: Optimizer, info: DistInfo
+    ) -> tuple[nn.Module | None, dict[str, Any] | None]:
+        """The model and the optimizer state, whole, for a single-folder checkpoint (every rank
+        calls it; rank 0 writes what it returns).
+
+        Args:
+            model: the model :meth:`wrap` prepared.
+            optimizer: its optimizer.
+            info: this process's :class:`DistInfo`.
+
+        Returns:
+            ``(module whose state_dict is saved, optimizer.state_dict() as one process has it)``
+            on rank 0; strategies that must gather return ``(None, None)`` on the other ranks.
+        """
+        return model, optimizer.state_dict()
+
+    def load_weights(self, ckpt: Path, model: nn.Module) -> None:
+        """Load a single-folder checkpoint's ``model.safetensors`` (on every rank).
+
+        Args:
+            ckpt: the checkpoint directory (verified).
+            model: the model :meth:`wrap` prepared (loaded in place).
+        """
+        from attnlab.training.checkpoint import read_model_weights  # (it imports this module)
+
+        read_model_weights(ckpt, model)
+
+    def load_optimizer_state(
+        self, model: nn.Module, optimizer: Optimizer, optimizer_state: Any
+    ) -> None:
+        """Load a single-folder checkpoint's optimizer state (on every rank).
+
+        Args:
+            model: the model :meth:`wrap` prepared.
+            optimizer: its optimizer (loaded in place).
+            optimizer_state: the checkpoint's ``optimizer.state_dict()``, as one process has it.
+        """
+        optimizer.load_state_dict(optimizer_state)
 
     def gradient_sync(
         self, forward_model: nn.Module, sync: bool

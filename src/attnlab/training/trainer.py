@@ -105,7 +105,6 @@ from attnlab.training.checkpoint import (
     is_sharded,
     read_config,
     read_manifest,
-    read_model_weights,
     read_training_state,
     save_checkpoint,
     save_sharded_checkpoint,
@@ -120,7 +119,6 @@ from attnlab.training.distributed import (
     barrier,
     is_initialized,
     map_batch,
-    shard_batch,
 )
 from attnlab.training.divergence import DivergenceError, all_finite
 from attnlab.training.losses import TokenLoss
@@ -345,15 +343,22 @@ class Trainer:
         if self.strategy.sharded:
             path: Path | None = self._write_sharded_checkpoint()
         else:
-            path = self._write_checkpoint() if self.dist.is_main else None
+            # whole tensors (gathered on every rank under tensor parallelism), written by rank 0
+            model, optimizer_state = self.strategy.whole_state(
+                self.model, self.optimizer, self.dist
+            )
+            path = None
+            if self.dist.is_main and model is not None:
+                path = self._write_checkpoint(model, optimizer_state)
         self._saved_step = self.step
         barrier()
         return path if self.dist.is_main else None
 
     def _weights_finite(self) -> bool:
-        """Whether every weight is finite, on every rank (sharded: each rank checks its shards)."""
+        """Whether every weight is finite, on every rank (each rank checks what it holds: its
+        shards under FSDP or tensor parallelism), the same verdict on every rank."""
         local = all_finite(_local(p) for p in self.model.parameters())
-        if not self.strategy.sharded or not is_initialized():
+        if not is_initialized():
             return local
         return not _any_rank(not local)
 
@@ -403,14 +408,14 @@ class Trainer:
         """
         self.forward_model = self.model
 
-    def _write_checkpoint(self) -> Path:
+    def _write_checkpoint(self, model: nn.Module, optimizer_state: Any) -> Path:
         """Rank 0's part of :meth:`save`: the checkpoint of the current step, written now."""
         path = save_checkpoint(
             self.run_dir,
             step=self.step,
-            model=self.model,
+            model=model,
             config=self.saved_config(),
-            training_state=self.state_dict(),
+            training_state={**self.state_dict(), "optimizer": optimizer_state},
             files=self.files,
             keep_last=self.config.keep_last,
         )
@@ -486,14 +491,14 @@ class Trainer:
                 f"got {self.config.steps}"
             )
         if not sharded:
-            read_model_weights(ckpt, self.model)
+            self.strategy.load_weights(ckpt, self.model)
         try:
             if sharded:
                 self.strategy.load_state(
                     ckpt / SHARDED, self.model, self.optimizer, state["optimizer"]
                 )
             else:
-                self.optimizer.load_state_dict(state["optimizer"])
+                self.strategy.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
             if self.scheduler is not None and state["scheduler"] is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
             if self.scaler is not None and state.get("scaler"):
@@ -603,9 +608,7 @@ class Trainer:
         c = 1.0
         for micro in range(cfg.grad_accum):
             batch = self.batches.next_batch()
-            local = _to_device(
-                shard_batch(batch, self.dist.rank, self.dist.world_size), self.dist.device
-            )
+            local = _to_device(self.strategy.local_batch(batch, self.dist), self.dist.device)
             sync = micro == cfg.grad_accum - 1  # reduce the gradients over the ranks only then
             with self.strategy.gradient_sync(self.forward_model, sync):
                 with self._autocast():
@@ -636,11 +639,11 @@ class Trainer:
             [float(loss_sum), weight, tokens, float(self._graceful_stop.requested)],
             dtype=torch.float64,
         )
-        totals = all_reduce_sum(totals)
+        totals = self.strategy.reduce_totals(totals, self.dist)
         g_loss, g_weight, g_tokens, g_stop = totals.tolist()
-        # DDP averages gradients over ranks, so grad = (1/W) Σ count/c·∇mean; rescale to the
-        # token-weighted mean over the global batch: ∇ = W·c / Σcount · grad
-        scale = self.dist.world_size * c / max(g_weight, 1e-12)
+        # DDP averages gradients over the W ranks, so grad = (1/W) Σ count/c·∇mean; rescale to
+        # the token-weighted mean over the global batch: ∇ = W·c / Σcount · grad
+        scale = self.strategy.gradient_replicas(self.dist) * c / max(g_weight, 1e-12)
         g_mean = g_loss / max(g_weight, 1e-12)
         if not math.isfinite(g_mean):  # diverged: no step (the same verdict on every rank)
             self.optimizer.zero_grad(set_to_none=True)
