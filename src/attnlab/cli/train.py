@@ -266,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             f"{out} already holds a checkpoint; pass --resume to continue it or choose another --out"
         )
     check_run_dir(out, force=args.force)  # a user's folder is refused before any set-up
+    strategy = strategy_of(args)  # options that do not fit together: before any set-up
     dist = init_distributed(args.device)
     console = Console(stderr=True)
     lock = None
@@ -293,7 +294,6 @@ def run(args: argparse.Namespace) -> int:
         )
         progress = RichProgress(console, description=args.task)
         callbacks: list[TrainerCallback] = [progress]
-        strategy = strategy_of(args)
         if args.probe is not None:
             if not strategy.runs_alone and dist.distributed:
                 raise CLIError(
