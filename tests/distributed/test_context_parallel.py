@@ -153,7 +153,7 @@ def test_what_context_parallelism_refuses() -> None:
     dropped = GPT(
         GPTConfig(vocab_size=VOCAB, n_positions=8, n_embd=8, n_layer=1, n_head=2, dropout=0.1)
     )
-    with pytest.raises(ValueError, match="no attention dropout, but the model's dropout is 0.1"):
+    with pytest.raises(ValueError, match=r"no attention dropout, but the model's dropout is 0\.1"):
         context_parallelize(dropped, None)
     assert not any(isinstance(m, ContextParallelAttention) for m in dropped.modules())
     with pytest.raises(ValueError, match="layout must be one of"):

@@ -360,11 +360,23 @@ def _bad_inputs(rank: int, world: int) -> dict[str, str | None]:
 def ring_worker(
     rank: int, world: int, cases: list[Case]
 ) -> tuple[dict[str, str | None], list[str]]:
-    """What a launched rank runs: the bad inputs first, then every case of the grid."""
+    """What a launched rank runs: the bad inputs first, then every case of the grid, with the
+    chunks travelling whole (one slice: the grid's chunks are shorter than a slice) and in slices
+    of 4 tokens (uneven last slices, causal squares cut into blocks)."""
+    from attnlab.distributed import ring
+
     seen = _bad_inputs(rank, world)
     problems: list[str] = []
-    for i, case in enumerate(cases):
-        problems += _check_case(i, case, rank, world)
+    default = ring._SLICE
+    try:
+        for slice_tokens in (default, 4):
+            ring._SLICE = slice_tokens
+            for i, case in enumerate(cases):
+                problems += [
+                    f"{p} (slices of {slice_tokens})" for p in _check_case(i, case, rank, world)
+                ]
+    finally:
+        ring._SLICE = default
     return seen, problems
 
 

@@ -12,6 +12,11 @@
   device mesh; ``tensor_parallel.parallelize(model, mesh)`` applies the plan, and
   ``tensor_parallel.full_state_dict``/``load_full_state_dict`` move whole tensors in and out
   (``tensor_parallel``)
+- :func:`context_parallelize`, :class:`ContextParallelModel` — a GPT context parallel: its
+  attention layers as ring attention over a group, its tokens fed at their global positions
+  (``context_parallel``)
+- :class:`MeshStrategy` — data × context × tensor parallelism on one ``(dp, cp, tp)`` device mesh
+  for the trainer: ``attnlab train ... --context-parallel C --tensor-parallel N`` (``mesh``)
 - :class:`FSDPStrategy`, :func:`shard_model`, :func:`transformer_blocks` — fully sharded data
   parallelism (FSDP2) for the trainer: ``attnlab train ... --parallel fsdp`` (``fsdp``)
 - :func:`consolidate` — a sharded checkpoint into attnlab's single folder
@@ -19,7 +24,9 @@
 """
 
 from attnlab.distributed.checkpoint import consolidate
+from attnlab.distributed.context_parallel import ContextParallelModel, context_parallelize
 from attnlab.distributed.fsdp import FSDPStrategy, shard_model, transformer_blocks
+from attnlab.distributed.mesh import MeshStrategy
 from attnlab.distributed.ring import ring_attention, unshard_sequence
 from attnlab.distributed.ring_schedule import (
     RingPiece,
@@ -36,11 +43,14 @@ from attnlab.distributed.tensor_parallel import (
 )
 
 __all__ = [
+    "ContextParallelModel",
     "FSDPStrategy",
     "HeadParallel",
+    "MeshStrategy",
     "ReplicateParallel",
     "RingPiece",
     "consolidate",
+    "context_parallelize",
     "qkv_row_order",
     "ring_attention",
     "ring_pieces",

@@ -32,7 +32,7 @@ reads none of them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -207,9 +207,10 @@ def context_parallelize(model: nn.Module, group: Any, *, layout: str = "zigzag")
         if isinstance(module, GPTSelfAttention) and not isinstance(
             module, ContextParallelAttention
         ):
-            module.__class__ = _context_parallel_class(type(module))
-            module.cp_group = group
-            module.cp_layout = layout
+            layer: nn.Module = module
+            layer.__class__ = _context_parallel_class(type(module))
+            cast(ContextParallelAttention, layer).cp_group = group
+            cast(ContextParallelAttention, layer).cp_layout = layout
     return gpt
 
 

@@ -65,7 +65,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab._checks import check_choice, check_floating, check_tensor, shape_str
-from attnlab.distributed.ring_schedule import LAYOUTS, check_divisible, ring_pieces
+from attnlab.distributed.ring_schedule import LAYOUTS, check_divisible, ring_pieces, split_piece
 from attnlab.nn.backends.blockwise import KEY_BLOCK, QUERY_BLOCK, _Blockwise
 from attnlab.nn.backends.common import compute_dtype, merge_partials, repeat_kv
 from attnlab.nn.backends.fused_tiles import _backward_op, _forward_op, fused_available
@@ -89,6 +89,9 @@ _DTYPES = (
     torch.bool,
 )
 _MAX_DIMS = 8
+#: tokens per slice: with more than one rank the key/value chunks and the dK/dV sums travel in
+#: slices of this many keys, and a kernel call takes at most this many query rows
+_SLICE = 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,18 +113,16 @@ class _Ring:
         """Send ``tensors`` to rank ``r + 1`` and receive their likes from ``r − 1``,
         asynchronously (one tag per tensor). Each travels in the wire layout: ``(B, H, T, D)``
         kept as ``(B, T, H, D)`` in memory (:func:`_wire`), whatever its sender's strides."""
-        ops, received = [], []
+        ops, sent, received = [], [], []
         for i, t in enumerate(tensors):
             b, h, n, d = t.shape
             into = torch.empty((b, n, h, d), dtype=t.dtype, device=t.device)
-            ops.append(
-                dist.P2POp(
-                    dist.isend, _wire(t).transpose(1, 2), self.next_peer, self.group, tag + i
-                )
-            )
+            out = _wire(t).transpose(1, 2)
+            ops.append(dist.P2POp(dist.isend, out, self.next_peer, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, into, self.prev_peer, self.group, tag + i))
+            sent.append(out)
             received.append(into.transpose(1, 2))
-        return _Transfer(dist.batch_isend_irecv(ops), tuple(received))
+        return _Transfer(dist.batch_isend_irecv(ops), tuple(sent), tuple(received))
 
     def collective_device(self) -> torch.device:
         """Where the group's backend takes tensors for collectives (CUDA for NCCL, else CPU)."""
@@ -131,28 +132,31 @@ class _Ring:
 
 
 class _Transfer:
-    """Sends to the next rank and receives from the previous one, in flight."""
+    """Sends to the next rank and receives from the previous one, in flight. It holds what it
+    sends until the sends are waited for, and the receive buffers until :meth:`wait`."""
 
-    def __init__(self, works: list[Any], received: tuple[torch.Tensor, ...]) -> None:
+    def __init__(
+        self, works: list[Any], sent: tuple[torch.Tensor, ...], received: tuple[torch.Tensor, ...]
+    ) -> None:
         # batch_isend_irecv answers one work per operation (send, receive, send, …), or one
         # for the whole batch (NCCL's coalesced operations)
         paired = len(works) == 2 * len(received)
         self.sends = works[0::2] if paired else list(works)
         self.receives = works[1::2] if paired else list(works)
+        self.sent: tuple[torch.Tensor, ...] = sent
         self.received = received
 
-    def wait_sent(self) -> None:
-        """Wait until what was sent has left, and let go of it (its buffers can be freed)."""
+    def wait(self) -> tuple[torch.Tensor, ...]:
+        """Wait for everything and let go of what was sent; the received tensors (the transfer
+        lets go of them too)."""
         for work in self.sends:
             work.wait()
-        self.sends = []
-
-    def wait(self) -> tuple[torch.Tensor, ...]:
-        """Wait for everything; the received tensors."""
-        self.wait_sent()
+        self.sends, self.sent = [], ()
         for work in self.receives:
             work.wait()
-        return self.received
+        self.receives = []
+        received, self.received = self.received, ()
+        return received
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
@@ -349,23 +353,10 @@ class _Pieces:
 def _operands(
     kv: tuple[torch.Tensor, ...], acc: torch.dtype, groups: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A visiting chunk's keys and values for the local work: in the accumulation dtype, the
-    ``H_kv`` heads repeated to ``H`` (views, no copy, for fp32/fp64 without groups)."""
+    """Keys and values for the local work: in the accumulation dtype, the ``H_kv`` heads repeated
+    to ``H`` (views, no copy, for fp32/fp64 without groups; with a ring only a slice's worth)."""
     k, v = kv
     return repeat_kv(k.to(acc), groups), repeat_kv(v.to(acc), groups)
-
-
-def _accumulate(
-    total: torch.Tensor | None, part: torch.Tensor, index: slice, shape: torch.Size
-) -> torch.Tensor:
-    """``total[:, :, index] += part``, where ``total = None`` is zero: the first part that covers
-    every row becomes the total itself (no zeros, no copy)."""
-    if total is None:
-        if index.stop - index.start == shape[2]:
-            return part
-        total = torch.zeros(shape, dtype=part.dtype, device=part.device)
-    total[:, :, index] += part
-    return total
 
 
 def _sum_groups(grad: torch.Tensor, groups: int) -> torch.Tensor:
@@ -374,6 +365,66 @@ def _sum_groups(grad: torch.Tensor, groups: int) -> torch.Tensor:
         return grad
     b, h, t, d = grad.shape
     return grad.reshape(b, h // groups, groups, t, d).sum(dim=2)
+
+
+def _wire_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros of shape ``(B, H, T, D)`` in the wire layout (``(B, T, H, D)`` in memory)."""
+    b, h, n, d = shape
+    return torch.zeros((b, n, h, d), dtype=dtype, device=device).transpose(1, 2)
+
+
+def _slices(t_local: int) -> list[tuple[int, int]]:
+    """The key slices a chunk travels in: ``_SLICE`` tokens each, the last one shorter."""
+    return [(a, min(a + _SLICE, t_local)) for a in range(0, t_local, _SLICE)]
+
+
+class _KeyValues:
+    """The key/value slices this rank works with, tick by tick: the tick ``(i, j)`` is slice ``j``
+    of the chunk of step ``i``.
+
+    A slice is sent on *just in time*: during tick ``t`` the rank sends rank ``r + 1`` the slice
+    it needs at tick ``t + 1`` (one this rank worked on one step earlier) and receives the one it
+    needs itself, so that the transfer hides behind the tick's work. A slice waits for its
+    departure at the rank that worked on it, where the own chunk costs nothing (it is the input);
+    a slice of the last step is not passed on and is let go of once worked on.
+    """
+
+    def __init__(
+        self, ring: _Ring, k: torch.Tensor, v: torch.Tensor, slices: list[tuple[int, int]]
+    ) -> None:
+        self.ring, self.n = ring, len(slices)
+        # step -> its slices, kept until sent on (None: sent)
+        own: list[tuple[torch.Tensor, ...] | None] = [
+            (k[:, :, a:b], v[:, :, a:b]) for a, b in slices
+        ]
+        self.kept: dict[int, list[tuple[torch.Tensor, ...] | None]] = {0: own}
+        self.transfer: _Transfer | None = None
+
+    def take(self, step: int, j: int) -> tuple[torch.Tensor, ...]:
+        """Slice ``j`` of step ``step``'s chunk (the ticks are taken in order); posts the next
+        tick's transfer."""
+        if step == 0:
+            here = self.kept[0][j]
+        else:  # it was received during the last tick
+            if self.transfer is None:
+                raise RuntimeError("ring attention: a key/value slice was taken out of order")
+            here = self.transfer.wait()
+            self.transfer = None
+            if step < self.ring.world_size - 1:  # passed on during the next step
+                self.kept.setdefault(step, [None] * self.n)[j] = here
+        if here is None:
+            raise RuntimeError("ring attention: a key/value slice was taken after it left")
+        step_next, j_next = (step, j + 1) if j + 1 < self.n else (step + 1, 0)
+        if 1 <= step_next < self.ring.world_size:
+            chunk = self.kept[step_next - 1]
+            out = chunk[j_next]
+            if out is None:
+                raise RuntimeError("ring attention: a key/value slice was sent on twice")
+            chunk[j_next] = None  # the transfer holds it until it has left
+            if all(x is None for x in chunk):
+                del self.kept[step_next - 1]
+            self.transfer = self.ring.shift(out, _KV_TAG)
+        return here
 
 
 class _RingAttention(torch.autograd.Function):
@@ -393,39 +444,37 @@ class _RingAttention(torch.autograd.Function):
         pieces = _Pieces(fused_available(q, v, 0.0, None), scale)
         t_local = q.shape[2]
         q_a = q.to(acc)
-        out: torch.Tensor | None = None  # nothing merged yet (O = 0, L = −∞)
-        lse = torch.empty(0)
-        # the visiting chunk, as it travels (the inputs' dtype and H_kv heads)
-        kv: tuple[torch.Tensor, ...] = (_wire(k), _wire(v)) if ring.world_size > 1 else (k, v)
-        for step in range(ring.world_size):
-            source = (ring.rank - step) % ring.world_size
-            # the next chunk travels while this one is worked on
-            incoming = ring.shift(kv, _KV_TAG) if step < ring.world_size - 1 else None
-            todo = ring_pieces(
-                ring.rank, source, ring.world_size, t_local, layout=layout, is_causal=is_causal
-            )
-            if todo:
-                k_s, v_s = _operands(kv, acc, groups)
-                for p in todo:
-                    rows, keys = slice(p.q0, p.q1), slice(p.k0, p.k1)
-                    o_p, l_p = pieces.forward(
-                        q_a[:, :, rows], k_s[:, :, keys], v_s[:, :, keys], p.causal
-                    )
-                    if out is None and p.q1 - p.q0 == t_local:  # the first piece: nothing to merge
-                        out, lse = o_p, l_p
+        if ring.world_size == 1:  # plain attention: the one piece, no ring
+            (p,) = ring_pieces(0, 0, 1, t_local, layout=layout, is_causal=is_causal)
+            out, lse = pieces.forward(q_a, *_operands((k, v), acc, groups), p.causal)
+        else:
+            # O = 0, L = −∞: merging a piece into them gives the piece itself
+            out = _wire_zeros((*q.shape[:-1], v.shape[-1]), acc, q.device)
+            lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
+            slices = _slices(t_local)
+            kv = _KeyValues(ring, _wire(k), _wire(v), slices)
+            for step in range(ring.world_size):
+                source = (ring.rank - step) % ring.world_size
+                todo = ring_pieces(
+                    ring.rank, source, ring.world_size, t_local, layout=layout, is_causal=is_causal
+                )
+                for j, (a, b) in enumerate(slices):
+                    here = kv.take(step, j)
+                    calls = [c for p in todo for c in split_piece(p, a, b, _SLICE)]
+                    if not calls:
                         continue
-                    if out is None:
-                        out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)
-                        lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
-                    # L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
-                    out[:, :, rows], lse[:, :, rows] = merge_partials(
-                        out[:, :, rows], lse[:, :, rows], o_p, l_p
-                    )
-            if incoming is not None:
-                kv = incoming.wait()
-                incoming = None  # lets go of the chunk sent on
-        if out is None:  # step 0 (the own chunk) always has a piece over every row
-            raise RuntimeError("ring attention: the own chunk produced no output")
+                    k_j, v_j = _operands(here, acc, groups)
+                    for c in calls:
+                        rows, keys = slice(c.q0, c.q1), slice(c.k0 - a, c.k1 - a)
+                        o_p, l_p = pieces.forward(
+                            q_a[:, :, rows], k_j[:, :, keys], v_j[:, :, keys], c.causal
+                        )
+                        # L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
+                        out[:, :, rows], lse[:, :, rows] = merge_partials(
+                            out[:, :, rows], lse[:, :, rows], o_p, l_p
+                        )
+                        del o_p, l_p
+                    del here, k_j, v_j
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.params = (ring, is_causal, layout, pieces)
         return out.to(q.dtype)
@@ -439,58 +488,91 @@ class _RingAttention(torch.autograd.Function):
         groups = q.shape[1] // k.shape[1]
         t_local = q.shape[2]
         q_a, d_o = q.to(acc), d_out.to(acc)
-        dq: torch.Tensor | None = None
-        kv: tuple[torch.Tensor, ...] = (_wire(k), _wire(v)) if ring.world_size > 1 else (k, v)
-        # the (dK, dV) accumulator of the chunk this rank holds, and the one on its way on
-        grads: tuple[torch.Tensor, ...] | None = None
-        travelling: _Transfer | None = None
-        incoming: _Transfer | None
+        if ring.world_size == 1:  # plain attention: the one piece, no ring
+            (p,) = ring_pieces(0, 0, 1, t_local, layout=layout, is_causal=is_causal)
+            k_a, v_a = _operands((k, v), acc, groups)
+            dq, g_k, g_v = pieces.backward(d_o, q_a, k_a, v_a, out, lse.contiguous(), p.causal)
+            del k_a, v_a
+            dk, dv = _sum_groups(g_k, groups), _sum_groups(g_v, groups)
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        dq = torch.zeros_like(q_a)  # q's strides: autograd hands it on without a copy
+        # the own chunk's dK, dV: this rank's share now, the others' when they come home
+        dk, dv = _wire_zeros(k.shape, acc, k.device), _wire_zeros(v.shape, acc, v.device)
+        slices = _slices(t_local)
+        kv = _KeyValues(ring, _wire(k), _wire(v), slices)
+        # partial (dK, dV) slices of the chunk of the next step, received from rank r − 1
+        waiting: dict[int, tuple[torch.Tensor, ...]] = {}
+        # the last tick's exchange of partial sums: (its step, its slice, the transfer)
+        pending: tuple[int, int, _Transfer] | None = None
         for step in range(ring.world_size):
             source = (ring.rank - step) % ring.world_size
-            incoming = ring.shift(kv, _KV_TAG) if step < ring.world_size - 1 else None
             todo = ring_pieces(
                 ring.rank, source, ring.world_size, t_local, layout=layout, is_causal=is_causal
             )
-            if travelling is not None:  # the accumulator sent last step has left: free it
-                travelling.wait_sent()
-            share: tuple[torch.Tensor, ...] | None = None
-            if todo:
-                k_s, v_s = _operands(kv, acc, groups)
-                d_k = d_v = None
-                for p in todo:
-                    rows, keys = slice(p.q0, p.q1), slice(p.k0, p.k1)
-                    g_q, g_k, g_v = pieces.backward(
-                        d_o[:, :, rows], q_a[:, :, rows], k_s[:, :, keys], v_s[:, :, keys],
-                        out[:, :, rows], lse[:, :, rows].contiguous(), p.causal,
-                    )  # fmt: skip
-                    dq = _accumulate(dq, g_q, rows, q_a.shape)
-                    d_k = _accumulate(d_k, _sum_groups(g_k, groups), keys, k.shape)
-                    d_v = _accumulate(d_v, _sum_groups(g_v, groups), keys, v.shape)
-                    del g_q, g_k, g_v
-                if d_k is None or d_v is None:  # todo is not empty
-                    raise RuntimeError("ring attention: a step with pieces produced no dK/dV")
-                share = (_wire(d_k), _wire(d_v)) if ring.world_size > 1 else (d_k, d_v)
-                del k_s, v_s, d_k, d_v
-            # chunk s's accumulator arrives from rank r − 1 (which worked on s one step earlier)
-            grads = travelling.wait() if travelling is not None else None
-            if grads is None:
-                grads = share or tuple(torch.zeros_like(t, dtype=acc) for t in kv)
-            elif share is not None:
-                grads[0].add_(share[0])
-                grads[1].add_(share[1])
-            share = None
-            if ring.world_size > 1:  # to rank r + 1; after the last step: home
-                travelling = ring.shift(grads, _GRAD_TAG)
-                grads = None
-            if incoming is not None:
-                kv = incoming.wait()
-                incoming = None
-        if travelling is not None:
-            grads = travelling.wait()
-        if grads is None or dq is None:  # step 0 always works on every row
-            raise RuntimeError("ring attention: the backward produced no gradient")
-        dk, dv = grads
+            for j, (a, b) in enumerate(slices):
+                here = kv.take(step, j)
+                # the sums of slice j: the own ones at home; else the partial sums of the ranks
+                # that worked on the chunk before (none before the first visitor)
+                total: tuple[torch.Tensor, ...]
+                if step == 0:
+                    total = (dk[:, :, a:b], dv[:, :, a:b])
+                elif step == 1:
+                    total = tuple(_wire_zeros(t.shape, acc, t.device) for t in here)
+                else:
+                    if j not in waiting and pending is not None:  # one slice: still in flight
+                        _file(pending, waiting, dk, dv, slices, ring.world_size)
+                        pending = None
+                    if j not in waiting:
+                        raise RuntimeError("ring attention: a partial dK/dV slice did not arrive")
+                    total = waiting.pop(j)
+                calls = [c for p in todo for c in split_piece(p, a, b, _SLICE)]
+                if calls:
+                    k_j, v_j = _operands(here, acc, groups)
+                    for c in calls:
+                        rows, keys = slice(c.q0, c.q1), slice(c.k0 - a, c.k1 - a)
+                        g_q, g_k, g_v = pieces.backward(
+                            d_o[:, :, rows], q_a[:, :, rows], k_j[:, :, keys], v_j[:, :, keys],
+                            out[:, :, rows], lse[:, :, rows].contiguous(), c.causal,
+                        )  # fmt: skip
+                        dq[:, :, rows] += g_q
+                        total[0][:, :, keys] += _sum_groups(g_k, groups)
+                        total[1][:, :, keys] += _sum_groups(g_v, groups)
+                        del g_q, g_k, g_v
+                    del k_j, v_j
+                del here
+                if step == 0:
+                    continue
+                # the last exchange has had this tick's work to finish in
+                if pending is not None:
+                    _file(pending, waiting, dk, dv, slices, ring.world_size)
+                # to rank r + 1, which works on this chunk next step; after the last step: home
+                pending = (step, j, ring.shift(total, _GRAD_TAG))
+                del total
+        if pending is not None:
+            _file(pending, waiting, dk, dv, slices, ring.world_size)
+        if waiting:
+            raise RuntimeError("ring attention: a partial dK/dV slice was left over")
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def _file(
+    pending: tuple[int, int, _Transfer],
+    waiting: dict[int, tuple[torch.Tensor, ...]],
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    slices: list[tuple[int, int]],
+    world_size: int,
+) -> None:
+    """Wait for an exchange of partial ``dK, dV`` sums and put what came where it belongs: after
+    the last step the sums of the own chunk's slice (added at home), else kept for the next step."""
+    step, j, transfer = pending
+    got = transfer.wait()
+    if step == world_size - 1:
+        a, b = slices[j]
+        dk[:, :, a:b] += got[0]
+        dv[:, :, a:b] += got[1]
+    else:
+        waiting[j] = got
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ early key half; ``s > r``, the late query half against every key; ``s = r``, the
 with the kernel's causal rule (the local order is increasing in position, so the two causal
 diagonals and the full ``(b, a)`` block together are exactly the causal square). Every step is
 ``2c²`` query-key pairs of work (``2c² + c`` at ``s = r``), on every rank.
+
+With more than one rank the chunks travel in *slices* of keys, and each kernel call takes a block
+of query rows: :func:`split_piece` cuts a step's piece into the calls that fall in one key slice
+(a causal square into its diagonal squares and the full blocks below them).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ __all__ = [
     "ring_pieces",
     "sequence_positions",
     "shard_sequence",
+    "split_piece",
     "zigzag_visibility",
 ]
 
@@ -160,6 +165,49 @@ def ring_pieces(
     if source < rank:  # both query halves see the early key half; nobody its late half
         return (RingPiece(0, t_local, 0, half, False),)
     return (RingPiece(half, t_local, 0, t_local, False),)  # the late query half sees everything
+
+
+def split_piece(piece: RingPiece, k0: int, k1: int, block: int) -> tuple[RingPiece, ...]:
+    """The part of ``piece`` whose keys lie in ``k0:k1``, as kernel calls of at most ``block``
+    query rows each.
+
+    A non-causal piece gives the row blocks against the keys it shares with ``k0:k1``. A causal
+    square gives, per row block of its diagonal inside the slice, a full call against the slice's
+    keys left of the block's diagonal and a causal square on it; the rows below the slice's
+    diagonal see all of its keys (full calls); the rows above see none of them (no call).
+
+    Args:
+        piece: a piece of :func:`ring_pieces`.
+        k0: first key of the slice.
+        k1: one past its last key.
+        block: the most query rows of one call.
+
+    Returns:
+        The calls, in increasing row order; together they cover exactly the (query, key) pairs
+        of ``piece`` with a key in ``k0:k1``. ``()`` when there are none.
+
+    Examples:
+        >>> split_piece(RingPiece(0, 4, 0, 4, True), 2, 4, 2)
+        (RingPiece(q0=2, q1=4, k0=2, k1=4, causal=True),)
+    """
+    block = check_positive_int("block", block)
+    x, y = max(piece.k0, k0), min(piece.k1, k1)
+    if x >= y or piece.q0 >= piece.q1:
+        return ()
+    calls = []
+    if not piece.causal:
+        for u in range(piece.q0, piece.q1, block):
+            calls.append(RingPiece(u, min(u + block, piece.q1), x, y, False))
+        return tuple(calls)
+    shift = piece.q0 - piece.k0  # the query row whose diagonal is key k: k + shift
+    for u in range(x + shift, y + shift, block):
+        w = min(u + block, y + shift)
+        if u - shift > x:  # keys of the slice left of this block's diagonal: all seen
+            calls.append(RingPiece(u, w, x, u - shift, False))
+        calls.append(RingPiece(u, w, u - shift, w - shift, True))
+    for u in range(y + shift, piece.q1, block):
+        calls.append(RingPiece(u, min(u + block, piece.q1), x, y, False))
+    return tuple(calls)
 
 
 def _check_dim(x: torch.Tensor, dim: object) -> int:
