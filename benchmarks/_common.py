@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,13 @@ def available_bytes() -> int:
     except OSError:
         pass
     return 1 << 62
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def fmt_ms(t: float | None) -> str:

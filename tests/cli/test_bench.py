@@ -85,3 +85,13 @@ def test_runs_the_long_quality_benchmark_quickly(capfd: pytest.CaptureFixture[st
     ]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["chance"] == 1 / 16 for r in rows)
     assert "selective copy, T = 64" in out
+
+
+@pytest.mark.distributed
+def test_runs_the_context_parallel_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
+    options = "--length 256 --worlds 1 2"
+    assert main(["bench", "context_parallel", "--quick", "--args", options]) == 0
+    out = capfd.readouterr().out
+    rows = [line.split("│")[1:-1] for line in out.splitlines() if line.startswith("│")]
+    assert [r[0].strip() for r in rows] == ["1", "2"] and rows[0][3].strip() == "1.00", out
+    assert float(rows[1][3]) > 0 and "x" in rows[1][5], out  # measured, not an error text

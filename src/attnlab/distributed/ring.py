@@ -65,7 +65,13 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab._checks import check_choice, check_floating, check_tensor, shape_str
-from attnlab.distributed.ring_schedule import LAYOUTS, check_divisible, ring_pieces, split_piece
+from attnlab.distributed.ring_schedule import (
+    LAYOUTS,
+    RingPiece,
+    check_divisible,
+    ring_pieces,
+    split_piece,
+)
 from attnlab.nn.backends.blockwise import KEY_BLOCK, QUERY_BLOCK, _Blockwise
 from attnlab.nn.backends.common import compute_dtype, merge_partials, repeat_kv
 from attnlab.nn.backends.fused_tiles import _backward_op, _forward_op, fused_available
@@ -373,14 +379,32 @@ def _wire_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.zeros((b, n, h, d), dtype=dtype, device=device).transpose(1, 2)
 
 
-def _slices(t_local: int) -> list[tuple[int, int]]:
-    """The key slices a chunk travels in: ``_SLICE`` tokens each, the last one shorter."""
-    return [(a, min(a + _SLICE, t_local)) for a in range(0, t_local, _SLICE)]
+#: a slice: the key ranges ``(k0, k1)`` of a chunk that travel together
+_Slice = tuple[tuple[int, int], ...]
+
+
+def _slices(t_local: int, layout: str) -> list[_Slice]:
+    """The slices a chunk travels in, about ``_SLICE`` keys each (the last one may be shorter).
+    A zigzag slice pairs a range of the early half with the same range of the late half, so that
+    every rank has the same work in every tick (a rank that sees only the early half of the keys
+    sees them with all its queries, one that sees all keys with its late half of the queries)."""
+    if layout != "zigzag":
+        return [((a, min(a + _SLICE, t_local)),) for a in range(0, t_local, _SLICE)]
+    half, step = t_local // 2, max(_SLICE // 2, 1)
+    return [
+        ((a, min(a + step, half)), (half + a, half + min(a + step, half)))
+        for a in range(0, half, step)
+    ]
+
+
+def _cut(t: tuple[torch.Tensor, ...], where: _Slice) -> tuple[torch.Tensor, ...]:
+    """The slice ``where`` of each tensor ``(B, H, T, D)``: ``(t₀ range₀, t₀ range₁, …, t₁ …)``."""
+    return tuple(x[:, :, a:b] for x in t for a, b in where)
 
 
 class _KeyValues:
     """The key/value slices this rank works with, tick by tick: the tick ``(i, j)`` is slice ``j``
-    of the chunk of step ``i``.
+    of the chunk of step ``i``, as ``(K range₀, …, V range₀, …)``.
 
     A slice is sent on *just in time*: during tick ``t`` the rank sends rank ``r + 1`` the slice
     it needs at tick ``t + 1`` (one this rank worked on one step earlier) and receives the one it
@@ -389,14 +413,10 @@ class _KeyValues:
     a slice of the last step is not passed on and is let go of once worked on.
     """
 
-    def __init__(
-        self, ring: _Ring, k: torch.Tensor, v: torch.Tensor, slices: list[tuple[int, int]]
-    ) -> None:
+    def __init__(self, ring: _Ring, k: torch.Tensor, v: torch.Tensor, slices: list[_Slice]) -> None:
         self.ring, self.n = ring, len(slices)
         # step -> its slices, kept until sent on (None: sent)
-        own: list[tuple[torch.Tensor, ...] | None] = [
-            (k[:, :, a:b], v[:, :, a:b]) for a, b in slices
-        ]
+        own: list[tuple[torch.Tensor, ...] | None] = [_cut((k, v), s) for s in slices]
         self.kept: dict[int, list[tuple[torch.Tensor, ...] | None]] = {0: own}
         self.transfer: _Transfer | None = None
 
@@ -417,14 +437,21 @@ class _KeyValues:
         step_next, j_next = (step, j + 1) if j + 1 < self.n else (step + 1, 0)
         if 1 <= step_next < self.ring.world_size:
             chunk = self.kept[step_next - 1]
-            out = chunk[j_next]
-            if out is None:
+            leaving = chunk[j_next]
+            if leaving is None:
                 raise RuntimeError("ring attention: a key/value slice was sent on twice")
             chunk[j_next] = None  # the transfer holds it until it has left
             if all(x is None for x in chunk):
                 del self.kept[step_next - 1]
-            self.transfer = self.ring.shift(out, _KV_TAG)
+            self.transfer = self.ring.shift(leaving, _KV_TAG)
         return here
+
+
+def _calls(todo: tuple[RingPiece, ...], where: _Slice) -> list[tuple[int, RingPiece]]:
+    """The kernel calls of a step's pieces with keys in the slice: ``(range index, call)``."""
+    return [
+        (m, c) for m, (a, b) in enumerate(where) for p in todo for c in split_piece(p, a, b, _SLICE)
+    ]
 
 
 class _RingAttention(torch.autograd.Function):
@@ -451,30 +478,30 @@ class _RingAttention(torch.autograd.Function):
             # O = 0, L = −∞: merging a piece into them gives the piece itself
             out = _wire_zeros((*q.shape[:-1], v.shape[-1]), acc, q.device)
             lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
-            slices = _slices(t_local)
+            slices = _slices(t_local, layout)
             kv = _KeyValues(ring, _wire(k), _wire(v), slices)
             for step in range(ring.world_size):
                 source = (ring.rank - step) % ring.world_size
                 todo = ring_pieces(
                     ring.rank, source, ring.world_size, t_local, layout=layout, is_causal=is_causal
                 )
-                for j, (a, b) in enumerate(slices):
-                    here = kv.take(step, j)
-                    calls = [c for p in todo for c in split_piece(p, a, b, _SLICE)]
-                    if not calls:
-                        continue
-                    k_j, v_j = _operands(here, acc, groups)
-                    for c in calls:
-                        rows, keys = slice(c.q0, c.q1), slice(c.k0 - a, c.k1 - a)
+                for j, where in enumerate(slices):
+                    here, n = kv.take(step, j), len(where)
+                    for m, c in _calls(todo, where):
+                        k_m, v_m = _operands((here[m], here[n + m]), acc, groups)
+                        rows, keys = (
+                            slice(c.q0, c.q1),
+                            slice(c.k0 - where[m][0], c.k1 - where[m][0]),
+                        )
                         o_p, l_p = pieces.forward(
-                            q_a[:, :, rows], k_j[:, :, keys], v_j[:, :, keys], c.causal
+                            q_a[:, :, rows], k_m[:, :, keys], v_m[:, :, keys], c.causal
                         )
                         # L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
                         out[:, :, rows], lse[:, :, rows] = merge_partials(
                             out[:, :, rows], lse[:, :, rows], o_p, l_p
                         )
-                        del o_p, l_p
-                    del here, k_j, v_j
+                        del o_p, l_p, k_m, v_m
+                    del here
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.params = (ring, is_causal, layout, pieces)
         return out.to(q.dtype)
@@ -498,9 +525,9 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q_a)  # q's strides: autograd hands it on without a copy
         # the own chunk's dK, dV: this rank's share now, the others' when they come home
         dk, dv = _wire_zeros(k.shape, acc, k.device), _wire_zeros(v.shape, acc, v.device)
-        slices = _slices(t_local)
+        slices = _slices(t_local, layout)
         kv = _KeyValues(ring, _wire(k), _wire(v), slices)
-        # partial (dK, dV) slices of the chunk of the next step, received from rank r − 1
+        # partial (dK, dV) sums of the next step's chunk, by slice, received from rank r − 1
         waiting: dict[int, tuple[torch.Tensor, ...]] = {}
         # the last tick's exchange of partial sums: (its step, its slice, the transfer)
         pending: tuple[int, int, _Transfer] | None = None
@@ -509,13 +536,13 @@ class _RingAttention(torch.autograd.Function):
             todo = ring_pieces(
                 ring.rank, source, ring.world_size, t_local, layout=layout, is_causal=is_causal
             )
-            for j, (a, b) in enumerate(slices):
-                here = kv.take(step, j)
-                # the sums of slice j: the own ones at home; else the partial sums of the ranks
-                # that worked on the chunk before (none before the first visitor)
+            for j, where in enumerate(slices):
+                here, n = kv.take(step, j), len(where)
+                # the sums of slice j, (dK range₀, …, dV range₀, …): the own ones at home; else
+                # the partial sums of the ranks that worked on the chunk before (none at step 1)
                 total: tuple[torch.Tensor, ...]
                 if step == 0:
-                    total = (dk[:, :, a:b], dv[:, :, a:b])
+                    total = _cut((dk, dv), where)
                 elif step == 1:
                     total = tuple(_wire_zeros(t.shape, acc, t.device) for t in here)
                 else:
@@ -525,20 +552,17 @@ class _RingAttention(torch.autograd.Function):
                     if j not in waiting:
                         raise RuntimeError("ring attention: a partial dK/dV slice did not arrive")
                     total = waiting.pop(j)
-                calls = [c for p in todo for c in split_piece(p, a, b, _SLICE)]
-                if calls:
-                    k_j, v_j = _operands(here, acc, groups)
-                    for c in calls:
-                        rows, keys = slice(c.q0, c.q1), slice(c.k0 - a, c.k1 - a)
-                        g_q, g_k, g_v = pieces.backward(
-                            d_o[:, :, rows], q_a[:, :, rows], k_j[:, :, keys], v_j[:, :, keys],
-                            out[:, :, rows], lse[:, :, rows].contiguous(), c.causal,
-                        )  # fmt: skip
-                        dq[:, :, rows] += g_q
-                        total[0][:, :, keys] += _sum_groups(g_k, groups)
-                        total[1][:, :, keys] += _sum_groups(g_v, groups)
-                        del g_q, g_k, g_v
-                    del k_j, v_j
+                for m, c in _calls(todo, where):
+                    k_m, v_m = _operands((here[m], here[n + m]), acc, groups)
+                    rows, keys = slice(c.q0, c.q1), slice(c.k0 - where[m][0], c.k1 - where[m][0])
+                    g_q, g_k, g_v = pieces.backward(
+                        d_o[:, :, rows], q_a[:, :, rows], k_m[:, :, keys], v_m[:, :, keys],
+                        out[:, :, rows], lse[:, :, rows].contiguous(), c.causal,
+                    )  # fmt: skip
+                    dq[:, :, rows] += g_q
+                    total[m][:, :, keys] += _sum_groups(g_k, groups)
+                    total[n + m][:, :, keys] += _sum_groups(g_v, groups)
+                    del g_q, g_k, g_v, k_m, v_m
                 del here
                 if step == 0:
                     continue
@@ -560,7 +584,7 @@ def _file(
     waiting: dict[int, tuple[torch.Tensor, ...]],
     dk: torch.Tensor,
     dv: torch.Tensor,
-    slices: list[tuple[int, int]],
+    slices: list[_Slice],
     world_size: int,
 ) -> None:
     """Wait for an exchange of partial ``dK, dV`` sums and put what came where it belongs: after
@@ -568,9 +592,8 @@ def _file(
     step, j, transfer = pending
     got = transfer.wait()
     if step == world_size - 1:
-        a, b = slices[j]
-        dk[:, :, a:b] += got[0]
-        dv[:, :, a:b] += got[1]
+        for home, part in zip(_cut((dk, dv), slices[j]), got):
+            home += part
     else:
         waiting[j] = got
 
