@@ -68,8 +68,14 @@ rank 0 writes single-folder checkpoints; :class:`attnlab.distributed.fsdp.FSDPSt
 parameters, gradients and optimizer state (FSDP2), every rank writes its shards of each
 checkpoint (:func:`~attnlab.training.checkpoint.save_sharded_checkpoint`), such a checkpoint
 resumes on any number of processes, and evaluation runs on rank 0 with the weights gathered into
-a whole copy (:meth:`Trainer.gathered_model`). Either way the global batch, the token weighting,
-the global gradient norm and clipping, and the divergence checks are those of one process.
+a whole copy (:meth:`Trainer.gathered_model`); :class:`attnlab.distributed.mesh.MeshStrategy`
+spreads the batch's rows, its sequences (ring attention) and the layers' heads over a
+``(dp, cp, tp)`` device mesh and writes single-folder checkpoints gathered whole. The strategy
+decides which part of each global batch a rank computes
+(:meth:`~attnlab.training.distributed.ParallelStrategy.local_batch`), over which ranks the totals
+are summed and the gradients averaged. Whatever the strategy, the global batch, the token
+weighting, the global gradient norm and clipping, and the divergence checks are those of one
+process.
 
 Progress display is a callback (:class:`TrainerCallback`); the command line uses
 :class:`attnlab.training.progress.RichProgress`. The trainer's parts live beside it:
@@ -208,7 +214,8 @@ class Trainer:
             :meth:`resume` refuses when they changed.
         strategy: how the model is spread over the processes (default
             :class:`~attnlab.training.distributed.DDPStrategy`; see also
-            :class:`attnlab.distributed.fsdp.FSDPStrategy`). A checkpoint resumes only with a
+            :class:`attnlab.distributed.fsdp.FSDPStrategy` and
+            :class:`attnlab.distributed.mesh.MeshStrategy`). A checkpoint resumes only with a
             strategy of its kind (sharded or single-folder).
 
     Shape:
