@@ -23,10 +23,15 @@ On a 2-core machine 4 processes share 2 cores: memory still falls as ``1/N``, ti
 
 What to expect of the memory: the inputs exist before the step and are not counted, so one
 process alone holds about five chunk-sized tensors (``O``, ``dO`` and the kernel's ``dQ``, ``dK``,
-``dV``); a rank of a ring holds about twice as many (also the key/value chunk it received and the
-next one in flight, the arriving ``dK``/``dV`` accumulator, ``dQ`` across the steps). The memory
-per process is that count times ``T / N``: it falls as ``1/N`` from two processes on, at about
-twice the single process's constant (the ``KB / local token`` column).
+``dV``). A rank of a ring holds the same five — ``O``, ``dO``, ``dQ`` and its own chunk's ``dK``,
+``dV`` — plus about a dozen *slice*-sized buffers (the key/value chunks and the ``dK``/``dV``
+shares travel in slices of 1024 tokens, 1 MiB each here: the slice in hand and the next one in
+flight, the share being summed and the ones being exchanged, the kernel's gradients of one call),
+about 13 MB whatever ``N``. The memory per process is therefore about five chunk-sized tensors of
+``T / N`` tokens plus that constant: a bit more than half the single process's on two processes,
+about a third on four at the default ``T`` (the ``KB / local token`` column is flat but for the
+constant). Splitting into slices makes more, smaller kernel calls: the step takes a little longer
+than with the chunks sent whole.
 
 Usage::
 

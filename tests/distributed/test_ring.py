@@ -27,6 +27,7 @@ from attnlab.distributed import (
     unshard_sequence,
     zigzag_visibility,
 )
+from attnlab.distributed.ring_schedule import split_piece
 from tests.distributed._launch import launch
 from tests.reference import FLOOR, attention_ref, max_err
 
@@ -65,6 +66,27 @@ def test_pieces_cover_exactly_the_visible_pairs(layout: str, is_causal: bool) ->
                     got = _visible_by_pieces(pieces, t_local)
                     assert torch.equal(got, truth.long()), (world, t_local, rank, source, pieces)
                     assert len(pieces) <= 1  # one kernel call per step
+
+
+def test_split_piece_covers_the_piece_slice_by_slice() -> None:
+    for n in (1, 5, 8, 17):
+        pieces = [RingPiece(0, n, 0, n, True), RingPiece(0, n, 0, n, False)]
+        if n > 1:
+            pieces += [RingPiece(n // 2, n, 0, n, False), RingPiece(0, n, 0, n // 2, False)]
+        for piece in pieces:
+            for width in (1, 2, 3, 7, 100):
+                for block in (1, 2, 5, 100):
+                    calls = [
+                        c
+                        for a in range(0, n, width)
+                        for c in split_piece(piece, a, min(a + width, n), block)
+                    ]
+                    assert all(c.q1 - c.q0 <= block for c in calls)
+                    assert torch.equal(
+                        _visible_by_pieces(tuple(calls), n), _visible_by_pieces((piece,), n)
+                    )
+    assert split_piece(RingPiece(0, 4, 0, 4, True), 2, 4, 2) == (RingPiece(2, 4, 2, 4, True),)
+    assert split_piece(RingPiece(0, 4, 0, 2, False), 2, 4, 2) == ()
 
 
 def test_zigzag_balances_the_causal_work_and_contiguous_does_not() -> None:
@@ -357,12 +379,45 @@ def _bad_inputs(rank: int, world: int) -> dict[str, str | None]:
     return seen
 
 
+def _transfers(rank: int, world: int) -> dict[str, int]:
+    """One causal step with slices of 4 tokens, counting what travels: the longest tensor sent
+    (tokens) in the forward and in the backward, and the most transfers in flight at once."""
+    import weakref
+
+    from attnlab.distributed import ring
+
+    default, swap = ring._SLICE, ring._Ring.swap
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+    seen = {"forward": 0, "backward": 0, "in flight": 0}
+    phase = "forward"
+
+    def counting(self: Any, tensors: tuple[torch.Tensor, ...], ahead: int, tag: int) -> Any:
+        transfer = swap(self, tensors, ahead, tag)
+        live.add(transfer)
+        seen[phase] = max(seen[phase], *(t.shape[2] for t in tensors))
+        seen["in flight"] = max(seen["in flight"], len(live))
+        return transfer
+
+    ring._SLICE, ring._Ring.swap = 4, counting  # type: ignore[method-assign]
+    try:
+        for layout in ("contiguous", "zigzag"):
+            gen = torch.Generator().manual_seed(rank)
+            q, k, v = (torch.randn(1, 2, 40, 8, generator=gen).requires_grad_() for _ in range(3))
+            phase = "forward"
+            out = ring_attention(q, k, v, is_causal=True, layout=layout)
+            phase = "backward"
+            out.sum().backward()
+    finally:
+        ring._SLICE, ring._Ring.swap = default, swap  # type: ignore[method-assign]
+    return seen
+
+
 def ring_worker(
     rank: int, world: int, cases: list[Case]
-) -> tuple[dict[str, str | None], list[str]]:
+) -> tuple[dict[str, str | None], list[str], dict[str, int]]:
     """What a launched rank runs: the bad inputs first, then every case of the grid, with the
     chunks travelling whole (one slice: the grid's chunks are shorter than a slice) and in slices
-    of 4 tokens (uneven last slices, causal squares cut into blocks)."""
+    of 4 tokens (uneven last slices, causal squares cut into blocks); then what travels."""
     from attnlab.distributed import ring
 
     seen = _bad_inputs(rank, world)
@@ -377,7 +432,7 @@ def ring_worker(
                 ]
     finally:
         ring._SLICE = default
-    return seen, problems
+    return seen, problems, _transfers(rank, world)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,10 +443,16 @@ def ring_worker(
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_in_a_process_group(world: int) -> None:
     results = launch(ring_worker, world, GRID, timeout=150.0)
-    problems = [p for _, rank_problems in results for p in rank_problems]
+    problems = [p for _, rank_problems, _ in results for p in rank_problems]
     assert not problems, f"{len(problems)} mismatches:\n" + "\n".join(problems[:40])
 
-    for rank, (seen, _) in enumerate(results):
+    # the chunks travel in slices (4 keys in the backward, 16 in the forward: the zigzag pairs
+    # two half-length ranges), never whole, and at most two transfers are in flight at once (the
+    # next key/value slice and, in the backward, one exchange of dK/dV shares)
+    for _, _, travelled in results:
+        assert travelled == {"forward": 16, "backward": 4, "in flight": 2}, travelled
+
+    for rank, (seen, _, _) in enumerate(results):
         rejected = f"rank 1 of {world} rejected its arguments"
         expect = {
             "lengths": "ValueError: ring_attention: q holds T_local = 5 tokens on rank 1 but 4 on rank 0",

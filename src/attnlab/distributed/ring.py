@@ -2,55 +2,69 @@
 
 Each of the ``W`` ranks holds one chunk of the sequence — its ``T_local = T / W`` queries, keys and
 values (layouts and schedule: :mod:`attnlab.distributed.ring_schedule`) — and no rank ever holds
-the whole sequence: every tensor it holds is the size of one chunk, and scores exist only in the
-kernel's tiles. The key/value
-chunks travel around the ring (Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise
-Transformers for Near-Infinite Context"; Brandon et al. 2023, "Striped Attention", for the
-load-balanced order): at step ``i = 0 … W − 1`` rank ``r`` holds the chunk of rank
+the whole sequence: every tensor it holds is at most the size of one chunk, and scores exist only
+in the kernel's tiles. The key/value chunks visit the ranks in the ring's order (Liu, Zaharia &
+Abbeel 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context"; Brandon et
+al. 2023, "Striped Attention", for the load-balanced order): at step ``i = 0 … W − 1`` rank ``r``
+works with the chunk of rank
 
     s = (r − i) mod W
 
-and, while it computes with that chunk, already sends it to rank ``r + 1`` and receives the next
-one from rank ``r − 1`` (``dist.batch_isend_irecv``), so that the transfer hides behind the work.
+**Transfers.** A chunk travels in *slices* of keys (``_SLICE`` = 1024 tokens in the backward pass,
+4x that in the forward; a zigzag slice pairs a range of the early half with the same range of
+the late half, so that every rank has the same work in every slice), and a step is one *tick* per
+slice. Each slice comes straight from its owner and just in time: during tick ``(i, j)`` every
+rank sends rank ``r + i`` (or ``r + i + 1`` at a step's last slice) the slice of its own chunk
+that rank works with at the next tick, and receives its own next slice from the owner
+(``dist.batch_isend_irecv``), so that the transfer hides behind the tick's work. The owner sends
+from its input and a slice is let go of once worked on: no rank keeps a chunk to pass on. (The
+ranks exchange with every other rank, not only with their neighbours: gloo and NCCL reach any rank
+of the group; the volume each rank sends and receives is that of the hop-by-hop ring.)
 
-**Forward.** The attention of rank ``r``'s queries against chunk ``s`` alone is one call of
-PyTorch's fused CPU kernel per piece (:func:`~attnlab.distributed.ring_schedule.ring_pieces`),
-which returns the piece's output normalised over the piece's keys, ``O_s = Σ_s e^{S − L_s} V``,
-and its log-sum-exp ``L_s = log Σ_s e^{S}``. The pieces are merged by their log-sum-exps
-(:func:`~attnlab.nn.backends.common.merge_partials`), the online softmax one level up:
+**Forward.** The attention of rank ``r``'s queries against one slice of chunk ``s`` is one call of
+PyTorch's fused CPU kernel per piece of the step
+(:func:`~attnlab.distributed.ring_schedule.ring_pieces`, cut to the slice by
+:func:`~attnlab.distributed.ring_schedule.split_piece`), which returns the piece's output
+normalised over the piece's keys, ``O_p = Σ_p e^{S − L_p} V``, and its log-sum-exp
+``L_p = log Σ_p e^{S}``. The pieces are merged by their log-sum-exps — the operations of
+:func:`~attnlab.nn.backends.common.merge_partials`, done in place in the rows of ``O`` and ``L``
+(:func:`_merge_into`) — the online softmax one level up:
 
     L = log(e^{L_a} + e^{L_b})                  (logaddexp)
     O = e^{L_a − L} · O_a + e^{L_b − L} · O_b
 
-Starting from ``O = 0, L = −∞`` and merging every step's pieces gives exactly the attention over
-the whole sequence, because a softmax over a union of key sets is the ``L``-weighted mix of the
-softmaxes over its parts.
+Starting from ``O = 0, L = −∞`` and merging every piece gives exactly the attention over the whole
+sequence, because a softmax over a union of key sets is the ``L``-weighted mix of the softmaxes
+over its parts.
 
 **Backward** (FlashAttention's Algorithm 2 split along the keys). With the whole row's ``O`` and
 ``L`` saved, one piece's share of the gradient needs only that piece's keys:
 
-    P_s = e^{S_s − L},  D = rowsum(dO ∘ O),  dS_s = P_s ∘ (dO V_sᵀ − D)
-    dQ += dS_s K_s · scale,   dK_s = dS_sᵀ Q · scale,   dV_s = P_sᵀ dO
+    P_p = e^{S_p − L},  D = rowsum(dO ∘ O),  dS_p = P_p ∘ (dO V_pᵀ − D)
+    dQ += dS_p K_p · scale,   dK_p = dS_pᵀ Q · scale,   dV_p = P_pᵀ dO
 
-which is what the kernel's backward returns when handed the whole row's ``O`` and ``L``. The
-backward pass turns the ring once more: ``dQ`` accumulates at home, while the sums ``dK_s, dV_s``
-travel *with* their chunk — at step ``i`` rank ``r`` adds its share to the accumulator of chunk
-``s`` and passes it on to ``r + 1`` — so after the ``W`` steps and one last hop every accumulator
-is back with the rank that owns the chunk, holding every rank's share. The accumulators travel in
-fp32 (fp64 for fp64 inputs); an accumulator's arrival is awaited after the step's work, the
-departure of the one sent the step before just before it (which frees its buffers).
+which is what the kernel's backward returns when handed the whole row's ``O`` and ``L`` (the
+backward's calls take at most ``_SLICE`` query rows, so that its gradient outputs are
+slice-sized). The backward pass turns the ring once more, slice by slice: ``dQ`` accumulates at
+home, in place; rank ``r``'s share of a slice's ``dK, dV`` is summed over the tick's calls and sent
+straight to the chunk's owner ``r − i``, which receives it during the next tick and adds it to
+its own ``dK, dV``. Shares travel in fp32 (fp64 for fp64 inputs).
 
-**Memory** per rank is a fixed number of chunk-sized tensors, ``O(T_local · H · D)``: in the
-backward pass the chunk in hand and the next one in flight, the arriving ``dK, dV`` accumulator,
-``O``, ``dO``, ``dQ`` and the kernel's three gradient outputs — about twelve, against about six
-for a single process without a ring (``benchmarks/ring_attention.py`` measures it): from two ranks
-on, the memory per rank falls as ``1 / W``.
+**Memory** per rank is ``O``, ``dO``, ``dQ`` and the own chunk's ``dK``, ``dV`` — the five
+chunk-sized tensors of a single process — plus a constant number of slice-sized buffers: the slice
+in hand and the next one in flight, the share being summed and the ones being exchanged, the
+kernel's gradients of one call (a dozen or so, 1 MiB each for 4 fp32 heads of 64). At
+``T = 32768`` (4 heads of 64, fp32) that is about 5.8 chunk-sized buffers per rank on two ranks,
+against about five for a single process (``benchmarks/ring_attention.py`` measures it), and the
+memory per rank falls as ``1 / W`` plus that constant. Half-precision inputs add their fp32 copies
+of ``Q`` and ``dO``.
 
-Grouped-query attention (``H_kv < H``) sends the ``H_kv`` key/value heads around the ring; they are
-repeated to ``H`` heads only for the local work, and the gradients are summed back over each
-group before they travel. On CUDA, or where the kernel does not apply (``D_v ≠ D``, a PyTorch
-without it), each piece is computed by attnlab's online softmax written out in PyTorch
+Grouped-query attention (``H_kv < H``) sends the ``H_kv`` key/value heads; they are repeated to
+``H`` heads only for one slice's work, and the gradients are summed back over each group before
+they travel. On CUDA, or where the kernel does not apply (``D_v ≠ D``, a PyTorch without it),
+each piece is computed by attnlab's online softmax written out in PyTorch
 (:mod:`attnlab.nn.backends.blockwise`, the ``"python"`` tile kernel), forward and backward alike.
+With one process (no group) the whole chunk is one kernel call, forward and backward.
 """
 
 from __future__ import annotations
@@ -73,13 +87,13 @@ from attnlab.distributed.ring_schedule import (
     split_piece,
 )
 from attnlab.nn.backends.blockwise import KEY_BLOCK, QUERY_BLOCK, _Blockwise
-from attnlab.nn.backends.common import compute_dtype, merge_partials, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, repeat_kv
 from attnlab.nn.backends.fused_tiles import _backward_op, _forward_op, fused_available
 from attnlab.nn.backends.plan import TilePlan
 
 __all__ = ["ring_attention", "unshard_sequence"]
 
-# tags of the two streams that travel around the ring at the same time in the backward pass
+# tags of the two streams that travel at the same time in the backward pass
 _KV_TAG, _GRAD_TAG = 7300, 7310
 # dtypes by code, for comparing the ranks' arguments
 _DTYPES = (
@@ -95,37 +109,43 @@ _DTYPES = (
     torch.bool,
 )
 _MAX_DIMS = 8
-#: tokens per slice: with more than one rank the key/value chunks and the dK/dV sums travel in
-#: slices of this many keys, and a kernel call takes at most this many query rows
+#: tokens per slice of the backward pass: with more than one rank the key/value chunks and the
+#: dK/dV shares travel in slices of this many keys (the forward's slices are 4x as long), and a
+#: backward kernel call takes at most this many query rows. Each slice-sized buffer at T_local =
+#: 16384 is 1/16 of a chunk-sized one: smaller slices hold less but make more kernel calls
+#: (one measurement, T = 32768, 4 fp32 heads of 64, 2 ranks on a 2-core CPU, per rank: 512 → 5.5
+#: chunk-sized buffers, 10.3 s; 1024 → 5.8, 9.2 s; 2048 → 6.3, 8.5 s; whole chunks: 11.2, 8.6 s)
 _SLICE = 1024
 
 
 # ----------------------------------------------------------------------------------------------
-# the ring: ranks, neighbours, transfers
+# the ring: ranks, peers, transfers
 
 
 @dataclass(frozen=True)
 class _Ring:
-    """This process's place in the ring: its rank, the number of ranks and its neighbours'
-    global ranks (what point-to-point operations address)."""
+    """This process's place in the ring: its rank, the number of ranks and every rank's global
+    rank (what point-to-point operations address)."""
 
     group: Any
     rank: int
     world_size: int
-    next_peer: int
-    prev_peer: int
+    members: tuple[int, ...]
 
-    def shift(self, tensors: tuple[torch.Tensor, ...], tag: int) -> _Transfer:
-        """Send ``tensors`` to rank ``r + 1`` and receive their likes from ``r − 1``,
-        asynchronously (one tag per tensor). Each travels in the wire layout: ``(B, H, T, D)``
-        kept as ``(B, T, H, D)`` in memory (:func:`_wire`), whatever its sender's strides."""
+    def swap(self, tensors: tuple[torch.Tensor, ...], ahead: int, tag: int) -> _Transfer:
+        """Send ``tensors`` to rank ``r + ahead`` and receive their likes from rank
+        ``r − ahead`` (indices mod ``W``), asynchronously (one tag per tensor). Each travels in
+        the wire layout: ``(B, H, T, D)`` kept as ``(B, T, H, D)`` in memory (:func:`_wire`),
+        whatever its sender's strides."""
+        to = self.members[(self.rank + ahead) % self.world_size]
+        source = self.members[(self.rank - ahead) % self.world_size]
         ops, sent, received = [], [], []
         for i, t in enumerate(tensors):
             b, h, n, d = t.shape
             into = torch.empty((b, n, h, d), dtype=t.dtype, device=t.device)
             out = _wire(t).transpose(1, 2)
-            ops.append(dist.P2POp(dist.isend, out, self.next_peer, self.group, tag + i))
-            ops.append(dist.P2POp(dist.irecv, into, self.prev_peer, self.group, tag + i))
+            ops.append(dist.P2POp(dist.isend, out, to, self.group, tag + i))
+            ops.append(dist.P2POp(dist.irecv, into, source, self.group, tag + i))
             sent.append(out)
             received.append(into.transpose(1, 2))
         return _Transfer(dist.batch_isend_irecv(ops), tuple(sent), tuple(received))
@@ -138,8 +158,8 @@ class _Ring:
 
 
 class _Transfer:
-    """Sends to the next rank and receives from the previous one, in flight. It holds what it
-    sends until the sends are waited for, and the receive buffers until :meth:`wait`."""
+    """Sends to one rank and receives from another, in flight. It holds what it sends and the
+    receive buffers until :meth:`wait`."""
 
     def __init__(
         self, works: list[Any], sent: tuple[torch.Tensor, ...], received: tuple[torch.Tensor, ...]
@@ -178,7 +198,7 @@ def _ring_of(group: Any) -> _Ring:
     initialised = dist.is_available() and dist.is_initialized()
     if group is None:
         if not initialised:
-            return _Ring(None, 0, 1, 0, 0)
+            return _Ring(None, 0, 1, (0,))
         group = dist.group.WORLD
     elif not initialised:
         raise ValueError(
@@ -194,13 +214,8 @@ def _ring_of(group: Any) -> _Ring:
             "ring_attention only on the ranks of the ring's group"
         )
     world = dist.get_world_size(group)
-    return _Ring(
-        group,
-        rank,
-        world,
-        dist.get_global_rank(group, (rank + 1) % world),
-        dist.get_global_rank(group, (rank - 1) % world),
-    )
+    members = tuple(dist.get_global_rank(group, i) for i in range(world))
+    return _Ring(group, rank, world, members)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,14 +398,14 @@ def _wire_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 _Slice = tuple[tuple[int, int], ...]
 
 
-def _slices(t_local: int, layout: str) -> list[_Slice]:
-    """The slices a chunk travels in, about ``_SLICE`` keys each (the last one may be shorter).
+def _slices(t_local: int, layout: str, size: int) -> list[_Slice]:
+    """The slices a chunk travels in, about ``size`` keys each (the last one may be shorter).
     A zigzag slice pairs a range of the early half with the same range of the late half, so that
     every rank has the same work in every tick (a rank that sees only the early half of the keys
     sees them with all its queries, one that sees all keys with its late half of the queries)."""
     if layout != "zigzag":
-        return [((a, min(a + _SLICE, t_local)),) for a in range(0, t_local, _SLICE)]
-    half, step = t_local // 2, max(_SLICE // 2, 1)
+        return [((a, min(a + size, t_local)),) for a in range(0, t_local, size)]
+    half, step = t_local // 2, max(size // 2, 1)
     return [
         ((a, min(a + step, half)), (half + a, half + min(a + step, half)))
         for a in range(0, half, step)
@@ -406,52 +421,58 @@ class _KeyValues:
     """The key/value slices this rank works with, tick by tick: the tick ``(i, j)`` is slice ``j``
     of the chunk of step ``i``, as ``(K range₀, …, V range₀, …)``.
 
-    A slice is sent on *just in time*: during tick ``t`` the rank sends rank ``r + 1`` the slice
-    it needs at tick ``t + 1`` (one this rank worked on one step earlier) and receives the one it
-    needs itself, so that the transfer hides behind the tick's work. A slice waits for its
-    departure at the rank that worked on it, where the own chunk costs nothing (it is the input);
-    a slice of the last step is not passed on and is let go of once worked on.
+    A slice comes *just in time* and straight from its owner: during tick ``t`` every rank sends
+    the slice of its own chunk that rank ``r + i`` needs at tick ``t + 1 = (i, j)`` and receives
+    the one it needs itself from rank ``r − i``, so that the transfer hides behind the tick's
+    work. An owner sends from its input (through a slice-sized copy where the input is not in the
+    wire layout), and a slice that was worked on is let go of: no rank keeps a chunk to pass on,
+    and at most two slices are here at a time.
     """
 
     def __init__(self, ring: _Ring, k: torch.Tensor, v: torch.Tensor, slices: list[_Slice]) -> None:
         self.ring, self.n = ring, len(slices)
-        # step -> its slices, kept until sent on (None: sent)
-        own: list[tuple[torch.Tensor, ...] | None] = [_cut((k, v), s) for s in slices]
-        self.kept: dict[int, list[tuple[torch.Tensor, ...] | None]] = {0: own}
+        self.own = [_cut((k, v), s) for s in slices]
         self.transfer: _Transfer | None = None
 
     def take(self, step: int, j: int) -> tuple[torch.Tensor, ...]:
         """Slice ``j`` of step ``step``'s chunk (the ticks are taken in order); posts the next
         tick's transfer."""
         if step == 0:
-            here = self.kept[0][j]
+            here = self.own[j]
         else:  # it was received during the last tick
             if self.transfer is None:
                 raise RuntimeError("ring attention: a key/value slice was taken out of order")
             here = self.transfer.wait()
             self.transfer = None
-            if step < self.ring.world_size - 1:  # passed on during the next step
-                self.kept.setdefault(step, [None] * self.n)[j] = here
-        if here is None:
-            raise RuntimeError("ring attention: a key/value slice was taken after it left")
         step_next, j_next = (step, j + 1) if j + 1 < self.n else (step + 1, 0)
         if 1 <= step_next < self.ring.world_size:
-            chunk = self.kept[step_next - 1]
-            leaving = chunk[j_next]
-            if leaving is None:
-                raise RuntimeError("ring attention: a key/value slice was sent on twice")
-            chunk[j_next] = None  # the transfer holds it until it has left
-            if all(x is None for x in chunk):
-                del self.kept[step_next - 1]
-            self.transfer = self.ring.shift(leaving, _KV_TAG)
+            self.transfer = self.ring.swap(self.own[j_next], step_next, _KV_TAG)
         return here
 
 
-def _calls(todo: tuple[RingPiece, ...], where: _Slice) -> list[tuple[int, RingPiece]]:
-    """The kernel calls of a step's pieces with keys in the slice: ``(range index, call)``."""
+def _calls(todo: tuple[RingPiece, ...], where: _Slice, rows: int) -> list[tuple[int, RingPiece]]:
+    """The kernel calls of a step's pieces with keys in the slice, at most ``rows`` query rows
+    each: ``(range index, call)``."""
     return [
-        (m, c) for m, (a, b) in enumerate(where) for p in todo for c in split_piece(p, a, b, _SLICE)
+        (m, c) for m, (a, b) in enumerate(where) for p in todo for c in split_piece(p, a, b, rows)
     ]
+
+
+def _merge_into(
+    out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor, lse_p: torch.Tensor
+) -> None:
+    """:func:`~attnlab.nn.backends.common.merge_partials` in place: ``(out, lse)`` become the
+    merge of themselves with a piece's ``(out_p, lse_p)`` (``out_p`` is overwritten), by the same
+    operations, so the same numbers, without temporaries the size of ``out``:
+
+        L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
+    """
+    merged = torch.logaddexp(lse, lse_p)
+    safe = merged.masked_fill(torch.isneginf(merged), 0.0)  # no key in either: any shift will do
+    out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(
+        out_p.mul_(torch.exp(lse_p - safe).unsqueeze(-1))
+    )
+    lse.copy_(merged)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -478,8 +499,10 @@ class _RingAttention(torch.autograd.Function):
             # O = 0, L = −∞: merging a piece into them gives the piece itself
             out = _wire_zeros((*q.shape[:-1], v.shape[-1]), acc, q.device)
             lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
-            slices = _slices(t_local, layout)
-            kv = _KeyValues(ring, _wire(k), _wire(v), slices)
+            # slices 4x as long as the backward's: the forward holds fewer tensors, and a kernel
+            # call over more keys is faster
+            slices = _slices(t_local, layout, 4 * _SLICE)
+            kv = _KeyValues(ring, k, v, slices)
             for step in range(ring.world_size):
                 source = (ring.rank - step) % ring.world_size
                 todo = ring_pieces(
@@ -487,7 +510,8 @@ class _RingAttention(torch.autograd.Function):
                 )
                 for j, where in enumerate(slices):
                     here, n = kv.take(step, j), len(where)
-                    for m, c in _calls(todo, where):
+                    # all the rows a call can take: the forward's only temporary is its output
+                    for m, c in _calls(todo, where, t_local):
                         k_m, v_m = _operands((here[m], here[n + m]), acc, groups)
                         rows, keys = (
                             slice(c.q0, c.q1),
@@ -496,10 +520,7 @@ class _RingAttention(torch.autograd.Function):
                         o_p, l_p = pieces.forward(
                             q_a[:, :, rows], k_m[:, :, keys], v_m[:, :, keys], c.causal
                         )
-                        # L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
-                        out[:, :, rows], lse[:, :, rows] = merge_partials(
-                            out[:, :, rows], lse[:, :, rows], o_p, l_p
-                        )
+                        _merge_into(out[:, :, rows], lse[:, :, rows], o_p, l_p)
                         del o_p, l_p, k_m, v_m
                     del here
         ctx.save_for_backward(q, k, v, out, lse)
@@ -525,12 +546,10 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q_a)  # q's strides: autograd hands it on without a copy
         # the own chunk's dK, dV: this rank's share now, the others' when they come home
         dk, dv = _wire_zeros(k.shape, acc, k.device), _wire_zeros(v.shape, acc, v.device)
-        slices = _slices(t_local, layout)
-        kv = _KeyValues(ring, _wire(k), _wire(v), slices)
-        # partial (dK, dV) sums of the next step's chunk, by slice, received from rank r − 1
-        waiting: dict[int, tuple[torch.Tensor, ...]] = {}
-        # the last tick's exchange of partial sums: (its step, its slice, the transfer)
-        pending: tuple[int, int, _Transfer] | None = None
+        slices = _slices(t_local, layout, _SLICE)
+        kv = _KeyValues(ring, k, v, slices)
+        # the last tick's exchange of shares: (the slice it brings home, the transfer)
+        pending: tuple[_Slice, _Transfer] | None = None
         for step in range(ring.world_size):
             source = (ring.rank - step) % ring.world_size
             todo = ring_pieces(
@@ -538,21 +557,19 @@ class _RingAttention(torch.autograd.Function):
             )
             for j, where in enumerate(slices):
                 here, n = kv.take(step, j), len(where)
-                # the sums of slice j, (dK range₀, …, dV range₀, …): the own ones at home; else
-                # the partial sums of the ranks that worked on the chunk before (none at step 1)
-                total: tuple[torch.Tensor, ...]
-                if step == 0:
-                    total = _cut((dk, dv), where)
-                elif step == 1:
-                    total = tuple(_wire_zeros(t.shape, acc, t.device) for t in here)
-                else:
-                    if j not in waiting and pending is not None:  # one slice: still in flight
-                        _file(pending, waiting, dk, dv, slices, ring.world_size)
-                        pending = None
-                    if j not in waiting:
-                        raise RuntimeError("ring attention: a partial dK/dV slice did not arrive")
-                    total = waiting.pop(j)
-                for m, c in _calls(todo, where):
+                # the last tick's exchange (it travelled while that tick's kernel calls ran):
+                # rank r + i's share of the own chunk's slice joins the sums at home
+                if pending is not None:
+                    _add_home(pending, dk, dv)
+                    pending = None
+                # this rank's share of slice j, (dK range₀, …, dV range₀, …): added to the sums
+                # at home for the own chunk, else made here and sent to the chunk's owner
+                share = (
+                    _cut((dk, dv), where)
+                    if step == 0
+                    else tuple(_wire_zeros(t.shape, acc, t.device) for t in here)
+                )
+                for m, c in _calls(todo, where, _SLICE):
                     k_m, v_m = _operands((here[m], here[n + m]), acc, groups)
                     rows, keys = slice(c.q0, c.q1), slice(c.k0 - where[m][0], c.k1 - where[m][0])
                     g_q, g_k, g_v = pieces.backward(
@@ -560,42 +577,24 @@ class _RingAttention(torch.autograd.Function):
                         out[:, :, rows], lse[:, :, rows].contiguous(), c.causal,
                     )  # fmt: skip
                     dq[:, :, rows] += g_q
-                    total[m][:, :, keys] += _sum_groups(g_k, groups)
-                    total[n + m][:, :, keys] += _sum_groups(g_v, groups)
+                    share[m][:, :, keys] += _sum_groups(g_k, groups)
+                    share[n + m][:, :, keys] += _sum_groups(g_v, groups)
                     del g_q, g_k, g_v, k_m, v_m
                 del here
-                if step == 0:
-                    continue
-                # the last exchange has had this tick's work to finish in
-                if pending is not None:
-                    _file(pending, waiting, dk, dv, slices, ring.world_size)
-                # to rank r + 1, which works on this chunk next step; after the last step: home
-                pending = (step, j, ring.shift(total, _GRAD_TAG))
-                del total
+                if step > 0:  # to the owner r − i; rank r + i's share of the own chunk comes
+                    pending = (where, ring.swap(share, -step, _GRAD_TAG))
+                del share
         if pending is not None:
-            _file(pending, waiting, dk, dv, slices, ring.world_size)
-        if waiting:
-            raise RuntimeError("ring attention: a partial dK/dV slice was left over")
+            _add_home(pending, dk, dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def _file(
-    pending: tuple[int, int, _Transfer],
-    waiting: dict[int, tuple[torch.Tensor, ...]],
-    dk: torch.Tensor,
-    dv: torch.Tensor,
-    slices: list[_Slice],
-    world_size: int,
-) -> None:
-    """Wait for an exchange of partial ``dK, dV`` sums and put what came where it belongs: after
-    the last step the sums of the own chunk's slice (added at home), else kept for the next step."""
-    step, j, transfer = pending
-    got = transfer.wait()
-    if step == world_size - 1:
-        for home, part in zip(_cut((dk, dv), slices[j]), got):
-            home += part
-    else:
-        waiting[j] = got
+def _add_home(pending: tuple[_Slice, _Transfer], dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """Wait for an exchange of shares and add the one that came, of the own chunk's slice, to the
+    sums at home."""
+    where, transfer = pending
+    for home, part in zip(_cut((dk, dv), where), transfer.wait()):
+        home += part
 
 
 # ----------------------------------------------------------------------------------------------
