@@ -4,6 +4,7 @@ backward) as a step, a peak-memory probe in a fresh subprocess, and the table's 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import socket
 import statistics
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -98,6 +100,44 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def measure_ranks(
+    target: Callable[..., None],
+    world: int,
+    args: tuple[Any, ...],
+    *,
+    threads: int = 1,
+    timeout: float = 600.0,
+) -> tuple[int, float] | str:
+    """Run ``target(rank, *args, port, queue)`` in ``world`` fresh (spawned) processes, each with
+    ``threads`` threads, that meet at ``port``; each puts ``(rank, peak bytes, wall seconds,
+    error text or None)`` on ``queue``. Returns the largest peak and wall time over the ranks, or
+    the first error text."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the children read it at import
+    port = free_port()
+    procs = [
+        ctx.Process(target=target, args=(r, *args, port, queue), daemon=True) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in range(world):
+            results.append(queue.get(timeout=timeout))
+    except Exception:
+        return f"no result within {timeout:.0f} s"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    errors = [e for *_, e in results if e]
+    if errors:
+        return errors[0]
+    return max(r[1] for r in results), max(r[2] for r in results)
 
 
 def fmt_ms(t: float | None) -> str:

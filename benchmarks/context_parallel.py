@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import os
 import sys
 import time
 from typing import Any
 
 import torch
-from _common import fmt_mb, free_port  # benchmarks/_common.py (the script's folder is on sys.path)
+from _common import (
+    fmt_mb,
+    measure_ranks,
+)  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
 
@@ -102,35 +104,6 @@ def _rank_main(rank: int, world: int, length: int, port: int, queue: Any) -> Non
         queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
 
 
-def measure(world: int, length: int, timeout: float) -> tuple[int, float] | str:
-    """``(largest peak over the ranks, wall seconds)`` of one step, or the error text."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    os.environ["OMP_NUM_THREADS"] = "1"  # the children read it at import
-    port = free_port()
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, world, length, port, queue), daemon=True)
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results = []
-    try:
-        for _ in range(world):
-            results.append(queue.get(timeout=timeout))
-    except Exception:
-        return f"no result within {timeout:.0f} s"
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = [e for *_, e in results if e]
-    if errors:
-        return errors[0]
-    return max(r[1] for r in results), max(r[2] for r in results)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="T = 1024; seconds")
@@ -153,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     base: tuple[int, float] | None = None
     for world in args.worlds:
-        got = measure(world, length, args.timeout)
+        got = measure_ranks(_rank_main, world, (world, length), timeout=args.timeout)
         if isinstance(got, str):
             table.add_row(str(world), str(length // world), "—", "", "—", got)
             continue

@@ -45,16 +45,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from _common import fmt_mb  # benchmarks/_common.py (the script's folder is on sys.path)
+from _common import (
+    fmt_mb,
+    measure_ranks,
+)  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
 
@@ -73,12 +74,6 @@ class Run:
         if self.impl == "torch.sdpa":
             return "torch.sdpa"
         return f"ring {self.layout}" if self.world > 1 else "ring"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, run: Run, length: int, port: int, queue: Any) -> None:
@@ -139,35 +134,6 @@ def _rank_main(rank: int, run: Run, length: int, port: int, queue: Any) -> None:
         queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
 
 
-def measure(run: Run, length: int, timeout: float) -> tuple[int, float] | str:
-    """``(largest peak over the ranks, wall seconds)`` of one step, or the error text."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    os.environ["OMP_NUM_THREADS"] = str(run.threads)  # the children read it at import
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, run, length, port, queue), daemon=True)
-        for r in range(run.world)
-    ]
-    for p in procs:
-        p.start()
-    results = []
-    try:
-        for _ in range(run.world):
-            results.append(queue.get(timeout=timeout))
-    except Exception:
-        return f"no result within {timeout:.0f} s"
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = [e for *_, e in results if e]
-    if errors:
-        return errors[0]
-    return max(r[1] for r in results), max(r[2] for r in results)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="T = 2048; seconds")
@@ -208,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     base: tuple[int, float] | None = None
     for run in runs:
-        got = measure(run, length, args.timeout)
+        got = measure_ranks(
+            _rank_main, run.world, (run, length), threads=run.threads, timeout=args.timeout
+        )
         if isinstance(got, str):
             table.add_row(run.label, str(run.world), str(run.threads), "", "—", "", "", "—", got)
             continue
