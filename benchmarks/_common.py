@@ -102,6 +102,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def peak_and_wall(
+    step: Callable[[], None], barrier: Callable[[], None], repeats: int
+) -> tuple[int, float]:
+    """One rank's figures of a step: the peak-memory growth of its first run
+    (:func:`attnlab.inspect.memory.peak_memory`) and the median wall time of ``repeats`` runs,
+    each timed from a barrier to a barrier (so that the slowest rank counts)."""
+    from attnlab.inspect.memory import peak_memory
+
+    walls = []
+    peak = 0
+    for i in range(max(1, repeats)):
+        barrier()
+        t0 = time.perf_counter()
+        if i == 0:
+            peak = peak_memory(step)
+        else:
+            step()
+        barrier()
+        walls.append(time.perf_counter() - t0)
+    return peak, statistics.median(walls)
+
+
 def measure_ranks(
     target: Callable[..., None],
     world: int,

@@ -12,7 +12,8 @@ resident set over one step — :func:`attnlab.inspect.memory.peak_memory`, ``VmH
 before the step, after the model exists and a short warm-up step — the largest over the ranks)
 and its ratio to one process, whose target is ``1/C``: everything a Transformer keeps for the
 backward pass is per token (the activations of every layer, the logits), and attention's share
-is the ring's chunk-sized buffers; and the **wall time** of the step from a barrier to a barrier,
+is the ring's chunk-sized buffers; and the **wall time** of the step from a barrier to a barrier (the median of ``--repeats``
+runs, default 3; the memory is the first run's),
 as a speed-up over one process (one thread) doing the same work. On a 2-core machine 4 processes
 share 2 cores: memory still falls, time cannot.
 
@@ -30,13 +31,13 @@ import argparse
 import datetime
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 from _common import (
     fmt_mb,
     measure_ranks,
+    peak_and_wall,
 )  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
@@ -44,10 +45,10 @@ from rich.table import Table
 LAYERS, EMBD, HEADS, VOCAB = 4, 128, 4, 65
 
 
-def _rank_main(rank: int, world: int, length: int, port: int, queue: Any) -> None:
+def _rank_main(rank: int, world: int, length: int, repeats: int, port: int, queue: Any) -> None:
     """One process: measure one step, put ``(rank, peak bytes, wall seconds, error)`` on the queue."""
     try:
-        from attnlab.inspect.memory import peak_memory, stabilize_allocator
+        from attnlab.inspect.memory import stabilize_allocator
 
         stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
         torch.set_num_threads(1)
@@ -93,11 +94,8 @@ def _rank_main(rank: int, world: int, length: int, port: int, queue: Any) -> Non
 
         step_of(4 * world)()  # load the kernels and the process group's buffers
         step = step_of(length)
-        barrier()
-        t0 = time.perf_counter()
-        peak = peak_memory(step)
-        barrier()
-        queue.put((rank, peak, time.perf_counter() - t0, None))
+        peak, wall = peak_and_wall(step, barrier, repeats)
+        queue.put((rank, peak, wall, None))
         if world > 1:
             dist.destroy_process_group()
     except BaseException as e:  # reported by the parent
@@ -109,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="T = 1024; seconds")
     parser.add_argument("--length", type=int, help="the sequence length T (default 8192)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (median; default 3)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     args = parser.parse_args(argv)
     length = args.length or (1024 if args.quick else 8192)
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     base: tuple[int, float] | None = None
     for world in args.worlds:
-        got = measure_ranks(_rank_main, world, (world, length), timeout=args.timeout)
+        got = measure_ranks(_rank_main, world, (world, length, args.repeats), timeout=args.timeout)
         if isinstance(got, str):
             table.add_row(str(world), str(length // world), "—", "", "—", got)
             continue

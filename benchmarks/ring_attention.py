@@ -12,7 +12,7 @@ thread per process), for every ``N`` and layout asked for. For each run it repor
   kernels and the process group's buffers), the largest over the ranks; and its ratio to the
   one-process ring (the target: ``1/N``);
 * **wall time** of the step, from a barrier before it to a barrier after it (so the slowest rank
-  counts), and the speed-up over one process (one thread) doing the same whole work.
+  counts; the median of ``--repeats`` runs, default 3, the memory being the first run's), and the speed-up over one process (one thread) doing the same whole work.
 
 Rows: ``torch.sdpa`` (``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence,
 one process, the peer), ``ring`` with one process (no process group: the same kernel, merged by
@@ -47,7 +47,6 @@ import argparse
 import datetime
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +54,7 @@ import torch
 from _common import (
     fmt_mb,
     measure_ranks,
+    peak_and_wall,
 )  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
@@ -76,10 +76,10 @@ class Run:
         return f"ring {self.layout}" if self.world > 1 else "ring"
 
 
-def _rank_main(rank: int, run: Run, length: int, port: int, queue: Any) -> None:
+def _rank_main(rank: int, run: Run, length: int, repeats: int, port: int, queue: Any) -> None:
     """One process: measure one step, put ``(rank, peak bytes, wall seconds)`` on the queue."""
     try:
-        from attnlab.inspect.memory import peak_memory, stabilize_allocator
+        from attnlab.inspect.memory import stabilize_allocator
 
         stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
         torch.set_num_threads(run.threads)
@@ -122,11 +122,7 @@ def _rank_main(rank: int, run: Run, length: int, port: int, queue: Any) -> None:
 
         make_step(16)()  # load the kernels, the process group's buffers
         step = make_step(length // run.world)
-        barrier()
-        t0 = time.perf_counter()
-        peak = peak_memory(step)
-        barrier()
-        wall = time.perf_counter() - t0
+        peak, wall = peak_and_wall(step, barrier, repeats)
         queue.put((rank, peak, wall, None))
         if run.world > 1:
             dist.destroy_process_group()
@@ -143,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "--layouts", nargs="+", choices=["zigzag", "contiguous"], default=["zigzag", "contiguous"]
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the torch.sdpa row")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (median; default 3)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     args = parser.parse_args(argv)
     length = args.length or (2048 if args.quick else 32768)
@@ -175,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     base: tuple[int, float] | None = None
     for run in runs:
         got = measure_ranks(
-            _rank_main, run.world, (run, length), threads=run.threads, timeout=args.timeout
+            _rank_main,
+            run.world,
+            (run, length, args.repeats),
+            threads=run.threads,
+            timeout=args.timeout,
         )
         if isinstance(got, str):
             table.add_row(run.label, str(run.world), str(run.threads), "", "—", "", "", "—", got)
