@@ -188,6 +188,15 @@ def test_the_command_line_refuses_in_one_line(
     cases = [
         (["--parallel", "fsdp", "--tensor-parallel", "2"], "--parallel fsdp does not combine"),
         (["--context-parallel", "2"], "needs 2 processes or a multiple: start them with torchrun"),
+        # what the model allows is checked first, without processes
+        (
+            ["--context-parallel", "2", "--dropout", "0.1"],
+            "ring attention has no attention dropout",
+        ),
+        (
+            ["--context-parallel", "2", "--attention", "sliding", "--window", "4"],
+            "attention='full'",
+        ),
     ]
     for i, (extra, message) in enumerate(cases):
         assert main([*lm, *extra, "--out", f"{tmp_path}/run{i}"]) == 2

@@ -6,7 +6,7 @@ processes arranges them as a named 3-D device mesh ``(dp, cp, tp) = (W / (C·N),
 ``N`` ranks of a tensor-parallel group are neighbours, on one machine when ``--nproc-per-node``
 is a multiple of ``N``)::
 
-    rank = (d · C + c) · N + t        d: data-parallel, c: context-parallel, t: tensor-parallel
+    rank = (d · C + c) · N + t        (d, c, t: the data-, context- and tensor-parallel places)
 
 What each dimension does with the *same global batch* every rank draws:
 
@@ -139,6 +139,8 @@ class MeshStrategy(ParallelStrategy):
                 :func:`~attnlab.distributed.context_parallel.context_parallelize`).
         """
         c, n = self.context_parallel, self.tensor_parallel
+        if c > 1:  # what the model allows first: it does not depend on the processes
+            check_context_parallel(model)
         if not is_initialized():
             raise ValueError(
                 f"--context-parallel {c} --tensor-parallel {n} needs {c * n} processes or a "
@@ -149,8 +151,6 @@ class MeshStrategy(ParallelStrategy):
                 f"the number of processes {info.world_size} must be a multiple of "
                 f"--context-parallel × --tensor-parallel = {c} × {n} = {c * n}"
             )
-        if c > 1:
-            check_context_parallel(model)
         self.data_parallel = info.world_size // (c * n)
         self.mesh = init_device_mesh(
             info.device.type, (self.data_parallel, c, n), mesh_dim_names=("dp", "cp", "tp")
