@@ -28,7 +28,7 @@ PyTorch's fused CPU kernel per piece of the step
 normalised over the piece's keys, ``O_p = Σ_p e^{S − L_p} V``, and its log-sum-exp
 ``L_p = log Σ_p e^{S}``. The pieces are merged by their log-sum-exps — the operations of
 :func:`~attnlab.nn.backends.common.merge_partials`, done in place in the rows of ``O`` and ``L``
-(:func:`_merge_into`) — the online softmax one level up:
+(:func:`~attnlab.nn.backends.common.merge_partials_`) — the online softmax one level up:
 
     L = log(e^{L_a} + e^{L_b})                  (logaddexp)
     O = e^{L_a − L} · O_a + e^{L_b − L} · O_b
@@ -87,7 +87,7 @@ from attnlab.distributed.ring_schedule import (
     split_piece,
 )
 from attnlab.nn.backends.blockwise import KEY_BLOCK, QUERY_BLOCK, _Blockwise
-from attnlab.nn.backends.common import compute_dtype, repeat_kv
+from attnlab.nn.backends.common import compute_dtype, merge_partials_, repeat_kv
 from attnlab.nn.backends.fused_tiles import _backward_op, _forward_op, fused_available
 from attnlab.nn.backends.plan import TilePlan
 
@@ -458,23 +458,6 @@ def _calls(todo: tuple[RingPiece, ...], where: _Slice, rows: int) -> list[tuple[
     ]
 
 
-def _merge_into(
-    out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor, lse_p: torch.Tensor
-) -> None:
-    """:func:`~attnlab.nn.backends.common.merge_partials` in place: ``(out, lse)`` become the
-    merge of themselves with a piece's ``(out_p, lse_p)`` (``out_p`` is overwritten), by the same
-    operations, so the same numbers, without temporaries the size of ``out``:
-
-        L = log(e^L + e^{L_p}),  O = e^{L − L'} O + e^{L_p − L'} O_p
-    """
-    merged = torch.logaddexp(lse, lse_p)
-    safe = merged.masked_fill(torch.isneginf(merged), 0.0)  # no key in either: any shift will do
-    out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(
-        out_p.mul_(torch.exp(lse_p - safe).unsqueeze(-1))
-    )
-    lse.copy_(merged)
-
-
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -520,7 +503,7 @@ class _RingAttention(torch.autograd.Function):
                         o_p, l_p = pieces.forward(
                             q_a[:, :, rows], k_m[:, :, keys], v_m[:, :, keys], c.causal
                         )
-                        _merge_into(out[:, :, rows], lse[:, :, rows], o_p, l_p)
+                        merge_partials_(out[:, :, rows], lse[:, :, rows], o_p, l_p)
                         del o_p, l_p, k_m, v_m
                     del here
         ctx.save_for_backward(q, k, v, out, lse)

@@ -26,6 +26,17 @@ def head_groups(query: torch.Tensor, key: torch.Tensor) -> int:
     return query.shape[-3] // key.shape[-3] if key.shape[-3] else 1
 
 
+def _merge_weights(
+    lse_a: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(L, e^{L_a − L}, e^{L_b − L})`` of :func:`merge_partials`, the weights ``(..., T_q, 1)``."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)  # no key in either part: any shift will do
+    weight_a = torch.exp(lse_a - safe).unsqueeze(-1)
+    weight_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    return lse, weight_a, weight_b
+
+
 def merge_partials(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,11 +62,23 @@ def merge_partials(
     Shape:
         outputs ``(..., T_q, D_v)``, log-sum-exps ``(..., T_q)``.
     """
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = lse.masked_fill(torch.isneginf(lse), 0.0)  # no key in either part: any shift will do
-    weight_a = torch.exp(lse_a - safe).unsqueeze(-1)
-    weight_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    lse, weight_a, weight_b = _merge_weights(lse_a, lse_b)
     return out_a * weight_a + out_b * weight_b, lse
+
+
+def merge_partials_(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> None:
+    """:func:`merge_partials` in place: ``(out_a, lse_a)`` become the merge of both parts (and
+    ``out_b`` is overwritten), by the same operations, so the same numbers, without a temporary
+    the size of the output.
+
+    Shape:
+        outputs ``(..., T_q, D_v)``, log-sum-exps ``(..., T_q)``.
+    """
+    lse, weight_a, weight_b = _merge_weights(lse_a, lse_b)
+    out_a.mul_(weight_a).add_(out_b.mul_(weight_b))
+    lse_a.copy_(lse)
 
 
 def mask_tile(t: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
