@@ -47,7 +47,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from attnlab._checks import check_choice, check_positive_int, shape_str
@@ -68,16 +67,14 @@ from attnlab.training.checkpoint import MODEL, CheckpointError
 from attnlab.training.distributed import (
     DistInfo,
     ParallelStrategy,
+    all_reduce_sum,
     is_initialized,
+    local_tensor,
     map_batch,
     shard_batch,
 )
 
 __all__ = ["MeshStrategy"]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class MeshStrategy(ParallelStrategy):
@@ -221,11 +218,9 @@ class MeshStrategy(ParallelStrategy):
         Shape:
             ``(n,)`` → ``(n,)``.
         """
-        if self._replicas is None:
+        if self._replicas is None:  # no other rank computed another part of the batch
             return totals
-        totals = totals.clone()
-        dist.all_reduce(totals, group=self._replicas)
-        return totals
+        return all_reduce_sum(totals, group=self._replicas)
 
     def gradient_replicas(self, info: DistInfo) -> int:
         """``D · C``: the gradients are averaged over the data- and context-parallel ranks.
@@ -258,7 +253,7 @@ class MeshStrategy(ParallelStrategy):
         if not sync or self._replicas is None or self._model is None:
             return
         # one all-reduce per dtype over the flattened gradients (their local shards)
-        grads = [_local(p.grad) for p in self._model.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in self._model.parameters() if p.grad is not None]
         replicas = self.data_parallel * self.context_parallel
         for dtype in sorted({g.dtype for g in grads}, key=str):
             same = [g for g in grads if g.dtype == dtype]

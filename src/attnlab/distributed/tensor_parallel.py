@@ -96,6 +96,7 @@ from attnlab.distributed.tensor_styles import (
 )
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
+from attnlab.training.distributed import local_tensor
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -448,11 +449,7 @@ def load_full_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor
                     f"{name} has shape {tuple(full.shape)} but the model's is {tuple(target.shape)}"
                 )
             mine = _shard_like(full, target, orders.get(name))
-            _local(target).copy_(_local(mine))
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+            local_tensor(target).copy_(local_tensor(mine))
 
 
 def _optimizer_names(model: nn.Module, optimizer: Optimizer) -> list[str]:

@@ -38,6 +38,7 @@ from attnlab.models.gpt import GPTSelfAttention
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import BlockLayout, Window
 from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+from attnlab.training.distributed import local_tensor
 
 __all__ = ["HeadParallel", "ReplicateParallel", "TensorParallelAttention", "qkv_row_order"]
 
@@ -118,11 +119,6 @@ def _copy_to_tp(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
         grad_placements=[Partial()]
     )
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (differentiable), or the tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,7 +242,7 @@ class TensorParallelAttention(MultiHeadAttention):
         """``x`` times rows ``[lo, hi)`` of this rank's fused weight (plus bias); the gradient
         with respect to ``x`` is summed over the ranks."""
         w, b = self.qkv_parameters()
-        w_r, b_r = _local(w)[lo:hi], None if b is None else _local(b)[lo:hi]
+        w_r, b_r = local_tensor(w)[lo:hi], None if b is None else local_tensor(b)[lo:hi]
         return F.linear(_copy_to_tp(x, self.tp_mesh), w_r, b_r)
 
     def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
@@ -262,7 +258,7 @@ class TensorParallelAttention(MultiHeadAttention):
             ``(B, T, d_model)`` → ``(B, T, (H + 2 · H_kv) · d_head / N)``.
         """
         w, _ = self.qkv_parameters()
-        return self._local_rows(x, 0, _local(w).shape[0])
+        return self._local_rows(x, 0, local_tensor(w).shape[0])
 
     def project_qkv(
         self,

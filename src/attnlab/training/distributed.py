@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "cleanup_distributed",
     "init_distributed",
     "is_initialized",
+    "local_tensor",
     "map_batch",
     "shard_batch",
 ]
@@ -148,11 +150,12 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(value: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The sum of ``value`` over ranks.
 
     Args:
         value: a tensor on this rank's device, the same shape on every rank.
+        group: the process group to sum over (default: all the ranks).
 
     Returns:
         The sum over ranks (a new tensor), or ``value`` itself when not distributed.
@@ -162,8 +165,23 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """
     if dist.is_available() and dist.is_initialized():
         value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
     return value
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a ``DTensor``'s local shard, any other tensor itself.
+
+    Args:
+        t: a tensor or a ``DTensor`` (FSDP's and tensor parallelism's parameters).
+
+    Returns:
+        The local tensor (no copy).
+
+    Shape:
+        a ``DTensor``'s local shard shape; any other tensor's own.
+    """
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:

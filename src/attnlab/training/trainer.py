@@ -124,6 +124,7 @@ from attnlab.training.distributed import (
     all_reduce_sum,
     barrier,
     is_initialized,
+    local_tensor,
     map_batch,
 )
 from attnlab.training.divergence import DivergenceError, all_finite
@@ -157,11 +158,6 @@ logger = logging.getLogger(__name__)
 
 def _to_device(batch: Any, device: torch.device) -> Any:
     return map_batch(lambda t: t.to(device, non_blocking=True), batch)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor (a ``DTensor``'s local shard, any other tensor itself)."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _as_float(t: torch.Tensor) -> float:
@@ -364,7 +360,7 @@ class Trainer:
     def _weights_finite(self) -> bool:
         """Whether every weight is finite, on every rank (each rank checks what it holds: its
         shards under FSDP or tensor parallelism), the same verdict on every rank."""
-        local = all_finite(_local(p) for p in self.model.parameters())
+        local = all_finite(local_tensor(p) for p in self.model.parameters())
         if not is_initialized():
             return local
         return not _any_rank(not local)
