@@ -299,10 +299,11 @@ class MeshStrategy(ParallelStrategy):
         self._full.load_state_dict(state if state is not None else model.state_dict())
         return self._full
 
-    def whole_state(
+    def whole_optimizer_state(
         self, model: nn.Module, optimizer: Optimizer, info: DistInfo
-    ) -> tuple[nn.Module | None, dict[str, Any] | None]:
-        """The whole model and optimizer state on rank 0 (gathered under tensor parallelism).
+    ) -> dict[str, Any] | None:
+        """The optimizer state as one process has it, on rank 0 (gathered under tensor
+        parallelism: every rank must call it).
 
         Args:
             model: the model :meth:`wrap` prepared.
@@ -310,14 +311,13 @@ class MeshStrategy(ParallelStrategy):
             info: this process's :class:`~attnlab.training.distributed.DistInfo`.
 
         Returns:
-            ``(whole model, optimizer state as one process has it)`` on rank 0,
-            ``(None, None)`` on the other ranks.
+            The whole state on rank 0, ``None`` on the other ranks.
         """
         if self.tensor_parallel == 1:
-            return (model, optimizer.state_dict()) if info.is_main else (None, None)
-        optimizer_state = full_optimizer_state_dict(model, optimizer)
-        whole = self.gathered_model(model, info)
-        return (whole, optimizer_state) if info.is_main else (None, None)
+            state = optimizer.state_dict()
+        else:
+            state = full_optimizer_state_dict(model, optimizer)
+        return state if info.is_main else None
 
     def load_weights(self, ckpt: Path, model: nn.Module) -> None:
         """Load a single-folder checkpoint's weights, each rank keeping its shards.

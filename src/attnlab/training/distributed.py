@@ -324,11 +324,11 @@ class ParallelStrategy:
         """
         return info.world_size
 
-    def whole_state(
+    def whole_optimizer_state(
         self, model: nn.Module, optimizer: Optimizer, info: DistInfo
-    ) -> tuple[nn.Module | None, dict[str, Any] | None]:
-        """The model and the optimizer state, whole, for a single-folder checkpoint (every rank
-        calls it; rank 0 writes what it returns).
+    ) -> dict[str, Any] | None:
+        """The optimizer state, whole, for a single-folder checkpoint (every rank calls it;
+        rank 0 writes it beside :meth:`gathered_model`'s weights).
 
         Args:
             model: the model :meth:`wrap` prepared.
@@ -336,10 +336,10 @@ class ParallelStrategy:
             info: this process's :class:`DistInfo`.
 
         Returns:
-            ``(module whose state_dict is saved, optimizer.state_dict() as one process has it)``
-            on rank 0; strategies that must gather return ``(None, None)`` on the other ranks.
+            ``optimizer.state_dict()`` as one process has it, on rank 0 (strategies that gather
+            it return ``None`` on the other ranks).
         """
-        return model, optimizer.state_dict()
+        return optimizer.state_dict()
 
     def load_weights(self, ckpt: Path, model: nn.Module) -> None:
         """Load a single-folder checkpoint's ``model.safetensors`` (on every rank).

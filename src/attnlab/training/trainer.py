@@ -303,9 +303,13 @@ class Trainer:
             ``"optimizer"`` is ``None``: every rank saves its shards of it with the model's
             (:meth:`~attnlab.training.distributed.ParallelStrategy.save_state`).
         """
+        return self._training_state(None if self.strategy.sharded else self.optimizer.state_dict())
+
+    def _training_state(self, optimizer_state: Any) -> dict[str, Any]:
+        """:meth:`state_dict` with the optimizer state given (gathered whole, or ``None``)."""
         return {
             "step": self.step,
-            "optimizer": None if self.strategy.sharded else self.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "data": self.batches.state_dict(),
             "rng": get_rng_state(),
@@ -346,12 +350,14 @@ class Trainer:
         if self.strategy.sharded:
             path: Path | None = self._write_sharded_checkpoint()
         else:
-            # whole tensors (gathered on every rank under tensor parallelism), written by rank 0
-            model, optimizer_state = self.strategy.whole_state(
+            # whole tensors, written by rank 0: the model evaluation sees (gathered once a step,
+            # by every rank under tensor parallelism) and the optimizer state, gathered alike
+            model = self.gathered_model()
+            optimizer_state = self.strategy.whole_optimizer_state(
                 self.model, self.optimizer, self.dist
             )
             path = None
-            if self.dist.is_main and model is not None:
+            if model is not None:
                 path = self._write_checkpoint(model, optimizer_state)
         self._saved_step = self.step
         barrier()
@@ -418,7 +424,7 @@ class Trainer:
             step=self.step,
             model=model,
             config=self.saved_config(),
-            training_state={**self.state_dict(), "optimizer": optimizer_state},
+            training_state=self._training_state(optimizer_state),
             files=self.files,
             keep_last=self.config.keep_last,
         )
