@@ -3,6 +3,7 @@ backward) as a step, a peak-memory probe in a fresh subprocess, and the table's 
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing as mp
 import os
@@ -102,7 +103,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def peak_and_wall(
+def _peak_and_wall(
     step: Callable[[], None], barrier: Callable[[], None], repeats: int
 ) -> tuple[int, float]:
     """One rank's figures of a step: the peak-memory growth of its first run
@@ -124,24 +125,70 @@ def peak_and_wall(
     return peak, statistics.median(walls)
 
 
+def _rank_entry(
+    rank: int,
+    world: int,
+    threads: int,
+    repeats: int,
+    port: int,
+    queue: Any,
+    make_step: Callable[..., Callable[[], None]],
+    args: tuple[Any, ...],
+) -> None:
+    """One process of :func:`measure_ranks`: put ``(rank, peak bytes, wall seconds, error text
+    or None)`` on ``queue``."""
+    try:
+        from attnlab.inspect.memory import stabilize_allocator
+
+        stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
+        torch.set_num_threads(threads)
+        import torch.distributed as dist
+
+        if world > 1:
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                timeout=datetime.timedelta(minutes=10),
+            )  # fmt: skip
+
+        def barrier() -> None:
+            if world > 1:
+                dist.barrier()
+
+        step = make_step(rank, world, *args)
+        peak, wall = _peak_and_wall(step, barrier, repeats)
+        queue.put((rank, peak, wall, None))
+        if world > 1:
+            dist.destroy_process_group()
+    except BaseException as e:  # reported by the parent
+        queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
+
+
 def measure_ranks(
-    target: Callable[..., None],
+    make_step: Callable[..., Callable[[], None]],
     world: int,
     args: tuple[Any, ...],
     *,
     threads: int = 1,
+    repeats: int = 3,
     timeout: float = 600.0,
 ) -> tuple[int, float] | str:
-    """Run ``target(rank, *args, port, queue)`` in ``world`` fresh (spawned) processes, each with
-    ``threads`` threads, that meet at ``port``; each puts ``(rank, peak bytes, wall seconds,
-    error text or None)`` on ``queue``. Returns the largest peak and wall time over the ranks, or
-    the first error text."""
+    """One step measured on ``world`` fresh (spawned) processes of ``threads`` threads each,
+    joined in a gloo process group when ``world > 1``: each calls ``make_step(rank, world,
+    *args)`` (a module-level function that builds its inputs, warms up and returns the step),
+    then measures the step's peak-memory growth (first run) and median wall time
+    (``repeats`` runs, barrier to barrier). Returns the largest peak and wall time over the
+    ranks, or the first error text."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the children read it at import
     port = free_port()
     procs = [
-        ctx.Process(target=target, args=(r, *args, port, queue), daemon=True) for r in range(world)
+        ctx.Process(
+            target=_rank_entry,
+            args=(r, world, threads, repeats, port, queue, make_step, args),
+            daemon=True,
+        )
+        for r in range(world)
     ]
     for p in procs:
         p.start()

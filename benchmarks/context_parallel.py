@@ -28,16 +28,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from _common import (
     fmt_mb,
     measure_ranks,
-    peak_and_wall,
 )  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
@@ -45,61 +44,42 @@ from rich.table import Table
 LAYERS, EMBD, HEADS, VOCAB = 4, 128, 4, 65
 
 
-def _rank_main(rank: int, world: int, length: int, repeats: int, port: int, queue: Any) -> None:
-    """One process: measure one step, put ``(rank, peak bytes, wall seconds, error)`` on the queue."""
-    try:
-        from attnlab.inspect.memory import stabilize_allocator
+def _make_step(rank: int, world: int, length: int) -> Callable[[], None]:
+    """One process's step (after a short warm-up that loads the kernels and the process group's
+    buffers): forward + backward of the LM loss over its ``length / world`` tokens."""
+    import torch.nn.functional as F
 
-        stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
-        torch.set_num_threads(1)
-        import torch.distributed as dist
-        import torch.nn.functional as F
+    from attnlab.distributed.context_parallel import ContextParallelModel, context_parallelize
+    from attnlab.distributed.ring_schedule import shard_sequence
+    from attnlab.models.config import GPTConfig
+    from attnlab.models.gpt import GPT
 
-        from attnlab.distributed.context_parallel import ContextParallelModel, context_parallelize
-        from attnlab.distributed.ring_schedule import shard_sequence
-        from attnlab.models.config import GPTConfig
-        from attnlab.models.gpt import GPT
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB, n_positions=length, n_embd=EMBD, n_layer=LAYERS, n_head=HEADS,
+        dropout=0.0,
+    )  # fmt: skip
+    model: Any = GPT(cfg)
+    if world > 1:
+        model = ContextParallelModel(context_parallelize(model, None), rank, world, "zigzag")
+    ids = torch.randint(VOCAB, (1, length + 1), generator=torch.Generator().manual_seed(1))
 
-        torch.manual_seed(0)
-        cfg = GPTConfig(
-            vocab_size=VOCAB, n_positions=length, n_embd=EMBD, n_layer=LAYERS, n_head=HEADS,
-            dropout=0.0,
-        )  # fmt: skip
-        model: Any = GPT(cfg)
-        if world > 1:
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                timeout=datetime.timedelta(minutes=10),
-            )  # fmt: skip
-            model = ContextParallelModel(context_parallelize(model, None), rank, world, "zigzag")
-        ids = torch.randint(VOCAB, (1, length + 1), generator=torch.Generator().manual_seed(1))
+    def step_of(t: int) -> Callable[[], None]:
+        whole = ids[:, : t + 1]
+        inputs, targets = (
+            shard_sequence(x, 1, rank=rank, world_size=world, layout="zigzag")
+            for x in (whole[:, :-1], whole[:, 1:])
+        )
 
-        def step_of(t: int) -> Any:
-            whole = ids[:, : t + 1]
-            inputs, targets = (
-                shard_sequence(x, 1, rank=rank, world_size=world, layout="zigzag")
-                for x in (whole[:, :-1], whole[:, 1:])
-            )
+        def step() -> None:
+            logits = model(inputs).logits
+            F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+            model.zero_grad(set_to_none=True)
 
-            def step() -> None:
-                logits = model(inputs).logits
-                F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
-                model.zero_grad(set_to_none=True)
+        return step
 
-            return step
-
-        def barrier() -> None:
-            if world > 1:
-                dist.barrier()
-
-        step_of(4 * world)()  # load the kernels and the process group's buffers
-        step = step_of(length)
-        peak, wall = peak_and_wall(step, barrier, repeats)
-        queue.put((rank, peak, wall, None))
-        if world > 1:
-            dist.destroy_process_group()
-    except BaseException as e:  # reported by the parent
-        queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
+    step_of(4 * world)()
+    return step_of(length)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     base: tuple[int, float] | None = None
     for world in args.worlds:
-        got = measure_ranks(_rank_main, world, (world, length, args.repeats), timeout=args.timeout)
+        got = measure_ranks(
+            _make_step, world, (length,), repeats=args.repeats, timeout=args.timeout
+        )
         if isinstance(got, str):
             table.add_row(str(world), str(length // world), "—", "", "—", got)
             continue

@@ -44,17 +44,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from _common import (
     fmt_mb,
     measure_ranks,
-    peak_and_wall,
 )  # benchmarks/_common.py (the script's folder is on sys.path)
 from rich.console import Console
 from rich.table import Table
@@ -76,58 +74,34 @@ class Run:
         return f"ring {self.layout}" if self.world > 1 else "ring"
 
 
-def _rank_main(rank: int, run: Run, length: int, repeats: int, port: int, queue: Any) -> None:
-    """One process: measure one step, put ``(rank, peak bytes, wall seconds)`` on the queue."""
-    try:
-        from attnlab.inspect.memory import stabilize_allocator
+def _make_step(rank: int, world: int, run: Run, length: int) -> Callable[[], None]:
+    """One process's step (after a tiny warm-up that loads the kernels and the process group's
+    buffers): a causal forward + backward over its ``length / world`` tokens."""
+    import torch.nn.functional as F
 
-        stabilize_allocator()  # before anything is allocated: see attnlab.inspect.memory
-        torch.set_num_threads(run.threads)
-        import torch.distributed as dist
-        import torch.nn.functional as F
+    from attnlab.distributed import ring_attention
 
-        from attnlab.distributed import ring_attention
+    def step_of(t_local: int) -> Callable[[], None]:
+        gen = torch.Generator().manual_seed(rank)
+        # as a model makes them: (B, T, H, D) viewed as (B, H, T, D)
+        q, k, v = (
+            torch.randn(1, t_local, H, D, generator=gen).transpose(1, 2).requires_grad_()
+            for _ in range(3)
+        )
 
-        if run.world > 1:
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=rank,
-                world_size=run.world,
-                timeout=datetime.timedelta(minutes=10),
-            )
+        def step() -> None:
+            if run.impl == "torch.sdpa":
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = ring_attention(q, k, v, is_causal=True, layout=run.layout)
+            out.backward(torch.ones_like(out))
+            for t in (q, k, v):
+                t.grad = None
 
-        def barrier() -> None:
-            if run.world > 1:
-                dist.barrier()
+        return step
 
-        def make_step(t_local: int) -> Any:
-            gen = torch.Generator().manual_seed(rank)
-            # as a model makes them: (B, T, H, D) viewed as (B, H, T, D)
-            q, k, v = (
-                torch.randn(1, t_local, H, D, generator=gen).transpose(1, 2).requires_grad_()
-                for _ in range(3)
-            )
-
-            def step() -> None:
-                if run.impl == "torch.sdpa":
-                    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                else:
-                    out = ring_attention(q, k, v, is_causal=True, layout=run.layout)
-                out.backward(torch.ones_like(out))
-                for t in (q, k, v):
-                    t.grad = None
-
-            return step
-
-        make_step(16)()  # load the kernels, the process group's buffers
-        step = make_step(length // run.world)
-        peak, wall = peak_and_wall(step, barrier, repeats)
-        queue.put((rank, peak, wall, None))
-        if run.world > 1:
-            dist.destroy_process_group()
-    except BaseException as e:  # reported by the parent
-        queue.put((rank, 0, 0.0, f"{type(e).__name__}: {e}"))
+    step_of(16)()
+    return step_of(length // world)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     base: tuple[int, float] | None = None
     for run in runs:
         got = measure_ranks(
-            _rank_main,
+            _make_step,
             run.world,
-            (run, length, args.repeats),
+            (run, length),
             threads=run.threads,
+            repeats=args.repeats,
             timeout=args.timeout,
         )
         if isinstance(got, str):
