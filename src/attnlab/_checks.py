@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
+
 
 def shape_str(shape: Sequence[int]) -> str:
     """``(2, 8, 5)`` — a shape as users write it (``torch.Size`` prints noisily)."""
@@ -19,36 +21,36 @@ def shape_str(shape: Sequence[int]) -> str:
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
 
 
 def check_floating(name: str, value: torch.Tensor) -> None:
     if not value.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+        raise ArgumentTypeError(f"{name} must have a floating dtype, got {value.dtype}")
 
 
 def check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
+        raise ArgumentError(f"{name} must be a positive int, got {value}")
     return value
 
 
 def check_probability(name: str, value: object) -> float:
     """A dropout-like probability in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a float in [0, 1), got {type(value).__name__}")
     if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
+        raise ArgumentError(f"{name} must be in [0, 1), got {value}")
     return float(value)
 
 
 def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         options = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+        raise ArgumentError(f"{name} must be one of {options}, got {value!r}")
     return value
 
 
@@ -58,6 +60,6 @@ def broadcast_or_raise(name: str, shape: Sequence[int], target: Sequence[int], l
         s == 1 or s == t for s, t in zip(reversed(tuple(shape)), reversed(tuple(target)))
     )
     if not ok:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} has shape {shape_str(shape)} but must broadcast to {legend} = {shape_str(target)}"
         )

@@ -18,7 +18,8 @@ import torch
 import attnlab
 import attnlab.cli.flops
 from attnlab.cli import CLIError, main
-from attnlab.cli.errors import is_user_error, raised_by_attnlab, user_message
+from attnlab.cli.errors import is_user_error, user_message
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 
 BUG_SUFFIX = " (this is a bug in attnlab; please report it)"
 CLI_DIR = Path(attnlab.cli.__file__).parent
@@ -27,8 +28,11 @@ CLI_DIR = Path(attnlab.cli.__file__).parent
 def _attnlab_functions() -> dict[str, Callable[..., Any]]:
     """Functions whose code lies in the attnlab package (as if a module of it defined them)."""
     source = (
+        "from attnlab.errors import ArgumentError\n"
         "def raises_on_purpose(*args):\n"
-        "    raise ValueError('width must be a positive int, got 0')\n"
+        "    raise ArgumentError('width must be a positive int, got 0')\n"
+        "def raises_a_plain_value_error(*args):\n"
+        "    raise ValueError('not raised through the hierarchy')\n"
         "def raises_from_a_builtin(*args):\n"
         "    return int('not a number')\n"
         "def calls_with_wrong_arguments(*args):\n"
@@ -242,7 +246,9 @@ def test_the_rule() -> None:
     fns = _attnlab_functions()
     assert is_user_error(CLIError("x"))
     assert is_user_error(_raised(fns["raises_on_purpose"]))
-    assert raised_by_attnlab(_raised(fns["raises_on_purpose"]))
+    assert not is_user_error(_raised(fns["raises_a_plain_value_error"]))
+    assert is_user_error(ArgumentError("no traceback needed: the type decides"))
+    assert is_user_error(ArgumentTypeError("x"))
     assert not is_user_error(_raised(fns["raises_from_a_builtin"]))
     assert not is_user_error(_raised(fns["calls_with_wrong_arguments"]))
     assert not is_user_error(_raised(fns["raises_key_error"]))
@@ -257,6 +263,28 @@ def test_the_rule() -> None:
     assert user_message(moved) == "a -> b: Permission denied"
     assert not is_user_error(OSError(errno.EIO, os.strerror(errno.EIO)))
     assert not is_user_error(ConnectionResetError())
+
+
+def test_the_hierarchy_is_what_python_users_expect() -> None:
+    assert issubclass(ArgumentError, ValueError) and issubclass(ArgumentError, AttnlabError)
+    assert issubclass(ArgumentTypeError, TypeError) and issubclass(ArgumentTypeError, AttnlabError)
+    assert issubclass(CLIError, AttnlabError)
+    from attnlab.training.manifest import CheckpointError
+
+    assert issubclass(CheckpointError, ArgumentError)
+
+
+def test_the_library_raises_its_own_types() -> None:
+    """No ``raise ValueError``/``raise TypeError`` in the package: a user's mistake is raised as
+    an :class:`~attnlab.errors.AttnlabError`, so the command line can tell it from a bug."""
+    offences = []
+    for path in sorted(CLI_DIR.parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(exc, ast.Name) and exc.id in ("ValueError", "TypeError"):
+                    offences.append(f"{path.name}:{node.lineno} raises {exc.id}")
+    assert not offences, offences
 
 
 def test_the_command_line_never_reads_an_error_message() -> None:

@@ -1,25 +1,22 @@
 """How the command line reports an exception: a user's mistake in one line, a bug in full.
 
-The rule (:func:`is_user_error`) decides by the exception's *type* and by *where it was raised*,
-never by its message:
+The rule (:func:`is_user_error`) decides by the exception's *type* alone, never by its message or
+by where it was raised:
 
-* :class:`CLIError` — the command line's own errors — is always the user's mistake.
-* A ``ValueError`` or ``TypeError`` (or a subclass, such as
-  :class:`~attnlab.training.checkpoint.CheckpointError`) is the user's mistake when attnlab raised
-  it on purpose: the innermost frame of its traceback lies in the attnlab package *and* what
-  executed there is a ``raise`` statement. This is how the library reports bad arguments (see
-  ``DESIGN.md``, "Errors at public boundaries"). The same types raised anywhere else are bugs: in
-  torch, numpy or transformers (attnlab passed on a value it should have validated), or by a
-  builtin call in attnlab's own code (``int("x")``, ``bytes.decode``, a call with the wrong
-  arguments), which no one raised on purpose.
-* An operating-system error about a file — ``FileNotFoundError``, ``PermissionError``,
+* an :class:`~attnlab.errors.AttnlabError` — what attnlab raises on purpose about its input
+  (:class:`~attnlab.errors.ArgumentError`, a ``ValueError``; :class:`~attnlab.errors.ArgumentTypeError`,
+  a ``TypeError``; :class:`~attnlab.training.manifest.CheckpointError`, …) and the command line's
+  own :class:`CLIError` — is the user's mistake;
+* an operating-system error about a file — ``FileNotFoundError``, ``PermissionError``,
   ``IsADirectoryError``, ``NotADirectoryError``, ``FileExistsError`` (e.g. an output path whose
   parent is a file), or the errno of a full disk (``ENOSPC``, ``EDQUOT``), a read-only file
   system (``EROFS``) or a path too long (``ENAMETOOLONG``) — is the user's, wherever it was
   raised: the user named the path. It is shown as ``PATH: DESCRIPTION``.
 
-Everything else — ``KeyError``, ``AttributeError``, ``RuntimeError``, ``IndexError``,
-``AssertionError``, the ``ValueError`` of a library beneath attnlab, … — is a bug in attnlab.
+Everything else — a plain ``ValueError`` or ``TypeError`` (raised by torch, numpy, transformers,
+or by a builtin call such as ``int("x")`` inside attnlab), ``KeyError``, ``AttributeError``,
+``RuntimeError``, ``IndexError``, … — is a bug in attnlab: a value it should have validated
+reached code that could not take it.
 
 :func:`report` prints a user's mistake as ``attnlab: error: <message>`` (exit code 2) and a bug as
 its traceback followed by ``attnlab: internal error: <type>: <message> (this is a bug in attnlab;
@@ -29,14 +26,12 @@ traceback too.
 
 from __future__ import annotations
 
-import dis
 import errno
 import sys
 import traceback
-from functools import cache
-from pathlib import Path
-from types import TracebackType
 from typing import TextIO
+
+from attnlab.errors import AttnlabError
 
 __all__ = [
     "BUG_EXIT",
@@ -44,7 +39,6 @@ __all__ = [
     "CLIError",
     "is_user_error",
     "one_line",
-    "raised_by_attnlab",
     "report",
     "user_message",
 ]
@@ -71,58 +65,9 @@ _FILE_ERRORS = (
     FileExistsError,
 )
 
-# the opcode of a `raise` statement (a re-raised exception keeps the frame and the instruction
-# that raised it first)
-_RAISE_OP = "RAISE_VARARGS"
 
-
-class CLIError(Exception):
+class CLIError(AttnlabError):
     """An error to report as one line (``attnlab: error: …``) with a non-zero exit."""
-
-
-@cache
-def _package_dir() -> Path:
-    import attnlab
-
-    return Path(attnlab.__file__).resolve().parent
-
-
-def _innermost(tb: TracebackType) -> TracebackType:
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb
-
-
-def _in_package(filename: str) -> bool:
-    try:
-        return Path(filename).resolve().is_relative_to(_package_dir())
-    except (OSError, ValueError):
-        return False
-
-
-def _executes_raise(tb: TracebackType) -> bool:
-    """Whether the instruction that raised in ``tb``'s frame is a ``raise`` statement.
-
-    An exception raised by a call (a builtin or an extension function) is instead raised at
-    the call's instruction.
-    """
-    for instruction in dis.get_instructions(tb.tb_frame.f_code):
-        if instruction.offset == tb.tb_lasti:
-            return instruction.opname == _RAISE_OP
-    return False
-
-
-def raised_by_attnlab(exc: BaseException) -> bool:
-    """Whether a ``raise`` statement of the attnlab package raised ``exc``.
-
-    True when the innermost frame of its traceback (where it was raised) is a file of the
-    attnlab package and the instruction executing there is a ``raise``; False for an exception
-    raised in another package, or by a builtin or extension call from attnlab's code.
-    """
-    if exc.__traceback__ is None:
-        return False
-    tb = _innermost(exc.__traceback__)
-    return _in_package(tb.tb_frame.f_code.co_filename) and _executes_raise(tb)
 
 
 def _is_file_error(exc: BaseException) -> bool:
@@ -132,17 +77,12 @@ def _is_file_error(exc: BaseException) -> bool:
 def is_user_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the user's mistake (one line, exit 2) rather than a bug in attnlab.
 
-    The rule, by type and by where it was raised, never by message (see the module's docstring):
-    a :class:`CLIError`; a ``ValueError``/``TypeError`` raised by a ``raise`` in the attnlab
-    package; an ``OSError`` about a file (not found, permission denied, a directory where a file
-    was expected or the reverse, a file in the way, a full disk, a read-only file system, a path
-    too long).
+    By type alone (see the module's docstring): an :class:`~attnlab.errors.AttnlabError` (a
+    :class:`CLIError` among them), or an ``OSError`` about a file (not found, permission denied,
+    a directory where a file was expected or the reverse, a file in the way, a full disk, a
+    read-only file system, a path too long).
     """
-    if isinstance(exc, CLIError):
-        return True
-    if isinstance(exc, (ValueError, TypeError)):
-        return raised_by_attnlab(exc)
-    return _is_file_error(exc)
+    return isinstance(exc, AttnlabError) or _is_file_error(exc)
 
 
 def one_line(text: str) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.data.text import step_generator
+from attnlab.errors import ArgumentError
 
 __all__ = [
     "BucketedBatchSource",
@@ -45,11 +46,11 @@ def pad_batch(
                 [8, 0, 0]])
     """
     if len(seqs) == 0:
-        raise ValueError("seqs must hold at least one sequence, got 0")
+        raise ArgumentError("seqs must hold at least one sequence, got 0")
     longest = max(len(s) for s in seqs)
     length = longest if length is None else length
     if length < longest:
-        raise ValueError(f"length must be >= the longest sequence ({longest}), got {length}")
+        raise ArgumentError(f"length must be >= the longest sequence ({longest}), got {length}")
     out = torch.full((len(seqs), length), pad_id, dtype=torch.long)
     for row, seq in enumerate(seqs):
         if len(seq):
@@ -97,7 +98,9 @@ def make_seq2seq_batch(
         A :class:`Seq2SeqBatch`.
     """
     if len(src) != len(tgt):
-        raise ValueError(f"src and tgt must hold as many sequences, got {len(src)} and {len(tgt)}")
+        raise ArgumentError(
+            f"src and tgt must hold as many sequences, got {len(src)} and {len(tgt)}"
+        )
     return Seq2SeqBatch(
         src=pad_batch(src, pad_id),
         tgt_in=pad_batch([[bos_id, *t] for t in tgt], pad_id),
@@ -129,7 +132,7 @@ def bucket_batches(
         Lists of indices into ``lengths``.
     """
     if max_tokens <= 0:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        raise ArgumentError(f"max_tokens must be positive, got {max_tokens}")
     n = len(lengths)
     if n == 0:
         return []
@@ -187,11 +190,11 @@ class BucketedBatchSource:
         seed: int,
     ) -> None:
         if len(src) != len(tgt):
-            raise ValueError(
+            raise ArgumentError(
                 f"src and tgt must hold as many sequences, got {len(src)} and {len(tgt)}"
             )
         if len(src) == 0:
-            raise ValueError("the corpus must hold at least one sentence pair, got 0")
+            raise ArgumentError("the corpus must hold at least one sentence pair, got 0")
         self.src, self.tgt = list(src), list(tgt)
         self.max_tokens = max_tokens
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.text import read_text_file
+from attnlab.errors import ArgumentError
 
 __all__ = ["ParallelCorpus", "read_parallel"]
 
@@ -56,11 +57,11 @@ def read_parallel(
     src_lines = _lines(read_text_file(src_path, what=f"{what} source file"))
     tgt_lines = _lines(read_text_file(tgt_path, what=f"{what} target file"))
     if len(src_lines) != len(tgt_lines):
-        raise ValueError(
+        raise ArgumentError(
             f"{what} files have different line counts: {src_path} has {len(src_lines)} lines, "
             f"{tgt_path} has {len(tgt_lines)}"
         )
     pairs = [(s, t) for s, t in zip(src_lines, tgt_lines) if s and t]
     if not pairs:
-        raise ValueError(f"{what} files hold no non-blank sentence pair: {src_path}, {tgt_path}")
+        raise ArgumentError(f"{what} files hold no non-blank sentence pair: {src_path}, {tgt_path}")
     return ParallelCorpus(src=[s for s, _ in pairs], tgt=[t for _, t in pairs])

@@ -23,6 +23,7 @@ import torch
 from attnlab.data.batching import Seq2SeqBatch, make_seq2seq_batch
 from attnlab.data.text import step_generator
 from attnlab.data.tokenizers import DEFAULT_SPECIALS, CharTokenizer
+from attnlab.errors import ArgumentError
 
 __all__ = ["TASK_NAMES", "SequenceTask", "SequenceTaskConfig", "task_target"]
 
@@ -48,7 +49,7 @@ def task_target(name: str, src: Sequence[int]) -> list[int]:
         return list(reversed(src))
     if name == "sort":
         return sorted(src)
-    raise ValueError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
+    raise ArgumentError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
 
 
 @dataclass(frozen=True)
@@ -73,22 +74,22 @@ class SequenceTaskConfig:
 
     def __post_init__(self) -> None:
         if self.name not in TASK_NAMES:
-            raise ValueError(f"name must be one of {', '.join(TASK_NAMES)}, got {self.name!r}")
+            raise ArgumentError(f"name must be one of {', '.join(TASK_NAMES)}, got {self.name!r}")
         if not 2 <= self.num_symbols <= len(_ALPHABET):
-            raise ValueError(
+            raise ArgumentError(
                 f"num_symbols must be in [2, {len(_ALPHABET)}], got {self.num_symbols}"
             )
         if self.min_len < 1:
-            raise ValueError(f"min_len must be >= 1, got {self.min_len}")
+            raise ArgumentError(f"min_len must be >= 1, got {self.min_len}")
         if self.max_len < self.min_len:
-            raise ValueError(f"max_len must be >= min_len ({self.min_len}), got {self.max_len}")
+            raise ArgumentError(f"max_len must be >= min_len ({self.min_len}), got {self.max_len}")
         if self.heldout_modulus < 2:
-            raise ValueError(f"heldout_modulus must be >= 2, got {self.heldout_modulus}")
+            raise ArgumentError(f"heldout_modulus must be >= 2, got {self.heldout_modulus}")
         if self.num_heldout < 1:
-            raise ValueError(f"num_heldout must be >= 1, got {self.num_heldout}")
+            raise ArgumentError(f"num_heldout must be >= 1, got {self.num_heldout}")
         space = sum(self.num_symbols**n for n in range(self.min_len, self.max_len + 1))
         if space < 4 * self.heldout_modulus * self.num_heldout:
-            raise ValueError(
+            raise ArgumentError(
                 f"num_heldout must leave most strings for training: {space} distinct strings, "
                 f"about {space // self.heldout_modulus} held out, got num_heldout={self.num_heldout}"
             )

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.errors import ArgumentError
+
 __all__ = ["LMBatch", "LMBatchSource", "read_text_file", "split_train_val", "step_generator"]
 
 
@@ -33,18 +35,18 @@ def read_text_file(path: str | Path, *, what: str = "data file") -> str:
     """
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"{what} not found: {path}")
+        raise ArgumentError(f"{what} not found: {path}")
     if not path.is_file():
-        raise ValueError(f"{what} is not a regular file: {path}")
+        raise ArgumentError(f"{what} is not a regular file: {path}")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ValueError(
+        raise ArgumentError(
             f"{what} is not UTF-8 text: {path} ({exc.reason} at byte {exc.start})"
         ) from exc
     if not text.strip():
-        raise ValueError(f"{what} is empty: {path}")
+        raise ArgumentError(f"{what} is empty: {path}")
     return text
 
 
@@ -64,12 +66,12 @@ def split_train_val(
         ``(N,)`` → ``(floor(f N),)`` and ``(N - floor(f N),)``.
     """
     if data.dim() != 1:
-        raise ValueError(f"data must be a 1-D token stream, got {data.dim()} dimensions")
+        raise ArgumentError(f"data must be a 1-D token stream, got {data.dim()} dimensions")
     if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+        raise ArgumentError(f"train_fraction must be in (0, 1), got {train_fraction}")
     n = int(train_fraction * data.numel())
     if n == 0 or n == data.numel():
-        raise ValueError(
+        raise ArgumentError(
             f"data of {data.numel()} tokens is too short to split {train_fraction:.0%} / "
             f"{1 - train_fraction:.0%}"
         )
@@ -135,12 +137,12 @@ class LMBatchSource:
         self, data: torch.Tensor, block_size: int, batch_size: int, seed: int, stream: int = 0
     ) -> None:
         if data.dim() != 1:
-            raise ValueError(f"data must be a 1-D token stream, got {data.dim()} dimensions")
+            raise ArgumentError(f"data must be a 1-D token stream, got {data.dim()} dimensions")
         for name, value in (("block_size", block_size), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise ArgumentError(f"{name} must be a positive int, got {value!r}")
         if data.numel() < block_size + 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"data has {data.numel()} tokens but block_size={block_size} needs at least "
                 f"{block_size + 1}"
             )

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
+
 __all__ = [
     "DEFAULT_SPECIALS",
     "CharTokenizer",
@@ -159,12 +161,12 @@ class CharTokenizer(_SpecialIds):
     def __init__(self, chars: Sequence[str], specials: Sequence[str] = ()) -> None:
         for c in chars:
             if not isinstance(c, str) or len(c) != 1:
-                raise ValueError(f"chars must be single characters, got {c!r}")
+                raise ArgumentError(f"chars must be single characters, got {c!r}")
         if len(set(chars)) != len(chars):
-            raise ValueError("chars must not repeat a character")
+            raise ArgumentError("chars must not repeat a character")
         overlap = set(specials) & set(chars)
         if overlap:
-            raise ValueError(f"specials must differ from chars, both hold {sorted(overlap)}")
+            raise ArgumentError(f"specials must differ from chars, both hold {sorted(overlap)}")
         self.specials = tuple(specials)
         self.chars = tuple(chars)
         self._itos = [*self.specials, *self.chars]
@@ -185,7 +187,7 @@ class CharTokenizer(_SpecialIds):
             ValueError: ``text`` is empty.
         """
         if not text:
-            raise ValueError("text must hold at least one character to build a vocabulary")
+            raise ArgumentError("text must hold at least one character to build a vocabulary")
         return cls(sorted(set(text)), specials)
 
     @property
@@ -219,13 +221,13 @@ class CharTokenizer(_SpecialIds):
                 from the end).
         """
         if isinstance(index, bool):
-            raise TypeError("index must be an int, got bool")
+            raise ArgumentTypeError("index must be an int, got bool")
         try:
             index = operator.index(index)  # an int, or a numpy or 0-d torch integer
         except TypeError:
-            raise TypeError(f"index must be an int, got {type(index).__name__}") from None
+            raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}") from None
         if not 0 <= index < len(self._itos):
-            raise ValueError(f"index must be in [0, {len(self._itos)}), got {index}")
+            raise ArgumentError(f"index must be in [0, {len(self._itos)}), got {index}")
         return self._itos[index]
 
     def encode(self, text: str) -> list[int]:
@@ -245,7 +247,7 @@ class CharTokenizer(_SpecialIds):
         if -1 in ids:
             if unk is None:
                 missing = sorted({c for c in text if c not in self._stoi})
-                raise ValueError(
+                raise ArgumentError(
                     f"text holds characters outside the vocabulary: "
                     f"{''.join(missing)!r} ({len(missing)} distinct)"
                 )
@@ -267,7 +269,7 @@ class CharTokenizer(_SpecialIds):
         for i in ids:
             i = int(i)
             if not 0 <= i < len(self._itos):
-                raise ValueError(f"ids must be in [0, {len(self._itos)}), got {i}")
+                raise ArgumentError(f"ids must be in [0, {len(self._itos)}), got {i}")
             if skip_special and i < n_special:
                 continue
             out.append(self._itos[i])
@@ -325,7 +327,7 @@ class HFTokenizer(_SpecialIds):
         """
         token = self.tokenizer.id_to_token(int(index))
         if token is None:
-            raise ValueError(f"index must be in [0, {self.vocab_size}), got {index}")
+            raise ArgumentError(f"index must be in [0, {self.vocab_size}), got {index}")
         return str(token)
 
     def encode(self, text: str) -> list[int]:
@@ -372,9 +374,9 @@ def _hf() -> Any:
 
 def _check_training_args(vocab_size: int, min_frequency: int) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        raise ArgumentError(f"vocab_size must be a positive int, got {vocab_size!r}")
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-        raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
+        raise ArgumentError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
 
 
 def train_bpe(
@@ -441,7 +443,7 @@ def train_word_level(
     """
     _check_training_args(vocab_size, min_frequency)
     if UNK not in specials:
-        raise ValueError(f"specials must include {UNK!r} for a word-level vocabulary")
+        raise ArgumentError(f"specials must include {UNK!r} for a word-level vocabulary")
     tk = _hf()
     tok = tk.Tokenizer(tk.models.WordLevel(unk_token=UNK))
     tok.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
@@ -470,9 +472,9 @@ def tokenizer_from_json(text: str) -> CharTokenizer | HFTokenizer:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"tokenizer JSON is not valid JSON: {exc}") from exc
+        raise ArgumentError(f"tokenizer JSON is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"tokenizer JSON must be an object, got {type(data).__name__}")
+        raise ArgumentError(f"tokenizer JSON must be an object, got {type(data).__name__}")
     if data.get("kind") == "char":
         return CharTokenizer(
             _strings(data, "chars", single=True), _strings(data, "specials", default=[])
@@ -481,8 +483,8 @@ def tokenizer_from_json(text: str) -> CharTokenizer | HFTokenizer:
         try:
             return HFTokenizer(_hf().Tokenizer.from_str(text))
         except Exception as exc:  # tokenizers raises its own Exception type
-            raise ValueError(f"tokenizer JSON is not a valid tokenizers file: {exc}") from exc
-    raise ValueError("tokenizer JSON has neither kind='char' nor a tokenizers 'model'")
+            raise ArgumentError(f"tokenizer JSON is not a valid tokenizers file: {exc}") from exc
+    raise ArgumentError("tokenizer JSON has neither kind='char' nor a tokenizers 'model'")
 
 
 def _strings(
@@ -492,14 +494,16 @@ def _strings(
     value = data.get(key, default)
     what = "single characters" if single else "strings"
     if value is None:
-        raise ValueError(f"tokenizer JSON of kind 'char' must hold {key!r}, a list of {what}")
+        raise ArgumentError(f"tokenizer JSON of kind 'char' must hold {key!r}, a list of {what}")
     if not isinstance(value, list):
-        raise ValueError(
+        raise ArgumentError(
             f"tokenizer JSON's {key!r} must be a list of {what}, got {type(value).__name__}"
         )
     for item in value:
         if not isinstance(item, str) or (single and len(item) != 1):
-            raise ValueError(f"tokenizer JSON's {key!r} must be a list of {what}, holds {item!r}")
+            raise ArgumentError(
+                f"tokenizer JSON's {key!r} must be a list of {what}, holds {item!r}"
+            )
     return value
 
 
@@ -522,8 +526,8 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | HFTokenizer:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"tokenizer file is not UTF-8 text: {path}") from exc
+        raise ArgumentError(f"tokenizer file is not UTF-8 text: {path}") from exc
     try:
         return tokenizer_from_json(text)
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+        raise ArgumentError(f"{path}: {exc}") from exc

@@ -23,6 +23,7 @@ from attnlab._checks import check_choice, check_positive_int, check_tensor, shap
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
 from attnlab.decoding.strategies import greedy_choice, sample_choice
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["STRATEGIES", "generate"]
 
@@ -108,7 +109,7 @@ def generate(
         torch.Size([2, 13])
     """
     if not (hasattr(model, "new_cache") and hasattr(model, "config")):
-        raise TypeError(
+        raise ArgumentTypeError(
             "model must be an attnlab.GPT or attnlab.Transformer (with new_cache and config), "
             f"got {type(model).__name__}"
         )
@@ -119,11 +120,15 @@ def generate(
     _check_sampling(temperature, top_k, top_p, generator)
     check_positive_int("num_beams", num_beams)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
-        raise TypeError(f"length_penalty must be a float, got {type(length_penalty).__name__}")
+        raise ArgumentTypeError(
+            f"length_penalty must be a float, got {type(length_penalty).__name__}"
+        )
     if not math.isfinite(length_penalty):
-        raise ValueError(f"length_penalty must be finite, got {length_penalty}")
+        raise ArgumentError(f"length_penalty must be finite, got {length_penalty}")
     if not isinstance(early_stopping, bool):
-        raise TypeError(f"early_stopping must be a bool, got {type(early_stopping).__name__}")
+        raise ArgumentTypeError(
+            f"early_stopping must be a bool, got {type(early_stopping).__name__}"
+        )
     cfg = model.config
     out_vocab = cfg.tgt_vocab_size if seq2seq else cfg.vocab_size
     in_vocab, in_vocab_name = (
@@ -137,7 +142,7 @@ def generate(
     if pad_token_id is None:
         pad_token_id = cfg.pad_id if seq2seq else (eos[0] if eos else 0)
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
-        raise TypeError(f"pad_token_id must be an int, got {type(pad_token_id).__name__}")
+        raise ArgumentTypeError(f"pad_token_id must be an int, got {type(pad_token_id).__name__}")
     _check_token_list("pad_token_id", pad_token_id, out_vocab)
     mask = _check_attention_mask(attention_mask, ids, left_padded=not seq2seq)
     if mask is not None and not seq2seq and bool(mask.all()):
@@ -242,9 +247,9 @@ def _make_stepper(
 def _check_input_ids(input_ids: object) -> torch.Tensor:
     ids = check_tensor("input_ids", input_ids)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+        raise ArgumentTypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(
+        raise ArgumentError(
             f"input_ids must have shape (B, T) with B, T >= 1, got {shape_str(ids.shape)}"
         )
     return ids.long()
@@ -254,26 +259,26 @@ def _check_range(ids: torch.Tensor, vocab: int, name: str) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         bad = hi if hi >= vocab else lo
-        raise ValueError(f"input_ids must lie in [0, {name} = {vocab}), got token id {bad}")
+        raise ArgumentError(f"input_ids must lie in [0, {name} = {vocab}), got token id {bad}")
 
 
 def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:
     if seq2seq:
         limit = cfg.max_len
         if t > limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"input_ids has {t} source tokens, longer than the model's position table "
                 f"max_len = {limit}"
             )
         if 1 + max_new_tokens > limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"<bos> + max_new_tokens = {1 + max_new_tokens} target positions exceed the model's "
                 f"position table max_len = {limit}; lower max_new_tokens to at most {limit - 1}"
             )
         return
     limit = cfg.n_positions
     if t + max_new_tokens > limit:
-        raise ValueError(
+        raise ArgumentError(
             f"input_ids length {t} + max_new_tokens {max_new_tokens} = {t + max_new_tokens} "
             f"positions exceed the model's position table n_positions = {limit}"
         )
@@ -281,18 +286,20 @@ def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:
 
 def _check_sampling(temperature: object, top_k: object, top_p: object, generator: object) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+        raise ArgumentTypeError(f"temperature must be a float, got {type(temperature).__name__}")
     if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be > 0 and finite, got {temperature}")
+        raise ArgumentError(f"temperature must be > 0 and finite, got {temperature}")
     if top_k is not None:
         check_positive_int("top_k", top_k)
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
-            raise TypeError(f"top_p must be a float in (0, 1], got {type(top_p).__name__}")
+            raise ArgumentTypeError(f"top_p must be a float in (0, 1], got {type(top_p).__name__}")
         if not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            raise ArgumentError(f"top_p must be in (0, 1], got {top_p}")
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise ArgumentTypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
 
 
 def _check_token_list(name: str, value: object, vocab: int) -> list[int]:
@@ -301,9 +308,9 @@ def _check_token_list(name: str, value: object, vocab: int) -> list[int]:
     items: list[int] = []
     for v in list(value) if isinstance(value, (list, tuple)) else [value]:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int or a list of ints, got {value!r}")
+            raise ArgumentTypeError(f"{name} must be an int or a list of ints, got {value!r}")
         if not 0 <= v < vocab:
-            raise ValueError(f"{name} must lie in [0, vocab_size = {vocab}), got {v}")
+            raise ArgumentError(f"{name} must lie in [0, vocab_size = {vocab}), got {v}")
         items.append(v)
     return items
 
@@ -315,19 +322,19 @@ def _check_attention_mask(
         return None
     m = check_tensor("attention_mask", mask)
     if m.shape != ids.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"attention_mask must have the shape of input_ids {shape_str(ids.shape)}, "
             f"got {shape_str(m.shape)}"
         )
     if m.is_floating_point() or m.is_complex():
-        raise TypeError(f"attention_mask must be 0/1 integers or bool, got dtype {m.dtype}")
+        raise ArgumentTypeError(f"attention_mask must be 0/1 integers or bool, got dtype {m.dtype}")
     if m.dtype != torch.bool and bool(((m != 0) & (m != 1)).any()):
-        raise ValueError("attention_mask must hold only 0 and 1")
+        raise ArgumentError("attention_mask must hold only 0 and 1")
     m = m.long()
     if not bool(m.any(dim=1).all()):
-        raise ValueError("attention_mask has a row with no real token (all zeros)")
+        raise ArgumentError("attention_mask has a row with no real token (all zeros)")
     if left_padded and bool((m[:, 1:] < m[:, :-1]).any()):
-        raise ValueError(
+        raise ArgumentError(
             "attention_mask must be left-padded (zeros only before the first 1 of each row) for a "
             "decoder-only model; got a 0 after a 1"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError
 
 __all__ = ["greedy_choice", "sample_choice", "top_k_filter", "top_p_filter"]
 
@@ -72,7 +73,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
         logits ``(N, V)`` → ``(N, V)``; ``N`` rows, ``V`` the vocabulary size.
     """
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
-        raise ValueError(f"top_p must be a float in (0, 1], got {p!r}")
+        raise ArgumentError(f"top_p must be a float in (0, 1], got {p!r}")
     if p >= 1.0:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)

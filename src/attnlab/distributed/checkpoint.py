@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from attnlab.errors import ArgumentError
 from attnlab.training.checkpoint import (
     CONFIG,
     MODEL,
@@ -266,7 +267,7 @@ def read_sharded_tensors(
         ValueError: an unknown ``prefix``.
     """
     if prefix not in (MODEL_KEY, OPTIM_KEY):
-        raise ValueError(f"prefix must be {MODEL_KEY!r} or {OPTIM_KEY!r}, got {prefix!r}")
+        raise ArgumentError(f"prefix must be {MODEL_KEY!r} or {OPTIM_KEY!r}, got {prefix!r}")
     return _read_tensors(_verified_sharded(path), prefix)
 
 
@@ -331,7 +332,7 @@ def consolidate(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
     """
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ValueError(f"out must be a new or empty folder, got {target}, which holds files")
+        raise ArgumentError(f"out must be a new or empty folder, got {target}, which holds files")
     ckpt = _verified_sharded(path)  # resolved once: everything below reads this directory
     weights = _read_tensors(ckpt, MODEL_KEY)
     manifest = read_manifest(ckpt)

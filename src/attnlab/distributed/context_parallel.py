@@ -40,6 +40,7 @@ from torch import nn
 from attnlab._checks import check_choice, check_positive_int
 from attnlab.distributed.ring import ring_attention
 from attnlab.distributed.ring_schedule import LAYOUTS, sequence_positions
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT, GPTSelfAttention
 from attnlab.nn.masking import Masking
 from attnlab.nn.multihead import MultiHeadAttention
@@ -68,7 +69,7 @@ class ContextParallelAttention(MultiHeadAttention):
     cp_layout: str
 
     def __init__(self) -> None:
-        raise TypeError(
+        raise ArgumentTypeError(
             "ContextParallelAttention is not built directly: use context_parallelize(model, "
             "group) on a built model"
         )
@@ -106,15 +107,15 @@ class ContextParallelAttention(MultiHeadAttention):
             q ``(B, H, T / C, d_head)``; k, v ``(B, H_kv, T / C, d_head)``.
         """
         if need_weights:
-            raise ValueError(
+            raise ArgumentError(
                 "need_weights=True under context parallelism: ring attention never forms the "
                 "weights; capture attention with the whole model in one process"
             )
         if dropout_p > 0:
-            raise ValueError(f"ring attention has no attention dropout, got dropout={dropout_p}")
+            raise ArgumentError(f"ring attention has no attention dropout, got dropout={dropout_p}")
         plain = masking.allowed is None and masking.bias is None and masking.window is None
         if not plain or masking.blocks is not None or masking.causal_offset != 0:
-            raise ValueError(
+            raise ArgumentError(
                 "context parallelism supports causal self-attention without masks, windows, "
                 "block layouts or a KV cache; got "
                 + (
@@ -157,23 +158,23 @@ def check_context_parallel(model: nn.Module) -> GPT:
         ValueError: its attention pattern, positions or attention dropout do not allow it.
     """
     if not isinstance(model, GPT):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"context parallelism runs a GPT (a decoder over one long sequence), got "
             f"{type(model).__name__}"
         )
     cfg = model.config
     if cfg.attention != "full":
-        raise ValueError(
+        raise ArgumentError(
             f"context parallelism needs attention='full' (ring attention), got {cfg.attention!r}"
         )
     if cfg.positions == "alibi":
-        raise ValueError(
+        raise ArgumentError(
             "context parallelism supports positions 'learned' or 'rope', got 'alibi' (its bias "
             "is built for the whole sequence on one process)"
         )
     layers = [m for m in model.modules() if isinstance(m, GPTSelfAttention)]
     if any(m.dropout > 0 for m in layers):
-        raise ValueError(
+        raise ArgumentError(
             f"context parallelism: ring attention has no attention dropout, but the model's "
             f"dropout is {cfg.dropout} (GPTConfig.dropout applies to the attention weights); "
             f"train with dropout 0"
@@ -259,7 +260,7 @@ class ContextParallelModel(nn.Module):
             if kwargs.get(k) is not None
         )
         if refused:
-            raise ValueError(
+            raise ArgumentError(
                 f"under context parallelism the model takes each rank's tokens only, not "
                 f"{', '.join(refused)} (shift the targets before sharding the sequence)"
             )

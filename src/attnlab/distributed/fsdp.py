@@ -43,6 +43,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.optim import Optimizer
 
 from attnlab.distributed.checkpoint import load_sharded_state, save_sharded_state
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.training.distributed import DistInfo, ParallelStrategy, is_initialized
 
 __all__ = ["FSDPStrategy", "shard_model", "transformer_blocks"]
@@ -106,7 +107,7 @@ def shard_model(
         RuntimeError: no process group (start the processes with ``torchrun``).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        raise ArgumentError(f"world_size must be a positive int, got {world_size!r}")
     if not is_initialized():
         raise RuntimeError("shard_model needs a process group: start the processes with torchrun")
     mesh = init_device_mesh(device_type, (world_size,))
@@ -152,7 +153,7 @@ class FSDPStrategy(ParallelStrategy):
         reshard_after_forward: bool = True,
     ) -> None:
         if blocks is not None and not callable(blocks):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"blocks must be callable (model -> modules), got {type(blocks).__name__}"
             )
         self.blocks = blocks

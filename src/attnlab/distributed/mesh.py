@@ -63,6 +63,7 @@ from attnlab.distributed.tensor_parallel import (
     load_full_state_dict,
     parallelize,
 )
+from attnlab.errors import ArgumentError
 from attnlab.training.checkpoint import MODEL, CheckpointError
 from attnlab.training.distributed import (
     DistInfo,
@@ -139,12 +140,12 @@ class MeshStrategy(ParallelStrategy):
         if c > 1:  # what the model allows first: it does not depend on the processes
             check_context_parallel(model)
         if not is_initialized():
-            raise ValueError(
+            raise ArgumentError(
                 f"--context-parallel {c} --tensor-parallel {n} needs {c * n} processes or a "
                 f"multiple: start them with torchrun --nproc-per-node {c * n}"
             )
         if info.world_size % (c * n):
-            raise ValueError(
+            raise ArgumentError(
                 f"the number of processes {info.world_size} must be a multiple of "
                 f"--context-parallel × --tensor-parallel = {c} × {n} = {c * n}"
             )
@@ -196,7 +197,7 @@ class MeshStrategy(ParallelStrategy):
 
         def split(t: torch.Tensor) -> torch.Tensor:
             if t.dim() < 2 or t.shape[1] % parts:
-                raise ValueError(
+                raise ArgumentError(
                     f"context parallelism over {c} ranks ({self.layout} layout) cuts every "
                     f"sequence into {parts} chunks: the batch's tensors must be (B, T, ...) "
                     f"with T divisible by {parts}, got {shape_str(t.shape)}"

@@ -86,6 +86,7 @@ from attnlab.distributed.ring_schedule import (
     ring_pieces,
     split_piece,
 )
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.blockwise import KEY_BLOCK, QUERY_BLOCK, _Blockwise
 from attnlab.nn.backends.common import compute_dtype, merge_partials_, repeat_kv
 from attnlab.nn.backends.fused_tiles import _backward_op, _forward_op, fused_available
@@ -201,15 +202,17 @@ def _ring_of(group: Any) -> _Ring:
             return _Ring(None, 0, 1, (0,))
         group = dist.group.WORLD
     elif not initialised:
-        raise ValueError(
+        raise ArgumentError(
             f"group was given ({type(group).__name__}) but no process group is initialised: call "
             "torch.distributed.init_process_group first, or pass group=None for a single process"
         )
     elif not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
+        raise ArgumentTypeError(
+            f"group must be a torch.distributed ProcessGroup or None, got {group!r}"
+        )
     rank = dist.get_rank(group)
     if rank < 0:
-        raise ValueError(
+        raise ArgumentError(
             f"group does not contain this process (global rank {dist.get_rank()}): call "
             "ring_attention only on the ranks of the ring's group"
         )
@@ -286,7 +289,7 @@ def _agree(
     failed = [r for r, row in enumerate(rows) if row[0] != 1.0]
     if failed:
         ranks = ", ".join(map(str, failed))
-        raise ValueError(
+        raise ArgumentError(
             f"{what}: rank {ranks} of {ring.world_size} rejected its arguments (see the error "
             "raised there); every rank raises, so that none waits on the ring"
         )
@@ -303,16 +306,16 @@ def _agree(
                 differ = [i for i, (a, b) in enumerate(zip(here, first)) if a != b]
                 seq = f.seq_dim % max(len(here), 1)
                 if len(here) == len(first) and differ == [seq]:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"{what}: {f.name} holds T_local = {here[seq]} tokens on rank {r} but "
                         f"{first[seq]} on rank 0: every rank must hold a chunk of the same length "
                         "(T_local = T / world_size)"
                     )
-                raise ValueError(
+                raise ArgumentError(
                     f"{what}: {f.name} has shape {shape_str(here)} on rank {r} but "
                     f"{shape_str(first)} on rank 0: every rank must hold a chunk of the same shape"
                 )
-            raise ValueError(
+            raise ArgumentError(
                 f"{what}: {f.name} is {here!r} on rank {r} but {first!r} on rank 0: every rank "
                 f"must pass the same {f.name}"
             )
@@ -598,43 +601,43 @@ def _check_local(
     k = check_tensor("k", key)
     v = check_tensor("v", value)
     if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        raise ArgumentTypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     check_choice("layout", layout, LAYOUTS)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_floating(name, t)
         if t.dim() < 3 or t.dim() > _MAX_DIMS:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} must have shape (..., H, T_local, D) with 3 to {_MAX_DIMS} dims, got "
                 f"{shape_str(t.shape)}"
             )
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} is on {t.device} but q is on {q.device}: q, k and v must be on one device"
             )
         if t.dtype != q.dtype:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k and v must share one dtype"
             )
     h, t_local, d = q.shape[-3:]
     if k.dim() != q.dim() or k.shape[:-3] != q.shape[:-3] or k.shape[-2:] != (t_local, d):
         want = shape_str((*q.shape[:-3], k.shape[-3], t_local, d))
-        raise ValueError(
+        raise ArgumentError(
             f"k has shape {shape_str(k.shape)} but must be (..., H_kv, T_local, D) = {want} "
             "(the keys of the same tokens as the queries)"
         )
     if v.shape[:-1] != k.shape[:-1]:
         want = shape_str((*k.shape[:-1], v.shape[-1]))
-        raise ValueError(
+        raise ArgumentError(
             f"v has shape {shape_str(v.shape)} but must be (..., H_kv, T_local, D_v) = {want}"
         )
     h_kv = k.shape[-3]
     if h_kv == 0 or h % h_kv:
-        raise ValueError(f"q has H = {h} heads, not a multiple of k's H_kv = {h_kv} heads")
+        raise ArgumentError(f"q has H = {h} heads, not a multiple of k's H_kv = {h_kv} heads")
     if t_local == 0:
-        raise ValueError("q holds T_local = 0 tokens: every rank must hold at least one")
+        raise ArgumentError("q holds T_local = 0 tokens: every rank must hold at least one")
     if layout == "zigzag" and t_local % 2:
-        raise ValueError(
+        raise ArgumentError(
             f"layout='zigzag' cuts the sequence into 2·world_size = {2 * world_size} chunks, so "
             f"T = world_size · T_local must be divisible by {2 * world_size}; got T_local = "
             f"{t_local} (T = {world_size * t_local}): use an even T_local or layout='contiguous'"
@@ -642,7 +645,7 @@ def _check_local(
     if scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        raise ArgumentTypeError(f"scale must be a float or None, got {type(scale).__name__}")
     return float(scale)
 
 
@@ -776,9 +779,9 @@ def unshard_sequence(
         x_local = check_tensor("x_local", x_local)
         check_choice("layout", layout, LAYOUTS)
         if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+            raise ArgumentTypeError(f"dim must be an int, got {type(dim).__name__}")
         if not -x_local.dim() <= dim < x_local.dim() or x_local.dim() > _MAX_DIMS:
-            raise ValueError(
+            raise ArgumentError(
                 f"dim must be in [-{x_local.dim()}, {x_local.dim()}) for x_local of shape "
                 f"{shape_str(x_local.shape)}, got {dim}"
             )

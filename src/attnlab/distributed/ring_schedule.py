@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import check_choice, check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "LAYOUTS",
@@ -85,9 +86,9 @@ class RingPiece:
 
 def _check_rank(name: str, value: object, world_size: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     if not 0 <= value < world_size:
-        raise ValueError(f"{name} must be in [0, world_size) = [0, {world_size}), got {value}")
+        raise ArgumentError(f"{name} must be in [0, world_size) = [0, {world_size}), got {value}")
     return value
 
 
@@ -154,7 +155,7 @@ def ring_pieces(
     t_local = check_positive_int("t_local", t_local)
     check_choice("layout", layout, LAYOUTS)
     if layout == "zigzag" and t_local % 2:
-        raise ValueError(f"layout='zigzag' needs an even t_local (two halves), got {t_local}")
+        raise ArgumentError(f"layout='zigzag' needs an even t_local (two halves), got {t_local}")
     if not is_causal:
         return (RingPiece(0, t_local, 0, t_local, False),)
     if source == rank:  # the local square: increasing positions in both layouts
@@ -212,9 +213,9 @@ def split_piece(piece: RingPiece, k0: int, k1: int, block: int) -> tuple[RingPie
 
 def _check_dim(x: torch.Tensor, dim: object) -> int:
     if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+        raise ArgumentTypeError(f"dim must be an int, got {type(dim).__name__}")
     if not -x.dim() <= dim < x.dim():
-        raise ValueError(
+        raise ArgumentError(
             f"dim must be in [-{x.dim()}, {x.dim()}) for x of shape {shape_str(x.shape)}, got {dim}"
         )
     return dim % x.dim()
@@ -229,7 +230,7 @@ def check_divisible(name: str, length: int, world_size: int, layout: str) -> Non
             if layout == "zigzag"
             else f"layout='contiguous' cuts it into world_size = {parts} chunks"
         )
-        raise ValueError(
+        raise ArgumentError(
             f"{name} has sequence length T = {length}, but {how}: T must be divisible by {parts}"
         )
 

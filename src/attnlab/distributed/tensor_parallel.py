@@ -94,6 +94,7 @@ from attnlab.distributed.tensor_styles import (
     check_heads,
     qkv_row_order,
 )
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 from attnlab.training.distributed import local_tensor
@@ -163,14 +164,14 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
         return _gpt_plan(model)
     if isinstance(model, Transformer):
         return _transformer_plan(model)
-    raise TypeError(
+    raise ArgumentTypeError(
         f"model must be an attnlab.GPT or attnlab.Transformer, got {type(model).__name__}"
     )
 
 
 def _check_attention(attention: str) -> None:
     if attention not in SHARDABLE_ATTENTIONS:
-        raise ValueError(
+        raise ArgumentError(
             f"tensor parallelism shards softmax attention by heads: config.attention must be one "
             f"of {', '.join(repr(a) for a in SHARDABLE_ATTENTIONS)}, got {attention!r}"
         )
@@ -257,14 +258,14 @@ def parallelize(model: ModelT, mesh: DeviceMesh) -> ModelT:
         >>> model = parallelize(GPT(config), mesh)  # doctest: +SKIP
     """
     if not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
+        raise ArgumentTypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
     if mesh.ndim != 1:
-        raise ValueError(f"mesh must be 1-D (the tensor-parallel ranks), got {mesh.ndim} dims")
+        raise ArgumentError(f"mesh must be 1-D (the tensor-parallel ranks), got {mesh.ndim} dims")
     plan = tp_plan(model)
     n = mesh.size()
     _check_divisible(model, n)
     if any(isinstance(p, DTensor) for p in model.parameters()):
-        raise ValueError("model is already distributed (it holds DTensor parameters)")
+        raise ArgumentError("model is already distributed (it holds DTensor parameters)")
     ties = _tied_parameters(model)
     with torch.no_grad():
         for p in model.parameters():
@@ -295,7 +296,7 @@ def _check_divisible(model: nn.Module, n: int) -> None:
         widths = {"d_ff": c.d_ff}
     for name, width in widths.items():
         if width % n:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} = {width} is not divisible by the tensor-parallel degree {n} (the mesh "
                 f"size): the feed-forward units are split evenly"
             )
@@ -445,7 +446,7 @@ def load_full_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor
                 continue  # a tied name whose partner is given
             full = state_dict[name]
             if tuple(full.shape) != tuple(target.shape):
-                raise ValueError(
+                raise ArgumentError(
                     f"{name} has shape {tuple(full.shape)} but the model's is {tuple(target.shape)}"
                 )
             mine = _shard_like(full, target, orders.get(name))
@@ -460,7 +461,7 @@ def _optimizer_names(model: nn.Module, optimizer: Optimizer) -> list[str]:
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in names:
-                raise ValueError(
+                raise ArgumentError(
                     "optimizer holds a parameter that is not the model's: build the optimizer "
                     "after parallelize(model, mesh)"
                 )

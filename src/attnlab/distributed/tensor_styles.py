@@ -34,6 +34,7 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPTSelfAttention
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import BlockLayout, Window
@@ -97,12 +98,12 @@ def check_heads(num_heads: int, num_kv_heads: int, degree: int) -> None:
         ValueError: ``N`` does not divide ``H`` or ``H_kv`` (the message names both numbers).
     """
     if num_heads % degree:
-        raise ValueError(
+        raise ArgumentError(
             f"num_heads = {num_heads} is not divisible by the tensor-parallel degree {degree} "
             f"(the mesh size): each rank must hold num_heads / {degree} whole heads"
         )
     if num_kv_heads % degree:
-        raise ValueError(
+        raise ArgumentError(
             f"num_kv_heads = {num_kv_heads} is not divisible by the tensor-parallel degree "
             f"{degree} (the mesh size): each rank must hold whole key/value heads, and the query "
             f"heads of a group live on the rank of their key/value head"
@@ -158,7 +159,7 @@ class TensorParallelAttention(MultiHeadAttention):
     tp_qkv_order: torch.Tensor
 
     def __init__(self) -> None:
-        raise TypeError(
+        raise ArgumentTypeError(
             "TensorParallelAttention is not built directly: shard a built layer with "
             "HeadParallel (attnlab.distributed.tensor_parallel.parallelize does it for a model)"
         )
@@ -356,7 +357,7 @@ class HeadParallel(ParallelStyle):
         cls = _SHARDED_CLASSES.get(type(module))
         if cls is None:
             names = ", ".join(c.__name__ for c in _SHARDED_CLASSES)
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"HeadParallel shards {names} layers, got {type(module).__name__} (attention "
                 f"that replaces softmax attention is not split by heads here)"
             )
@@ -371,7 +372,7 @@ class HeadParallel(ParallelStyle):
                 if p is None:
                     continue
                 if isinstance(p, DTensor):
-                    raise ValueError(f"{type(module).__name__} is already distributed")
+                    raise ArgumentError(f"{type(module).__name__} is already distributed")
                 p.data = p.data[order.to(p.device)]  # rows of rank 0, then rank 1, …
                 if id(p) in own:  # in_proj_weight / in_proj_bias: distributed here
                     sharded = distribute_tensor(

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from attnlab._checks import check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 from attnlab.nn.multihead import MultiHeadAttention
 
@@ -116,7 +117,7 @@ def _check_masks(
     model: nn.Module, masks: object
 ) -> dict[str, tuple[MultiHeadAttention, torch.Tensor]]:
     if not isinstance(masks, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"masks must map attention module paths to (H,) tensors, got {type(masks).__name__}"
         )
     modules = attention_modules(model)
@@ -124,22 +125,22 @@ def _check_masks(
     for path, mask in masks.items():
         if path not in modules:
             known = ", ".join(repr(n) for n in modules) or "none"
-            raise ValueError(
+            raise ArgumentError(
                 f"masks names {path!r}, which is not an attention module of "
                 f"{type(model).__name__}; known: {known}"
             )
         name = f"masks[{path!r}]"
         m = check_tensor(name, mask)
         if m.dtype != torch.bool and not m.is_floating_point():
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{name} must be floating (1.0 keeps a head, 0.0 removes it) or bool, got dtype "
                 f"{m.dtype}; convert it with .float()"
             )
         h = modules[path].num_heads
         if m.shape != (h,):
-            raise ValueError(f"{name} must have shape (H,) = ({h},), got {shape_str(m.shape)}")
+            raise ArgumentError(f"{name} must have shape (H,) = ({h},), got {shape_str(m.shape)}")
         if m.is_floating_point() and not bool(torch.isfinite(m.detach()).all()):
-            raise ValueError(f"{name} must be finite, got NaN or inf entries")
+            raise ArgumentError(f"{name} must be finite, got NaN or inf entries")
         checked[path] = (modules[path], m)
     return checked
 
@@ -167,7 +168,7 @@ def default_loss_fn(model: nn.Module) -> LossFn:
         return _seq2seq_loss
     if isinstance(model, GPT):
         return _lm_loss
-    raise TypeError(
+    raise ArgumentTypeError(
         f"loss_fn must be given for a {type(model).__name__} (a default exists for "
         f"attnlab.Transformer and attnlab.GPT only)"
     )
@@ -180,7 +181,7 @@ def _device(model: nn.Module) -> torch.device:
 
 def _seq2seq_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     if not all(hasattr(batch, a) for a in ("src", "tgt_in", "targets")):
-        raise TypeError(
+        raise ArgumentTypeError(
             "batches must have .src, .tgt_in and .targets (a Seq2SeqBatch) for the default loss "
             f"of a Transformer, got {type(batch).__name__}; pass loss_fn for other batches"
         )
@@ -198,7 +199,7 @@ def _lm_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     elif hasattr(batch, "input_ids"):
         ids, mask = batch.input_ids, getattr(batch, "attention_mask", None)
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             "batches must be (B, T) token-id tensors, or have input_ids, for the default loss "
             f"of a GPT, got {type(batch).__name__}; pass loss_fn for other batches"
         )
@@ -213,9 +214,11 @@ def _lm_loss(model: nn.Module, batch: Any) -> torch.Tensor:
 
 def _scalar(value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"loss_fn must return a scalar tensor, got {type(value).__name__}")
+        raise ArgumentTypeError(f"loss_fn must return a scalar tensor, got {type(value).__name__}")
     if value.numel() != 1:
-        raise ValueError(f"loss_fn must return a scalar tensor, got shape {shape_str(value.shape)}")
+        raise ArgumentError(
+            f"loss_fn must return a scalar tensor, got shape {shape_str(value.shape)}"
+        )
     return value.reshape(())
 
 
@@ -236,13 +239,13 @@ def _evaluating(model: nn.Module) -> Iterator[None]:
 
 def _batches(batches: Iterable[Any]) -> list[Any]:
     if isinstance(batches, torch.Tensor):
-        raise TypeError(
+        raise ArgumentTypeError(
             "batches must be an iterable of batches (e.g. a list of tensors), got one tensor; "
             "wrap it: [ids]"
         )
     items = list(batches)
     if not items:
-        raise ValueError("batches must hold at least one batch, got none")
+        raise ArgumentError("batches must hold at least one batch, got none")
     return items
 
 
@@ -256,7 +259,7 @@ def _trace(
     """The attention layers that run, in execution order, their kinds, and the batch's loss."""
     modules = attention_modules(model)
     if not modules:
-        raise ValueError(f"model ({type(model).__name__}) has no MultiHeadAttention layer")
+        raise ArgumentError(f"model ({type(model).__name__}) has no MultiHeadAttention layer")
     order: dict[str, str] = {}
     handles = []
     try:
@@ -274,7 +277,7 @@ def _trace(
         for handle in handles:
             handle.remove()
     if not order:
-        raise ValueError("loss_fn ran no attention layer of the model")
+        raise ArgumentError("loss_fn ran no attention layer of the model")
     return list(order), list(order.values()), loss
 
 
@@ -352,7 +355,7 @@ class HeadImportance:
             ``(L, H)``.
         """
         if by not in ("ablation", "gradient"):
-            raise ValueError(f"by must be 'ablation' or 'gradient', got {by!r}")
+            raise ArgumentError(f"by must be 'ablation' or 'gradient', got {by!r}")
         return self.ablation if by == "ablation" else self.gradient
 
     def order(self, by: ImportanceKind = "ablation") -> list[Head]:
@@ -472,7 +475,7 @@ def _importance(
     items = _batches(batches)
     loss = loss_fn if loss_fn is not None else default_loss_fn(model)
     if not callable(loss):
-        raise TypeError(f"loss_fn must be callable, got {type(loss).__name__}")
+        raise ArgumentTypeError(f"loss_fn must be callable, got {type(loss).__name__}")
     modules = attention_modules(model)
     removed = _check_heads(list(pruned), {p: m.num_heads for p, m in modules.items()}, "pruned")
     with _evaluating(model):
@@ -480,7 +483,7 @@ def _importance(
             layers, kinds, _ = _trace(model, loss, items[0])
             counts = {modules[p].num_heads for p in layers}
             if len(counts) > 1:
-                raise ValueError(
+                raise ArgumentError(
                     f"the attention layers have different head counts {sorted(counts)}; "
                     "head_importance needs one H for all layers"
                 )
@@ -542,7 +545,7 @@ def _gradient_importance(
             with masked_heads(model, xi):
                 loss = _scalar(loss_fn(model, batch))
             if not loss.requires_grad:
-                raise ValueError("loss_fn must return a loss that depends on the model's heads")
+                raise ArgumentError("loss_fn must return a loss that depends on the model's heads")
             grads = torch.autograd.grad(loss, list(xi.values()), allow_unused=True)
             for li, g in enumerate(grads):
                 if g is not None:
@@ -582,17 +585,17 @@ def pruning_order(
         or take a prefix for :meth:`HeadImportance.masks`.
     """
     if by not in ("ablation", "gradient"):
-        raise ValueError(f"by must be 'ablation' or 'gradient', got {by!r}")
+        raise ArgumentError(f"by must be 'ablation' or 'gradient', got {by!r}")
     if (
         isinstance(heads_per_step, bool)
         or not isinstance(heads_per_step, int)
         or heads_per_step < 1
     ):
-        raise ValueError(f"heads_per_step must be a positive int, got {heads_per_step!r}")
+        raise ArgumentError(f"heads_per_step must be a positive int, got {heads_per_step!r}")
     if max_heads is not None and (
         isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 0
     ):
-        raise ValueError(f"max_heads must be a non-negative int, got {max_heads!r}")
+        raise ArgumentError(f"max_heads must be a non-negative int, got {max_heads!r}")
     items = _batches(batches)
     chosen: list[Head] = []
     limit = max_heads
@@ -682,7 +685,7 @@ def pruning_curve(
     heads = _check_heads(list(order), num_heads)
     if max_heads is not None:
         if isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 0:
-            raise ValueError(f"max_heads must be a non-negative int, got {max_heads!r}")
+            raise ArgumentError(f"max_heads must be a non-negative int, got {max_heads!r}")
         heads = heads[:max_heads]
     losses: list[float] = []
     metrics: list[float] = []
@@ -707,17 +710,17 @@ def _check_heads(heads: list[Any], num_heads: Mapping[str, int], name: str = "or
     seen: set[Head] = set()
     for item in heads:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise TypeError(f"{name} must hold (layer path, head) pairs, got {item!r}")
+            raise ArgumentTypeError(f"{name} must hold (layer path, head) pairs, got {item!r}")
         path, h = item[0], item[1]
         if path not in num_heads:
             known = ", ".join(repr(n) for n in num_heads)
-            raise ValueError(f"{name} names {path!r}, not an attention module; known: {known}")
+            raise ArgumentError(f"{name} names {path!r}, not an attention module; known: {known}")
         if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < num_heads[path]:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} has head {h!r} for {path!r}, which must lie in [0, {num_heads[path]})"
             )
         if (path, h) in seen:
-            raise ValueError(f"{name} names head {h} of {path!r} twice")
+            raise ArgumentError(f"{name} names head {h} of {path!r} twice")
         seen.add((path, h))
         out.append((path, h))
     return out

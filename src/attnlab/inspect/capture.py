@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from attnlab._checks import shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.stats import AttentionStats, attention_stats
 from attnlab.nn.hooks import hook_points
 from attnlab.nn.linformer import LinformerAttention, key_mask
@@ -116,7 +117,7 @@ class ProjectedKeys:
         """
         heads = self.value_projection.shape[0]
         if weights.dim() not in (3, 4) or weights.shape[-1] != self.k or weights.shape[-3] != heads:
-            raise ValueError(
+            raise ArgumentError(
                 f"weights must be (B, H, T_q, k) or (H, T_q, k) with H = {heads}, k = {self.k}, "
                 f"got {shape_str(weights.shape)}"
             )
@@ -124,7 +125,7 @@ class ProjectedKeys:
         if self.key_mask is not None:
             m = self.key_mask.to(weights.device)  # (B or 1, H or 1, T_k)
             if weights.dim() == 3 and m.shape[0] != 1:
-                raise ValueError(
+                raise ArgumentError(
                     f"weights of one sequence (H, T_q, k) but the call had a mask of {m.shape[0]} "
                     f"sequences; pass the (B, H, T_q, k) weights"
                 )
@@ -190,7 +191,7 @@ class ActivationCache:
             ValueError: ``kind`` is another value.
         """
         if kind not in (None, "self", "cross"):
-            raise ValueError(f"kind must be 'self', 'cross' or None, got {kind!r}")
+            raise ArgumentError(f"kind must be 'self', 'cross' or None, got {kind!r}")
         return [n for n in self.attentions if kind is None or self.kinds.get(n) == kind]
 
     def layers_heads(self, kind: str | None = None) -> list[tuple[str, int]]:
@@ -223,10 +224,10 @@ class ActivationCache:
         """
         names = self.names(kind)
         if not names:
-            raise ValueError(f"no attention weights of kind {kind!r} were captured")
+            raise ArgumentError(f"no attention weights of kind {kind!r} were captured")
         shapes = {tuple(self.attentions[n].shape) for n in names}
         if len(shapes) > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot stack weights of different shapes {sorted(shapes)}; pass kind='self' or 'cross'"
             )
         return torch.stack([self.attentions[n] for n in names])
@@ -251,9 +252,9 @@ class ActivationCache:
         """
         w = self[name]
         if not 0 <= head < w.shape[1]:
-            raise ValueError(f"head must lie in [0, {w.shape[1]}) for {name!r}, got {head}")
+            raise ArgumentError(f"head must lie in [0, {w.shape[1]}) for {name!r}, got {head}")
         if not 0 <= batch < w.shape[0]:
-            raise ValueError(f"batch must lie in [0, {w.shape[0]}), got {batch}")
+            raise ArgumentError(f"batch must lie in [0, {w.shape[0]}), got {batch}")
         return w[batch, head]
 
     def key_labels(self, name: str) -> list[str] | None:
@@ -289,7 +290,7 @@ class ActivationCache:
         w = self[name]
         info = self.projected.get(name)
         if info is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"layer {name!r} attends to its key tokens directly; effective weights exist only "
                 f"for layers with projected keys: {list(self.projected) or 'none captured'}"
             )
@@ -310,7 +311,7 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
         TypeError: ``model`` is not a ``torch.nn.Module``.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
 
 
@@ -368,20 +369,20 @@ def capture(
     """
     modules = attention_modules(model)
     if not modules:
-        raise ValueError(
+        raise ArgumentError(
             f"model ({type(model).__name__}) has no MultiHeadAttention layer to capture"
         )
     selected = {n: m for n, m in modules.items() if _selected(n, names)}
     if not selected:
-        raise ValueError(
+        raise ArgumentError(
             f"names selects no attention layer; the model has {', '.join(list(modules)[:8])}"
         )
     if not (weights or stats or hooks):
-        raise ValueError("nothing to capture: weights=False, stats=False and no hooks")
+        raise ArgumentError("nothing to capture: weights=False, stats=False and no hooks")
     points = hook_points(model)
     for hook_name in hooks:
         if not any(_path(name, hook_name) in points for name in selected):
-            raise ValueError(
+            raise ArgumentError(
                 f"hooks must name hook points of the attention layers, got {hook_name!r}"
             )
 

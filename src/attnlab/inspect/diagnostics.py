@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import ActivationCache, capture
 from attnlab.inspect.nonfinite import NonFiniteOrigin, watch_nonfinite
 from attnlab.inspect.stats import AttentionStats
@@ -67,7 +68,7 @@ def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
         ``(..., T_q, T_k)`` → ``(..., T_q)``.
     """
     if not isinstance(weights, torch.Tensor):
-        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
+        raise ArgumentTypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
     w = weights if weights.dtype == torch.float64 else weights.float()
     return -torch.special.xlogy(w, w).sum(dim=-1) + 0.0  # + 0.0: no "-0.0" for one-hot rows
 
@@ -312,17 +313,21 @@ def diagnose(
     if atol is not None and (
         isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol < 0
     ):
-        raise ValueError(f"atol must be a non-negative float, got {atol!r}")
+        raise ArgumentError(f"atol must be a non-negative float, got {atol!r}")
     if isinstance(uniform_tol, bool) or not isinstance(uniform_tol, (int, float)):
-        raise TypeError(f"uniform_tol must be a float, got {type(uniform_tol).__name__}")
+        raise ArgumentTypeError(f"uniform_tol must be a float, got {type(uniform_tol).__name__}")
     if not 0 <= uniform_tol < 1:
-        raise ValueError(f"uniform_tol must lie in [0, 1), got {uniform_tol!r}")
+        raise ArgumentError(f"uniform_tol must lie in [0, 1), got {uniform_tol!r}")
     if isinstance(one_token_weight, bool) or not isinstance(one_token_weight, (int, float)):
-        raise TypeError(f"one_token_weight must be a float, got {type(one_token_weight).__name__}")
+        raise ArgumentTypeError(
+            f"one_token_weight must be a float, got {type(one_token_weight).__name__}"
+        )
     if not 0 < one_token_weight <= 1:
-        raise ValueError(f"one_token_weight must lie in (0, 1], got {one_token_weight!r}")
+        raise ArgumentError(f"one_token_weight must lie in (0, 1], got {one_token_weight!r}")
     if origin is not None and not isinstance(origin, NonFiniteOrigin):
-        raise TypeError(f"origin must be a NonFiniteOrigin or None, got {type(origin).__name__}")
+        raise ArgumentTypeError(
+            f"origin must be a NonFiniteOrigin or None, got {type(origin).__name__}"
+        )
     rules = (float(uniform_tol), float(one_token_weight))
     if isinstance(attentions, torch.Tensor):
         attentions = {"attention": _as_4d(attentions)}
@@ -333,7 +338,7 @@ def diagnose(
             return dataclasses.replace(report, origin=origin)
         attentions = attentions.attentions
     if not isinstance(attentions, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"attentions must be an ActivationCache or a mapping of name to tensor, or a tensor, "
             f"got {type(attentions).__name__}"
         )
@@ -342,7 +347,9 @@ def diagnose(
     for name, w in attentions.items():
         if not isinstance(w, torch.Tensor) or w.dim() != 4:
             got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-            raise ValueError(f"attentions[{name!r}] must be a (B, H, T_q, T_k) tensor, got {got}")
+            raise ArgumentError(
+                f"attentions[{name!r}] must be a (B, H, T_q, T_k) tensor, got {got}"
+            )
         tol = (
             atol
             if atol is not None
@@ -383,7 +390,7 @@ def _as_4d(w: torch.Tensor) -> torch.Tensor:
         return w[None]
     if w.dim() == 4:
         return w
-    raise ValueError(
+    raise ArgumentError(
         f"attentions must have shape (B, H, T_q, T_k), (H, T_q, T_k) or (T_q, T_k), "
         f"got {tuple(w.shape)}"
     )

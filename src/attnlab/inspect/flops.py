@@ -72,6 +72,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, TransformerConfig, block_layout
 from attnlab.nn.masks import BlockLayout
 
@@ -254,7 +255,7 @@ def block_pairs(layout: BlockLayout, q_len: int | None = None) -> int:
     t_k = layout.seq_len
     t_q = t_k if q_len is None else check_positive_int("q_len", q_len)
     if t_q > t_k:
-        raise ValueError(f"q_len must be at most the layout's seq_len = {t_k}, got {t_q}")
+        raise ArgumentError(f"q_len must be at most the layout's seq_len = {t_k}, got {t_q}")
     b = layout.block_size
     total = 0
     for r, r0, r1 in layout.row_spans(t_q):
@@ -492,7 +493,7 @@ def flops(
     if src_len is not None:
         check_positive_int("src_len", src_len)
         if geo["kind"] != "transformer":
-            raise ValueError(
+            raise ArgumentError(
                 "src_len is only for the encoder-decoder (TransformerConfig), got a GPTConfig"
             )
         _check_length(geo, "src_len", src_len)
@@ -612,13 +613,13 @@ def _geometry(config: object, num_kv_heads: int | None) -> dict[str, Any]:
             "max_len": config.max_len, "max_len_name": "config.max_len",
         }  # fmt: skip
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"config must be a GPTConfig or a TransformerConfig, got {type(config).__name__}"
         )
     if num_kv_heads is not None:
         check_positive_int("num_kv_heads", num_kv_heads)
         if geo["h"] % num_kv_heads != 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"num_kv_heads must divide the {geo['h']} query heads, got {num_kv_heads}"
             )
         geo["kv_heads"] = num_kv_heads
@@ -629,7 +630,7 @@ def _check_length(geo: dict[str, Any], name: str, value: int) -> int:
     """``value`` (a checked positive length) when the model can hold it: at most its positions."""
     check_positive_int(name, value)
     if value > geo["max_len"]:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be at most {geo['max_len_name']} = {geo['max_len']} (the longest "
             f"sequence the model holds), got {value}"
         )
@@ -638,5 +639,5 @@ def _check_length(geo: dict[str, Any], name: str, value: int) -> int:
 
 def _dtype_bytes(dtype: object) -> int:
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        raise ArgumentTypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     return torch.empty((), dtype=dtype).element_size()

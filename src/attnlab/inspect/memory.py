@@ -30,6 +30,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from attnlab.errors import ArgumentTypeError
+
 __all__ = ["peak_memory", "peak_memory_supported", "resident_bytes", "stabilize_allocator"]
 
 _STATUS = "/proc/self/status"
@@ -159,7 +161,7 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         256
     """
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        raise ArgumentTypeError(f"fn must be callable, got {type(fn).__name__}")
     _release_free_memory()
     before = resident_bytes()
     _reset_peak()

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.errors import ArgumentTypeError
 from attnlab.nn.hooks import HookPoint
 
 __all__ = ["NonFiniteOrigin", "NonFiniteWatch", "find_nonfinite", "watch_nonfinite"]
@@ -181,7 +182,7 @@ def watch_nonfinite(model: nn.Module) -> Iterator[NonFiniteWatch]:
         >>> report = diagnose(cache, origin=watch.origin)
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     watch = NonFiniteWatch()
     running: list[_Frame] = []  # the modules whose forward is running, outermost first
     handles: list[torch.utils.hooks.RemovableHandle] = []

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import check_floating, check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.common import compute_dtype
 from attnlab.nn.masking import normalize_mask
 
@@ -114,11 +115,11 @@ def attention_stats(
     _check_inputs(query, key)
     block_size = check_positive_int("block_size", block_size)
     if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        raise ArgumentTypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if scale is None:
         scale = query.shape[-1] ** -0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        raise ArgumentTypeError(f"scale must be a float or None, got {type(scale).__name__}")
     masking = normalize_mask(query, key, mask, is_causal)
 
     lead, h, t_q, d = query.shape[:-3], query.shape[-3], query.shape[-2], query.shape[-1]
@@ -209,23 +210,23 @@ def _check_inputs(query: object, key: object) -> None:
     for name, t in (("query", q), ("key", k)):
         check_floating(name, t)
         if t.dim() < 3 or 0 in t.shape[-3:]:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} must have shape (..., H, T, D) with H, T, D > 0, got {shape_str(t.shape)}"
             )
     if q.dtype != k.dtype:
-        raise TypeError(f"query and key must share a dtype, got {q.dtype} and {k.dtype}")
+        raise ArgumentTypeError(f"query and key must share a dtype, got {q.dtype} and {k.dtype}")
     if q.device != k.device:
-        raise ValueError(f"query and key must be on one device, got {q.device} and {k.device}")
+        raise ArgumentError(f"query and key must be on one device, got {q.device} and {k.device}")
     if q.dim() != k.dim() or q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(
+        raise ArgumentError(
             f"query and key must share leading (batch) dims, got shapes {shape_str(q.shape)} "
             f"and {shape_str(k.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}"
         )
     if q.shape[-3] % k.shape[-3] != 0:
-        raise ValueError(
+        raise ArgumentError(
             f"query heads H = {q.shape[-3]} must be a multiple of key heads H_kv = {k.shape[-3]}"
         )

@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from attnlab._checks import check_choice, check_positive_int, check_probability
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import check_backend
 from attnlab.nn.masks import BlockLayout, bigbird_layout
 
@@ -107,23 +108,23 @@ def check_attention(
         owner, required = _OWNERS[name]
         if value is None:
             if attention == owner and required:
-                raise ValueError(f"attention={owner!r} needs {name} (a positive int), got None")
+                raise ArgumentError(f"attention={owner!r} needs {name} (a positive int), got None")
             continue
         if attention != owner:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} applies to attention={owner!r} only, got {name}={value!r} with "
                 f"attention={attention!r}"
             )
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
         if name not in _MAY_BE_ZERO:
             check_positive_int(name, value)
         elif value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise ArgumentError(f"{name} must be >= 0, got {value}")
     if attention == "bigbird":
         _check_bigbird(global_blocks, window_blocks, num_random_blocks)
     if causal_only and attention == "linformer":
-        raise ValueError(
+        raise ArgumentError(
             "attention='linformer' is not available for GPTConfig: Linformer projects the keys "
             "along the sequence, so every projected key mixes future positions and the method "
             "cannot be causal; use 'sliding' or 'performer' (or linformer in a TransformerConfig "
@@ -135,12 +136,12 @@ def _check_bigbird(global_blocks: object, window_blocks: object, num_random: obj
     """BigBird's layout needs an odd band (or none) and some visible block besides."""
     band = BIGBIRD_DEFAULTS["window_blocks"] if window_blocks is None else window_blocks
     if band != 0 and band % 2 == 0:  # type: ignore[operator]
-        raise ValueError(
+        raise ArgumentError(
             f"window_blocks must be 0 or odd (a block and (w - 1) / 2 neighbours each side), "
             f"got {band}"
         )
     if global_blocks == 0 and band == 0 and num_random == 0:
-        raise ValueError(
+        raise ArgumentError(
             "attention='bigbird' needs some visible blocks: global_blocks, window_blocks and "
             "num_random_blocks are all 0, so every key would be hidden"
         )
@@ -179,7 +180,7 @@ def block_layout(config: Any, *, causal: bool) -> BlockLayout:
         ValueError: the config's attention is not ``"bigbird"``.
     """
     if getattr(config, "attention", None) != "bigbird":
-        raise ValueError(
+        raise ArgumentError(
             f"block_layout needs a config with attention='bigbird', got "
             f"attention={getattr(config, 'attention', None)!r}"
         )
@@ -238,7 +239,7 @@ def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+        raise ArgumentError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
     return cls(**data)
 
 
@@ -364,13 +365,13 @@ class TransformerConfig:
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
         if self.d_model % self.num_heads != 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"d_model = {self.d_model} must be divisible by num_heads = {self.num_heads}"
             )
         if self.num_kv_heads is not None:
             check_positive_int("num_kv_heads", self.num_kv_heads)
             if self.num_heads % self.num_kv_heads != 0:
-                raise ValueError(
+                raise ArgumentError(
                     f"num_heads = {self.num_heads} must be a multiple of "
                     f"num_kv_heads = {self.num_kv_heads}"
                 )
@@ -381,30 +382,32 @@ class TransformerConfig:
         check_backend(self.backend)
         for name in ("norm_first", "share_embeddings", "tie_output", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+                raise ArgumentTypeError(
+                    f"{name} must be a bool, got {type(getattr(self, name)).__name__}"
+                )
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
-            raise ValueError(f"layer_norm_eps must be a positive float, got {eps!r}")
+            raise ArgumentError(f"layer_norm_eps must be a positive float, got {eps!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+                raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
             if not 0 <= value < self.tgt_vocab_size:
-                raise ValueError(
+                raise ArgumentError(
                     f"{name} must lie in [0, tgt_vocab_size = {self.tgt_vocab_size}), got {value}"
                 )
         if self.pad_id >= self.src_vocab_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"pad_id must lie in [0, src_vocab_size = {self.src_vocab_size}), got {self.pad_id}"
             )
         for name in ("bos_id", "eos_id"):
             if getattr(self, name) == self.pad_id:
-                raise ValueError(
+                raise ArgumentError(
                     f"{name} must differ from pad_id (padding is masked and ignored by the loss), "
                     f"got {name} = pad_id = {self.pad_id}"
                 )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
@@ -519,27 +522,31 @@ class GPTConfig:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
             check_positive_int(name, getattr(self, name))
         if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd = {self.n_embd} must be divisible by n_head = {self.n_head}")
+            raise ArgumentError(
+                f"n_embd = {self.n_embd} must be divisible by n_head = {self.n_head}"
+            )
         if self.num_kv_heads is not None:
             check_positive_int("num_kv_heads", self.num_kv_heads)
             if self.n_head % self.num_kv_heads != 0:
-                raise ValueError(
+                raise ArgumentError(
                     f"n_head = {self.n_head} must be a multiple of num_kv_heads = {self.num_kv_heads}"
                 )
         check_choice("positions", self.positions, ("learned", "rope", "alibi"))
         if self.positions == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(
+            raise ArgumentError(
                 f"positions='rope' needs an even head dimension n_embd / n_head, "
                 f"got {self.n_embd} / {self.n_head} = {self.n_embd // self.n_head}"
             )
         check_probability("dropout", self.dropout)
         for name in ("gradient_checkpointing", "bias"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+                raise ArgumentTypeError(
+                    f"{name} must be a bool, got {type(getattr(self, name)).__name__}"
+                )
         for name in ("layer_norm_epsilon", "rope_base"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be a positive float, got {value!r}")
+                raise ArgumentError(f"{name} must be a positive float, got {value!r}")
         check_backend(self.backend)
         check_attention(
             self.attention, self.window, self.linformer_k, self.num_features, causal_only=True,
@@ -547,7 +554,7 @@ class GPTConfig:
         )  # fmt: skip
         _resolve_bigbird(self)
         if self.attention == "performer" and self.positions != "learned":
-            raise ValueError(
+            raise ArgumentError(
                 f"attention='performer' needs positions='learned' (the FAVOR+ layer applies "
                 f"neither rotary embeddings nor ALiBi's additive bias), got "
                 f"positions={self.positions!r}"

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, block_layout
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
@@ -231,11 +232,11 @@ class RecomputeCache(ModelCache):
         """
         b, t = input_ids.shape
         if b != self.tokens.shape[0]:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache was made for batch {self.tokens.shape[0]}, input_ids has batch {b}"
             )
         if self._length + t > self.capacity:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache capacity exceeded: it holds {self._length} of {self.capacity} positions "
                 f"and {t} more were added; make the cache larger (max_length)"
             )
@@ -456,7 +457,7 @@ class GPT(nn.Module):
         super().__init__()
         config = GPTConfig() if config is None else config
         if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+            raise ArgumentTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.gradient_checkpointing = config.gradient_checkpointing
         rotary = (
@@ -592,7 +593,7 @@ class GPT(nn.Module):
         b, t = self._check_input_ids(input_ids)
         past = self._check_cache(cache, b)
         if past + t > cfg.n_positions:
-            raise ValueError(
+            raise ArgumentError(
                 f"input_ids has {t} tokens after {past} cached ones ({past + t} positions), longer than "
                 f"the position table: n_positions = {cfg.n_positions}"
             )
@@ -605,7 +606,7 @@ class GPT(nn.Module):
         head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
         if isinstance(cache, RecomputeCache):
             if positions is not None:
-                raise ValueError(
+                raise ArgumentError(
                     "position_ids must be None with a RecomputeCache (it recomputes every past "
                     "position, whose ids it does not keep)"
                 )
@@ -643,9 +644,9 @@ class GPT(nn.Module):
             tokens ``(B, 1)``; attention_mask ``(B, T_past + 1)``; logits ``(B, vocab_size)``.
         """
         if tokens.dim() != 2 or tokens.shape[1] != 1:
-            raise ValueError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
+            raise ArgumentError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
         if cache.length + 1 > self.config.n_positions:
-            raise ValueError(
+            raise ArgumentError(
                 f"position {cache.length} is past the model's position table "
                 f"n_positions = {self.config.n_positions}"
             )
@@ -750,12 +751,12 @@ class GPT(nn.Module):
         """
         check_tensor("labels", labels)
         if labels.shape != logits.shape[:2]:
-            raise ValueError(
+            raise ArgumentError(
                 f"labels must have the shape of input_ids (B, T) = {shape_str(logits.shape[:2])}, "
                 f"got {shape_str(labels.shape)}"
             )
         if labels.is_floating_point() or labels.dtype == torch.bool:
-            raise TypeError(f"labels must be integer token ids, got dtype {labels.dtype}")
+            raise ArgumentTypeError(f"labels must be integer token ids, got dtype {labels.dtype}")
         targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T): y_{t+1}
         return F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
@@ -877,16 +878,16 @@ class GPT(nn.Module):
     def _check_input_ids(self, input_ids: object) -> tuple[int, int]:
         ids = check_tensor("input_ids", input_ids)
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+            raise ArgumentTypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"input_ids must have shape (B, T) with T >= 1, got {shape_str(ids.shape)}"
             )
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 bad = hi if hi >= self.config.vocab_size else lo
-                raise ValueError(
+                raise ArgumentError(
                     f"input_ids must lie in [0, vocab_size = {self.config.vocab_size}), got token id {bad}"
                 )
         return ids.shape[0], ids.shape[1]
@@ -896,33 +897,33 @@ class GPT(nn.Module):
             return 0
         if isinstance(cache, RecomputeCache):
             if cache.tokens.shape[0] != batch:
-                raise ValueError(
+                raise ArgumentError(
                     f"cache was made for batch {cache.tokens.shape[0]}, input_ids has batch {batch}"
                 )
             return cache.length
         if not isinstance(cache, ModelCache):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}"
             )
         performer = self.config.attention == "performer"
         wrong = [c for c in cache.layers if isinstance(c, PerformerState) != performer]
         if wrong:
             if performer:
-                raise ValueError(
+                raise ArgumentError(
                     "cache must hold PerformerState layers (from GPT.new_cache) for "
                     "attention='performer': FAVOR+ keeps running sums, not keys and values, got "
                     f"a {type(cache).__name__} of {type(wrong[0]).__name__}"
                 )
-            raise ValueError(
+            raise ArgumentError(
                 "cache holds PerformerState layers, which only attention='performer' reads; "
                 f"this model's attention is {self.config.attention!r}: use GPT.new_cache"
             )
         if len(cache.layers) != self.config.n_layer:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache has {len(cache.layers)} layers, the model n_layer = {self.config.n_layer}"
             )
         if cache.layers[0].batch != batch:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache was made for batch {cache.layers[0].batch}, input_ids has batch {batch}"
             )
         return cache.length
@@ -933,11 +934,11 @@ class GPT(nn.Module):
             return None
         mask = check_tensor("attention_mask", mask)
         if mask.is_floating_point() or mask.is_complex():
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"attention_mask must be 0/1 integers or bool (1 = real token), got dtype {mask.dtype}"
             )
         if mask.shape != (batch, total):
-            raise ValueError(
+            raise ArgumentError(
                 f"attention_mask must have shape (B, T_past + T) = ({batch}, {total}), "
                 f"got {shape_str(mask.shape)}"
             )
@@ -946,17 +947,17 @@ class GPT(nn.Module):
     def _check_position_ids(self, position_ids: object, batch: int, t: int) -> torch.Tensor:
         pos = check_tensor("position_ids", position_ids)
         if pos.is_floating_point() or pos.dtype == torch.bool:
-            raise TypeError(f"position_ids must be integers, got dtype {pos.dtype}")
+            raise ArgumentTypeError(f"position_ids must be integers, got dtype {pos.dtype}")
         if pos.dim() == 2 and pos.shape[0] == 1:
             pos = pos[0]
         if not (pos.shape == (t,) or pos.shape == (batch, t)):
-            raise ValueError(
+            raise ArgumentError(
                 f"position_ids must have shape (B, T) = ({batch}, {t}) or (T,) = ({t},), "
                 f"got {shape_str(pos.shape)}"
             )
         limit = self.config.n_positions
         if int(pos.min()) < 0 or int(pos.max()) >= limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"positions must lie in [0, {limit}) (the position table's length, n_positions = "
                 f"{limit}), got values from {int(pos.min())} up to {int(pos.max())}"
             )

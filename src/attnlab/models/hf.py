@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import SafetensorError, safe_open
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 
 if TYPE_CHECKING:
@@ -51,22 +52,22 @@ def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
     """
     act = hf_config.activation_function
     if act not in _GELU_TANH:
-        raise ValueError(
+        raise ArgumentError(
             f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}"
         )
     n_inner = getattr(hf_config, "n_inner", None)
     if n_inner is not None and n_inner != 4 * hf_config.n_embd:
-        raise ValueError(
+        raise ArgumentError(
             f"n_inner must be None or 4 * n_embd = {4 * hf_config.n_embd}, got {n_inner}"
         )
     if not hf_config.scale_attn_weights or hf_config.scale_attn_by_inverse_layer_idx:
-        raise ValueError(
+        raise ArgumentError(
             "scale_attn_weights must be True and scale_attn_by_inverse_layer_idx False "
             f"(scores scaled by 1/sqrt(d_head)), got {hf_config.scale_attn_weights} and "
             f"{hf_config.scale_attn_by_inverse_layer_idx}"
         )
     if getattr(hf_config, "add_cross_attention", False):
-        raise ValueError("add_cross_attention must be False: attnlab's GPT is decoder-only")
+        raise ArgumentError("add_cross_attention must be False: attnlab's GPT is decoder-only")
     return GPTConfig(
         vocab_size=hf_config.vocab_size,
         n_positions=hf_config.n_positions,
@@ -94,20 +95,20 @@ def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT
             grouped-query heads, rope/alibi, no biases).
     """
     if config.attention != "full":
-        raise ValueError(
+        raise ArgumentError(
             f"attention must be 'full' for GPT-2 (Hugging Face's GPT2LMHeadModel has no "
             f"{config.attention!r} attention), got {config.attention!r}"
         )
     from transformers import GPT2Config
 
     if config.kv_heads != config.n_head:
-        raise ValueError(
+        raise ArgumentError(
             f"num_kv_heads must be None or n_head = {config.n_head} for GPT-2, got {config.num_kv_heads}"
         )
     if config.positions != "learned":
-        raise ValueError(f"positions must be 'learned' for GPT-2, got {config.positions!r}")
+        raise ArgumentError(f"positions must be 'learned' for GPT-2, got {config.positions!r}")
     if not config.bias:
-        raise ValueError("bias must be True for GPT-2, got False")
+        raise ArgumentError("bias must be True for GPT-2, got False")
     special = min(50256, config.vocab_size - 1)  # GPT-2's <|endoftext|>, inside a small vocabulary
     return GPT2Config(  # type: ignore[call-arg]
         vocab_size=config.vocab_size,
@@ -147,7 +148,7 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
     if isinstance(model_or_directory, (str, Path)):
         path = Path(model_or_directory)
         if not path.is_dir():
-            raise ValueError(
+            raise ArgumentError(
                 f"model_or_directory must be a GPT2LMHeadModel or a local directory, got {str(path)!r} "
                 "(not a directory; attnlab never downloads from the Hub)"
             )
@@ -156,7 +157,7 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
             path, local_files_only=True, use_safetensors=True
         )
     if not isinstance(model_or_directory, GPT2LMHeadModel):
-        raise TypeError(
+        raise ArgumentTypeError(
             "model_or_directory must be a transformers.GPT2LMHeadModel or a directory path, "
             f"got {type(model_or_directory).__name__}"
         )
@@ -187,18 +188,18 @@ def _weight_files(path: Path) -> list[Path]:
             weight_map = json.loads((path / _INDEX).read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ValueError(f"{path / _INDEX} is not a safetensors index") from None
+            raise ArgumentError(f"{path / _INDEX} is not a safetensors index") from None
         shards = [path / n for n in names if isinstance(n, str)]
         if len(shards) != len(names) or any(
             not s.resolve().is_relative_to(path.resolve()) or not s.is_file() for s in shards
         ):
-            raise ValueError(f"{path / _INDEX} names shards that are not files of {path}")
+            raise ArgumentError(f"{path / _INDEX} names shards that are not files of {path}")
         return shards
     pickled = [p.name for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))]
     held = (
         f" (it holds {', '.join(pickled)}, a pickle, which attnlab never loads)" if pickled else ""
     )
-    raise ValueError(
+    raise ArgumentError(
         f"{path} holds no safetensors weights{held}: attnlab needs {_WEIGHTS}; convert the model "
         f"with transformers' save_pretrained, which writes safetensors"
     )
@@ -213,7 +214,7 @@ def _stored_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
                 for k in st.keys():
                     shapes[k.removeprefix("transformer.")] = tuple(st.get_slice(k).get_shape())
         except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{f} is not a readable safetensors file ({exc})") from None
+            raise ArgumentError(f"{f} is not a readable safetensors file ({exc})") from None
     return shapes
 
 
@@ -240,7 +241,7 @@ def check_directory(path: str | Path) -> GPTConfig:
     try:
         hf_config = GPT2Config.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, TypeError, RecursionError) as exc:
-        raise ValueError(f"{path / 'config.json'} is not a GPT-2 config ({exc})") from None
+        raise ArgumentError(f"{path / 'config.json'} is not a GPT-2 config ({exc})") from None
     config = config_from_hf(hf_config)
     shapes = _stored_shapes(files)
     expected = {
@@ -250,13 +251,13 @@ def check_directory(path: str | Path) -> GPTConfig:
     }
     for name, shape in expected.items():
         if shapes.get(name) != shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"{path / 'config.json'} gives {name} the shape {shape} (vocab_size, n_positions, "
                 f"n_embd) but the weights store {shapes.get(name, 'no such tensor')}"
             )
     layers = {n.split(".", 2)[1] for n in shapes if n.startswith("h.")}
     if len(layers) != config.n_layer:
-        raise ValueError(
+        raise ArgumentError(
             f"{path / 'config.json'} gives n_layer = {config.n_layer} but the weights store "
             f"{len(layers)} layers"
         )
@@ -287,7 +288,7 @@ def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
         missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
-        raise ValueError(
+        raise ArgumentError(
             f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}"
         )
     hf.tie_weights()

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import TransformerConfig, block_layout
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
@@ -381,7 +382,9 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         if not isinstance(config, TransformerConfig):
-            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+            raise ArgumentTypeError(
+                f"config must be a TransformerConfig, got {type(config).__name__}"
+            )
         self.config = config
         c = config
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
@@ -412,7 +415,9 @@ class Transformer(nn.Module):
     @gradient_checkpointing.setter
     def gradient_checkpointing(self, value: bool) -> None:
         if not isinstance(value, bool):
-            raise TypeError(f"gradient_checkpointing must be a bool, got {type(value).__name__}")
+            raise ArgumentTypeError(
+                f"gradient_checkpointing must be a bool, got {type(value).__name__}"
+            )
         self.encoder.gradient_checkpointing = value
         self.decoder.gradient_checkpointing = value
 
@@ -502,7 +507,7 @@ class Transformer(nn.Module):
         _check_tokens("tgt", tgt, c.tgt_vocab_size, "tgt_vocab_size")
         check_tensor("memory", memory)
         if memory.dim() != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[2] != c.d_model:
-            raise ValueError(
+            raise ArgumentError(
                 f"memory must have shape (B, S, d_model) = ({tgt.shape[0]}, S, {c.d_model}), "
                 f"got {shape_str(memory.shape)}"
             )
@@ -511,13 +516,13 @@ class Transformer(nn.Module):
         if cache is not None:
             past = cache.length
             if past + t > cache.capacity:
-                raise ValueError(
+                raise ArgumentError(
                     f"KV cache capacity exceeded: it holds {past} of {cache.capacity} positions "
                     f"and {t} more were added; make the cache larger (max_length)"
                 )
             if isinstance(cache, Seq2SeqCache):
                 if cache.tokens.shape[0] != tgt.shape[0]:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"tgt has batch {tgt.shape[0]} but the cache was made for batch "
                         f"{cache.tokens.shape[0]}"
                     )
@@ -610,7 +615,7 @@ class Transformer(nn.Module):
         if targets is not None:
             check_tensor("targets", targets)
             if targets.shape != tgt_in.shape:
-                raise ValueError(
+                raise ArgumentError(
                     f"targets must have the shape of tgt_in {shape_str(tgt_in.shape)}, "
                     f"got {shape_str(targets.shape)}"
                 )
@@ -699,11 +704,11 @@ class Transformer(nn.Module):
 def _check_tokens(name: str, tokens: object, vocab_size: int, vocab_name: str) -> None:
     t = check_tensor(name, tokens)
     if t.dim() != 2 or t.shape[1] == 0:
-        raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {shape_str(t.shape)}")
+        raise ArgumentError(f"{name} must have shape (B, T) with T >= 1, got {shape_str(t.shape)}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+        raise ArgumentTypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
     if t.numel() and (int(t.max()) >= vocab_size or int(t.min()) < 0):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} ids must lie in [0, {vocab_name} = {vocab_size}), "
             f"got values in [{int(t.min())}, {int(t.max())}]"
         )

@@ -42,6 +42,7 @@ from typing import Literal, overload
 import torch
 
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
 from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
@@ -175,15 +176,15 @@ def scaled_dot_product_attention(
     dropout_p = check_probability("dropout_p", dropout_p)
     _check_qkv(query, key, value)
     if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        raise ArgumentTypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if scale is None:
         # with D = 0 every score is 0 whatever the scale: uniform weights, the mean of the values
         scale = query.shape[-1] ** -0.5 if query.shape[-1] else 1.0
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        raise ArgumentTypeError(f"scale must be a float or None, got {type(scale).__name__}")
     scale = float(scale)
     if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+        raise ArgumentError(f"scale must be finite, got {scale}")
 
     masking = normalize_mask(query, key, mask, is_causal, window, block_mask)
     return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
@@ -286,39 +287,41 @@ def _check_qkv(query: object, key: object, value: object) -> None:
     for name, t in (("query", q), ("key", k), ("value", v)):
         check_floating(name, t)
         if t.dim() < 3:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} must have shape (..., H, T, D) with at least 3 dims, got {shape_str(t.shape)}"
             )
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"query, key and value must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}"
         )
     if not (q.device == k.device == v.device):
-        raise ValueError(
+        raise ArgumentError(
             f"query, key and value must be on one device, got {q.device}, {k.device} and {v.device}"
         )
     if not (q.dim() == k.dim() == v.dim()):
-        raise ValueError(
+        raise ArgumentError(
             f"query, key and value must have the same rank, got shapes {shape_str(q.shape)}, "
             f"{shape_str(k.shape)} and {shape_str(v.shape)}"
         )
     if q.shape[:-3] != k.shape[:-3] or k.shape[:-3] != v.shape[:-3]:
-        raise ValueError(
+        raise ArgumentError(
             f"query, key and value must share leading (batch) dims, got {shape_str(q.shape[:-3])}, "
             f"{shape_str(k.shape[:-3])} and {shape_str(v.shape[:-3])}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"query and key head dims must match, got D = {q.shape[-1]} and {k.shape[-1]}"
         )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
+        raise ArgumentError(
             f"key and value must have the same heads and length (H_kv, T_k), got "
             f"{shape_str(k.shape[-3:-1])} and {shape_str(v.shape[-3:-1])}"
         )
     h, h_kv = q.shape[-3], k.shape[-3]
     if h_kv == 0:
         if h != 0:
-            raise ValueError(f"query heads H = {h} need key/value heads, got H_kv = 0")
+            raise ArgumentError(f"query heads H = {h} need key/value heads, got H_kv = 0")
     elif h % h_kv != 0:
-        raise ValueError(f"query heads H = {h} must be a multiple of key/value heads H_kv = {h_kv}")
+        raise ArgumentError(
+            f"query heads H = {h} must be a multiple of key/value heads H_kv = {h_kv}"
+        )

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from attnlab._checks import check_positive_int, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["KVCache", "ModelCache", "PerformerState"]
 
@@ -134,13 +135,13 @@ class KVCache:
               ``held`` plus ``T_new``)
         """
         if self.static:
-            raise ValueError("this is a cross-attention (static) cache; it cannot grow")
+            raise ArgumentError("this is a cross-attention (static) cache; it cannot grow")
         self._check(k, v)
         n = k.shape[2]
         if self.window is not None:
             return self._roll(k, v)
         if self.length + n > self.capacity:
-            raise ValueError(
+            raise ArgumentError(
                 f"KV cache capacity exceeded: it holds {self.length} of {self.capacity} positions "
                 f"and {n} more were added; make the cache larger (max_length)"
             )
@@ -183,7 +184,7 @@ class KVCache:
         self._check(k, v)
         n = k.shape[2]
         if n > self.capacity:
-            raise ValueError(f"KV cache capacity is {self.capacity}, got {n} positions")
+            raise ArgumentError(f"KV cache capacity is {self.capacity}, got {n} positions")
         self.k[:, :, :n] = k
         self.v[:, :, :n] = v
         self.length = n
@@ -213,12 +214,14 @@ class KVCache:
     def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:
         b, h, _, d = self.k.shape
         if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
-            raise ValueError(
+            raise ArgumentError(
                 f"keys have shape {shape_str(k.shape)} but the cache holds (B, H_kv, T, d_head) = "
                 f"({b}, {h}, T, {d})"
             )
         if v.shape[:3] != k.shape[:3] or v.shape[3] != self.v.shape[3]:
-            raise ValueError(f"values have shape {shape_str(v.shape)}, keys {shape_str(k.shape)}")
+            raise ArgumentError(
+                f"values have shape {shape_str(v.shape)}, keys {shape_str(k.shape)}"
+            )
 
 
 class PerformerState:
@@ -289,7 +292,7 @@ class PerformerState:
         check_positive_int("num_features", num_features)
         check_positive_int("d_head_v", d_head_v)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+            raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         shape = (batch, num_kv_heads, num_features)
         self.s = torch.zeros(*shape, d_head_v, dtype=dtype, device=device)
         self.z = torch.zeros(*shape, dtype=dtype, device=device)
@@ -346,7 +349,7 @@ class PerformerState:
         if self._features is None:
             self._features = tag
         elif tag != self._features:
-            raise ValueError(
+            raise ArgumentError(
                 "the Performer's random features changed (redraw_features, or weights loaded) "
                 "since this PerformerState was filled: its sums are built from the old features; "
                 "make a new cache (new_cache) and run the prompt again"
@@ -385,18 +388,18 @@ class PerformerState:
         """
         b, h, m, d_v = self.s.shape
         if logits.dim() != 4 or (logits.shape[0], logits.shape[1], logits.shape[3]) != (b, h, m):
-            raise ValueError(
+            raise ArgumentError(
                 f"logits have shape {shape_str(logits.shape)} but the state holds "
                 f"(B, H_kv, T_new, m) = ({b}, {h}, T_new, {m})"
             )
         if v.shape != (*logits.shape[:3], d_v):
-            raise ValueError(
+            raise ArgumentError(
                 f"v has shape {shape_str(v.shape)}, expected (B, H_kv, T_new, D_v) = "
                 f"{shape_str((*logits.shape[:3], d_v))}"
             )
         n = logits.shape[2]
         if self.length + n > self.capacity:
-            raise ValueError(
+            raise ArgumentError(
                 f"PerformerState capacity exceeded: it took {self.length} of {self.capacity} "
                 f"positions and {n} more were added; make the cache larger (max_length)"
             )

@@ -46,6 +46,7 @@ from attnlab._checks import (
     check_tensor,
     shape_str,
 )
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
 from attnlab.nn.backends import choose_backend
 from attnlab.nn.kv_cache import KVCache
@@ -100,12 +101,12 @@ def key_mask(mask: object, batch: int, heads: int, t_k: int, method: str) -> tor
         return None
     m = check_tensor("mask", mask)
     if m.dtype != torch.bool:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"mask must be boolean (True = may attend) for {method}, got dtype {m.dtype}; an "
             f"additive mask cannot be applied before the scores exist"
         )
     if m.dim() >= 2 and m.shape[-2] != 1:
-        raise ValueError(
+        raise ArgumentError(
             f"mask has shape {shape_str(m.shape)} but {method} can only hide keys for every query "
             f"alike: it must broadcast to (B, H, 1, T_k) = {shape_str((batch, heads, 1, t_k))} "
             f"(a padding mask); causal and per-query masks are not supported"
@@ -130,7 +131,7 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
         approx and exact: the same shape.
     """
     if approx.shape != exact.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"approx and exact must have the same shape, got {shape_str(approx.shape)} and "
             f"{shape_str(exact.shape)}"
         )
@@ -142,9 +143,9 @@ def _check_qkv(query: object, key: object, value: object) -> None:
     for name, x in (("query", query), ("key", key), ("value", value)):
         t = check_tensor(name, x)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., T, D), got {shape_str(t.shape)}")
+            raise ArgumentError(f"{name} must have shape (..., T, D), got {shape_str(t.shape)}")
         if not t.is_floating_point():
-            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+            raise ArgumentTypeError(f"{name} must have a floating dtype, got {t.dtype}")
 
 
 # ------------------------------------------------------------------------------------ functional
@@ -238,7 +239,7 @@ def linformer_attention(
     """
     _check_qkv(query, key, value)
     if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"key and value must agree in (..., H_kv, T_k), got {shape_str(key.shape)} and "
             f"{shape_str(value.shape)}"
         )
@@ -246,7 +247,7 @@ def linformer_attention(
     e = _check_projection("e", e, t_k, h_kv)
     f = e if f is None else _check_projection("f", f, t_k, h_kv)
     if f.shape[:-1] != e.shape[:-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"f must have the shape of e in its leading dims (..., k), got {shape_str(f.shape)} "
             f"and {shape_str(e.shape)}"
         )
@@ -255,7 +256,7 @@ def linformer_attention(
     m = key_mask(mask, batch, heads, t_k, "Linformer attention")
     if m is not None:
         if m.shape[1] != 1 and m.shape[1] != h_kv:
-            raise ValueError(
+            raise ArgumentError(
                 f"mask has {m.shape[1]} heads but the keys have H_kv = {h_kv}: a per-head key mask "
                 f"must match the key/value heads"
             )
@@ -281,14 +282,14 @@ def linformer_attention(
 def _check_projection(name: str, p: object, t_k: int, h_kv: int) -> torch.Tensor:
     t = check_tensor(name, p)
     if not t.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+        raise ArgumentTypeError(f"{name} must have a floating dtype, got {t.dtype}")
     if t.dim() not in (2, 3) or (t.dim() == 3 and t.shape[0] not in (1, h_kv)):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must have shape (k, n) or (H_kv, k, n) = (H_kv={h_kv}, k, n), got "
             f"{shape_str(t.shape)}"
         )
     if t.shape[-1] < t_k:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} projects sequences of at most n = {t.shape[-1]} positions (its last dim), "
             f"got T_k = {t_k} keys"
         )
@@ -444,18 +445,18 @@ class LinformerAttention(MultiHeadAttention):
         if is_causal is None:
             is_causal = self.causal
         if is_causal:
-            raise ValueError(
+            raise ArgumentError(
                 "is_causal=True is not supported by LinformerAttention: each projected key mixes "
                 "every position, future ones included, so the method cannot be causal"
             )
         if cache is not None:
-            raise ValueError("cache must be None: LinformerAttention has no KV cache")
+            raise ArgumentError("cache must be None: LinformerAttention has no KV cache")
         refuse_unused("LinformerAttention", unused)
         q, k, v = project_heads(self, query, key, value)
         b = query.shape[0]
         t_k = k.shape[-2]
         if t_k > self.max_len:
-            raise ValueError(
+            raise ArgumentError(
                 f"key has T_k = {t_k} positions but the layer projects at most max_len = "
                 f"{self.max_len}"
             )
@@ -496,7 +497,7 @@ def refuse_unused(layer: str, options: dict[str, Any]) -> None:
     for name, value in options.items():
         if name == "check_positions" or value is None:
             continue
-        raise ValueError(f"{name} must be None: {layer} does not support it, got {value!r}")
+        raise ArgumentError(f"{name} must be None: {layer} does not support it, got {value!r}")
 
 
 def project_heads(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab._checks import broadcast_or_raise, check_tensor
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.masks import BlockLayout, expand_blocks, is_masked_bias, normalize_window
 
 __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
@@ -210,11 +211,11 @@ def normalize_mask(
         return Masking(None, None, causal_offset, None, sides, blocks)
     mask = check_tensor("mask", mask)
     if not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"mask must be bool (True = may attend) or floating (additive), got dtype {mask.dtype}"
         )
     if mask.device != query.device:
-        raise ValueError(f"mask must be on the query's device {query.device}, got {mask.device}")
+        raise ArgumentError(f"mask must be on the query's device {query.device}, got {mask.device}")
     target = (*query.shape[:-1], t_k)
     broadcast_or_raise("mask", mask.shape, target, "(..., H, T_q, T_k)")
     if mask.dim() < len(target):  # any rank that broadcasts: the missing leading dims are 1
@@ -244,12 +245,12 @@ def normalize_mask(
 def _check_block_mask(block_mask: object, t_q: int, t_k: int) -> BlockLayout | None:
     """A ``block_mask=`` argument checked against the lengths; ``None`` when it hides nothing."""
     if not isinstance(block_mask, BlockLayout):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"block_mask must be an attnlab.masks.BlockLayout (e.g. from "
             f"attnlab.masks.bigbird_layout) or None, got {type(block_mask).__name__}"
         )
     if block_mask.seq_len != t_k or t_q > t_k:
-        raise ValueError(
+        raise ArgumentError(
             f"block_mask covers seq_len = {block_mask.seq_len} positions but must cover the keys, "
             f"T_k = {t_k}, with T_q <= T_k (the queries are the last positions), got "
             f"(T_q, T_k) = ({t_q}, {t_k})"
@@ -307,7 +308,7 @@ def _check_bias_values(mask: torch.Tensor) -> None:
         ]
     ).tolist()
     if not_finite:
-        raise ValueError(
+        raise ArgumentError(
             "mask must not hold NaN or +inf: a floating mask is added to the scores (-inf or the "
             "dtype's minimum hides a key, other values must be finite)"
         )

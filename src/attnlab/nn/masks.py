@@ -25,6 +25,7 @@ from typing import overload
 import torch
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 #: a ``window=`` argument: ``None`` (no window), an int ``w`` (= ``(w, 0)``), or a pair
 #: ``(left, right)`` of non-negative ints where ``None`` leaves that side unbounded
@@ -66,11 +67,11 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """
     check_tensor("tokens", tokens)
     if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape (B, T), got {shape_str(tokens.shape)}")
+        raise ArgumentError(f"tokens must have shape (B, T), got {shape_str(tokens.shape)}")
     if tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+        raise ArgumentTypeError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-        raise TypeError(f"pad_id must be an int (the padding token id), got {pad_id!r}")
+        raise ArgumentTypeError(f"pad_id must be an int (the padding token id), got {pad_id!r}")
     return (tokens != pad_id)[:, None, None, :]
 
 
@@ -139,7 +140,7 @@ def normalize_window(window: object) -> tuple[int | None, int | None] | None:
     elif isinstance(window, (tuple, list)) and len(window) == 2:
         sides = tuple(window)
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"window must be None, an int w (= (w, 0)) or a pair (left, right) of ints or None, "
             f"got {window!r}"
         )
@@ -147,12 +148,12 @@ def normalize_window(window: object) -> tuple[int | None, int | None] | None:
         if side is None:
             continue
         if isinstance(side, bool) or not isinstance(side, int):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"window = (left, right) must hold ints or None (unbounded), got {name} = "
                 f"{side!r} ({type(side).__name__})"
             )
         if side < 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"window = (left, right) must be >= 0, got {name} = {side}; write None for an "
                 f"unbounded side (FlashAttention's -1)"
             )
@@ -250,7 +251,7 @@ def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     """
     check_tensor("mask", mask)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
+        raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype}")
     low = torch.finfo(dtype).min
     if mask.dtype == torch.bool:
         zeros = torch.zeros((), dtype=dtype, device=mask.device)
@@ -258,7 +259,7 @@ def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     if mask.is_floating_point():
         hidden = is_masked_bias(mask)
         return mask.to(dtype).clamp(min=low).masked_fill(hidden, low)
-    raise TypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
+    raise ArgumentTypeError(f"mask must be bool or floating, got dtype {mask.dtype}")
 
 
 @overload
@@ -298,14 +299,14 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     for k, m in enumerate(present):
         check_tensor(f"masks[{k}]", m)
         if not (m.dtype == torch.bool or m.is_floating_point()):
-            raise TypeError(f"masks[{k}] must be bool or floating, got dtype {m.dtype}")
+            raise ArgumentTypeError(f"masks[{k}] must be bool or floating, got dtype {m.dtype}")
     if not present:
         return None
     try:
         shape = torch.broadcast_shapes(*(m.shape for m in present))
     except RuntimeError:
         shapes = ", ".join(shape_str(m.shape) for m in present)
-        raise ValueError(f"masks do not broadcast together: {shapes}") from None
+        raise ArgumentError(f"masks do not broadcast together: {shapes}") from None
     floats = [m for m in present if m.is_floating_point()]
     if not floats:
         out = present[0]
@@ -345,14 +346,14 @@ def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
     """
     check_tensor("key_padding_mask", key_padding_mask)
     if key_padding_mask.dim() != 2:
-        raise ValueError(
+        raise ArgumentError(
             f"key_padding_mask must have shape (B, T_k), got {shape_str(key_padding_mask.shape)}"
         )
     if key_padding_mask.dtype == torch.bool:
         return ~key_padding_mask[:, None, None, :]
     if key_padding_mask.is_floating_point():
         return key_padding_mask[:, None, None, :]
-    raise TypeError(
+    raise ArgumentTypeError(
         f"key_padding_mask must be bool or floating, got dtype {key_padding_mask.dtype}"
     )
 
@@ -409,16 +410,16 @@ class BlockLayout:
     def __post_init__(self) -> None:
         check_tensor("blocks", self.blocks)
         if self.blocks.dtype != torch.bool:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"blocks must be a bool tensor (True = may attend), got dtype {self.blocks.dtype}"
             )
         check_positive_int("block_size", self.block_size)
         check_positive_int("seq_len", self.seq_len)
         if not isinstance(self.causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+            raise ArgumentTypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         n = -(-self.seq_len // self.block_size)
         if tuple(self.blocks.shape) != (n, n):
-            raise ValueError(
+            raise ArgumentError(
                 f"blocks has shape {shape_str(self.blocks.shape)} but must be "
                 f"(ceil(seq_len / block_size),) * 2 = ({n}, {n}) for seq_len = {self.seq_len}, "
                 f"block_size = {self.block_size}"
@@ -506,7 +507,7 @@ class BlockLayout:
         """
         check_positive_int("seq_len", seq_len)
         if seq_len > self.seq_len:
-            raise ValueError(
+            raise ArgumentError(
                 f"seq_len must be at most the layout's seq_len = {self.seq_len} (a layout can be "
                 f"cropped, not grown), got {seq_len}"
             )
@@ -575,7 +576,7 @@ class BlockLayout:
         t = self.seq_len
         q_len = t if q_len is None else check_positive_int("q_len", q_len)
         if q_len > t:
-            raise ValueError(f"q_len must be at most seq_len = {t}, got {q_len}")
+            raise ArgumentError(f"q_len must be at most seq_len = {t}, got {q_len}")
         mask = expand_blocks(self.blocks, self.block_size, q_len, t, device)
         if self.causal:
             mask &= causal_mask(q_len, t, device=device)
@@ -693,18 +694,18 @@ def bigbird_layout(
     glob = _global_blocks(global_blocks, n)
     w = _non_negative_int("window_blocks", window_blocks)
     if w % 2 == 0 and w != 0:
-        raise ValueError(
+        raise ArgumentError(
             f"window_blocks must be 0 or odd (a block and (w - 1) / 2 neighbours each side), got {w}"
         )
     k = _non_negative_int("num_random_blocks", num_random_blocks)
     if generator is None:
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            raise ArgumentTypeError(f"seed must be an int, got {type(seed).__name__}")
         generator = torch.Generator().manual_seed(seed)
     elif not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
+        raise ArgumentTypeError(f"generator must be a torch.Generator or None, got {generator!r}")
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        raise ArgumentTypeError(f"causal must be a bool, got {type(causal).__name__}")
 
     r = torch.arange(n)[:, None]
     c = torch.arange(n)[None, :]
@@ -780,9 +781,9 @@ def bigbird_mask(
 
 def _non_negative_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise ArgumentError(f"{name} must be >= 0, got {value}")
     return value
 
 
@@ -791,16 +792,16 @@ def _global_blocks(global_blocks: object, n: int) -> tuple[int, ...]:
         g = _non_negative_int("global_blocks", global_blocks)
         return tuple(range(min(g, n)))
     if not isinstance(global_blocks, (tuple, list, range)):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"global_blocks must be an int (the first g blocks) or a sequence of block indices, "
             f"got {global_blocks!r}"
         )
     out = []
     for idx in global_blocks:
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise TypeError(f"global_blocks must hold ints, got {idx!r}")
+            raise ArgumentTypeError(f"global_blocks must hold ints, got {idx!r}")
         if not -n <= idx < n:
-            raise ValueError(
+            raise ArgumentError(
                 f"global_blocks holds block {idx}, out of range for {n} blocks (-{n} … {n - 1})"
             )
         out.append(idx % n)

@@ -34,6 +34,7 @@ from attnlab._checks import (
     check_tensor,
     shape_str,
 )
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
@@ -69,13 +70,13 @@ def check_head_mask(head_mask: object, batch: int, num_heads: int) -> torch.Tens
     """
     m = check_tensor("head_mask", head_mask)
     if m.dtype != torch.bool and not m.is_floating_point():
-        raise TypeError(
+        raise ArgumentTypeError(
             f"head_mask must be floating (1.0 keeps a head, 0.0 removes it) or bool, got dtype "
             f"{m.dtype}; convert it with .float()"
         )
     broadcast_or_raise("head_mask", m.shape, (batch, num_heads), "(B, H)")
     if m.is_floating_point() and not bool(torch.isfinite(m.detach()).all()):
-        raise ValueError("head_mask must be finite, got NaN or inf entries")
+        raise ArgumentError("head_mask must be finite, got NaN or inf entries")
     while m.dim() < 2:
         m = m.unsqueeze(0)
     return m[:, :, None, None]  # (B or 1, H or 1, 1, 1)
@@ -107,7 +108,7 @@ def layer_head_masks(
         return [None] * num_layers
     m = check_tensor(name, head_mask)
     if m.dtype != torch.bool and not m.is_floating_point():
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{name} must be floating (1.0 keeps a head, 0.0 removes it) or bool, got dtype "
             f"{m.dtype}; convert it with .float()"
         )
@@ -115,7 +116,7 @@ def layer_head_masks(
         return [m] * num_layers
     if m.shape == (num_layers, num_heads):
         return list(m.unbind(0))
-    raise ValueError(
+    raise ArgumentError(
         f"{name} must have shape (num_layers, num_heads) = ({num_layers}, {num_heads}) or "
         f"(num_heads,) = ({num_heads},), got {shape_str(m.shape)}"
     )
@@ -197,9 +198,9 @@ class MultiHeadAttention(nn.Module):
             num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
         )
         if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} must be divisible by num_heads = {num_heads}")
+            raise ArgumentError(f"d_model = {d_model} must be divisible by num_heads = {num_heads}")
         if num_heads % num_kv_heads != 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"num_heads = {num_heads} must be a multiple of num_kv_heads = {num_kv_heads}"
             )
         self.d_model = d_model
@@ -211,7 +212,7 @@ class MultiHeadAttention(nn.Module):
         self.rotary = rotary
         self.window = normalize_window(window)
         if block_mask is not None and not isinstance(block_mask, BlockLayout):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"block_mask must be an attnlab.masks.BlockLayout (e.g. from "
                 f"attnlab.masks.bigbird_layout) or None, got {type(block_mask).__name__}"
             )
@@ -486,12 +487,12 @@ class MultiHeadAttention(nn.Module):
         if block_mask is None or block_mask is False:
             return None
         if not isinstance(block_mask, BlockLayout):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"block_mask must be an attnlab.masks.BlockLayout, None (the layer's own) or "
                 f"False (none for this call), got {block_mask!r}"
             )
         if cache is not None and cache.window is not None and not cache.static:
-            raise ValueError(
+            raise ArgumentError(
                 f"a block_mask counts every position, but the cache keeps only the last "
                 f"{cache.window} (KVCache(window={cache.window})); use a cache without a window"
             )
@@ -503,7 +504,7 @@ class MultiHeadAttention(nn.Module):
         if layout is None:
             return None
         if t_k > layout.seq_len:
-            raise ValueError(
+            raise ArgumentError(
                 f"block_mask covers {layout.seq_len} positions but the call has T_k = {t_k} "
                 f"keys; build the layout for the longest sequence (e.g. the model's positions)"
             )
@@ -521,12 +522,12 @@ class MultiHeadAttention(nn.Module):
             if value is not None:
                 self._check_input("value", value)
                 if value.shape[:2] != key.shape[:2]:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"key and value must have the same (B, T_k), got "
                         f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
                     )
             if key.shape[0] != query.shape[0]:
-                raise ValueError(
+                raise ArgumentError(
                     f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
                 )
         return cross
@@ -567,7 +568,7 @@ class MultiHeadAttention(nn.Module):
         left, right = (None, None) if window is None else window
         limit = cache.window
         if left is None or limit is None or left > limit or not (is_causal or right == 0):
-            raise ValueError(
+            raise ArgumentError(
                 f"cache keeps only the last {cache.window} positions (KVCache(window="
                 f"{cache.window})), so the layer's attention must be causal with a window of at "
                 f"most (left, right) = ({cache.window}, 0), got window = {window} and "
@@ -593,7 +594,7 @@ class MultiHeadAttention(nn.Module):
         t_q = q.shape[-2]
         if positions is None:  # the next T_q positions: their range is known on the host
             if past + t_q > rotary.max_len:
-                raise ValueError(
+                raise ArgumentError(
                     f"positions must lie in [0, {rotary.max_len}) (the rotary table's length, "
                     f"max_len = {rotary.max_len}), got values up to {past + t_q - 1}"
                 )
@@ -605,15 +606,17 @@ class MultiHeadAttention(nn.Module):
     def _check_input(self, name: str, x: object) -> None:
         x = check_tensor(name, x)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}"
             )
         weight = self.qkv_parameters()[0]
         if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor of activations, got dtype {x.dtype}")
+            raise ArgumentTypeError(
+                f"{name} must be a floating tensor of activations, got dtype {x.dtype}"
+            )
         autocast = torch.is_autocast_enabled(x.device.type)
         if x.dtype != weight.dtype and not autocast:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{name} has dtype {x.dtype} but the layer's weights are {weight.dtype}; convert "
                 f"one of them (e.g. layer.to({x.dtype}) or {name}.to({weight.dtype}))"
             )
@@ -646,19 +649,19 @@ class MultiHeadAttention(nn.Module):
             >>> mha = MultiHeadAttention.from_torch(ref)
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
             )
         if not module.batch_first:
-            raise ValueError(
+            raise ArgumentError(
                 "module must have batch_first=True (attnlab is batch first), got batch_first=False"
             )
         if not module._qkv_same_embed_dim:
-            raise ValueError(
+            raise ArgumentError(
                 "module must have kdim == vdim == embed_dim to map onto one in_proj_weight"
             )
         if module.bias_k is not None or module.add_zero_attn:
-            raise ValueError("module must not use add_bias_kv or add_zero_attn")
+            raise ArgumentError("module must not use add_bias_kv or add_zero_attn")
         p = module.in_proj_weight
         new = cls(
             module.embed_dim,
@@ -685,7 +688,7 @@ def _last_keys(mask: torch.Tensor, held: int, total: int) -> torch.Tensor:
     if mask.dim() == 0 or mask.shape[-1] == 1:
         return mask
     if mask.shape[-1] != total:
-        raise ValueError(
+        raise ArgumentError(
             f"mask has {mask.shape[-1]} key positions but must have T_past + T_q = {total} "
             f"(every position so far, the rolling cache keeps the last {held})"
         )

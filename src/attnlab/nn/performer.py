@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.backends.common import repeat_kv
 from attnlab.nn.kv_cache import KVCache, PerformerState
@@ -151,7 +152,7 @@ def softmax_features(
         x ``(..., T, d)``, features ``(m, d)``, mask ``(..., T)`` → ``(..., T, m)``.
     """
     if stabilize not in ("row", "all", "none"):
-        raise ValueError(f"stabilize must be one of 'row', 'all', 'none', got {stabilize!r}")
+        raise ArgumentError(f"stabilize must be one of 'row', 'all', 'none', got {stabilize!r}")
     logits = _exponents(x, features, scale, mask)  # (..., T, m)
     if stabilize != "none":
         dims = (-1,) if stabilize == "row" else (-2, -1)
@@ -245,22 +246,22 @@ def favor_attention(
     for name, x in (("q", q), ("k", k), ("v", v), ("features", features)):
         t = check_tensor(name, x)
         if not t.is_floating_point():
-            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+            raise ArgumentTypeError(f"{name} must have a floating dtype, got {t.dtype}")
     if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(
+        raise ArgumentError(
             f"q, k and v must have shape (..., H, T, D) with the same number of dims, got "
             f"{shape_str(q.shape)}, {shape_str(k.shape)} and {shape_str(v.shape)}"
         )
     if k.shape[:-1] != v.shape[:-1] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"k must be (..., H_kv, T_k, D) with the D of q and v (..., H_kv, T_k, D_v), got "
             f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
         )
     h, h_kv = q.shape[-3], k.shape[-3]
     if h_kv == 0 or h % h_kv != 0:
-        raise ValueError(f"q's heads H = {h} must be a multiple of k's H_kv = {h_kv}")
+        raise ArgumentError(f"q's heads H = {h} must be a multiple of k's H_kv = {h_kv}")
     if features.dim() != 2 or features.shape[-1] != q.shape[-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"features must have shape (m, D) = (m, {q.shape[-1]}), got {shape_str(features.shape)}"
         )
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -316,23 +317,23 @@ def _favor_recurrent(
     group are read against it together, ``φ(Q)`` viewed ``(B, H_kv, G, T, m)``.
     """
     if not is_causal:
-        raise ValueError(
+        raise ArgumentError(
             "is_causal must be True with a PerformerState: its running sums serve causal "
             "attention only (each query sees the keys before it)"
         )
     if need_weights:
-        raise ValueError(
+        raise ArgumentError(
             "need_weights is not available with a PerformerState: it keeps no keys to weigh; "
             "run the whole sequence without a cache to see the weights"
         )
     if q.dim() != 4:
-        raise ValueError(
+        raise ArgumentError(
             f"q must have shape (B, H, T, D) with a PerformerState, got {shape_str(q.shape)}"
         )
     b, h, t, _ = q.shape
     h_kv, t_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     if t_k != t:
-        raise ValueError(
+        raise ArgumentError(
             f"with a PerformerState q, k and v are the same new positions: T_q = {t} but "
             f"T_k = {t_k}"
         )
@@ -340,13 +341,13 @@ def _favor_recurrent(
     if (state.batch, state.num_kv_heads, state.num_features, state.s.shape[3]) != (
         b, h_kv, m, d_v,
     ):  # fmt: skip
-        raise ValueError(
+        raise ArgumentError(
             f"state holds (B, H_kv, m, D_v) = {shape_str(tuple(state.s.shape))} but the inputs "
             f"have {shape_str((b, h_kv, m, d_v))}"
         )
     keep = key_mask(mask, b, h, t, "FAVOR+ attention")  # (B or 1, H or 1, T)
     if keep is not None and keep.shape[1] not in (1, h_kv):
-        raise ValueError(
+        raise ArgumentError(
             f"mask has {keep.shape[1]} heads but with a PerformerState the query heads of a "
             f"group share one state: it must have 1 or H_kv = {h_kv} heads"
         )
@@ -511,7 +512,7 @@ class PerformerAttention(MultiHeadAttention):
             else check_positive_int("redraw_interval", redraw_interval)
         )
         if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+            raise ArgumentTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
         self.register_buffer(
             "features",
@@ -640,24 +641,24 @@ class PerformerAttention(MultiHeadAttention):
         """Check a decoding call with a :class:`PerformerState`; return it and the mask of the
         new keys (the state applied the past ones when it absorbed them)."""
         if not isinstance(cache, PerformerState):
-            raise ValueError(
+            raise ArgumentError(
                 "cache must be None or a PerformerState (the running sums of causal FAVOR+; "
                 f"see GPT.new_cache): FAVOR+ keeps no keys and values, got {type(cache).__name__}"
             )
         if key is not None or value is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "key and value must be None with a PerformerState: it serves causal "
                 "self-attention (decoding), not cross-attention"
             )
         if not is_causal:
-            raise ValueError("is_causal must be True with a PerformerState (causal decoding)")
+            raise ArgumentError("is_causal must be True with a PerformerState (causal decoding)")
         if need_weights or self.hook_weights.active:
-            raise ValueError(
+            raise ArgumentError(
                 "attention weights (need_weights, or a hook on hook_weights) are not available "
                 "with a PerformerState: it keeps no keys to weigh; run the sequence without a cache"
             )
         if (cache.num_kv_heads, cache.num_features) != (self.num_kv_heads, self.num_features):
-            raise ValueError(
+            raise ArgumentError(
                 f"cache holds H_kv = {cache.num_kv_heads} heads and m = {cache.num_features} "
                 f"features but the layer has {self.num_kv_heads} and {self.num_features}"
             )
@@ -668,7 +669,7 @@ class PerformerAttention(MultiHeadAttention):
         if mask.shape[-1] == total:
             return cache, mask[..., total - t :]  # (…, T): the new keys
         if mask.shape[-1] != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"mask has shape {shape_str(mask.shape)} but with a PerformerState it covers the "
                 f"past and new keys: it must broadcast to (B, H, 1, T_past + T) = "
                 f"{shape_str((cache.batch, self.num_heads, 1, total))}"

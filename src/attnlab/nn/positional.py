@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -160,7 +161,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         check_positive_int("d_head", d_head)
         if d_head % 2:
-            raise ValueError(f"d_head must be even for rotary embeddings, got {d_head}")
+            raise ArgumentError(f"d_head must be even for rotary embeddings, got {d_head}")
         self.d_head = d_head
         self.max_len = check_positive_int("max_len", max_len)
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
@@ -191,7 +192,7 @@ class RotaryEmbedding(nn.Module):
         """
         check_tensor("x", x)
         if x.shape[-1] != self.d_head:
-            raise ValueError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
+            raise ArgumentError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
         if check:
             _check_range(positions, self.max_len)
         cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
@@ -275,13 +276,13 @@ def _positions(
 def _check_range(positions: torch.Tensor, max_len: int) -> None:
     check_tensor("positions", positions)
     if positions.is_floating_point():
-        raise TypeError(f"positions must be integer ids, got dtype {positions.dtype}")
+        raise ArgumentTypeError(f"positions must be integer ids, got dtype {positions.dtype}")
     if positions.dim() not in (1, 2):
-        raise ValueError(
+        raise ArgumentError(
             f"positions must have shape (T,) or (B, T), got {shape_str(positions.shape)}"
         )
     if positions.numel() and (int(positions.max()) >= max_len or int(positions.min()) < 0):
-        raise ValueError(
+        raise ArgumentError(
             f"positions must lie in [0, {max_len}) (the position table's length, max_len = {max_len}), "
             f"got values up to {int(positions.max())}"
         )

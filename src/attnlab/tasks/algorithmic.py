@@ -28,6 +28,7 @@ from torch import nn
 
 from attnlab.data.tasks import TASK_NAMES, SequenceTask, SequenceTaskConfig
 from attnlab.data.tokenizers import tokenizer_from_json
+from attnlab.errors import ArgumentError
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
@@ -125,7 +126,9 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
     tok = task.tokenizer if tokenizer is None else tokenizer
     bos, eos, pad = tok.bos_id, tok.eos_id, tok.pad_id
     if bos is None or eos is None or pad is None:
-        raise ValueError("the tokenizer of a copy/reverse/sort run must have <bos>, <eos>, <pad>")
+        raise ArgumentError(
+            "the tokenizer of a copy/reverse/sort run must have <bos>, <eos>, <pad>"
+        )
     positions = model_len(task)
     shortest = task.max_target_len
     return Seq2SeqIO(
@@ -222,7 +225,7 @@ class AlgorithmicTask:
 
     def __init__(self, name: str) -> None:
         if name not in TASK_NAMES:
-            raise ValueError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
+            raise ArgumentError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
         self.name = name
         self.help = _HELP[name]
 

@@ -44,6 +44,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from attnlab.errors import ArgumentError
 from attnlab.training.divergence import all_finite, first_non_finite
 from attnlab.training.trainer import BatchSource
 
@@ -109,7 +110,7 @@ def check_finite_weights(model: nn.Module) -> None:
     if all_finite(model.parameters()):
         return
     name = first_non_finite(model.named_parameters())
-    raise ValueError(
+    raise ArgumentError(
         f"the model's weights are not finite (NaN or infinity in {name}), so it cannot decode: "
         f"the run diverged; use a checkpoint from before it diverged"
     )

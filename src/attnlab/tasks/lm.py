@@ -24,6 +24,7 @@ from torch import nn
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
 from attnlab.decoding.generate import STRATEGIES, generate
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, config_to_dict
 from attnlab.models.gpt import GPT
 from attnlab.tasks.base import (
@@ -90,7 +91,9 @@ def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -
         # split the characters first, so that the vocabulary never sees the validation text
         n = int(0.9 * len(text))
         if n == 0 or n == len(text):
-            raise ValueError(f"--data file is too short to split 90% / 10%: {len(text)} characters")
+            raise ArgumentError(
+                f"--data file is too short to split 90% / 10%: {len(text)} characters"
+            )
         tokenizer: CharTokenizer | HFTokenizer = train_bpe(
             [text[:n]], bpe_vocab, byte_level=True, specials=()
         )
@@ -176,7 +179,7 @@ def generate_text(
     n_pos: int = model.config.n_positions  # type: ignore[union-attr,assignment]
     device = next(model.parameters()).device
     if n_pos < 2:
-        raise ValueError(
+        raise ArgumentError(
             f"the model's context must hold at least 2 tokens, got n_positions={n_pos}"
         )
     ids = list(prompt_ids)
@@ -227,12 +230,12 @@ class LMIO:
             ValueError: ``text`` encodes to no token, or the run has no tokenizer.
         """
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
         if self.tokenizer is None:
-            raise ValueError("the run holds no tokenizer.json, so a text cannot be encoded")
+            raise ArgumentError("the run holds no tokenizer.json, so a text cannot be encoded")
         ids = list(self.tokenizer.encode(text))
         if not ids:
-            raise ValueError(f"the text {text!r} encodes to no tokens")
+            raise ArgumentError(f"the text {text!r} encodes to no tokens")
         return ids
 
     def generate(
@@ -261,13 +264,17 @@ class LMIO:
             The prompt's ids followed by the new ones (the prompt alone for ``max_new_tokens=0``).
         """
         if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+            raise ArgumentError(
+                f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+            )
         if (
             isinstance(max_new_tokens, bool)
             or not isinstance(max_new_tokens, int)
             or max_new_tokens < 0
         ):
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+            raise ArgumentError(
+                f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}"
+            )
         ids = list(source_ids) if source_ids is not None else self.encode(text or "")
         if max_new_tokens == 0:
             return ids
@@ -326,7 +333,7 @@ class LMIO:
             model, None, max_new_tokens=max_new_tokens, source_ids=prompt, **options
         )
         if len(ids) > self.n_positions:
-            raise ValueError(
+            raise ArgumentError(
                 f"the text and continuation have {len(ids)} tokens, more than the model's "
                 f"limit of {self.n_positions}"
             )
@@ -346,7 +353,7 @@ class LMIO:
         """
         ids = self.encode(text)
         if len(ids) > self.n_positions:
-            raise ValueError(
+            raise ArgumentError(
                 f"the probe text has {len(ids)} tokens, more than the model's limit of "
                 f"{self.n_positions}"
             )
@@ -442,17 +449,17 @@ class LanguageModelTask:
         decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
         if args.warmup >= decay_steps:
             where = "--lr-decay-steps" if args.lr_decay_steps is not None else "--steps"
-            raise ValueError(
+            raise ArgumentError(
                 f"--warmup must be < the cosine decay's length ({where} = {decay_steps}, "
                 f"--lr-decay-steps defaults to --steps), got {args.warmup}"
             )
         if args.min_lr > args.lr:
-            raise ValueError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
+            raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
         attention = attention_options(args, causal_only=True)
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:
-                raise ValueError(
+                raise ArgumentError(
                     f"--block-size must be below the {split} split's length: {args.data} gives "
                     f"{len(ids)} {split} tokens (the last 10% validate), --block-size is "
                     f"{args.block_size}; use a longer file or a smaller --block-size"
@@ -529,7 +536,7 @@ class LanguageModelTask:
         corpus = load_corpus(args["data"], bpe=args["bpe"], bpe_vocab=args["bpe_vocab"])
         saved = getattr(io, "tokenizer", None)
         if saved is not None and corpus.tokenizer.to_json() != saved.to_json():
-            raise ValueError(
+            raise ArgumentError(
                 f"the --data file {args['data']} changed since the run was trained: its "
                 f"vocabulary is not the run's, so its tokens would be read as other ones"
             )
@@ -551,7 +558,7 @@ class LanguageModelTask:
             ValueError: the run holds no ``tokenizer.json``.
         """
         if "tokenizer.json" not in files:
-            raise ValueError("the language-model run holds no tokenizer.json")
+            raise ArgumentError("the language-model run holds no tokenizer.json")
         return LMIO(tokenizer_from_json(files["tokenizer.json"]), int(args["block_size"]))
 
 

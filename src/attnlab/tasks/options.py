@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from attnlab.errors import ArgumentError
 from attnlab.models.config import ATTENTIONS
 
 Number = TypeVar("Number", int, float)
@@ -292,23 +293,25 @@ def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[st
     for dest, (flag, owner, field) in _PARAMETERS.items():
         value = getattr(args, dest, None)
         if value is not None and attention != owner:
-            raise ValueError(f"{flag} applies to --attention {owner}, got --attention {attention}")
+            raise ArgumentError(
+                f"{flag} applies to --attention {owner}, got --attention {attention}"
+            )
         if value is None and attention == owner and dest in _REQUIRED:
-            raise ValueError(f"--attention {owner} needs {flag}")
+            raise ArgumentError(f"--attention {owner} needs {flag}")
         out[field] = value
     blocks = out["window_blocks"]
     if blocks is not None and blocks % 2 == 0 and blocks != 0:
-        raise ValueError(
+        raise ArgumentError(
             f"--window-blocks must be 0 or odd (a band around the block), got {blocks}"
         )
     if attention == "bigbird" and out["global_blocks"] == out["window_blocks"] == 0:
         if out["num_random_blocks"] == 0:
-            raise ValueError(
+            raise ArgumentError(
                 "--attention bigbird needs some visible blocks: --global-blocks, "
                 "--window-blocks and --random-blocks are all 0"
             )
     if causal_only and attention == "linformer":
-        raise ValueError(
+        raise ArgumentError(
             "--attention linformer does not fit a GPT: its attention is causal, and "
             "Linformer's projected keys mix future positions; use --attention sliding or performer"
         )

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from attnlab.errors import ArgumentError
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import capture_inputs, token_sequences
 from attnlab.training.files import replace_file, safetensors_bytes
@@ -57,7 +58,7 @@ class AttentionProbe(TrainerCallback):
 
     def __init__(self, run_dir: str | os.PathLike[str], inputs: ModelInputs, every: int, text: str):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+            raise ArgumentError(f"every must be a positive int, got {every!r}")
         self.dir = Path(run_dir) / PROBE_DIR
         self.inputs = inputs
         self.every = every
@@ -149,12 +150,12 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
     """
     d = Path(run_dir) / PROBE_DIR
     if not (d / _META).is_file():
-        raise ValueError(
+        raise ArgumentError(
             f"{run_dir} recorded no attention probe; train with --probe TEXT --probe-every N"
         )
     meta = json.loads((d / _META).read_text(encoding="utf-8"))
     if not isinstance(meta, dict) or not isinstance(meta.get("kinds"), dict):
-        raise ValueError(
+        raise ArgumentError(
             f"{d / _META} must be an object with 'kinds', 'sequences' and 'layer_sequences' "
             f"(as training writes it), got {type(meta).__name__}"
         )
@@ -162,12 +163,12 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         (int(m.group(1)), f) for f in d.iterdir() if (m := _STEP.match(f.name)) is not None
     )
     if not records:
-        raise ValueError(f"{d} holds no recorded step")
+        raise ArgumentError(f"{d} holds no recorded step")
     frames = [load_file(str(f)) for _, f in records]
     names = list(meta["kinds"])
     missing = [n for n in names for fr in frames if n not in fr]
     if missing:
-        raise ValueError(f"{d}: a recorded step lacks the attention of {missing[0]!r}")
+        raise ArgumentError(f"{d}: a recorded step lacks the attention of {missing[0]!r}")
     attentions = {n: torch.stack([fr[n] for fr in frames]) for n in names}  # (S, H, T_q, T_k)
     effective: dict[str, torch.Tensor] = {}  # a projected layer's A · F at each step
     projected = meta.get("projected")
@@ -176,13 +177,13 @@ def load_probe_history(run_dir: str | os.PathLike[str]) -> ProbeHistory:
         if all(have):
             effective[n] = torch.stack([fr[_EFFECTIVE + n] for fr in frames])  # (S, H, T_q, T_k)
         elif any(have):
-            raise ValueError(f"{d}: a recorded step lacks the effective weights of {n!r}")
+            raise ArgumentError(f"{d}: a recorded step lacks the effective weights of {n!r}")
     state = {"steps": [s for s, _ in records], "attentions": attentions, **meta}
     state["effective"] = effective
     try:  # every entry checked by the history itself, which names the bad one
         return ProbeHistory.from_state_dict(state)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{d / _META}: {exc}") from exc
+        raise ArgumentError(f"{d / _META}: {exc}") from exc
 
 
 def write_training_figures(run_dir: str | os.PathLike[str]) -> list[Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.tasks.base import Task
 
 __all__ = [
@@ -39,9 +40,9 @@ def register_task(task: Task) -> Task:
     """
     for attr in ("name", "help", "add_arguments", "build"):
         if not hasattr(task, attr):
-            raise TypeError(f"task must have {attr!r} (see attnlab.tasks.base.Task)")
+            raise ArgumentTypeError(f"task must have {attr!r} (see attnlab.tasks.base.Task)")
     if not isinstance(task.name, str) or not task.name.isidentifier():
-        raise ValueError(f"task.name must be an identifier-like string, got {task.name!r}")
+        raise ArgumentError(f"task.name must be an identifier-like string, got {task.name!r}")
     _REGISTRY[task.name] = task
     return task
 
@@ -81,5 +82,5 @@ def get_task(name: str) -> Task:
     tasks = available_tasks()
     if name not in tasks:
         known = ", ".join(tasks) or "none registered"
-        raise ValueError(f"unknown task {name!r}; known tasks: {known}")
+        raise ArgumentError(f"unknown task {name!r}; known tasks: {known}")
     return tasks[name]

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from attnlab.data.tokenizers import tokenizer_from_json
+from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
@@ -201,7 +202,7 @@ def _plain_io(config: GPTConfig | TransformerConfig, files: dict[str, str], wher
     if isinstance(config, GPTConfig):
         return LMIO(tok, config.n_positions)
     if tok is None:
-        raise ValueError(f"{where} holds no tokenizer.json, so a text cannot be encoded")
+        raise ArgumentError(f"{where} holds no tokenizer.json, so a text cannot be encoded")
     tgt = tokenizer_from_json(files["tgt_tokenizer.json"]) if "tgt_tokenizer.json" in files else tok
     return Seq2SeqIO(
         src_tok=tok, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,

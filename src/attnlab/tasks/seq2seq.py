@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
 from attnlab.tasks.options import attention_options
@@ -137,7 +138,7 @@ def transformer_config(
         The model's configuration.
     """
     if src_tok.pad_id != tgt_tok.pad_id:
-        raise ValueError("the source and target tokenizers must share the padding id")
+        raise ArgumentError("the source and target tokenizers must share the padding id")
     return TransformerConfig(
         src_vocab_size=src_tok.vocab_size,
         tgt_vocab_size=tgt_tok.vocab_size,
@@ -170,12 +171,12 @@ def exact_match_accuracy(
         A number in [0, 1].
     """
     if len(predictions) != len(targets):
-        raise ValueError(
+        raise ArgumentError(
             f"predictions and targets must have the same count, got {len(predictions)} and "
             f"{len(targets)}"
         )
     if not targets:
-        raise ValueError("targets must not be empty")
+        raise ArgumentError("targets must not be empty")
     hits = sum(list(p) == list(t) for p, t in zip(predictions, targets))
     return hits / len(targets)
 
@@ -220,7 +221,7 @@ def noam_adam(
         The optimizer factory the trainer calls with the model.
     """
     if cooldown < 0 or (cooldown and cooldown_end < cooldown):
-        raise ValueError(
+        raise ArgumentError(
             f"--cooldown-end must be >= --cooldown ({cooldown}) when cooling down, got {cooldown_end}"
         )
 
@@ -342,12 +343,12 @@ class Seq2SeqIO:
             ValueError: ``text`` encodes to no token, or to more than the model takes.
         """
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
         body = list(self.src_tok.encode(text))
         unk = self.src_tok.unk_id
         if self.reject_unknown and unk is not None and unk in body:
             outside = sorted({c for c, i in zip(text, body) if i == unk})
-            raise ValueError(
+            raise ArgumentError(
                 f"the text holds characters outside the task's alphabet: {''.join(outside)!r}; "
                 f"the alphabet is {self.src_tok.decode(range(self.src_tok.vocab_size))!r}"
             )
@@ -356,9 +357,9 @@ class Seq2SeqIO:
             body = body or [unk if unk is not None else self.pad_id + 1]
         ids = self.source_ids(body)
         if not body:
-            raise ValueError(f"the text {text!r} encodes to no tokens")
+            raise ArgumentError(f"the text {text!r} encodes to no tokens")
         if len(ids) > self.max_source_len:
-            raise ValueError(
+            raise ArgumentError(
                 f"the text has {len(ids)} tokens (with special tokens), more than the model's "
                 f"limit of {self.max_source_len}"
             )
@@ -408,7 +409,7 @@ class Seq2SeqIO:
     ) -> list[list[int]]:
         beams = self.beams if beams is None else beams
         if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
-            raise ValueError(f"beams must be a positive int, got {beams!r}")
+            raise ArgumentError(f"beams must be a positive int, got {beams!r}")
         check_finite_weights(model)
         return decode_sources(
             model, sources, max_new_tokens=self.max_new_tokens,

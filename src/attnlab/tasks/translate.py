@@ -25,6 +25,7 @@ from torch import nn
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
+from attnlab.errors import ArgumentError
 from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
@@ -58,7 +59,7 @@ def check_bleu_tokenizer(tokenize: str) -> None:
         ValueError: the tokenizer is not one of :data:`BLEU_TOKENIZERS` or cannot run.
     """
     if tokenize not in BLEU_TOKENIZERS:
-        raise ValueError(
+        raise ArgumentError(
             f"--bleu-tokenize must be one of {', '.join(BLEU_TOKENIZERS)}, got {tokenize!r}"
         )
     try:
@@ -66,7 +67,7 @@ def check_bleu_tokenizer(tokenize: str) -> None:
     except Exception as exc:  # sacrebleu reports a missing package in many ways
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         why = lines[0] if lines else type(exc).__name__
-        raise ValueError(f"--bleu-tokenize {tokenize} cannot run here: {why}") from None
+        raise ArgumentError(f"--bleu-tokenize {tokenize} cannot run here: {why}") from None
 
 
 def corpus_bleu(
@@ -111,7 +112,7 @@ class TranslateData:
 def _pair(args: argparse.Namespace, split: str) -> ParallelCorpus | None:
     src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
     if (src is None) != (tgt is None):
-        raise ValueError(f"--{split}-src and --{split}-tgt must be given together")
+        raise ArgumentError(f"--{split}-src and --{split}-tgt must be given together")
     return None if src is None else read_parallel(src, tgt, what=split)
 
 
@@ -327,7 +328,9 @@ class TranslationTask:
         """
         split = "dev" if args.get("dev_src") else "test"
         if not args.get(f"{split}_src"):
-            raise ValueError("the run was trained without --dev-src/--test-src: no held-out pairs")
+            raise ArgumentError(
+                "the run was trained without --dev-src/--test-src: no held-out pairs"
+            )
         pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
         src = [io.encode_source(s, lenient=True) for s in pairs.src[:limit]]
         tgt = _encode_all(io.tgt_tok, pairs.tgt[:limit], MAX_LEN - 2)
@@ -353,7 +356,7 @@ class TranslationTask:
         """
         for name in (SRC_TOKENIZER, TGT_TOKENIZER):
             if name not in files:
-                raise ValueError(f"the translation run holds no {name}")
+                raise ArgumentError(f"the translation run holds no {name}")
         return translation_io(
             tokenizer_from_json(files[SRC_TOKENIZER]),
             tokenizer_from_json(files[TGT_TOKENIZER]),

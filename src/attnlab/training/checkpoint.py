@@ -72,6 +72,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.training.distributed import all_reduce_sum, broadcast_text
 from attnlab.training.files import (
     fsync_dir,
@@ -148,7 +149,7 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return [_encode(v, tensors) for v in obj]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise TypeError(
+    raise ArgumentTypeError(
         f"training state must hold dicts, lists, tuples, numbers, strings, arrays or tensors, "
         f"got {type(obj).__name__}"
     )
@@ -163,7 +164,7 @@ def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
         if "__ndarray__" in obj:
             dtype = np.dtype(obj["dtype"])
             if dtype.kind not in "biufc":  # numbers only: no object arrays, no giant void items
-                raise ValueError(f"an array of dtype {dtype} is not a training state's")
+                raise ArgumentError(f"an array of dtype {dtype} is not a training state's")
             return np.asarray(obj["__ndarray__"], dtype=dtype)
         if "__tuple__" in obj:
             return tuple(_decode(v, tensors) for v in obj["__tuple__"])
@@ -211,7 +212,7 @@ def _check_name(name: str) -> str:
         or name in _RESERVED
         or p.parts[0] == SHARDED
     ):
-        raise ValueError(
+        raise ArgumentError(
             f"files keys must be relative file names inside the checkpoint other than "
             f"{sorted(_RESERVED)}, got {name!r}"
         )
@@ -417,11 +418,11 @@ def _begin(
         ``None`` when the step's checkpoint exists already (``latest`` then names it).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
+        raise ArgumentError(f"step must be a non-negative int, got {step!r}")
     if keep_last is not None and (
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
-        raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+        raise ArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(root)

@@ -34,6 +34,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from attnlab.errors import ArgumentError
+
 __all__ = [
     "DDPStrategy",
     "DistInfo",
@@ -135,12 +137,12 @@ def broadcast_text(text: str | None) -> str:
     """
     if not is_initialized():
         if text is None:
-            raise ValueError("text must be a str on rank 0, got None")
+            raise ArgumentError("text must be a str on rank 0, got None")
         return text
     box: list[str | None] = [text]
     dist.broadcast_object_list(box, src=0)
     if box[0] is None:
-        raise ValueError("text must be a str on rank 0, got None")
+        raise ArgumentError("text must be a str on rank 0, got None")
     return box[0]
 
 
@@ -234,7 +236,7 @@ def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
 
     def shard(t: torch.Tensor) -> torch.Tensor:
         if t.dim() == 0 or t.shape[0] % world_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"batch size must be divisible by the number of processes {world_size}, "
                 f"got a tensor of shape {tuple(t.shape)}"
             )

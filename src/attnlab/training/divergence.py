@@ -16,10 +16,12 @@ from collections.abc import Iterable
 
 import torch
 
+from attnlab.errors import ArgumentError
+
 __all__ = ["DivergenceError", "all_finite", "first_non_finite"]
 
 
-class DivergenceError(ValueError):
+class DivergenceError(ArgumentError):
     """Training diverged: a loss, gradient norm or weight became NaN or infinite.
 
     Args:

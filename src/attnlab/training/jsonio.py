@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import ArgumentError
+
 __all__ = ["MAX_DEPTH", "dumps_strict", "finite_or_none", "read_json", "tree_depth"]
 
 #: the deepest tree :func:`read_json` accepts (attnlab's own files nest fewer than 10 levels)
@@ -58,7 +60,7 @@ def dumps_strict(tree: Any, *, what: str = "value", **kwargs: Any) -> str:
     """
     where = _non_finite_path(tree, "")
     if where is not None:
-        raise ValueError(
+        raise ArgumentError(
             f"{what} must hold finite numbers only (JSON has no NaN or infinity), "
             f"got a non-finite number at {where}"
         )
@@ -126,11 +128,11 @@ def read_json(path: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> An
     try:
         tree = json.loads(text.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ValueError("it is not UTF-8 text") from None
+        raise ArgumentError("it is not UTF-8 text") from None
     except RecursionError:
-        raise ValueError(f"it is nested deeper than {max_depth} levels") from None
+        raise ArgumentError(f"it is nested deeper than {max_depth} levels") from None
     except ValueError as exc:
-        raise ValueError(f"it is not JSON ({str(exc).splitlines()[0]})") from None
+        raise ArgumentError(f"it is not JSON ({str(exc).splitlines()[0]})") from None
     if tree_depth(tree, max_depth) > max_depth:
-        raise ValueError(f"it is nested deeper than {max_depth} levels")
+        raise ArgumentError(f"it is nested deeper than {max_depth} levels")
     return tree

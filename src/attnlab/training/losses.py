@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab._checks import check_choice, check_probability, check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["TokenLoss", "label_smoothed_cross_entropy", "token_loss"]
 
@@ -45,11 +46,11 @@ def _check(logits: object, targets: object) -> tuple[torch.Tensor, torch.Tensor]
     logits = check_tensor("logits", logits)
     targets = check_tensor("targets", targets)
     if not logits.is_floating_point():
-        raise TypeError(f"logits must have a floating dtype, got {logits.dtype}")
+        raise ArgumentTypeError(f"logits must have a floating dtype, got {logits.dtype}")
     if targets.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise TypeError(f"targets must hold integer class ids, got {targets.dtype}")
+        raise ArgumentTypeError(f"targets must hold integer class ids, got {targets.dtype}")
     if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
-        raise ValueError(
+        raise ArgumentError(
             f"targets has shape {shape_str(targets.shape)} but must be logits.shape[:-1] = "
             f"{shape_str(logits.shape[:-1])} (logits: (..., V) = {shape_str(logits.shape)})"
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from attnlab.errors import ArgumentError
 from attnlab.training.jsonio import read_json
 
 __all__ = [
@@ -43,7 +44,7 @@ VERSION = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ArgumentError):
     """A checkpoint is missing, truncated, corrupted or does not fit the model."""
 
 

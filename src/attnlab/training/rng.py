@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
+
 __all__ = ["get_rng_state", "seed_everything", "set_rng_state"]
 
 
@@ -22,9 +24,9 @@ def seed_everything(seed: int) -> None:
         seed: an int in [0, 2**32).
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        raise ArgumentTypeError(f"seed must be an int, got {type(seed).__name__}")
     if not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+        raise ArgumentError(f"seed must be in [0, 2**32), got {seed}")
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 - the global generator is what we seed
     torch.manual_seed(seed)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attnlab.errors import ArgumentError
 from attnlab.training.checkpoint import CHECKPOINTS, list_checkpoints, resolve_checkpoint
 from attnlab.training.run_lock import LOCK_FILE, RunLock
 
 __all__ = ["NotARunFolderError", "check_run_dir", "claim_run_dir", "is_run_dir"]
 
 
-class NotARunFolderError(ValueError):
+class NotARunFolderError(ArgumentError):
     """The folder holds files and is not an attnlab run, or already holds a checkpoint."""
 
 

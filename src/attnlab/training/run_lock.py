@@ -26,6 +26,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from attnlab.errors import ArgumentError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "attnlab.lock"
 
 
-class RunFolderBusyError(ValueError):
+class RunFolderBusyError(ArgumentError):
     """Another live process holds the run folder's lock."""
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
+
 if TYPE_CHECKING:
     from attnlab.training.trainer import Trainer
 
@@ -48,26 +50,26 @@ class TrainConfig:
         for name in ("bf16", "fp16"):
             v = getattr(self, name)
             if not isinstance(v, bool):
-                raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+                raise ArgumentTypeError(f"{name} must be a bool, got {type(v).__name__}")
         if self.bf16 and self.fp16:
-            raise ValueError(
+            raise ArgumentError(
                 "bf16 and fp16 exclude each other: choose one reduced precision, "
                 "got bf16=True and fp16=True"
             )
         for name in ("steps", "eval_every", "save_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+                raise ArgumentError(f"{name} must be a non-negative int, got {v!r}")
         for name in ("grad_accum", "keep_last", "log_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+                raise ArgumentError(f"{name} must be a positive int, got {v!r}")
         if self.clip is not None and (
             isinstance(self.clip, bool)
             or not isinstance(self.clip, (int, float))
             or not self.clip > 0
         ):
-            raise ValueError(f"clip must be a positive float or None, got {self.clip!r}")
+            raise ArgumentError(f"clip must be a positive float or None, got {self.clip!r}")
 
     def trajectory(self) -> dict[str, Any]:
         """The fields that change what is computed (saved in ``config.json`` and compared on resume).

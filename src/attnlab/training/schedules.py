@@ -17,23 +17,24 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["NoamLR", "WarmupCosineLR", "noam_rate", "warmup_cosine_factor"]
 
 
 def _check_non_negative_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value}")
+        raise ArgumentError(f"{name} must be a non-negative int, got {value}")
     return value
 
 
 def _check_positive_float(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a float, got {type(value).__name__}")
     if not float(value) > 0.0 or not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be a positive finite float, got {value}")
+        raise ArgumentError(f"{name} must be a positive finite float, got {value}")
     return float(value)
 
 
@@ -197,13 +198,13 @@ class WarmupCosineLR(LRScheduler):
         self.warmup_steps = _check_non_negative_int("warmup_steps", warmup_steps)
         self.total_steps = check_positive_int("total_steps", total_steps)
         if self.warmup_steps >= self.total_steps:
-            raise ValueError(
+            raise ArgumentError(
                 f"warmup_steps must be < total_steps = {total_steps}, got {warmup_steps}"
             )
         if isinstance(min_ratio, bool) or not isinstance(min_ratio, (int, float)):
-            raise TypeError(f"min_ratio must be a float, got {type(min_ratio).__name__}")
+            raise ArgumentTypeError(f"min_ratio must be a float, got {type(min_ratio).__name__}")
         if not 0.0 <= float(min_ratio) <= 1.0:
-            raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+            raise ArgumentError(f"min_ratio must be in [0, 1], got {min_ratio}")
         self.min_ratio = float(min_ratio)
         super().__init__(optimizer, last_epoch)
 

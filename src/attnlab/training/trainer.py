@@ -103,6 +103,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.training.batches import BatchSource, IndexedBatches
 from attnlab.training.checkpoint import (
     SHARDED,
@@ -236,17 +237,17 @@ class Trainer:
         strategy: ParallelStrategy | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+            raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+            raise ArgumentTypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         for name in ("next_batch", "state_dict", "load_state_dict"):
             if not callable(getattr(batches, name, None)):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"batches must provide next_batch/state_dict/load_state_dict, "
                     f"got {type(batches).__name__} without {name}"
                 )
         if strategy is not None and not isinstance(strategy, ParallelStrategy):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"strategy must be a ParallelStrategy (DDPStrategy, FSDPStrategy), "
                 f"got {type(strategy).__name__}"
             )
@@ -272,12 +273,12 @@ class Trainer:
         else:
             self.optimizer, self.scheduler = made, None
         if not isinstance(self.optimizer, Optimizer):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"make_optimizer must return an Optimizer (or (Optimizer, scheduler)), "
                 f"got {type(self.optimizer).__name__}"
             )
         if self.scheduler is not None and not isinstance(self.scheduler, LRScheduler):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"the scheduler must be a torch LRScheduler, got {type(self.scheduler).__name__}"
             )
         # fp16: scale the loss so small gradients survive in fp16 (see the module docstring)
@@ -471,7 +472,7 @@ class Trainer:
             saved_by = (
                 "a sharded (--parallel fsdp)" if sharded else "a single-folder (--parallel ddp)"
             )
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot resume {ckpt} with the {self.strategy.name} strategy: it is {saved_by} "
                 f"checkpoint; resume it with --parallel {'fsdp' if sharded else 'ddp'} (any "
                 f"number of processes). Nothing was changed"
@@ -480,12 +481,12 @@ class Trainer:
         saved_data = saved.pop(DATA_FILES_KEY, None)
         diff = config_difference(saved, self.run_config)
         if diff:
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot resume {ckpt} with a different configuration ({diff}); nothing was changed"
             )
         change = data_change(saved_data, self.data_fingerprints)
         if change and not allow_data_change:
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot resume {ckpt}: {change}; its tokens would not be the ones the model "
                 f"learned. Nothing was changed; restore the file, or allow the change explicitly "
                 f"(--allow-data-change)"
@@ -495,7 +496,7 @@ class Trainer:
         state = read_training_state(ckpt)
         step = _checkpoint_step(state, ckpt)
         if step > self.config.steps:
-            raise ValueError(
+            raise ArgumentError(
                 f"steps must be at least the {step} steps the checkpoint has done, "
                 f"got {self.config.steps}"
             )
@@ -630,7 +631,7 @@ class Trainer:
                     first = _first_tensor(local)
                     n_tok = float(first.numel()) if first is not None else 1.0
                 else:
-                    raise TypeError(
+                    raise ArgumentTypeError(
                         f"loss_fn must return a TokenLoss or a tensor, got {type(out).__name__}"
                     )
                 if self.scaler is not None and micro == 0 and isinstance(out, TokenLoss):

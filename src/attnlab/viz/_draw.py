@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
 from attnlab._checks import shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
 from attnlab.viz.fonts import fit_labels
 
@@ -76,11 +77,13 @@ def _to_numpy(name: str, x: object, dims: int | tuple[int, ...]) -> np.ndarray:
     elif isinstance(x, np.ndarray):
         arr = x
     else:
-        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+        raise ArgumentTypeError(
+            f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+        )
     allowed = (dims,) if isinstance(dims, int) else dims
     if arr.ndim not in allowed:
         want = " or ".join(f"{d}-D" for d in allowed)
-        raise ValueError(f"{name} must be {want}, got shape {shape_str(arr.shape)}")
+        raise ArgumentError(f"{name} must be {want}, got shape {shape_str(arr.shape)}")
     return arr
 
 
@@ -89,7 +92,7 @@ def _labels(name: str, tokens: Sequence[str] | None, n: int) -> list[str]:
         return [str(i) for i in range(n)]
     tokens = [str(t) for t in tokens]
     if len(tokens) != n:
-        raise ValueError(f"{name} must have {n} entries (one per position), got {len(tokens)}")
+        raise ArgumentError(f"{name} must have {n} entries (one per position), got {len(tokens)}")
     return tokens
 
 
@@ -115,7 +118,7 @@ def save_figure(figure: Figure, path: str | Path, *, dpi: int = 120) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".png", ".svg"):
-        raise ValueError(f"path must end in .png or .svg, got {str(path)!r}")
+        raise ArgumentError(f"path must end in .png or .svg, got {str(path)!r}")
     if figure.canvas is None or not isinstance(figure.canvas, FigureCanvasAgg):
         FigureCanvasAgg(figure)
     return write_file(

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnlab._checks import shape_str
+from attnlab.errors import ArgumentError
 from attnlab.viz._draw import ArrayLike, Plot, _draw_matrix, _labels, _new_figure, _to_numpy
 from attnlab.viz.fonts import font_for, needs_other_font, warn_missing
 
@@ -78,7 +79,7 @@ def alignment_heatmap(
     w = _to_numpy("weights", weights, (2, 3, 4))
     if w.ndim == 4:
         if w.shape[0] != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"weights must be (T, S), (H, T, S) or (1, H, T, S), got {shape_str(w.shape)}"
             )
         w = w[0]

@@ -23,6 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import NullLocator
 
 from attnlab._checks import check_positive_int, shape_str
+from attnlab.errors import ArgumentError
 from attnlab.nn.linformer import linformer_errors
 from attnlab.nn.performer import favor_errors
 from attnlab.viz._draw import Plot, _new_figure
@@ -125,12 +126,12 @@ def approximation_error_figure(
     """
     given = [x is not None for x in (query, key, value)]
     if any(given) and not all(given):
-        raise ValueError("query, key and value must be given together or not at all")
+        raise ArgumentError("query, key and value must be given together or not at all")
     if query is None or key is None or value is None:
         query, key, value = approximation_inputs(seed=seed)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if x.dim() != 4:
-            raise ValueError(f"{name} must have shape (B, H, T, d), got {shape_str(x.shape)}")
+            raise ArgumentError(f"{name} must have shape (B, H, T, d), got {shape_str(x.shape)}")
     check_positive_int("trials", trials)
     check_positive_int("fit_steps", fit_steps)
 

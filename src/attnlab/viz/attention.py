@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.image import AxesImage
 
 from attnlab._checks import check_choice, check_positive_int, shape_str
+from attnlab.errors import ArgumentError
 from attnlab.viz._draw import (
     CMAP,
     DIVERGING,
@@ -206,7 +207,7 @@ def attention_heatmap(
     if mask is not None:
         m = _to_numpy("mask", mask, 2).astype(bool)
         if m.shape != w.shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"mask must have the weights' shape {shape_str(w.shape)}, got {shape_str(m.shape)}"
             )
         m = (
@@ -334,7 +335,7 @@ def head_grid(
     w = _to_numpy("weights", weights, (3, 4))
     if w.ndim == 4:
         if w.shape[0] != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"weights must be (H, T_q, T_k) or (1, H, T_q, T_k), got {shape_str(w.shape)}"
             )
         w = w[0]
@@ -390,7 +391,7 @@ def _layer_labels(
         return None if got is None else _labels(f"{side}[{name!r}]", got, n)
     labels = [str(t) for t in tokens]
     if len(labels) != n:
-        raise ValueError(
+        raise ArgumentError(
             f"{side} has {len(labels)} entries but layer {name!r} has {n} positions on that side; "
             f"pass a mapping layer -> tokens when layers differ (e.g. self- and cross-attention)"
         )
@@ -438,13 +439,15 @@ def layer_head_grid(
         items = list(attentions)
         names = [f"layer {i}" for i in range(len(items))]
     if not items:
-        raise ValueError("attentions must hold at least one layer, got none")
+        raise ArgumentError("attentions must hold at least one layer, got none")
     reds: list[list[Reduced]] = []
     for name, a in zip(names, items):
         arr = _to_numpy(f"attentions[{name!r}]", a, (3, 4))
         if arr.ndim == 4:
             if not 0 <= batch_index < arr.shape[0]:
-                raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
+                raise ArgumentError(
+                    f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}"
+                )
             arr = arr[batch_index]
         q_lab = _layer_labels("query_tokens", query_tokens, name, arr.shape[1])
         k_lab = _layer_labels("key_tokens", key_tokens, name, arr.shape[2])

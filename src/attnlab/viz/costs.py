@@ -26,6 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import NullLocator
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.flops import flops
 from attnlab.viz._draw import Plot, _new_figure
 
@@ -58,14 +59,14 @@ _UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")
 
 def _check_lengths(name: str, values: object) -> np.ndarray:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+        raise ArgumentTypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
     items = [v.item() if isinstance(v, np.integer) else v for v in values]
     if not items:
-        raise ValueError(f"{name} must hold at least one length, got none")
+        raise ArgumentError(f"{name} must hold at least one length, got none")
     for v in items:
         check_positive_int(f"every entry of {name}", v)
     if any(b <= a for a, b in itertools.pairwise(items)):
-        raise ValueError(f"{name} must be strictly increasing, got {items}")
+        raise ArgumentError(f"{name} must be strictly increasing, got {items}")
     return np.asarray(items, dtype=np.int64)
 
 
@@ -232,9 +233,9 @@ def _default_title(config: object, report: object) -> str:
 def _series(name: str, values: object, n: int, what: str = "bytes") -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.shape != (n,):
-        raise ValueError(f"{name} must have one value per length ({n}), got shape {arr.shape}")
+        raise ArgumentError(f"{name} must have one value per length ({n}), got shape {arr.shape}")
     if (arr[np.isfinite(arr)] < 0).any():
-        raise ValueError(f"{name} must be {what} >= 0, got {arr.tolist()}")
+        raise ArgumentError(f"{name} must be {what} >= 0, got {arr.tolist()}")
     return arr
 
 
@@ -281,11 +282,13 @@ def memory_figure(
     """
     lengths = _check_lengths("seq_lens", seq_lens)
     if not isinstance(peaks, Mapping):
-        raise TypeError(f"peaks must be a mapping of name -> bytes, got {type(peaks).__name__}")
+        raise ArgumentTypeError(
+            f"peaks must be a mapping of name -> bytes, got {type(peaks).__name__}"
+        )
     if not peaks:
-        raise ValueError("peaks must hold at least one series, got none")
+        raise ArgumentError("peaks must hold at least one series, got none")
     if expected is not None and not isinstance(expected, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"expected must be a mapping of name -> bytes or None, got {type(expected).__name__}"
         )
     n = len(lengths)
@@ -347,14 +350,16 @@ def residual_growth_figure(
         >>> plot = residual_growth_figure({"scaled": [0.03, 0.05, 0.06], "unscaled": [0.03, 0.2, 0.3]})
     """
     if not isinstance(stds, Mapping):
-        raise TypeError(f"stds must be a mapping of name -> stds, got {type(stds).__name__}")
+        raise ArgumentTypeError(
+            f"stds must be a mapping of name -> stds, got {type(stds).__name__}"
+        )
     if not stds:
-        raise ValueError("stds must hold at least one series, got none")
+        raise ArgumentError("stds must hold at least one series, got none")
     arrays = {name: np.asarray(v, dtype=np.float64) for name, v in stds.items()}
     sizes = {name: a.shape for name, a in arrays.items()}
     first = next(iter(arrays.values()))
     if first.ndim != 1 or first.size < 2 or any(a.shape != first.shape for a in arrays.values()):
-        raise ValueError(
+        raise ArgumentError(
             f"stds must hold 1-D series of one length L + 1 >= 2 (embedding, then each block), "
             f"got shapes {sizes}"
         )
@@ -460,11 +465,11 @@ def scaling_figure(
     for kind, series in panels:
         arg = "times" if kind == "time" else "memory"
         if not isinstance(series, Mapping):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{arg} must be a mapping of name -> values, got {type(series).__name__}"
             )
         if not series:
-            raise ValueError(f"{arg} must hold at least one series, got none")
+            raise ArgumentError(f"{arg} must hold at least one series, got none")
         for name, values in series.items():
             what = "seconds" if kind == "time" else "bytes"
             data[f"{kind}/{name}"] = _series(f"{arg}[{name!r}]", values, n, what)

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import check_positive_int, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz._draw import Plot, _labels_that_fit, _new_figure
 from attnlab.viz.attention import Reduced, _draw_grid, reduce_attention
 from attnlab.viz.files import write_file
@@ -116,11 +117,11 @@ class ProbeHistory:
         # the containers first: a history may come from a file (see from_state_dict)
         steps = [_check_step("steps", s) for s in _as_list("steps", self.steps)]
         if any(b <= a for a, b in itertools.pairwise(steps)):
-            raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
+            raise ArgumentError(f"steps must be strictly ascending, got {steps[:8]}")
         self.steps = steps
         sequences = _as_dict("sequences", self.sequences)
         if not sequences:
-            raise ValueError("sequences must name at least one token sequence, got none")
+            raise ArgumentError("sequences must name at least one token sequence, got none")
         self.sequences = {
             str(k): [str(t) for t in _as_list(f"sequences[{k!r}]", v)] for k, v in sequences.items()
         }
@@ -142,18 +143,18 @@ class ProbeHistory:
             for n, w in _as_dict("effective", self.effective).items()
         }
         if set(self.layer_sequences) != set(self.attentions):
-            raise ValueError(
+            raise ArgumentError(
                 "layer_sequences must name the query and key sequence of every layer in attentions, "
                 f"got layers {sorted(self.attentions)} and layer_sequences for {sorted(self.layer_sequences)}"
             )
         for name, w in self.attentions.items():
             kind = self.kinds.get(name)
             if kind not in KINDS:
-                raise ValueError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
+                raise ArgumentError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
             q_name, k_name = self.layer_sequences[name]
             for side in (q_name, k_name):
                 if side not in self.sequences:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"layer_sequences[{name!r}] names sequence {side!r}, not in sequences "
                         f"{list(self.sequences)}"
                     )
@@ -161,7 +162,7 @@ class ProbeHistory:
             if w.dim() != 4 or (w.shape[0], w.shape[2], w.shape[3]) != want:
                 keys_only = w.dim() == 4 and w.shape[2] == want[1] and name not in self.projected
                 hint = _PROJECTED_HINT if keys_only else ""
-                raise ValueError(
+                raise ArgumentError(
                     f"attentions[{name!r}] must be (S, H, T_q, T_k) = ({want[0]}, H, {want[1]}, "
                     f"{want[2]}), got {shape_str(w.shape)}{hint}"
                 )
@@ -171,17 +172,17 @@ class ProbeHistory:
         """``projected`` and ``effective`` agree with the layers and their sequences."""
         for name, (_, tokens) in self.projected.items():
             if name not in self.attentions:
-                raise ValueError(
+                raise ArgumentError(
                     f"projected names layer {name!r}, not in attentions {sorted(self.attentions)}"
                 )
             if tokens not in self.sequences:
-                raise ValueError(
+                raise ArgumentError(
                     f"projected[{name!r}] names sequence {tokens!r}, not in sequences "
                     f"{list(self.sequences)}"
                 )
         for name, e in self.effective.items():
             if name not in self.projected:
-                raise ValueError(
+                raise ArgumentError(
                     f"effective weights of {name!r} need its projection: the layer is not in "
                     f"projected {sorted(self.projected)}"
                 )
@@ -189,7 +190,7 @@ class ProbeHistory:
             t_tok = len(self.sequences[self.projected[name][1]])
             want = (w.shape[0], w.shape[1], w.shape[2], t_tok)
             if tuple(e.shape) != want:
-                raise ValueError(
+                raise ArgumentError(
                     f"effective[{name!r}] must be (S, H, T_q, T_tok) = {want}, "
                     f"got {shape_str(e.shape)}"
                 )
@@ -220,14 +221,14 @@ class ProbeHistory:
         """
         if tokens is not None:
             if source is not None or target is not None:
-                raise ValueError(
+                raise ArgumentError(
                     "pass tokens (GPT) or source and target (encoder-decoder), not both"
                 )
             sequences = {"tokens": [str(t) for t in tokens]}
         elif source is not None and target is not None:
             sequences = {"source": [str(t) for t in source], "target": [str(t) for t in target]}
         else:
-            raise ValueError(
+            raise ArgumentError(
                 "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
             )
         return cls(
@@ -277,20 +278,20 @@ class ProbeHistory:
         """
         step = _check_step("step", step)
         if self.steps and step <= self.steps[-1]:
-            raise ValueError(
+            raise ArgumentError(
                 f"step must be larger than the last recorded {self.steps[-1]}, got {step}"
             )
         if not attentions:
-            raise ValueError("attentions must hold at least one layer, got none")
+            raise ArgumentError("attentions must hold at least one layer, got none")
         if self.steps and set(attentions) != set(self.attentions):
-            raise ValueError(
+            raise ArgumentError(
                 f"attentions must hold the same layers at every step: recorded {sorted(self.attentions)}, "
                 f"got {sorted(attentions)}"
             )
         kinds = dict(kinds or {})
         infos = {n: p for n, p in (projected or {}).items() if n in attentions}
         if self.steps and set(infos) != set(self.projected):
-            raise ValueError(
+            raise ArgumentError(
                 f"projected must name the same layers at every step: recorded "
                 f"{sorted(self.projected)}, got {sorted(infos)}"
             )
@@ -301,10 +302,12 @@ class ProbeHistory:
             t = full.to("cpu", torch.float32)
             if t.dim() == 4:
                 if not 0 <= batch_index < t.shape[0]:
-                    raise ValueError(f"batch_index must be in [0, {t.shape[0]}), got {batch_index}")
+                    raise ArgumentError(
+                        f"batch_index must be in [0, {t.shape[0]}), got {batch_index}"
+                    )
                 t = t[batch_index]
             if t.dim() != 3:
-                raise ValueError(
+                raise ArgumentError(
                     f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(t.shape)}"
                 )
             rows[name] = t
@@ -315,7 +318,7 @@ class ProbeHistory:
         for name in new_layers:
             kind = kinds.get(name) or ("cross" if _is_cross_name(name) else "self")
             if kind not in KINDS:
-                raise ValueError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
+                raise ArgumentError(f"kinds[{name!r}] must be 'self' or 'cross', got {kind!r}")
             self.kinds[name] = kind
             q_name, k_name = self._sequences_of(name, kind)
             if name in infos:  # keys: the k projected rows, each a mix of the k_name positions
@@ -323,7 +326,7 @@ class ProbeHistory:
                 labels = list(info.labels)
                 rows_name = _rows_sequence(info.k)
                 if self.sequences.setdefault(rows_name, labels) != labels:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"sequences[{rows_name!r}] holds other labels than layer {name!r}'s "
                         f"projected rows"
                     )
@@ -335,19 +338,19 @@ class ProbeHistory:
             want = (len(self.sequences[q_name]), len(self.sequences[k_name]))
             if tuple(t.shape[1:]) != want:
                 hint = _PROJECTED_HINT if name not in infos and t.shape[1] == want[0] else ""
-                raise ValueError(
+                raise ArgumentError(
                     f"attentions[{name!r}] must have (T_q, T_k) = {want} (sequences {q_name!r}, "
                     f"{k_name!r}), got {shape_str(t.shape)}{hint}"
                 )
             old = self.attentions.get(name)
             if old is not None and old.shape[1] != t.shape[0]:
-                raise ValueError(
+                raise ArgumentError(
                     f"attentions[{name!r}] has {t.shape[0]} heads, recorded {old.shape[1]}"
                 )
         for name, e in effective.items():
             t_tok = len(self.sequences[self.projected[name][1]])
             if e.shape[-1] != t_tok:
-                raise ValueError(
+                raise ArgumentError(
                     f"the effective weights of {name!r} span {e.shape[-1]} key positions but its "
                     f"sequence {self.projected[name][1]!r} has {t_tok}"
                 )
@@ -366,7 +369,7 @@ class ProbeHistory:
             if kind == "cross":
                 return ("target", "source")
             return ("source", "source") if _is_encoder_name(name) else ("target", "target")
-        raise ValueError(
+        raise ArgumentError(
             f"cannot tell which sequences layer {name!r} reads from {list(self.sequences)}; "
             "set layer_sequences yourself"
         )
@@ -408,11 +411,11 @@ class ProbeHistory:
             each weights tensor ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``.
         """
         if len(steps) != len(records):
-            raise ValueError(
+            raise ArgumentError(
                 f"steps and records must have the same length, got {len(steps)} and {len(records)}"
             )
         if projected is not None and len(projected) != len(records):
-            raise ValueError(
+            raise ArgumentError(
                 f"projected must hold one mapping per record, got {len(projected)} for "
                 f"{len(records)} records"
             )
@@ -448,7 +451,7 @@ class ProbeHistory:
     def _check_layer(self, arg: str, layer: object) -> str:
         if not isinstance(layer, str) or layer not in self.attentions:
             known = ", ".join(self.attentions) or "none recorded"
-            raise ValueError(f"{arg} must be a recorded layer ({known}), got {layer!r}")
+            raise ArgumentError(f"{arg} must be a recorded layer ({known}), got {layer!r}")
         return layer
 
     # -- saving --
@@ -490,7 +493,7 @@ class ProbeHistory:
         state = _as_dict("state", state)
         missing = {"steps", "attentions", "kinds", "sequences", "layer_sequences"} - set(state)
         if missing:
-            raise ValueError(f"state is missing {sorted(missing)}")
+            raise ArgumentError(f"state is missing {sorted(missing)}")
         return cls(
             steps=state["steps"],
             attentions=state["attentions"],
@@ -538,23 +541,23 @@ class ProbeHistory:
 
 def _check_step(name: str, step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-        raise TypeError(f"{name} must hold ints, got {type(step).__name__}")
+        raise ArgumentTypeError(f"{name} must hold ints, got {type(step).__name__}")
     if step < 0:
-        raise ValueError(f"{name} must be ≥ 0, got {step}")
+        raise ArgumentError(f"{name} must be ≥ 0, got {step}")
     return int(step)
 
 
 def _as_dict(name: str, value: object) -> dict[Any, Any]:
     """``value`` as a ``dict``, when it is a mapping (e.g. a JSON object)."""
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a mapping, got {type(value).__name__}")
     return dict(value)
 
 
 def _as_list(name: str, value: object) -> list[Any]:
     """``value`` as a ``list``, when it is a list-like collection (not a string or a mapping)."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(f"{name} must be a list, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a list, got {type(value).__name__}")
     return list(value)
 
 
@@ -564,7 +567,7 @@ def _as_pair(
     """``value`` as a pair of strings, e.g. ``(query name, key name)``."""
     pair = _as_list(name, value)
     if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
-        raise ValueError(f"{name} must be a {what}, got {value!r:.80}")
+        raise ArgumentError(f"{name} must be a {what}, got {value!r:.80}")
     return pair[0], pair[1]
 
 
@@ -583,17 +586,19 @@ def _as_weights(name: str, w: object) -> torch.Tensor:
     if isinstance(w, np.ndarray):
         w = torch.from_numpy(w)
     if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(w).__name__}")
+        raise ArgumentTypeError(
+            f"{name} must be a torch.Tensor or numpy.ndarray, got {type(w).__name__}"
+        )
     if not w.is_floating_point():
-        raise TypeError(f"{name} must be floating point, got {w.dtype}")
+        raise ArgumentTypeError(f"{name} must be floating point, got {w.dtype}")
     return w.detach().to("cpu", torch.float32)
 
 
 def _check_history(history: object) -> ProbeHistory:
     if not isinstance(history, ProbeHistory):
-        raise TypeError(f"history must be a ProbeHistory, got {type(history).__name__}")
+        raise ArgumentTypeError(f"history must be a ProbeHistory, got {type(history).__name__}")
     if not history.steps or not history.attentions:
-        raise ValueError("history holds no recorded step; record at least one first")
+        raise ArgumentError("history holds no recorded step; record at least one first")
     return history
 
 
@@ -641,7 +646,7 @@ def attention_evolution(
     layer = _default_layer(history) if layer is None else history._check_layer("layer", layer)
     check_positive_int("max_steps", max_steps)
     if max_steps < 2:
-        raise ValueError(
+        raise ArgumentError(
             f"max_steps must be at least 2 (the first and the last step), got {max_steps}"
         )
     check_positive_int("max_tokens", max_tokens)
@@ -741,12 +746,12 @@ def head_entropy_curves(
         names = list(history.attentions)
     else:
         if isinstance(layers, str):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "layers must be a sequence of layer paths, got one str; wrap it in a list"
             )
         names = [history._check_layer("layers", n) for n in layers]
         if not names:
-            raise ValueError("layers must name at least one layer, got none")
+            raise ArgumentError("layers must name at least one layer, got none")
     steps = np.asarray(history.steps)
     ent = [row_entropy(history.attentions[n].numpy()) for n in names]  # each (S, H)
     uniform = np.array([_uniform_entropy(history.attentions[n].numpy()) for n in names])

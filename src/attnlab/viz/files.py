@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from attnlab.errors import ArgumentError
 from attnlab.training.files import replace_with
 
 __all__ = ["check_output_path", "output_path", "write_file"]
@@ -39,7 +40,7 @@ def check_output_path(path: str | os.PathLike[str], name: str = "path") -> Path:
     for parent in path.parents:  # the nearest existing one decides
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(
+                raise ArgumentError(
                     f"{name} must lie in a folder, but {str(parent)!r} is a file, not a folder "
                     f"(got {str(path)!r})"
                 )

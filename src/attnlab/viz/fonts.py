@@ -20,6 +20,8 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.ft2font import FT2Font
 from matplotlib.text import Text
 
+from attnlab.errors import ArgumentTypeError
+
 __all__ = [
     "MISSING_GLYPH",
     "FontChoice",
@@ -147,7 +149,7 @@ def font_for(texts: Iterable[str]) -> FontChoice:
         A :class:`FontChoice`; its ``missing`` lists the characters no chosen font can draw.
     """
     if isinstance(texts, str):
-        raise TypeError("texts must be an iterable of strings, got a single str")
+        raise ArgumentTypeError("texts must be an iterable of strings, got a single str")
     chars = _needed(texts)
     name, path = _default_font()
     lacking = [c for c in chars if ord(c) not in _charmap(path)]

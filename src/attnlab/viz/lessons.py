@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError
 from attnlab.training.schedules import noam_rate
 from attnlab.viz._draw import Plot, _new_figure, _tick_labels
 
@@ -43,7 +44,7 @@ def mask_panel(
 
     toks = [str(t) for t in tokens]
     if not toks:
-        raise ValueError("tokens must hold at least one token, got none")
+        raise ArgumentError("tokens must hold at least one token, got none")
     t = len(toks)
     real = torch.tensor([tok != pad_token for tok in toks])
     padding = real[None, :].expand(t, t)
@@ -98,7 +99,7 @@ def noam_curve(
     """
     check_positive_int("steps", steps)
     if not configs:
-        raise ValueError("configs must hold at least one (d_model, warmup_steps) pair, got none")
+        raise ArgumentError("configs must hold at least one (d_model, warmup_steps) pair, got none")
     step = np.arange(1, steps + 1)  # (steps,)
     lrs = []
     fig = _new_figure(7.0, 4.0)
@@ -140,7 +141,7 @@ def positional_encoding_figure(
     table = sinusoidal_table(max_len, d_model).numpy()
     for d in dims:
         if not 0 <= d < d_model:
-            raise ValueError(f"dims must lie in [0, d_model={d_model}), got {d}")
+            raise ArgumentError(f"dims must lie in [0, d_model={d_model}), got {d}")
     fig = _new_figure(12.0, 4.0)
     ax1, ax2 = fig.subplots(1, 2)
     img = ax1.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")

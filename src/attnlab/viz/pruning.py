@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnlab._checks import check_choice
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz._draw import Plot, _new_figure
 
 if TYPE_CHECKING:
@@ -51,11 +52,11 @@ def pruning_figure(
     """
     for attr in ("num_pruned", "loss", "metric", "total_heads"):
         if not hasattr(curve, attr):
-            raise TypeError(f"curve must be a PruningCurve, got {type(curve).__name__}")
+            raise ArgumentTypeError(f"curve must be a PruningCurve, got {type(curve).__name__}")
     x = np.asarray(curve.num_pruned, dtype=np.int64)
     loss = np.asarray(curve.loss, dtype=np.float64)
     if x.shape != loss.shape or x.size == 0:
-        raise ValueError(
+        raise ArgumentError(
             f"curve must have one loss per step, got {x.size} steps and {loss.size} losses"
         )
     data = {"num_pruned": x, "loss": loss}
@@ -70,7 +71,7 @@ def pruning_figure(
     if curve.metric is not None:
         metric = np.asarray(curve.metric, dtype=np.float64)
         if metric.shape != x.shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"curve must have one metric value per step, got {x.size} steps and "
                 f"{metric.size} values"
             )
@@ -112,7 +113,9 @@ def importance_figure(
     """
     check_choice("by", by, ("ablation", "gradient"))
     if not hasattr(importance, "scores") or not hasattr(importance, "layers"):
-        raise TypeError(f"importance must be a HeadImportance, got {type(importance).__name__}")
+        raise ArgumentTypeError(
+            f"importance must be a HeadImportance, got {type(importance).__name__}"
+        )
     scores = importance.scores(by).detach().double().cpu().numpy()  # type: ignore[arg-type]
     n_layers, n_heads = scores.shape
     fig = _new_figure(max(4.0, 1.0 + 0.7 * n_heads + 2.5), max(2.5, 0.9 + 0.4 * n_layers))

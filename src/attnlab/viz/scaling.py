@@ -21,6 +21,7 @@ import torch
 from matplotlib.ticker import NullLocator
 
 from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz._draw import Plot, _new_figure
 
 _CHUNK = 256  # queries drawn at a time
@@ -73,9 +74,9 @@ def softmax_jacobian_norm(p: torch.Tensor) -> torch.Tensor:
         ``(..., n)`` → ``(...)``.
     """
     if not isinstance(p, torch.Tensor):
-        raise TypeError(f"p must be a torch.Tensor, got {type(p).__name__}")
+        raise ArgumentTypeError(f"p must be a torch.Tensor, got {type(p).__name__}")
     if p.dim() < 1 or not p.is_floating_point():
-        raise ValueError(
+        raise ArgumentError(
             f"p must be a floating tensor (..., n) of probabilities, got {p.dtype} {tuple(p.shape)}"
         )
     s2 = (p * p).sum(-1)
@@ -110,7 +111,7 @@ def softmax_scaling_stats(
         ``d_k`` ``(len(d_ks),)``.
     """
     if isinstance(d_ks, (str, bytes)) or not isinstance(d_ks, Sequence) or not d_ks:
-        raise ValueError(f"d_ks must be a non-empty sequence of positive ints, got {d_ks!r}")
+        raise ArgumentError(f"d_ks must be a non-empty sequence of positive ints, got {d_ks!r}")
     dims = [check_positive_int("d_ks[i]", d) for d in d_ks]
     check_positive_int("num_keys", num_keys)
     check_positive_int("samples", samples)
@@ -148,7 +149,7 @@ def softmax_scaling_figure(stats: SoftmaxScaling, *, title: str | None = None) -
         row 1 scaled), exactly the arrays of ``stats``.
     """
     if not isinstance(stats, SoftmaxScaling):
-        raise TypeError(f"stats must be a SoftmaxScaling, got {type(stats).__name__}")
+        raise ArgumentTypeError(f"stats must be a SoftmaxScaling, got {type(stats).__name__}")
     data = {
         "d_k": stats.d_k,
         "score_std": stats.score_std,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz._draw import (
     CMAP,
     DIVERGING,
@@ -55,7 +56,9 @@ def _split_mask(
         elif t.dtype == torch.bool:
             m, bias = _to_numpy("mask", t, 2), None
         else:
-            raise TypeError(f"mask must be bool or floating (additive), got dtype {t.dtype}")
+            raise ArgumentTypeError(
+                f"mask must be bool or floating (additive), got dtype {t.dtype}"
+            )
     else:
         a = _to_numpy("mask", mask, 2)
         if a.dtype == np.bool_:
@@ -64,9 +67,11 @@ def _split_mask(
             hidden = a <= np.finfo(a.dtype).min
             m, bias = ~hidden, np.where(hidden, 0.0, a).astype(np.float64)
         else:
-            raise TypeError(f"mask must be bool or floating (additive), got dtype {a.dtype}")
+            raise ArgumentTypeError(
+                f"mask must be bool or floating (additive), got dtype {a.dtype}"
+            )
     if m.shape != shape:
-        raise ValueError(
+        raise ArgumentError(
             f"mask must have shape (T_q, T_k) = {shape_str(shape)}, got {shape_str(m.shape)}"
         )
     return m, bias
@@ -128,11 +133,11 @@ def step_panel(
     ka = _to_numpy("k", k, 2).astype(np.float64)
     va = _to_numpy("v", v, 2).astype(np.float64)
     if qa.shape[0] != xa.shape[0]:
-        raise ValueError(
+        raise ArgumentError(
             f"q must have one row per row of x ({xa.shape[0]}), got {shape_str(qa.shape)}"
         )
     if ka.shape[1] != qa.shape[1] or va.shape[0] != ka.shape[0]:
-        raise ValueError(
+        raise ArgumentError(
             f"k must be (T_k, d_head={qa.shape[1]}) and v (T_k, d_v), got {shape_str(ka.shape)} and {shape_str(va.shape)}"
         )
     t_q, d_head = qa.shape
@@ -257,11 +262,11 @@ def step_panel(
 def _check_head_and_batch(module: MultiHeadAttention, head: int, batch_index: int, b: int) -> None:
     num_heads = module.num_heads
     if isinstance(head, bool) or not isinstance(head, int):
-        raise TypeError(f"head must be an int, got {type(head).__name__}")
+        raise ArgumentTypeError(f"head must be an int, got {type(head).__name__}")
     if not 0 <= head < num_heads:
-        raise ValueError(f"head must be in [0, {num_heads}), got {head}")
+        raise ArgumentError(f"head must be in [0, {num_heads}), got {head}")
     if not 0 <= batch_index < b:
-        raise ValueError(f"batch_index must be in [0, {b}), got {batch_index}")
+        raise ArgumentError(f"batch_index must be in [0, {b}), got {batch_index}")
 
 
 def _panel_from_call(
@@ -288,7 +293,7 @@ def _panel_from_call(
     with torch.no_grad():
         q, k_m, v_m = module.project_qkv(query, key if cross else None, value if cross else None)
         if k_m is None or v_m is None:
-            raise ValueError(
+            raise ArgumentError(
                 "module.project_qkv returned no keys/values; cannot draw the step panel"
             )
         dh = module.d_head
@@ -303,11 +308,11 @@ def _panel_from_call(
     head_mask: torch.Tensor | None = None
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+            raise ArgumentTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         try:
             full = torch.broadcast_to(mask, (b, module.num_heads, t_q, t_k))
         except RuntimeError:
-            raise ValueError(
+            raise ArgumentError(
                 f"mask has shape {shape_str(mask.shape)} but must broadcast to (B, H, T_q, T_k) = "
                 f"{shape_str((b, module.num_heads, t_q, t_k))}"
             ) from None
@@ -375,12 +380,12 @@ def step_panel_from_module(
     from attnlab.nn.multihead import MultiHeadAttention
 
     if not isinstance(module, MultiHeadAttention):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"module must be an attnlab.MultiHeadAttention, got {type(module).__name__}"
         )
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         got = shape_str(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a tensor (B, T_q, d_model), got {got}")
+        raise ArgumentError(f"x must be a tensor (B, T_q, d_model), got {got}")
     return _panel_from_call(
         module,
         x,
@@ -459,13 +464,13 @@ def step_panel_from_model(
     from attnlab.nn.hooks import HookPoint
 
     if not callable(run):
-        raise TypeError(f"run must be a zero-argument callable, got {type(run).__name__}")
+        raise ArgumentTypeError(f"run must be a zero-argument callable, got {type(run).__name__}")
     modules = attention_modules(model)
     if not modules:
-        raise ValueError(f"model ({type(model).__name__}) has no MultiHeadAttention layer")
+        raise ArgumentError(f"model ({type(model).__name__}) has no MultiHeadAttention layer")
     if layer is not None and layer not in modules:
         known = ", ".join(list(modules)[:8])
-        raise ValueError(
+        raise ArgumentError(
             f"layer must be an attention module path of the model ({known}), got {layer!r}"
         )
     watched = modules if layer is None else {layer: modules[layer]}
@@ -491,7 +496,7 @@ def step_panel_from_model(
             if cache is not None and (
                 getattr(cache, "static", False) or getattr(cache, "length", 0)
             ):
-                raise ValueError(
+                raise ArgumentError(
                     f"{name} was first called with a KV cache already holding {cache.length} "
                     "positions; run the model once over the whole sequence without a cache"
                 )
@@ -541,7 +546,7 @@ def step_panel_from_model(
         for handle in handles:
             handle.remove()
     if not calls:
-        raise ValueError(
+        raise ArgumentError(
             f"run() did not call layer {layer!r}" if layer else "run() called no attention layer"
         )
     call = calls[0]

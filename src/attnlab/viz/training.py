@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import check_positive_int, check_probability
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.metrics_log import METRICS_FILE
 from attnlab.viz._draw import Plot, _new_figure
@@ -77,15 +78,15 @@ def label_smoothing_figure(
     """
     v = check_positive_int("num_classes", num_classes)
     if v < 2:
-        raise ValueError(f"num_classes must be at least 2, got {v}")
+        raise ArgumentError(f"num_classes must be at least 2, got {v}")
     eps = check_probability("smoothing", smoothing)
     if isinstance(target, bool) or not isinstance(target, int):
-        raise TypeError(f"target must be an int, got {type(target).__name__}")
+        raise ArgumentTypeError(f"target must be an int, got {type(target).__name__}")
     if not 0 <= target < v:
-        raise ValueError(f"target must lie in [0, num_classes={v}), got {target}")
+        raise ArgumentError(f"target must lie in [0, num_classes={v}), got {target}")
     n = check_positive_int("points", points)
     if n < 2:
-        raise ValueError(f"points must be at least 2, got {n}")
+        raise ArgumentError(f"points must be at least 2, got {n}")
 
     one_hot = np.zeros(v)
     one_hot[target] = 1.0
@@ -160,7 +161,7 @@ def _records(metrics: object) -> list[dict[str, Any]]:
         if path.is_dir():
             path = path / METRICS_FILE
         if not path.is_file():
-            raise ValueError(
+            raise ArgumentError(
                 f"metrics must be a run folder holding {METRICS_FILE} or that file, got {metrics}"
             )
         out = []
@@ -170,19 +171,19 @@ def _records(metrics: object) -> list[dict[str, Any]]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i} is not a JSON record ({exc.msg})") from None
+                raise ArgumentError(f"{path}:{i} is not a JSON record ({exc.msg})") from None
         records: Iterable[object] = out
     elif isinstance(metrics, Iterable) and not isinstance(metrics, (bytes, Mapping)):
         records = metrics
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             "metrics must be a run folder, a metrics.jsonl path or an iterable of records, "
             f"got {type(metrics).__name__}"
         )
     checked = []
     for r in records:
         if not isinstance(r, Mapping):
-            raise TypeError(f"metrics must hold dict records, got {type(r).__name__}")
+            raise ArgumentTypeError(f"metrics must hold dict records, got {type(r).__name__}")
         checked.append(dict(r))
     return checked
 
@@ -192,7 +193,7 @@ def _number(value: object) -> float:
     if value is None:
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"metrics must hold numbers, got {type(value).__name__}")
+        raise ArgumentTypeError(f"metrics must hold numbers, got {type(value).__name__}")
     return float(value)
 
 
@@ -233,7 +234,7 @@ def training_curves(
         loss_floor = _number(loss_floor)
     train = [r for r in records if r.get("kind") == "train"]
     if not train:
-        raise ValueError("metrics must hold at least one train record, got none")
+        raise ArgumentError("metrics must hold at least one train record, got none")
     evals = [r for r in records if r.get("kind") == "eval"]
     step = np.array([_number(r.get("step")) for r in train])
     loss = np.array([_number(r.get("loss")) for r in train])

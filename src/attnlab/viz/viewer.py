@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from attnlab._checks import shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
 
 if TYPE_CHECKING:
@@ -123,36 +124,36 @@ class ViewerData:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            raise ValueError("groups must hold at least one attention group, got none")
+            raise ArgumentError("groups must hold at least one attention group, got none")
         if self.steps is not None:
             steps = list(self.steps)
             if not steps:
-                raise ValueError("steps must hold at least one step (or be None), got none")
+                raise ArgumentError("steps must hold at least one step (or be None), got none")
             for s in steps:
                 if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-                    raise TypeError(f"steps must hold ints, got {type(s).__name__}")
+                    raise ArgumentTypeError(f"steps must hold ints, got {type(s).__name__}")
             if any(b <= a for a, b in itertools.pairwise(steps)):
-                raise ValueError(f"steps must be strictly ascending, got {steps[:8]}")
+                raise ArgumentError(f"steps must be strictly ascending, got {steps[:8]}")
         for g in self.groups:
             sides = (
                 (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
             )
             for side in sides:
                 if side not in self.sequences:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"group {g.name!r} names sequence {side!r}, not in sequences {list(self.sequences)}"
                     )
             t_q, t_k = len(self.sequences[g.query]), len(self.sequences[g.key])
             for layer in g.layers:
                 self._check_weights(f"weights of {layer.name!r}", layer.weights, t_q, t_k)
                 if layer.mask is not None and layer.mask.shape != (t_q, t_k):
-                    raise ValueError(
+                    raise ArgumentError(
                         f"mask of {layer.name!r} must be ({t_q}, {t_k}), got {shape_str(layer.mask.shape)}"
                     )
                 if layer.effective is None:
                     continue
                 if g.projected_from is None:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"layer {layer.name!r} has effective weights but its group {g.name!r} has "
                         "no projected keys (set projected_from)"
                     )
@@ -161,7 +162,7 @@ class ViewerData:
                     f"effective weights of {layer.name!r}", layer.effective, t_q, t_tok
                 )
                 if layer.effective.shape[-3] != layer.weights.shape[-3]:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"effective weights of {layer.name!r} have {layer.effective.shape[-3]} heads, "
                         f"the weights {layer.weights.shape[-3]}"
                     )
@@ -170,12 +171,12 @@ class ViewerData:
         if self.steps is not None:
             n = len(self.steps)
             if w.ndim != 4 or w.shape[0] != n or w.shape[2:] != (t_q, t_k):
-                raise ValueError(
+                raise ArgumentError(
                     f"{what} must be (S, H, T_q, T_k) = ({n}, H, {t_q}, {t_k}) with steps, got "
                     f"{shape_str(w.shape)}"
                 )
         elif w.ndim != 3 or w.shape[1:] != (t_q, t_k):
-            raise ValueError(
+            raise ArgumentError(
                 f"{what} must be (H, T_q, T_k) = (H, {t_q}, {t_k}), got {shape_str(w.shape)}"
             )
 
@@ -282,7 +283,7 @@ def viewer_data(
           encoder-decoder; ``T_k = k`` for a layer in ``projected``.
     """
     if tokens is None and (source is None or target is None):
-        raise ValueError(
+        raise ArgumentError(
             "pass tokens (GPT) or both source and target (encoder-decoder), got neither"
         )
     kinds = dict(kinds or {})
@@ -306,10 +307,12 @@ def viewer_data(
         full = arr
         if arr.ndim == 4:
             if not 0 <= batch_index < arr.shape[0]:
-                raise ValueError(f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}")
+                raise ArgumentError(
+                    f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}"
+                )
             arr = arr[batch_index]
         if arr.ndim != 3:
-            raise ValueError(
+            raise ArgumentError(
                 f"attentions[{name!r}] must be (B, H, T_q, T_k) or (H, T_q, T_k), got {shape_str(arr.shape)}"
             )
         cross = kinds.get(name) == "cross" or bool(re.search(r"cross|src_attn|enc_dec", name))
@@ -336,7 +339,7 @@ def viewer_data(
             )
             continue
         if t_k != len(seqs[group.key]) and t_q == len(seqs[group.query]):
-            raise ValueError(
+            raise ArgumentError(
                 f"attentions[{name!r}] must be (H, T_q, T_k) = (H, {t_q}, {len(seqs[group.key])}) "
                 f"over the {group.key} tokens of {group.name}, got {shape_str(arr.shape)}; if the "
                 f"layer's keys are projected (Linformer: T_q × k weights) pass "
@@ -395,7 +398,7 @@ def render_viewer(data: ViewerData) -> str:
         The HTML text.
     """
     if not isinstance(data, ViewerData):
-        raise TypeError(f"data must be a ViewerData, got {type(data).__name__}")
+        raise ArgumentTypeError(f"data must be a ViewerData, got {type(data).__name__}")
     payload = _script_json(data.to_json())
     parts = {
         "/*@CSS@*/": _template("viewer.css"),
@@ -530,20 +533,20 @@ def view(
             given with token arguments.
     """
     if isinstance(height, bool) or not isinstance(height, int):
-        raise TypeError(f"height must be an int, got {type(height).__name__}")
+        raise ArgumentTypeError(f"height must be an int, got {type(height).__name__}")
     if height <= 0:
-        raise ValueError(f"height must be > 0, got {height}")
+        raise ArgumentError(f"height must be > 0, got {height}")
     if isinstance(attentions, ViewerData):
         extra = [n for n, v in (("tokens", tokens), ("source", source), ("target", target),
                                 ("kinds", kinds), ("projected", projected)) if v is not None]  # fmt: skip
         if extra:
-            raise ValueError(
+            raise ArgumentError(
                 f"a ViewerData already holds its tokens; got {', '.join(extra)} as well"
             )
         return Viewer(attentions, height)
     weights = getattr(attentions, "attentions", attentions)
     if not isinstance(weights, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
             "attentions must be an ActivationCache, a ViewerData or a mapping of module path → "
             f"weights, got {type(attentions).__name__}"
         )

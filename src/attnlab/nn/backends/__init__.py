@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from attnlab._checks import check_choice
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.blockwise import QUERY_BLOCK, blockwise_attention
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.backends.sdpa import sdpa_attention
@@ -144,9 +145,11 @@ def register_backend(name: str, fn: AttentionBackend, *, replace: bool = False) 
         TypeError: ``fn`` is not callable.
     """
     if not isinstance(name, str) or not name or name == "auto":
-        raise ValueError(f"name must be a non-empty str other than 'auto', got {name!r}")
+        raise ArgumentError(f"name must be a non-empty str other than 'auto', got {name!r}")
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        raise ArgumentTypeError(f"fn must be callable, got {type(fn).__name__}")
     if name in ATTENTION_BACKENDS and not replace:
-        raise ValueError(f"backend {name!r} is already registered; pass replace=True to replace it")
+        raise ArgumentError(
+            f"backend {name!r} is already registered; pass replace=True to replace it"
+        )
     ATTENTION_BACKENDS[name] = fn

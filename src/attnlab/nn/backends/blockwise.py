@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_choice
+from attnlab.errors import ArgumentError
 from attnlab.nn.backends.common import compute_dtype, head_groups, mask_tile, repeat_kv
 from attnlab.nn.backends.fused_tiles import FUSED_QUERY_BLOCK, fused_available, fused_tiles
 from attnlab.nn.backends.plan import Tile, TilePlan
@@ -98,7 +99,7 @@ def blockwise_attention(
         tile_kernel == "auto" and fused_available(query, value, dropout_p, bias)
     )
     if fused and not fused_available(query, value, dropout_p, bias):
-        raise ValueError(
+        raise ArgumentError(
             "tile_kernel='fused' needs CPU tensors, D_v = D, dropout_p=0 and a mask without "
             "gradient "
             "(and a PyTorch with the fused CPU kernel); use tile_kernel='auto' or 'python'"
