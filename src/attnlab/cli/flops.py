@@ -225,14 +225,8 @@ def run(args: argparse.Namespace) -> int:
     lengths = f"seq_len {report.seq_len}" + (
         f", src_len {report.src_len}" if report.src_len else ""
     )
-    pattern = {
-        "sliding": f", sliding window {config.window}",
-        "linformer": f", linformer k {config.linformer_k}",
-        "performer": ", performer"
-        + (f" m {config.num_features}" if config.num_features is not None else ""),
-        "bigbird": f", bigbird block {config.block_size} global {config.global_blocks} window "
-        f"{config.window_blocks} random {config.num_random_blocks} seed {config.bigbird_seed}",
-    }.get(config.attention, "")
+    label = config.attention.label()
+    pattern = f", {label}" if label else ""
     console.print(
         f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
         f"{pattern})"

@@ -21,6 +21,7 @@ import torch
 
 from attnlab._checks import check_choice, check_positive_int, check_tensor, shape_str
 from attnlab.decoding.beam import beam_search
+from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
 from attnlab.decoding.strategies import greedy_choice, sample_choice
 from attnlab.errors import ArgumentError, ArgumentTypeError
@@ -148,6 +149,7 @@ def generate(
     if mask is not None and not seq2seq and bool(mask.all()):
         mask = None  # nothing is padded: the plain causal path
 
+    lay_out_for_decoding(model)  # the weights' strides for fast matrix-vector steps
     was_training = model.training
     model.eval()
     try:

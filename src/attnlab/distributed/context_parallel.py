@@ -42,8 +42,8 @@ from attnlab.distributed.ring import ring_attention
 from attnlab.distributed.ring_schedule import LAYOUTS, sequence_positions
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT, GPTSelfAttention
-from attnlab.nn.masking import Masking
 from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.multihead_call import AttentionCall
 
 __all__ = ["ContextParallelAttention", "ContextParallelModel", "context_parallelize"]
 
@@ -77,12 +77,9 @@ class ContextParallelAttention(MultiHeadAttention):
     def attend_heads(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        masking: Masking,
-        dropout_p: float,
-        backend: str,
-        need_weights: bool,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        call: AttentionCall,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal ring attention of this rank's queries over every rank's keys and values.
 
@@ -90,11 +87,9 @@ class ContextParallelAttention(MultiHeadAttention):
             q: this rank's queries, heads split, rotated at their global positions.
             k: this rank's keys.
             v: this rank's values.
-            masking: the layer's masks: only the causal rule, over the local tokens (the ring
-                applies it over the whole sequence).
-            dropout_p: must be 0 (ring attention has no dropout).
-            backend: ignored: the ring runs its own kernels.
-            need_weights: must be ``False`` (the weights are never formed).
+            call: the call's options: causal self-attention without masks, windows, block
+                layouts, a cache or weights (the ring applies the causal rule over the whole
+                sequence).
 
         Returns:
             ``z`` ``(B, H, T / C, d_head)``.
@@ -106,23 +101,26 @@ class ContextParallelAttention(MultiHeadAttention):
         Shape:
             q ``(B, H, T / C, d_head)``; k, v ``(B, H_kv, T / C, d_head)``.
         """
-        if need_weights:
+        if call.need_weights or self.hook_weights.active:
             raise ArgumentError(
                 "need_weights=True under context parallelism: ring attention never forms the "
                 "weights; capture attention with the whole model in one process"
             )
+        dropout_p = self.dropout if self.training else 0.0
         if dropout_p > 0:
             raise ArgumentError(f"ring attention has no attention dropout, got dropout={dropout_p}")
-        plain = masking.allowed is None and masking.bias is None and masking.window is None
-        if not plain or masking.blocks is not None or masking.causal_offset != 0:
+        layout = call.block_mask if call.block_mask is not None else self.block_mask
+        masked = call.mask is not None
+        windowed = call.window is not None or layout not in (None, False)
+        if masked or windowed or not call.is_causal or call.cache is not None or k is None:
             raise ArgumentError(
                 "context parallelism supports causal self-attention without masks, windows, "
                 "block layouts or a KV cache; got "
                 + (
                     "a padding or attention mask"
-                    if masking.allowed is not None or masking.bias is not None
+                    if masked
                     else "a window or block layout"
-                    if masking.window is not None or masking.blocks is not None
+                    if windowed
                     else "non-causal attention or a cache"
                 )
             )
@@ -163,9 +161,10 @@ def check_context_parallel(model: nn.Module) -> GPT:
             f"{type(model).__name__}"
         )
     cfg = model.config
-    if cfg.attention != "full":
+    if cfg.attention.name != "full":
         raise ArgumentError(
-            f"context parallelism needs attention='full' (ring attention), got {cfg.attention!r}"
+            f"context parallelism needs attention='full' (ring attention), got "
+            f"{cfg.attention.name!r}"
         )
     if cfg.positions == "alibi":
         raise ArgumentError(

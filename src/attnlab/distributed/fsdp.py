@@ -111,8 +111,8 @@ def shard_model(
     if not is_initialized():
         raise RuntimeError("shard_model needs a process group: start the processes with torchrun")
     mesh = init_device_mesh(device_type, (world_size,))
-    # FSDP2 shards contiguous parameters only (GPT lays its fp32 matrices out (in, out) for fast
-    # decoding, see GPT.lay_out_matrices; training runs at the same speed either way)
+    # FSDP2 shards contiguous parameters only (generation may have laid the fp32 matrices out
+    # (in, out) for fast decoding, see attnlab.decoding.layout)
     with torch.no_grad():
         for p in model.parameters():
             if not p.is_contiguous():

@@ -97,6 +97,7 @@ from attnlab.distributed.tensor_styles import (
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
+from attnlab.nn.kinds import AttentionSpec
 from attnlab.training.distributed import local_tensor
 
 if TYPE_CHECKING:
@@ -169,7 +170,8 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     )
 
 
-def _check_attention(attention: str) -> None:
+def _check_attention(spec: AttentionSpec) -> None:
+    attention = spec.name
     if attention not in SHARDABLE_ATTENTIONS:
         raise ArgumentError(
             f"tensor parallelism shards softmax attention by heads: config.attention must be one "

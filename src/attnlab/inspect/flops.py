@@ -23,8 +23,9 @@ Memory: parameters, gradients and AdamW's two moments; the KV cache
 ``2 · layers · B · H_kv · d_h · T · bytes`` (this is what grouped-/multi-query attention shrinks);
 and the ``B · H · T · T_k`` weight matrix one layer of the explicit ``"math"`` backend holds.
 
-**Attention patterns** (``config.attention``). The core terms follow the pattern's own algorithm,
-per head (``d_h`` the head width):
+**Attention kinds** (``config.attention``, an :class:`~attnlab.nn.kinds.AttentionSpec`). The core
+terms are the spec's own (:meth:`~attnlab.nn.kinds.AttentionSpec.core_flops`), following its
+algorithm, per head (``d_h`` the head width); for the built-in kinds:
 
 * ``"sliding"``: ``QKᵀ`` and ``PV`` over the visible pairs only, counted exactly: a query sees
   ``min(T, w + 1)`` keys at most under the causal window ``(w, 0)`` (fewer in the first ``w``
@@ -45,7 +46,7 @@ per head (``d_h`` the head width):
   (decoding recomputes the prefix), so ``kv_cache`` is 0 for that model's self-attention.
 
 * ``"bigbird"``: ``QKᵀ`` and ``PV`` over the **visible blocks** of the config's layout (its
-  first ``T`` positions, :func:`attnlab.models.config.block_layout`), ``b × b`` scores each
+  first ``T`` positions, :meth:`attnlab.nn.kinds.BigBirdSpec.layout`), ``b × b`` scores each
   (the last block partial: ``rows · cols`` counted exactly), as the blockwise backend computes
   them (``backend="auto"`` picks it under a layout): ``2 · scores · d_h`` each, with
   ``scores = Σ_visible rows(r) · cols(c)`` (:func:`block_pairs`). The causal layout's diagonal
@@ -65,7 +66,6 @@ intermediate: ``T × T_k`` weights (full), ``T × min(T, span)`` (sliding, ideal
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +73,12 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.models.config import GPTConfig, TransformerConfig, block_layout
-from attnlab.nn.masks import BlockLayout
+from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.nn.kinds import AttentionSite, AttentionSpec, FullSpec, block_pairs, window_pairs
 
 __all__ = ["FlopReport", "block_pairs", "flops", "kv_cache_bytes", "window_pairs"]
+
+# block_pairs and window_pairs live with their kinds (attnlab.nn.kinds); they are re-exported here
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,10 @@ def _attention_terms(
     h_kv: int,
     *,
     cross: bool = False,
-    pattern: tuple[Any, ...] = ("full",),
+    pattern: tuple[AttentionSpec, AttentionSite] | None = None,
 ) -> dict[str, int]:
-    """Forward FLOPs of one attention layer for one sequence."""
+    """Forward FLOPs of one attention layer for one sequence; the core's terms are the spec's
+    (:meth:`~attnlab.nn.kinds.AttentionSpec.core_flops`), full attention without one."""
     d_h = d // h
     kv = h_kv * d_h
     terms: dict[str, int] = {}
@@ -190,177 +193,35 @@ def _attention_terms(
         terms[f"{prefix}/kv"] = 2 * t_k * d * 2 * kv  # K, V = m W^K, m W^V, from the source
     else:
         terms[f"{prefix}/qkv"] = 2 * t_q * d * (d + 2 * kv)  # [Q K V] = x [W^Q W^K W^V]
-    terms.update(_core_terms(prefix, t_q, t_k, d_h, h, h_kv, pattern))
+    spec, site = pattern if pattern is not None else (_FULL, AttentionSite(d, h))
+    core = spec.core_flops(t_q, t_k, d_head=d_h, heads=h, kv_heads=h_kv, site=site)
+    terms.update({f"{prefix}/{name}": n for name, n in core.items()})
     terms[f"{prefix}/proj"] = 2 * t_q * d * d  # O W^O
     return terms
 
 
-#: performer's causal prefix sums run this many queries a chunk (favor_attention's default)
-PERFORMER_CHUNK = 128
+_FULL = FullSpec()
 
 
-def window_pairs(t_q: int, t_k: int, left: int | None, right: int | None) -> int:
-    """Query-key pairs a sliding window lets through (causal alignment bottom-right).
-
-    Query ``i`` sits at position ``p = i + T_k − T_q`` and sees keys
-    ``max(0, p − left) ≤ j ≤ min(T_k − 1, p + right)`` (``None`` is unbounded).
-
-    Args:
-        t_q: queries ``T_q``.
-        t_k: keys ``T_k``.
-        left: keys before the query's position it sees (``None``: all).
-        right: keys after it (``None``: all; 0 is causal).
-
-    Returns:
-        The number of visible pairs.
-
-    Examples:
-        >>> window_pairs(5, 5, 1, 0)    # 1 + 2 + 2 + 2 + 2
-        9
-    """
-    total = 0
-    for i in range(t_q):
-        p = i + t_k - t_q
-        lo = 0 if left is None else max(0, p - left)
-        hi = t_k - 1 if right is None else min(t_k - 1, p + right)
-        total += max(0, hi - lo + 1)
-    return total
+def _patterns(config: Any) -> dict[str, tuple[AttentionSpec, AttentionSite]]:
+    """The spec in force and the site of each self-attention role (``"gpt"``, ``"encoder"``,
+    ``"decoder"``)."""
+    spec: AttentionSpec = config.attention
+    if isinstance(config, GPTConfig):
+        d, h, h_kv, n = config.n_embd, config.n_head, config.num_kv_heads, config.n_positions
+    else:
+        d, h, h_kv, n = config.d_model, config.num_heads, config.num_kv_heads, config.max_len
+    out = {}
+    for role, causal in (("gpt", True), ("encoder", False), ("decoder", True)):
+        site = AttentionSite(d, h, num_kv_heads=h_kv, causal=causal, max_len=n)
+        out[role] = (spec.at(causal=causal), site)
+    return out
 
 
-def block_pairs(layout: BlockLayout, q_len: int | None = None) -> int:
-    """Query-key scores of a block layout's visible tiles, as the blockwise backend forms them.
-
-    The ``T_q`` queries are the last positions of the ``T = layout.seq_len`` keys (bottom-right
-    alignment). Each query block ``r`` (its ``rows(r)`` queries) meets each visible key block
-    ``c`` (its ``cols(c)`` keys, fewer in the last, partial block)::
-
-        pairs = Σ_{(r, c) visible} rows(r) · cols(c)
-
-    Under a causal layout the keys past a block's last query are never visited (a tile that
-    crosses the diagonal is formed whole up to there, then masked); a single query (a decoding
-    step) reads the whole of its visible blocks up to itself.
-
-    Args:
-        layout: the :class:`~attnlab.nn.masks.BlockLayout` over the ``T`` keys.
-        q_len: queries ``T_q``, in ``1 … T``; default ``T``.
-
-    Returns:
-        The number of scores computed.
-
-    Examples:
-        >>> from attnlab.nn.masks import bigbird_layout
-        >>> block_pairs(bigbird_layout(10, block_size=4, num_random_blocks=0))  # 3 blocks, all
-        100
-    """
-    t_k = layout.seq_len
-    t_q = t_k if q_len is None else check_positive_int("q_len", q_len)
-    if t_q > t_k:
-        raise ArgumentError(f"q_len must be at most the layout's seq_len = {t_k}, got {t_q}")
-    b = layout.block_size
-    total = 0
-    for r, r0, r1 in layout.row_spans(t_q):
-        # causal: keys past the block's last query are hidden from all of its rows
-        end = min(t_k, r1 + t_k - t_q) if layout.causal else t_k
-        for c0, c1 in layout.runs[r]:
-            total += (r1 - r0) * max(0, min(c1 * b, end) - c0 * b)
-    return total
-
-
-def _core_terms(
-    prefix: str, t_q: int, t_k: int, d_h: int, h: int, h_kv: int, pattern: tuple[Any, ...]
-) -> dict[str, int]:
-    """FLOPs of the attention core (everything between the projections) for one sequence."""
-    kind = pattern[0]
-    if kind == "sliding":
-        pairs = window_pairs(t_q, t_k, pattern[1], pattern[2])
-        return {f"{prefix}/scores": 2 * h * pairs * d_h, f"{prefix}/reduce": 2 * h * pairs * d_h}
-    if kind == "bigbird":
-        pairs = block_pairs(pattern[1].crop(t_k), t_q)  # the layout's first T_k positions
-        return {f"{prefix}/scores": 2 * h * pairs * d_h, f"{prefix}/reduce": 2 * h * pairs * d_h}
-    if kind == "linformer":
-        k = pattern[1]
-        return {
-            f"{prefix}/project_k": 2 * h_kv * k * t_k * d_h,  # K̄ = E K
-            f"{prefix}/project_v": 2 * h_kv * k * t_k * d_h,  # V̄ = F V
-            f"{prefix}/scores": 2 * h * t_q * k * d_h,  # Q K̄ᵀ
-            f"{prefix}/reduce": 2 * h * t_q * k * d_h,  # P V̄
-        }
-    if kind == "performer":
-        m, causal = pattern[1], pattern[2]
-        terms = {f"{prefix}/features": 2 * h * (t_q + t_k) * d_h * m}  # φ(Q), φ(K)
-        if not causal:
-            terms[f"{prefix}/kv_state"] = 2 * h * t_k * m * d_h  # φ(K)ᵀ V
-            terms[f"{prefix}/reduce"] = 2 * h * t_q * m * d_h  # φ(Q) (φ(K)ᵀ V)
-            terms[f"{prefix}/normalizer"] = 2 * h * t_q * m  # φ(Q) (φ(K)ᵀ 1)
-            return terms
-        off = t_k - t_q
-        starts = range(0, t_q, PERFORMER_CHUNK)  # as attnlab.nn.performer._causal_prefix
-        bounds = [min(max(i0 + off + 1, 0), t_k) for i0 in starts] + [t_k]
-        state = 2 * m * bounds[0] * d_h  # S = φ(K)ᵀ V over the keys every query sees
-        reduce = norm = scores = 0
-        for c_idx, i0 in enumerate(starts):
-            c = min(i0 + PERFORMER_CHUNK, t_q) - i0
-            reduce += 2 * c * m * d_h  # φ(Q) S
-            norm += 2 * c * m  # φ(Q) z
-            n = bounds[c_idx + 1] - bounds[c_idx]  # the chunk's own keys
-            if n > 0:
-                scores += 2 * c * m * n  # its block φ(Q) φ(K)ᵀ
-                reduce += 2 * c * n * d_h  # its (masked) weights times V
-                if c_idx + 1 < len(starts):
-                    state += 2 * m * n * d_h  # S += φ(K)ᵀ V for the chunks after it
-        terms[f"{prefix}/kv_state"] = h * state
-        terms[f"{prefix}/scores"] = h * scores
-        terms[f"{prefix}/reduce"] = h * reduce
-        terms[f"{prefix}/normalizer"] = h * norm
-        return terms
-    return {  # full attention: every score, as the math backend computes them
-        f"{prefix}/scores": 2 * h * t_q * t_k * d_h,  # S = Q Kᵀ
-        f"{prefix}/reduce": 2 * h * t_q * t_k * d_h,  # O = P V
-    }
-
-
-def _matrix_elements(t_q: int, t_k: int, pattern: tuple[Any, ...]) -> int:
+def _matrix_elements(t_q: int, t_k: int, pattern: tuple[AttentionSpec, AttentionSite]) -> int:
     """Elements per head of the largest attention intermediate of one layer."""
-    kind = pattern[0]
-    if kind == "sliding":
-        left, right = pattern[1], pattern[2]
-        span = (t_k if left is None else left) + 1 + (t_k if right is None else right)
-        return t_q * min(t_k, span)
-    if kind == "linformer":
-        return t_q * pattern[1]
-    if kind == "bigbird":
-        return block_pairs(pattern[1].crop(t_k), t_q)
-    if kind == "performer":
-        return (t_q + t_k) * pattern[1]
-    return t_q * t_k
-
-
-def _patterns(config: Any, d_h: int) -> dict[str, tuple[Any, ...]]:
-    """The pattern of each self-attention role (``"gpt"``, ``"encoder"``, ``"decoder"``)."""
-    full: tuple[Any, ...] = ("full",)
-    attention = getattr(config, "attention", "full")
-    w = config.window
-    if attention == "sliding":
-        return {
-            "gpt": ("sliding", w, 0),
-            "encoder": ("sliding", w, w),
-            "decoder": ("sliding", w, 0),
-        }
-    if attention == "linformer":
-        return {"gpt": full, "encoder": ("linformer", config.linformer_k), "decoder": full}
-    if attention == "bigbird":
-        causal = ("bigbird", block_layout(config, causal=True))
-        return {"gpt": causal, "encoder": ("bigbird", block_layout(config, causal=False)),
-                "decoder": causal}  # fmt: skip
-    if attention == "performer":
-        m = config.num_features
-        m = max(d_h, round(d_h * math.log(d_h))) if m is None else m  # PerformerAttention's default
-        return {
-            "gpt": ("performer", m, True),
-            "encoder": ("performer", m, False),
-            "decoder": ("performer", m, True),
-        }
-    return {"gpt": full, "encoder": full, "decoder": full}
+    spec, site = pattern
+    return spec.matrix_elements(t_q, t_k, d_head=site.d_head, site=site)
 
 
 def _ffn_terms(prefix: str, t: int, d: int, d_ff: int) -> dict[str, int]:
@@ -429,23 +290,15 @@ def kv_cache_bytes(
     geo = _geometry(config, num_kv_heads)
     _check_length(geo, "seq_len", seq_len)
     check_positive_int("batch", batch)
-    attention = getattr(config, "attention", "full")
     h_kv, d_h = geo["kv_heads"], geo["d"] // geo["h"]
-    tokens = seq_len  # self-attention: every position, or a rolling window
-    if attention == "sliding" and config.window is not None:
-        tokens = min(seq_len, config.window)
+    spec, _ = _patterns(config)["decoder"]  # the causal self-attention's cache (GPT: the same)
+    layers = geo["layers_dec"]
+    own = spec.cache_bytes(seq_len, batch=batch, kv_heads=h_kv, d_head=d_h, dtype=dtype)
     cross = 0
     if geo["kind"] == "transformer":
-        cross = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
-    per_token = 2 * geo["layers_dec"] * h_kv * d_h  # K and V
-    if attention != "performer":
-        return per_token * batch * (tokens + cross) * _dtype_bytes(dtype)
-    # performer: per layer and key/value head the running sums S (m × d_h), z (m) and the
-    # stabiliser c, kept in at least float32, whatever the number of tokens
-    m = _patterns(config, d_h)["decoder"][1]
-    state = geo["layers_dec"] * batch * h_kv * (m * (d_h + 1) + 1)
-    sums = torch.promote_types(dtype, torch.float32)
-    return state * _dtype_bytes(sums) + per_token * batch * cross * _dtype_bytes(dtype)
+        s = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
+        cross = _FULL.cache_bytes(s, batch=batch, kv_heads=h_kv, d_head=d_h, dtype=dtype)
+    return layers * (own + cross)
 
 
 def flops(
@@ -498,7 +351,7 @@ def flops(
             )
         _check_length(geo, "src_len", src_len)
     d, h, h_kv, d_ff, bias = geo["d"], geo["h"], geo["kv_heads"], geo["d_ff"], geo["bias"]
-    pats = _patterns(config, d // h)
+    pats = _patterns(config)
     nbytes = _dtype_bytes(dtype)
     fwd: dict[str, int] = {}
     params: dict[str, int] = {}
@@ -515,7 +368,8 @@ def flops(
         params["embedding/token"] = cfg.vocab_size * d
         if cfg.positions == "learned":
             params["embedding/position"] = cfg.n_positions * d
-        params["attention"] = layers * (_attn_params(d, h, h_kv, bias) + _ln_params(d, bias))
+        own = pats["gpt"][0].extra_parameters(pats["gpt"][1])  # a kind's own parameters
+        params["attention"] = layers * (_attn_params(d, h, h_kv, bias) + own + _ln_params(d, bias))
         params["mlp"] = layers * (_ffn_params(d, d_ff, bias) + _ln_params(d, bias))
         params["ln_f"] = _ln_params(d, bias)
         params["lm_head"] = 0  # tied to the token embedding
@@ -547,12 +401,11 @@ def flops(
             _ln_params(d, True),
         )
         final_ln = ln if cfg.norm_first else 0
-        if cfg.attention == "linformer":  # E and F, k × max_len each (headwise sharing)
-            attn_enc = attn + 2 * cfg.linformer_k * cfg.max_len
-        else:
-            attn_enc = attn
+        enc_spec, enc_site = pats["encoder"]
+        attn_enc = attn + enc_spec.extra_parameters(enc_site)  # Linformer's E and F
         params["encoder"] = n_enc * (attn_enc + ffn + 2 * ln) + final_ln
-        params["decoder"] = n_dec * (2 * attn + ffn + 3 * ln) + final_ln
+        attn_dec = attn + pats["decoder"][0].extra_parameters(pats["decoder"][1])
+        params["decoder"] = n_dec * (attn_dec + attn + ffn + 3 * ln) + final_ln
         params["lm_head"] = 0 if cfg.tie_output else cfg.tgt_vocab_size * d
         elements = max(
             _matrix_elements(s, s, pats["encoder"]),

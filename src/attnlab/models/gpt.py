@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,14 +24,19 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.models.config import GPTConfig, block_layout
+from attnlab.models.config import GPTConfig
+from attnlab.models.gpt_layers import (
+    GPTMLP,
+    GPTBlock,
+    GPTPerformerAttention,
+    GPTSelfAttention,
+    RecomputeCache,
+    attention_site,
+)
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
-from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
-from attnlab.nn.masks import BlockLayout
-from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
-from attnlab.nn.performer import PerformerAttention
+from attnlab.nn.kv_cache import ModelCache
+from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
@@ -43,359 +48,11 @@ __all__ = [
     "GPTBlock",
     "GPTPerformerAttention",
     "GPTSelfAttention",
+    "GPTTrunk",
     "RecomputeCache",
-    "make_attention",
 ]
 
 IGNORE_INDEX = -100
-
-
-class _GPTProjections:
-    """GPT-2's fused projections ``c_attn`` and ``c_proj`` (and residual dropout), for any
-    :class:`~attnlab.nn.multihead.MultiHeadAttention` subclass it is mixed into (first)."""
-
-    d_model: int
-    num_kv_heads: int
-    d_head: int
-    c_attn: nn.Linear
-    c_proj: nn.Linear
-    resid_dropout: nn.Dropout
-
-    def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
-        kv = self.num_kv_heads * self.d_head
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)
-        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
-
-    def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused projection's weight and bias, ``c_attn``'s.
-
-        Returns:
-            ``(weight, bias)``; ``bias`` is ``None`` when the config has no biases.
-
-        Shape:
-            weight ``(n_embd + 2 · H_kv · d_head, n_embd)``; bias ``(n_embd + 2 · H_kv · d_head,)``.
-        """
-        return self.c_attn.weight, self.c_attn.bias
-
-    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """``[Q | K | V] = x W_attn + b_attn``: the three projections in one matmul.
-
-        Args:
-            x: the block's input after ``ln_1``.
-
-        Returns:
-            Q, K and V side by side along the last dimension.
-
-        Shape:
-            x ``(B, T, n_embd)`` → ``(B, T, n_embd + 2 · H_kv · d_head)``.
-        """
-        return self.c_attn(x)
-
-    def project_out(self, x: torch.Tensor) -> torch.Tensor:
-        """The output projection ``c_proj`` of the concatenated heads, then residual dropout.
-
-        Args:
-            x: the heads' outputs, concatenated.
-
-        Returns:
-            What the layer adds to the residual stream.
-
-        Shape:
-            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
-        """
-        return self.resid_dropout(self.c_proj(x))
-
-
-class GPTSelfAttention(_GPTProjections, MultiHeadAttention):
-    """Causal self-attention with GPT-2's fused projections ``c_attn`` and ``c_proj``.
-
-    A :class:`~attnlab.nn.multihead.MultiHeadAttention` (hooks, KV cache, GQA and rotary work as
-    there) whose weights are stored as GPT-2 stores them:
-
-        [Q | K | V] = x W_attn + b_attn          (c_attn: d_model → d_model + 2 · H_kv · d_head)
-        out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
-
-    With ``config.attention == "sliding"`` the layer's :attr:`window` is ``(config.window, 0)``:
-    each token sees itself and the ``window`` tokens before it. With ``"bigbird"`` its
-    :attr:`block_mask` is the config's causal BigBird layout over ``n_positions`` tokens
-    (:func:`~attnlab.models.config.block_layout`, shared by the model's layers), cropped to
-    each call's length.
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`.
-        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
-
-    Shape:
-        as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
-    """
-
-    causal = True  # forward hides future keys unless is_causal=False is passed
-
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
-        super().__init__(
-            config.n_embd,
-            config.n_head,
-            num_kv_heads=config.num_kv_heads,
-            dropout=config.dropout,
-            bias=config.bias,
-            backend=config.backend,
-            rotary=rotary,
-            window=(config.window, 0) if config.attention == "sliding" else None,
-            block_mask=block_layout(config, causal=True) if config.attention == "bigbird" else None,
-        )
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-
-class GPTPerformerAttention(_GPTProjections, PerformerAttention):
-    """Causal FAVOR+ self-attention (Choromanski et al. 2021) with GPT-2's ``c_attn``/``c_proj``.
-
-    A :class:`~attnlab.nn.performer.PerformerAttention` (random features ``features``, hook
-    points and head mask as there) whose projections are stored as :class:`GPTSelfAttention`
-    stores them, so that a checkpoint's names are GPT-2's. It keeps no keys or values: it
-    decodes from a :class:`~attnlab.nn.kv_cache.PerformerState` (running sums, ``O(1)`` per
-    token; :meth:`GPT.new_cache`), and applies no rotary embedding or additive bias
-    (``GPTConfig`` asks for learned positions).
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig` (``attention="performer"``;
-            ``num_features`` random features, default ``round(d_head · ln d_head)``).
-
-    Shape:
-        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, 1, T)`` (keys).
-    """
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__(
-            config.n_embd,
-            config.n_head,
-            num_features=config.num_features,
-            num_kv_heads=config.num_kv_heads,
-            dropout=config.dropout,
-            bias=config.bias,
-            causal=True,
-        )
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-
-class RecomputeCache(ModelCache):
-    """A decoding "cache" that keeps no keys or values, only the token ids seen so far: each
-    step runs the whole prefix again and returns the new positions' logits.
-
-    ``O(T²)`` work to decode ``T`` tokens with a linear-time layer (``O(T)`` each step). Any
-    :class:`GPT` accepts it: the reference that cached decoding is checked against, and the
-    baseline of the Performer's running state (:meth:`GPT.new_cache` gives a
-    :class:`~attnlab.nn.kv_cache.PerformerState` per layer for ``attention="performer"``,
-    ``O(1)`` per token).
-
-    Args:
-        batch: rows ``B``.
-        capacity: the most positions it holds (prompt + new tokens).
-        device: where to keep the ids.
-
-    Attributes:
-        tokens: ``(B, capacity)`` the ids so far (zeros beyond ``length``).
-
-    Shape:
-        tokens ``(B, capacity)``.
-    """
-
-    def __init__(self, batch: int, capacity: int, device: torch.device | str | None = None) -> None:
-        super().__init__([])
-        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self._length = 0
-
-    @property
-    def length(self) -> int:
-        """Positions processed so far (the next token's position)."""
-        return self._length
-
-    @property
-    def capacity(self) -> int:
-        """The most positions it holds."""
-        return self.tokens.shape[1]
-
-    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Append new ids and return every id so far.
-
-        Args:
-            input_ids: the new ids.
-
-        Returns:
-            The ids of the past and the new positions (a view).
-
-        Raises:
-            ValueError: the capacity would be exceeded, or the batch differs.
-
-        Shape:
-            input_ids ``(B, T)`` → ``(B, T_past + T)``.
-        """
-        b, t = input_ids.shape
-        if b != self.tokens.shape[0]:
-            raise ArgumentError(
-                f"cache was made for batch {self.tokens.shape[0]}, input_ids has batch {b}"
-            )
-        if self._length + t > self.capacity:
-            raise ArgumentError(
-                f"cache capacity exceeded: it holds {self._length} of {self.capacity} positions "
-                f"and {t} more were added; make the cache larger (max_length)"
-            )
-        self.tokens[:, self._length : self._length + t] = input_ids
-        self._length += t
-        return self.tokens[:, : self._length]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
-
-        Args:
-            index: integer indices of the rows to keep; may repeat rows.
-
-        Shape:
-            index ``(B_new,)``; ``tokens`` becomes ``(B_new, capacity)``.
-        """
-        self.tokens = self.tokens.index_select(0, index)
-
-    def nbytes(self) -> int:
-        """Bytes held: the token ids only (no keys or values).
-
-        Returns:
-            The size of ``tokens`` in bytes.
-        """
-        return self.tokens.nbytes
-
-
-def make_attention(
-    config: GPTConfig, rotary: RotaryEmbedding | None = None
-) -> GPTSelfAttention | GPTPerformerAttention:
-    """The self-attention layer of one block, as ``config.attention`` chooses.
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`.
-        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
-
-    Returns:
-        A :class:`GPTPerformerAttention` for ``"performer"``, else a :class:`GPTSelfAttention`
-        (with its window for ``"sliding"``, its block layout for ``"bigbird"``).
-    """
-    if config.attention == "performer":
-        return GPTPerformerAttention(config)
-    return GPTSelfAttention(config, rotary)
-
-
-class GPTMLP(nn.Module):
-    """The position-wise feed-forward network of GPT-2, with the tanh approximation of GELU
-    (Hendrycks & Gimpel 2016), GPT-2's ``gelu_new``.
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`; the hidden width is
-            ``4 · n_embd``.
-
-    Shape:
-        ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
-    """
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``GELU(x W_fc + b_fc) W_proj + b_proj``, then dropout.
-
-        Args:
-            x: the block's input after ``ln_2``.
-
-        Returns:
-            What the MLP adds to the residual stream.
-
-        Shape:
-            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
-        """
-        # MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj,
-        # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))
-        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4 · n_embd)
-        return self.dropout(self.c_proj(h))
-
-
-class GPTBlock(nn.Module):
-    """One pre-norm decoder block (GPT-2, §2.3):
-
-        x = x + Attention(LN_1(x))
-        x = x + MLP(LN_2(x))
-
-    Hook points: ``hook_resid_pre``, ``hook_attn_out``, ``hook_mlp_out``, ``hook_resid_post``
-    (and those of ``attn``: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_weights``, ``hook_z``).
-
-    Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`.
-        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
-
-    Shape:
-        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``;
-        head_mask ``(H,)`` or ``(B, H)`` (1 keeps a head, 0 removes its output).
-    """
-
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
-        super().__init__()
-        eps = config.layer_norm_epsilon
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
-        self.attn = make_attention(config, rotary)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
-        self.mlp = GPTMLP(config)
-        self.hook_resid_pre = HookPoint()
-        self.hook_attn_out = HookPoint()
-        self.hook_mlp_out = HookPoint()
-        self.hook_resid_post = HookPoint()
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: KVCache | PerformerState | None = None,
-        positions: torch.Tensor | None = None,
-        head_mask: torch.Tensor | None = None,
-        block_mask: BlockLayout | Literal[False] | None = None,
-    ) -> torch.Tensor:
-        """One block: causal self-attention, then the MLP, each added to the residual stream.
-
-        Args:
-            x: the residual stream.
-            mask: padding and/or additive (ALiBi) mask, ``True = may attend``; the causal rule
-                always applies on top.
-            cache: this block's :class:`~attnlab.nn.kv_cache.KVCache` (a
-                :class:`~attnlab.nn.kv_cache.PerformerState` for a Performer layer), or ``None``.
-            positions: rotary position ids, or ``None``.
-            head_mask: head mask (1 keeps a head, 0 removes its output), or ``None``.
-            block_mask: the attention's block layout for this call: ``None`` (default) the
-                layer's own, ``False`` none (``mask`` then holds the pattern, see
-                :meth:`GPT.forward`), or a layout (see
-                :meth:`~attnlab.nn.multihead.MultiHeadAttention.forward`).
-
-        Returns:
-            The residual stream after the block.
-
-        Shape:
-            x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to
-            ``(B, H, T, T_past + T)``; positions ``(B, T)`` or ``(T,)``; head_mask ``(H,)`` or
-            ``(B, H)``.
-        """
-        x = self.hook_resid_pre(x)
-        # only a layer with a layout takes one (the Performer layer has no block_mask option)
-        extra = {} if block_mask is None else {"block_mask": block_mask}
-        a = self.attn(
-            self.ln_1(x),
-            mask=mask,
-            is_causal=True,
-            cache=cache,
-            positions=positions,
-            head_mask=head_mask,
-            check_positions=False,  # GPT.forward checked them once for every block
-            **extra,
-        )
-        x = x + self.hook_attn_out(a)
-        x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
-        return self.hook_resid_post(x)
 
 
 class GPTTrunk(nn.Module):
@@ -473,65 +130,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=residual_std)
-        self.lay_out_matrices()
-
-    def lay_out_matrices(self) -> None:
-        """Lay every matrix out in memory for fast decoding, by dtype: fp32/fp64 ``(in, out)``, as
-        GPT-2's own ``Conv1D`` stores them, and half types ``(out, in)``. The parameters keep
-        ``nn.Linear``'s ``(out, in)`` shape, names and values; only the strides differ (state
-        dicts, checkpoints and Hugging Face weights are unchanged).
-
-        Why: at batch 1 a decoding step is a chain of matrix-vector products, each bound by reading
-        its matrix once, and the CPU kernels stream one layout faster than the other, by dtype. In
-        fp32, ``x @ W`` over a contiguous ``(in, out)`` matrix reads the 50257 × 768 tied embedding
-        at 27 GB/s against 16 GB/s for the rows of an ``(out, in)`` one; in bf16 the ``(out, in)``
-        kernel is the faster (24 against 19 GB/s), and GPT-2 small decodes at 78 against 54 tok/s
-        (``benchmarks/generate.py``). Training matmuls run at the same speed either way.
-
-        Runs at construction and after every ``.to()``/``.float()``/``.half()`` (:meth:`_apply`);
-        ``load_state_dict`` and optimisers keep the strides, and :meth:`state_dict` hands out
-        contiguous tensors (what safetensors and other writers expect). Parameters *replaced* by
-        others (``load_state_dict(assign=True)``, a new tie) take the layout of what replaced
-        them: call this again afterwards (:meth:`from_hf` does).
-        """
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    w = module.weight
-                    in_out = w.dtype in (torch.float32, torch.float64)
-                    if in_out and w.is_contiguous():  # (lm_head shares its weight with wte)
-                        w.data = w.data.t().contiguous().t()
-                    elif not in_out and not w.is_contiguous():
-                        w.data = w.data.contiguous()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> GPT:
-        # .to(dtype) and friends keep the strides of the old dtype: lay the matrices out anew
-        super()._apply(fn, recurse)
-        self.lay_out_matrices()
-        return self
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """``nn.Module.state_dict`` with each matrix as a contiguous tensor (a weight shared by two
-        names, as ``wte``/``lm_head``, stays one tensor); see :meth:`lay_out_matrices`.
-
-        Args:
-            *args: as ``nn.Module.state_dict``.
-            **kwargs: as ``nn.Module.state_dict`` (``keep_vars=True`` returns the parameters as
-                they are).
-
-        Returns:
-            The state dict, name → tensor.
-        """
-        state = super().state_dict(*args, **kwargs)
-        if kwargs.get("keep_vars"):
-            return state
-        prefix = kwargs.get("prefix", "")
-        plain: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
-        for name, t in state.items():
-            # a tensor subclass (a DTensor under tensor parallelism) has no storage of its own here
-            if name.startswith(prefix) and type(t) is torch.Tensor and not t.is_contiguous():
-                state[name] = plain.setdefault((t.data_ptr(), t.stride()), t.contiguous())
-        return state
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -604,13 +202,13 @@ class GPT(nn.Module):
         if position_ids is not None:
             positions = self._check_position_ids(position_ids, b, t)
         head_masks = layer_head_masks("head_mask", head_mask, cfg.n_layer, cfg.n_head)
-        if isinstance(cache, RecomputeCache):
+        if cache is not None and cache.recomputes:
             if positions is not None:
                 raise ArgumentError(
                     "position_ids must be None with a RecomputeCache (it recomputes every past "
                     "position, whose ids it does not keep)"
                 )
-            logits = self._recompute(input_ids, keep, cache, head_masks)
+            logits = self._recompute(input_ids, keep, cast(RecomputeCache, cache), head_masks)
         else:
             logits = self._run(input_ids, keep, positions, cache, head_masks)
         loss = None
@@ -651,8 +249,10 @@ class GPT(nn.Module):
                 f"n_positions = {self.config.n_positions}"
             )
         heads: list[torch.Tensor | None] = [None] * self.config.n_layer
-        if isinstance(cache, RecomputeCache):
-            return self._recompute(tokens, attention_mask, cache, heads)[:, -1]
+        if cache.recomputes:
+            return self._recompute(tokens, attention_mask, cast(RecomputeCache, cache), heads)[
+                :, -1
+            ]
         return self._run(tokens, attention_mask, None, cache, heads)[:, -1]
 
     def _recompute(
@@ -705,14 +305,17 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(positions, check=False)
         x = self.transformer.drop(x)
 
-        block_mask: Literal[False] | None = None  # the layers' own layout, cropped to T_past + T
-        if padding is not None and keep is not None and cfg.attention == "bigbird":
-            # BigBird under left padding: the layout read at each row's token positions (as the
-            # position ids), not at the slots, and the layers' own layout off for this call
+        block_mask: Literal[False] | None = None  # the layers' own pattern, cropped to T_past + T
+        if padding is not None and keep is not None:
+            # a pattern read at absolute positions (BigBird's blocks) under left padding: read
+            # at each row's token positions (as the position ids), not at the slots, and the
+            # layers' own pattern off for this call
             where = (keep.long().cumsum(-1) - 1).clamp(min=0)  # (B, T_past + T)
-            pattern = block_layout(cfg, causal=True).mask_at(where[:, past:], where)
-            padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
-            block_mask = False
+            site = attention_site(cfg)
+            pattern = cfg.attention.padded_mask(site, where[:, past:], where)
+            if pattern is not None:
+                padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
+                block_mask = False
         mask: torch.Tensor | None = padding
         if cfg.positions == "alibi":
             # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
@@ -772,7 +375,7 @@ class GPT(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> ModelCache:
-        """An empty KV cache for decoding: one :class:`~attnlab.nn.kv_cache.KVCache` per block.
+        """An empty cache for decoding: one per block, made by the block's attention layer.
 
         Args:
             batch: batch size ``B``.
@@ -782,16 +385,14 @@ class GPT(nn.Module):
             device: default the parameters' device.
 
         Returns:
-            a :class:`~attnlab.nn.kv_cache.ModelCache` holding
-            ``2 · n_layer · B · H_kv · capacity · d_head`` numbers; with
-            ``attention="sliding"`` rolling caches of ``min(capacity, window)`` positions
-            (``KVCache(window=window)``: the causal window never reads further back); with
-            ``attention="performer"`` one :class:`~attnlab.nn.kv_cache.PerformerState` per
-            block instead: the running sums ``S``, ``z`` of causal FAVOR+,
-            ``n_layer · B · H_kv · (m · (d_head + 1) + 1)`` numbers whatever the length, each step
-            ``O(1)``; kept in float32 at least (``dtype`` promoted: a running sum of many terms
-            in a half type drifts). ``attention="bigbird"`` keeps every position (its global
-            blocks are seen by every later token).
+            a :class:`~attnlab.nn.kv_cache.ModelCache` of the layers' own caches (each
+            attention layer's ``new_cache``): ``2 · n_layer · B · H_kv · capacity · d_head``
+            numbers for full attention; rolling caches of ``min(capacity, window)`` positions
+            under a sliding window (the causal window never reads further back); for Performer
+            attention one :class:`~attnlab.nn.kv_cache.PerformerState` per block: the running
+            sums ``S``, ``z`` of causal FAVOR+, ``n_layer · B · H_kv · (m · (d_head + 1) + 1)``
+            numbers whatever the length, each step ``O(1)``, kept in float32 at least. BigBird
+            keeps every position (its global blocks are seen by every later token).
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -801,27 +402,14 @@ class GPT(nn.Module):
             dtype = p.dtype
             if torch.is_autocast_enabled(where.type):
                 dtype = torch.get_autocast_dtype(where.type)
-        cfg = self.config
-        if cfg.attention == "performer":
-            # causal FAVOR+: running sums S, z per layer, kept in float32 at least
-            sums = torch.promote_types(dtype, torch.float32)
-            states = []
-            for block in self.transformer.h:
-                m = cast(GPTPerformerAttention, cast(GPTBlock, block).attn).num_features
-                states.append(
-                    PerformerState(
-                        batch, cfg.kv_heads, capacity, m, cfg.d_head, dtype=sums, device=where
-                    )
-                )
-            return ModelCache(states)
-        window = cfg.window if cfg.attention == "sliding" else None
-        # each layer's own key/value heads: a tensor-parallel rank holds H_kv / N of them
-        heads = [cast(GPTBlock, block).attn.num_kv_heads for block in self.transformer.h]
-        layers = [
-            KVCache(batch, h, capacity, cfg.d_head, dtype=dtype, device=where, window=window)
-            for h in heads
-        ]
-        return ModelCache(layers)
+        # each layer makes its own: a KV cache (rolling under a causal window), FAVOR+'s running
+        # sums, or what a new kind keeps; a tensor-parallel rank's layer holds H_kv / N heads
+        return ModelCache(
+            [
+                cast(GPTBlock, block).attn.new_cache(batch, capacity, dtype=dtype, device=where)
+                for block in self.transformer.h
+            ]
+        )
 
     # -- Hugging Face interop --
 
@@ -895,7 +483,8 @@ class GPT(nn.Module):
     def _check_cache(self, cache: object, batch: int) -> int:
         if cache is None:
             return 0
-        if isinstance(cache, RecomputeCache):
+        if isinstance(cache, ModelCache) and cache.recomputes:
+            cache = cast(RecomputeCache, cache)
             if cache.tokens.shape[0] != batch:
                 raise ArgumentError(
                     f"cache was made for batch {cache.tokens.shape[0]}, input_ids has batch {batch}"
@@ -905,23 +494,12 @@ class GPT(nn.Module):
             raise ArgumentTypeError(
                 f"cache must be a ModelCache (see GPT.new_cache), got {type(cache).__name__}"
             )
-        performer = self.config.attention == "performer"
-        wrong = [c for c in cache.layers if isinstance(c, PerformerState) != performer]
-        if wrong:
-            if performer:
-                raise ArgumentError(
-                    "cache must hold PerformerState layers (from GPT.new_cache) for "
-                    "attention='performer': FAVOR+ keeps running sums, not keys and values, got "
-                    f"a {type(cache).__name__} of {type(wrong[0]).__name__}"
-                )
-            raise ArgumentError(
-                "cache holds PerformerState layers, which only attention='performer' reads; "
-                f"this model's attention is {self.config.attention!r}: use GPT.new_cache"
-            )
         if len(cache.layers) != self.config.n_layer:
             raise ArgumentError(
                 f"cache has {len(cache.layers)} layers, the model n_layer = {self.config.n_layer}"
             )
+        for block, layer_cache in zip(self.transformer.h, cache.layers):
+            cast(GPTBlock, block).attn.check_cache(layer_cache)
         if cache.layers[0].batch != batch:
             raise ArgumentError(
                 f"cache was made for batch {cache.layers[0].batch}, input_ids has batch {batch}"

@@ -94,10 +94,11 @@ def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT
         ValueError: for options GPT-2 does not have (an attention other than ``"full"``,
             grouped-query heads, rope/alibi, no biases).
     """
-    if config.attention != "full":
+    if config.attention.name != "full":
+        name = config.attention.name
         raise ArgumentError(
             f"attention must be 'full' for GPT-2 (Hugging Face's GPT2LMHeadModel has no "
-            f"{config.attention!r} attention), got {config.attention!r}"
+            f"{name!r} attention), got {name!r}"
         )
     from transformers import GPT2Config
 
@@ -175,7 +176,6 @@ def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
     state["lm_head.weight"] = state["transformer.wte.weight"]
     gpt.load_state_dict(state, strict=True, assign=True)
     gpt.lm_head.weight = gpt.transformer.wte.weight  # assign=True made two Parameters: tie again
-    gpt.lay_out_matrices()  # the assigned tensors came in nn.Linear's (out, in) layout
     return gpt.train(hf.training)
 
 

@@ -30,15 +30,14 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.models.config import TransformerConfig, block_layout
+from attnlab.models.config import TransformerConfig
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
 from attnlab.nn.hooks import HookPoint
+from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
-from attnlab.nn.linformer import LinformerAttention
-from attnlab.nn.multihead import MultiHeadAttention, layer_head_masks
-from attnlab.nn.performer import PerformerAttention
+from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
 __all__ = [
@@ -47,7 +46,7 @@ __all__ = [
     "Transformer",
     "TransformerDecoder",
     "TransformerEncoder",
-    "self_attention",
+    "attention_site",
 ]
 
 
@@ -57,7 +56,7 @@ class Seq2SeqCache(ModelCache):
 
     Attributes:
         layers: one growing self-attention :class:`KVCache` per decoder layer (a
-            :class:`~attnlab.nn.kv_cache.PerformerState` with ``attention="performer"``).
+            :class:`~attnlab.nn.kv_cache.PerformerState` for Performer attention).
         cross: one static cross-attention :class:`KVCache` per decoder layer.
         tokens: ``(B, capacity)`` target ids so far (``pad_id`` beyond ``length``).
         src_mask: the source mask of the first decode step, reused when a later step passes none.
@@ -107,7 +106,7 @@ class Seq2SeqRecomputeCache(Seq2SeqCache):
     """A decoder "cache" that keeps no keys or values: it remembers the target ids only and
     every :meth:`Transformer.decode` step runs the decoder again over the whole target prefix
     (cross-attention included) and returns the new positions. The reference cached decoding is
-    checked against (``attention="performer"`` decodes from running sums instead, see
+    checked against (Performer attention decodes from running sums instead, see
     :meth:`Transformer.new_cache`).
 
     Args:
@@ -116,6 +115,8 @@ class Seq2SeqRecomputeCache(Seq2SeqCache):
     Shape:
         tokens ``(B, capacity)``.
     """
+
+    recomputes = True
 
     def __init__(self, tokens: torch.Tensor) -> None:
         super().__init__([], [], tokens)
@@ -140,48 +141,29 @@ def _layer_options(c: TransformerConfig) -> dict[str, Any]:
     }
 
 
-def self_attention(c: TransformerConfig, *, decoder: bool) -> MultiHeadAttention | None:
-    """The self-attention layer ``config.attention`` asks for, or ``None`` for the default
-    (full) :class:`~attnlab.nn.multihead.MultiHeadAttention` the layers build themselves.
-
-    * ``"sliding"``: a ``MultiHeadAttention`` with the window ``(w, w)`` in the encoder
-      (symmetric: ``w`` source tokens on each side) and ``(w, 0)`` in the decoder (causal).
-    * ``"linformer"``: :class:`~attnlab.nn.linformer.LinformerAttention` (``k = linformer_k``,
-      ``max_len`` columns) in the encoder; the decoder keeps full attention (Linformer cannot be
-      causal).
-    * ``"performer"``: :class:`~attnlab.nn.performer.PerformerAttention`, bidirectional in the
-      encoder and causal in the decoder.
-    * ``"bigbird"``: a ``MultiHeadAttention`` with the config's BigBird layout over ``max_len``
-      positions (:func:`~attnlab.models.config.block_layout`): bidirectional in the encoder,
-      causal in the decoder; each call uses its crop to the sequence's length.
+def attention_site(c: TransformerConfig, *, decoder: bool) -> AttentionSite:
+    """Where the encoder's or the decoder's self-attention layers go, as the config's attention
+    spec builds them (:meth:`~attnlab.nn.kinds.AttentionSpec.build`): bidirectional in the
+    encoder, causal in the decoder, over ``max_len`` positions. Cross-attention is always full.
 
     Args:
         c: the model's configuration.
-        decoder: for a decoder layer (causal self-attention), else an encoder layer.
+        decoder: the decoder's (causal) site, else the encoder's.
 
     Returns:
-        The layer, or ``None`` when the layer's own full attention is wanted.
+        The :class:`~attnlab.nn.kinds.AttentionSite`.
     """
-    common: dict[str, Any] = {"num_kv_heads": c.num_kv_heads, "dropout": c.attention_dropout}
-    if c.attention == "sliding" and c.window is not None:
-        window = (c.window, 0) if decoder else (c.window, c.window)
-        return MultiHeadAttention(
-            c.d_model, c.num_heads, backend=c.backend, window=window, **common
-        )
-    if c.attention == "linformer" and c.linformer_k is not None and not decoder:
-        return LinformerAttention(
-            c.d_model, c.num_heads, k=c.linformer_k, max_len=c.max_len, backend=c.backend, **common
-        )
-    if c.attention == "performer":
-        return PerformerAttention(
-            c.d_model, c.num_heads, num_features=c.num_features, causal=decoder, **common
-        )
-    if c.attention == "bigbird":
-        layout = block_layout(c, causal=decoder)
-        return MultiHeadAttention(
-            c.d_model, c.num_heads, backend=c.backend, block_mask=layout, **common
-        )
-    return None
+    return AttentionSite(
+        d_model=c.d_model,
+        num_heads=c.num_heads,
+        num_kv_heads=c.num_kv_heads,
+        causal=decoder,
+        max_len=c.max_len,
+        dropout=c.attention_dropout,
+        bias=True,
+        backend=c.backend,
+        positions="sinusoidal",
+    )
 
 
 def _checkpointing(stack: nn.Module) -> bool:
@@ -209,14 +191,14 @@ class TransformerEncoder(nn.Module):
         c = config
         self.num_heads = c.num_heads
         self.gradient_checkpointing = c.gradient_checkpointing
+        site = attention_site(c, decoder=False)
         self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
+            EncoderLayer(
+                c.d_model, c.num_heads, c.d_ff, **_layer_options(c),
+                self_attention=lambda: c.attention.build(site),
+            )
             for _ in range(c.num_encoder_layers)
-        )
-        for layer in self.layers:
-            attn = self_attention(c, decoder=False)
-            if attn is not None:
-                layer.self_attn = attn
+        )  # fmt: skip
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
@@ -272,14 +254,14 @@ class TransformerDecoder(nn.Module):
         c = config
         self.num_heads = c.num_heads
         self.gradient_checkpointing = c.gradient_checkpointing
+        site = attention_site(c, decoder=True)
         self.layers = nn.ModuleList(
-            DecoderLayer(c.d_model, c.num_heads, c.d_ff, **_layer_options(c))
+            DecoderLayer(
+                c.d_model, c.num_heads, c.d_ff, **_layer_options(c),
+                self_attention=lambda: c.attention.build(site),
+            )
             for _ in range(c.num_decoder_layers)
-        )
-        for layer in self.layers:
-            attn = self_attention(c, decoder=True)
-            if attn is not None:
-                layer.self_attn = attn
+        )  # fmt: skip
         self.norm: nn.Module = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         )
@@ -532,7 +514,7 @@ class Transformer(nn.Module):
                     src_mask = cache.src_mask
                 else:
                     cache.src_mask = src_mask
-                if isinstance(cache, Seq2SeqRecomputeCache):
+                if cache.recomputes:
                     # no keys or values kept: run the whole target prefix again
                     cache._length += t
                     out = self.decode(
@@ -648,13 +630,13 @@ class Transformer(nn.Module):
             src_len: capacity of the cross-attention caches; default ``config.max_len``.
 
         Returns:
-            a :class:`Seq2SeqCache` with one self-attention and one cross-attention
-            :class:`~attnlab.nn.kv_cache.KVCache` per decoder layer (rolling self-attention
-            caches of ``window`` positions with ``attention="sliding"``, every position with
-            ``"bigbird"``); with ``attention="performer"`` the self-attention caches are
-            :class:`~attnlab.nn.kv_cache.PerformerState` running sums (``B · H_kv · (m ·
-            (d_head + 1) + 1)`` numbers a layer whatever the length, ``O(1)`` per token; float32 at
-            least), the cross-attention ones KV caches as usual.
+            a :class:`Seq2SeqCache` with the caches each decoder layer's attention makes
+            (``new_cache``): a self-attention :class:`~attnlab.nn.kv_cache.KVCache` (rolling,
+            of ``window`` positions, under a sliding window; every position under BigBird), or
+            for Performer attention :class:`~attnlab.nn.kv_cache.PerformerState` running sums
+            (``B · H_kv · (m · (d_head + 1) + 1)`` numbers a layer whatever the length,
+            ``O(1)`` per token; float32 at least); and a cross-attention KV cache of
+            ``src_len`` positions per layer.
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -666,38 +648,17 @@ class Transformer(nn.Module):
             autocast = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type) if autocast else param.dtype
         tokens = torch.full((batch, capacity), c.pad_id, dtype=torch.long, device=device)
-        if c.attention == "performer":
-            # causal FAVOR+ self-attention: running sums S, z of the target keys (float32 at
-            # least), O(1) per token; cross-attention keeps its KV caches
-            sums = torch.promote_types(dtype, torch.float32)
-            states = []
-            for layer in self.decoder.layers:
-                m = cast(PerformerAttention, layer.self_attn).num_features
-                states.append(
-                    PerformerState(
-                        batch, c.kv_heads, capacity, m, c.d_head, dtype=sums, device=device
-                    )
-                )
-            memory_caches = [
-                KVCache(batch, c.kv_heads, src_len, c.d_head, dtype=dtype, device=device)
-                for _ in range(c.num_decoder_layers)
-            ]
-            return Seq2SeqCache(states, memory_caches, tokens)
-        window = c.window if c.attention == "sliding" else None
-        # each layer's own key/value heads: a tensor-parallel rank holds H_kv / N of them
+        # each layer makes its own: self-attention as its kind keeps it (a KV cache, a rolling
+        # one under a window, FAVOR+'s running sums), cross-attention a KV cache of the source
         decoder = [cast(DecoderLayer, layer) for layer in self.decoder.layers]
         layers = [
-            KVCache(
-                batch, layer.self_attn.num_kv_heads, capacity, c.d_head, dtype=dtype,
-                device=device, window=window,
-            )
+            layer.self_attn.new_cache(batch, capacity, dtype=dtype, device=device)
             for layer in decoder
-        ]  # fmt: skip
+        ]
         cross = [
-            KVCache(batch, layer.cross_attn.num_kv_heads, src_len, c.d_head, dtype=dtype,
-                    device=device)
+            layer.cross_attn.new_cache(batch, src_len, dtype=dtype, device=device)
             for layer in decoder
-        ]  # fmt: skip
+        ]
         return Seq2SeqCache(layers, cross, tokens)
 
 

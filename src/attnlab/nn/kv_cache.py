@@ -275,6 +275,9 @@ class PerformerState:
         (torch.Size([2, 4, 32, 16]), 17440)
     """
 
+    #: a state grows with every step: never the static cache of cross-attention
+    static = False
+
     def __init__(
         self,
         batch: int,
@@ -457,6 +460,10 @@ class ModelCache:
         cross: the cross-attention caches of an encoder-decoder, one per decoder layer;
             ``None`` (the default) for a decoder-only model.
     """
+
+    #: the model runs the whole prefix again at each step instead of reading the layers'
+    #: caches (a reference for cached decoding, e.g. :class:`attnlab.models.gpt.RecomputeCache`)
+    recomputes = False
 
     def __init__(
         self,

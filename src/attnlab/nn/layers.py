@@ -145,6 +145,10 @@ class EncoderLayer(nn.Module):
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.
+        self_attention: a factory of the self-attention layer (e.g. a model's attention spec
+            building a window or a Performer layer, :meth:`attnlab.nn.kinds.AttentionSpec.build`);
+            ``None`` (default) builds a :class:`~attnlab.nn.multihead.MultiHeadAttention` from the
+            arguments above.
 
     Shape:
         - x ``(B, S, d_model)`` → ``(B, S, d_model)``
@@ -176,15 +180,20 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         backend: Backend = "auto",
+        self_attention: Callable[[], MultiHeadAttention] | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            num_heads,
-            num_kv_heads=num_kv_heads,
-            dropout=attention_dropout,
-            backend=backend,
+        self.self_attn = (
+            MultiHeadAttention(
+                d_model,
+                num_heads,
+                num_kv_heads=num_kv_heads,
+                dropout=attention_dropout,
+                backend=backend,
+            )
+            if self_attention is None
+            else self_attention()
         )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -251,6 +260,10 @@ class DecoderLayer(nn.Module):
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.
+        self_attention: a factory of the self-attention layer (e.g. a model's attention spec
+            building a window or a Performer layer, :meth:`attnlab.nn.kinds.AttentionSpec.build`);
+            ``None`` (default) builds a :class:`~attnlab.nn.multihead.MultiHeadAttention` from the
+            arguments above.
 
     Shape:
         - x ``(B, T, d_model)``; memory ``(B, S, d_model)`` → ``(B, T, d_model)``
@@ -281,15 +294,20 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         backend: Backend = "auto",
+        self_attention: Callable[[], MultiHeadAttention] | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            num_heads,
-            num_kv_heads=num_kv_heads,
-            dropout=attention_dropout,
-            backend=backend,
+        self.self_attn = (
+            MultiHeadAttention(
+                d_model,
+                num_heads,
+                num_kv_heads=num_kv_heads,
+                dropout=attention_dropout,
+                backend=backend,
+            )
+            if self_attention is None
+            else self_attention()
         )
         self.cross_attn = MultiHeadAttention(
             d_model,

@@ -40,18 +40,19 @@ import torch
 from torch import nn
 
 from attnlab._checks import (
-    broadcast_or_raise,
     check_choice,
     check_positive_int,
     check_tensor,
     shape_str,
 )
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.nn.approximation import check_qkv, key_mask, relative_error
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
 from attnlab.nn.backends import choose_backend
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masking import Masking
-from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.multihead_call import AttentionCall
 
 __all__ = [
     "SHARING",
@@ -66,86 +67,6 @@ __all__ = [
 Sharing = Literal["none", "headwise", "key-value"]
 #: the parameter-sharing variants of Wang et al. (2020), §4
 SHARING: tuple[str, ...] = ("none", "headwise", "key-value")
-
-
-# ---------------------------------------------------------------------------------- shared pieces
-
-
-def key_mask(mask: object, batch: int, heads: int, t_k: int, method: str) -> torch.Tensor | None:
-    """Validate a mask that hides keys only (the same for every query) and shape it
-    ``(B or 1, H or 1, T_k)``.
-
-    The approximations of this package mix or factorise the keys before any score exists, so
-    they can honour a mask only when it is a property of the keys: a padding mask
-    (:func:`attnlab.masks.padding_mask` gives ``(B, 1, 1, T_k)``), not a causal or per-query one.
-
-    Args:
-        mask: ``None`` or a boolean tensor, ``True = may attend``, broadcastable to
-            ``(B, H, 1, T_k)``.
-        batch: ``B``.
-        heads: ``H``.
-        t_k: ``T_k``.
-        method: the method's name, for errors.
-
-    Returns:
-        ``None`` or the boolean mask viewed as ``(B or 1, H or 1, T_k)``.
-
-    Raises:
-        TypeError: not a tensor, or not boolean.
-        ValueError: a shape that does not broadcast to ``(B, H, 1, T_k)`` (e.g. a causal mask).
-
-    Shape:
-        mask broadcastable to ``(B, H, 1, T_k)`` → ``(B or 1, H or 1, T_k)``.
-    """
-    if mask is None:
-        return None
-    m = check_tensor("mask", mask)
-    if m.dtype != torch.bool:
-        raise ArgumentTypeError(
-            f"mask must be boolean (True = may attend) for {method}, got dtype {m.dtype}; an "
-            f"additive mask cannot be applied before the scores exist"
-        )
-    if m.dim() >= 2 and m.shape[-2] != 1:
-        raise ArgumentError(
-            f"mask has shape {shape_str(m.shape)} but {method} can only hide keys for every query "
-            f"alike: it must broadcast to (B, H, 1, T_k) = {shape_str((batch, heads, 1, t_k))} "
-            f"(a padding mask); causal and per-query masks are not supported"
-        )
-    broadcast_or_raise("mask", m.shape, (batch, heads, 1, t_k), "(B, H, 1, T_k)")
-    while m.dim() < 4:
-        m = m.unsqueeze(0)
-    return m[:, :, 0, :]  # (B or 1, H or 1, T_k)
-
-
-def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """``‖Ã − A‖_F / ‖A‖_F``, computed in float64.
-
-    Args:
-        approx: the approximation.
-        exact: the exact value (not all zeros).
-
-    Returns:
-        The relative Frobenius error.
-
-    Shape:
-        approx and exact: the same shape.
-    """
-    if approx.shape != exact.shape:
-        raise ArgumentError(
-            f"approx and exact must have the same shape, got {shape_str(approx.shape)} and "
-            f"{shape_str(exact.shape)}"
-        )
-    a, e = approx.detach().double(), exact.detach().double()
-    return float(torch.linalg.vector_norm(a - e) / torch.linalg.vector_norm(e))
-
-
-def _check_qkv(query: object, key: object, value: object) -> None:
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        t = check_tensor(name, x)
-        if t.dim() < 2:
-            raise ArgumentError(f"{name} must have shape (..., T, D), got {shape_str(t.shape)}")
-        if not t.is_floating_point():
-            raise ArgumentTypeError(f"{name} must have a floating dtype, got {t.dtype}")
 
 
 # ------------------------------------------------------------------------------------ functional
@@ -237,7 +158,7 @@ def linformer_attention(
         >>> linformer_attention(q, k, v, e).shape
         torch.Size([2, 4, 100, 16])
     """
-    _check_qkv(query, key, value)
+    check_qkv(query, key, value)
     if key.shape[:-1] != value.shape[:-1]:
         raise ArgumentError(
             f"key and value must agree in (..., H_kv, T_k), got {shape_str(key.shape)} and "
@@ -398,141 +319,92 @@ class LinformerAttention(MultiHeadAttention):
         """
         return self.proj_e, self.proj_e if self.proj_f is None else self.proj_f
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        is_causal: bool | None = None,
-        need_weights: bool = False,
-        cache: KVCache | None = None,
-        head_mask: torch.Tensor | None = None,
-        **unused: Any,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to the projected ``key``/``value`` (self-attention when ``key``
-        is ``None``).
+    def check_call(self, call: AttentionCall) -> None:
+        """Refuse what Linformer cannot do: causal attention, a KV cache (every key enters every
+        projected row), rotary positions, a window or a block layout.
 
         Args:
-            query: ``(B, T_q, d_model)``.
-            key: ``(B, T_k, d_model)`` with ``T_k <= max_len``, or ``None`` for self-attention.
-            value: ``(B, T_k, d_model)``; default ``key``.
-            mask: boolean key mask, ``True = may attend``, broadcastable to ``(B, H, 1, T_k)``
-                (e.g. :func:`attnlab.masks.padding_mask`); masked keys and values are zeroed
-                before the projection.
-            is_causal: must be ``False`` or ``None``: Linformer cannot be causal.
-            need_weights: also return the weights over the ``k`` projected keys.
-            cache: must be ``None`` (no KV cache: every key enters every projected row).
-            head_mask: ``ξ`` broadcastable to ``(B, H)``, as in ``MultiHeadAttention``.
-            **unused: the other options of ``MultiHeadAttention.forward`` (``positions``,
-                ``check_positions``, ``window``, …), accepted at their neutral values (``None``;
-                any ``check_positions``) for a drop-in replacement; anything else is refused.
-
-        Returns:
-            ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+            call: the call's options.
 
         Raises:
-            ValueError: ``is_causal=True``, a causal or per-query mask, a cache, ``T_k > max_len``,
-                or inputs of the wrong shape.
-            TypeError: a non-tensor, non-floating input or a non-boolean mask.
-
-        Shape:
-            - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
-            - mask broadcastable to ``(B, H, 1, T_k)``; head_mask ``(H,)`` or ``(B, H)``
-            - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, k)``
+            ValueError: one of them was asked for.
         """
-        if is_causal is None:
-            is_causal = self.causal
-        if is_causal:
+        if call.is_causal:
             raise ArgumentError(
                 "is_causal=True is not supported by LinformerAttention: each projected key mixes "
                 "every position, future ones included, so the method cannot be causal"
             )
-        if cache is not None:
+        if call.cache is not None:
             raise ArgumentError("cache must be None: LinformerAttention has no KV cache")
-        refuse_unused("LinformerAttention", unused)
-        q, k, v = project_heads(self, query, key, value)
-        b = query.shape[0]
+        call.refuse("LinformerAttention", "positions", "window", "block_mask")
+
+    def attend_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Softmax attention over the ``k`` projected keys and values,
+        ``softmax(Q (E K)ᵀ / √d_head) (F V)`` (:func:`linformer_attention`).
+
+        ``hook_k``/``hook_v`` see the keys and values before the sequence projection; the mask
+        (``call.mask``) must hide keys only (broadcastable to ``(B, H, 1, T_k)``, e.g. a padding
+        mask): hidden keys and values are zeroed before the projection.
+
+        Args:
+            q: queries ``(B, H, T_q, d_head)``.
+            k: keys ``(B, H_kv, T_k, d_head)``, ``T_k <= max_len``.
+            v: values, likewise.
+            call: the call's options.
+
+        Returns:
+            ``z``, or ``(z, weights)`` with the weights over the projected keys ``(B, H, T_q, k)``.
+
+        Raises:
+            ValueError: ``T_k > max_len``, or a causal or per-query mask.
+        """
+        if k is None or v is None:  # unreachable: no cache, so every call projects K and V
+            raise RuntimeError("keys and values were not projected")
+        k, v = self.hook_k(k), self.hook_v(v)
         t_k = k.shape[-2]
         if t_k > self.max_len:
             raise ArgumentError(
                 f"key has T_k = {t_k} positions but the layer projects at most max_len = "
                 f"{self.max_len}"
             )
-        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
         e, f = self.projections()
-        want_weights = need_weights or self.hook_weights.active
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks for the caller's need_weights (after the projection nothing is
         # masked: hidden keys were zeroed), and it returns exact weights as well
-        backend = choose_backend(self.backend, need_weights, Masking(None, None, None))
-        result = linformer_attention(
+        backend = choose_backend(self.backend, call.need_weights, Masking(None, None, None))
+        return linformer_attention(
             q,
             k,
             v,
             e,
             f,
-            mask=mask,
+            mask=call.mask,
             scale=self.d_head**-0.5,
             dropout_p=self.dropout if self.training else 0.0,
             backend=backend,  # type: ignore[arg-type]
-            need_weights=want_weights,
+            need_weights=call.need_weights or self.hook_weights.active,
         )
-        z, weights = result if isinstance(result, tuple) else (result, None)
-        return self._merge_heads(z, weights, xi, need_weights)
 
+    def new_cache(self, batch: int, capacity: int, **kwargs: Any) -> KVCache:
+        """Linformer keeps no cache: every key enters every projected row.
 
-def refuse_unused(layer: str, options: dict[str, Any]) -> None:
-    """Refuse the options of ``MultiHeadAttention.forward`` an approximation does not implement,
-    unless they hold their neutral value (``None``; ``check_positions`` is always neutral).
+        Args:
+            batch: ``B``.
+            capacity: positions.
+            **kwargs: as :meth:`MultiHeadAttention.new_cache`.
 
-    Args:
-        layer: the layer's name, for errors.
-        options: the extra keyword arguments ``forward`` received.
-
-    Raises:
-        ValueError: an option with a value other than ``None``.
-    """
-    for name, value in options.items():
-        if name == "check_positions" or value is None:
-            continue
-        raise ArgumentError(f"{name} must be None: {layer} does not support it, got {value!r}")
-
-
-def project_heads(
-    layer: MultiHeadAttention,
-    query: torch.Tensor,
-    key: torch.Tensor | None,
-    value: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check the inputs and compute ``Q``, ``K``, ``V`` with the heads split, through the hook
-    points, with a :class:`~attnlab.nn.multihead.MultiHeadAttention`'s own projections.
-
-    Args:
-        layer: the attention layer whose projections and hooks are used.
-        query: ``(B, T_q, d_model)``.
-        key: ``(B, T_k, d_model)`` or ``None`` for self-attention.
-        value: ``(B, T_k, d_model)``; default ``key``.
-
-    Returns:
-        ``(q, k, v)``.
-
-    Raises:
-        TypeError: a non-tensor or non-floating input, or a dtype other than the weights'.
-        ValueError: shapes other than ``(B, T, d_model)``, or batches that differ.
-
-    Shape:
-        q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
-    """
-    cross = layer._check_inputs(query, key, value)
-    q, k, v = layer.project_qkv(query, key if cross else None, value if cross else None)
-    if k is None or v is None:  # unreachable: project_kv is True
-        raise RuntimeError("keys and values were not projected")
-    q = layer.hook_q(layer._split_heads(q, layer.num_heads))  # (B, H, T_q, d_head)
-    k = layer.hook_k(layer._split_heads(k, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
-    v = layer.hook_v(layer._split_heads(v, layer.num_kv_heads))  # (B, H_kv, T_k, d_head)
-    return q, k, v
+        Raises:
+            ValueError: always.
+        """
+        raise ArgumentError(
+            "LinformerAttention has no decoding cache: it cannot be causal (use it in an encoder)"
+        )
 
 
 # ------------------------------------------------------------------------------ measured errors
@@ -584,7 +456,7 @@ def linformer_errors(
         >>> linformer_errors(q, k, v, [8, 64], trials=2).shape
         torch.Size([2, 2])
     """
-    _check_qkv(query, key, value)
+    check_qkv(query, key, value)
     check_choice("projections", projections, ("jl", "random", "fitted"))
     check_positive_int("trials", trials)
     check_positive_int("steps", steps)

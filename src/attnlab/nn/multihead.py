@@ -39,13 +39,14 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import Masking, normalize_mask
+from attnlab.nn.masking import normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
+from attnlab.nn.multihead_call import AttentionCall
 
 if TYPE_CHECKING:
     from attnlab.nn.positional import RotaryEmbedding
 
-__all__ = ["MultiHeadAttention", "check_head_mask", "layer_head_masks"]
+__all__ = ["AttentionCall", "MultiHeadAttention", "check_head_mask", "layer_head_masks"]
 
 
 def check_head_mask(head_mask: object, batch: int, num_heads: int) -> torch.Tensor:
@@ -397,15 +398,69 @@ class MultiHeadAttention(nn.Module):
             - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
         """
         cross = self._check_inputs(query, key, value)
-        if is_causal is None:
-            is_causal = self.causal
-        window = self.window if window is None else normalize_window(window)
-        b = query.shape[0]
-        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
-        past = cache.length if cache is not None and not cache.static else 0
-        layout = self._layout(block_mask, cache)
+        call = AttentionCall(
+            mask=mask,
+            is_causal=self.causal if is_causal is None else bool(is_causal),
+            need_weights=need_weights,
+            cache=cache,
+            positions=positions,
+            check_positions=check_positions,
+            window=self.window if window is None else normalize_window(window),
+            block_mask=block_mask,
+            cross=cross,
+        )
+        self.check_call(call)
+        xi = (
+            None
+            if head_mask is None
+            else check_head_mask(head_mask, query.shape[0], self.num_heads)
+        )
+        q, k, v = self.heads(query, key, value, call)
+        result = self.attend_heads(q, k, v, call)
+        z, weights = result if isinstance(result, tuple) else (result, None)
+        return self._merge_heads(z, weights, xi, need_weights)
 
-        # Q, K, V with the heads split: (B, H, T_q, d_head), (B, H_kv, T_k, d_head)
+    # -- the seam: what a variant of attention overrides --
+
+    def check_call(self, call: AttentionCall) -> None:
+        """Refuse the options of one call this layer cannot honour, before any work is done;
+        a subclass that does not implement an option refuses it here.
+
+        Args:
+            call: the call's options (:class:`AttentionCall`).
+
+        Raises:
+            ValueError: a cache this layer cannot use (see :meth:`check_cache`), or a block
+                layout with a rolling cache.
+        """
+        if call.cache is not None:
+            self.check_cache(call.cache)
+        self._layout(call.block_mask, call.cache)
+
+    def heads(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``Q``, ``K``, ``V`` with the heads split, rotated (rotary embeddings, self-attention
+        only), ``Q`` through ``hook_q``; ``K``, ``V`` are ``None`` when a static (cross-attention)
+        cache already holds them.
+
+        Args:
+            query: ``(B, T_q, d_model)``.
+            key: ``(B, T_k, d_model)`` or ``None`` (self-attention).
+            value: ``(B, T_k, d_model)`` or ``None`` (``key``).
+            call: the call's options.
+
+        Returns:
+            ``(q, k, v)``.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+        """
+        cache, cross = call.cache, call.cross
         cached_kv = cross and cache is not None and cache.static  # cross K/V computed once
         q, k, v = self.project_qkv(
             query, key if cross else None, value if cross else None, project_kv=not cached_kv
@@ -414,15 +469,71 @@ class MultiHeadAttention(nn.Module):
         if k is not None and v is not None:
             k, v = self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
         if self.rotary is not None and not cross and k is not None:
-            q, k = self._rotate(q, k, positions, past, check_positions)
+            past = cache.length if cache is not None and not cache.static else 0
+            q, k = self._rotate(q, k, call.positions, past, call.check_positions)
+        return q, k, v
+
+    def attend_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Every head's ``softmax(Q Kᵀ / √d_head + M) V``, the cache included: **the one method a
+        variant of attention overrides** (Linformer's projected keys, Performer's random
+        features, ring attention across processes in
+        :mod:`attnlab.distributed.context_parallel`); projections, rotary embeddings, the head
+        mask and the hook points around it stay the layer's.
+
+        Here: the new keys and values enter the KV cache (a static cross-attention cache is
+        filled once, then read), pass ``hook_k``/``hook_v``, the masks are normalised
+        (:func:`~attnlab.nn.masking.normalize_mask`) and the backend ``"auto"`` would pick runs
+        them (an observer on ``hook_weights`` does not change the kernel; it gets exact weights).
+
+        Args:
+            q: queries, heads split (rotated).
+            k: the new keys, or ``None`` when a static cache holds them.
+            v: the new values, likewise.
+            call: the call's options (mask, causality, window, layout, cache, need_weights).
+
+        Returns:
+            ``z`` ``(B, H, T_q, d_head)``, or ``(z, weights)`` with weights ``(B, H, T_q, T_k)``
+            when ``call.need_weights`` or ``hook_weights`` listens.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_new, d_head)``.
+        """
+        k, v, mask = self._with_cache(k, v, call)
+        if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        k, v = self.hook_k(k), self.hook_v(v)
+        layout = self._crop(self._layout(call.block_mask, call.cache), k.shape[-2])
+        # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
+        want_weights = call.need_weights or self.hook_weights.active
+        # q, k, v are built here, consistent by construction: only the mask needs checking
+        masking = normalize_mask(q, k, mask, call.is_causal, call.window, layout)
+        # an observer (a hook on hook_weights) must not change what forward computes: the kernel
+        # is the one "auto" picks when no weights are wanted; it returns exact weights as well
+        backend = choose_backend(self.backend, call.need_weights, masking, q.shape[-2], k.shape[-2])
+        dropout_p = self.dropout if self.training else 0.0
+        return attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
+
+    def _with_cache(
+        self, k: torch.Tensor | None, v: torch.Tensor | None, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The keys and values the queries see, and the mask over them: the new ones appended
+        to a KV cache (a rolling cache keeps the last positions, and so does the mask), or a
+        static cache's."""
+        cache, mask = call.cache, call.mask
         if cache is not None:
-            if cached_kv:
+            if call.cross and k is None:
                 k, v = cache.keys, cache.values
-            elif cross and k is not None and v is not None:
+            elif call.cross and k is not None and v is not None:
                 k, v = cache.set_static(k, v)
             elif k is not None and v is not None:
                 if cache.window is not None:
-                    self._check_rolling_cache(cache, window, is_causal)
+                    self._check_rolling_cache(cache, call.window, call.is_causal)
                 k, v = cache.append(k, v)
                 if mask is not None and k.shape[-2] < cache.length:
                     # a rolling cache holds the last positions only: so does the mask, whose
@@ -430,54 +541,58 @@ class MultiHeadAttention(nn.Module):
                     mask = _last_keys(mask, k.shape[-2], cache.length)
         if k is None or v is None:  # unreachable: only a static cache skips the projection
             raise RuntimeError("keys and values were neither projected nor cached")
-        if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        k, v = self.hook_k(k), self.hook_v(v)
-        layout = self._crop(layout, k.shape[-2])
+        return k, v, mask
 
-        # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
-        want_weights = need_weights or self.hook_weights.active
-        # q, k, v are built here, consistent by construction: only the mask needs checking
-        masking = normalize_mask(q, k, mask, is_causal, window, layout)
-        # an observer (a hook on hook_weights) must not change what forward computes: the kernel
-        # is the one "auto" picks when no weights are wanted; it returns exact weights as well
-        backend = choose_backend(self.backend, need_weights, masking, q.shape[-2], k.shape[-2])
-        dropout_p = self.dropout if self.training else 0.0
-        result = self.attend_heads(q, k, v, masking, dropout_p, backend, want_weights)
-        z, weights = result if isinstance(result, tuple) else (result, None)
-        return self._merge_heads(z, weights, xi, need_weights)
+    # -- decoding: each layer makes and checks its own cache --
 
-    def attend_heads(
+    def new_cache(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        masking: Masking,
-        dropout_p: float,
-        backend: str,
-        need_weights: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Every head's ``softmax(Q Kᵀ / √d_head + M) V``: the kernel call of :meth:`forward`,
-        which a subclass replaces to compute the same thing elsewhere (ring attention across
-        processes: :mod:`attnlab.distributed.context_parallel`).
+        batch: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """An empty decoding cache for this layer: a :class:`~attnlab.nn.kv_cache.KVCache` of
+        ``capacity`` positions, a rolling one of ``w`` positions under a causal window
+        ``(w, 0)`` (older keys are never read again), every position under a block layout.
 
         Args:
-            q: queries, heads split (rotated, cached keys and values appended).
-            k: keys.
-            v: values.
-            masking: the normalised masks (:func:`~attnlab.nn.masking.normalize_mask`).
-            dropout_p: attention dropout (0 in eval mode).
-            backend: the backend :func:`~attnlab.nn.backends.choose_backend` picked.
-            need_weights: also return the weights.
+            batch: ``B``.
+            capacity: the most positions decoded (prompt + new tokens).
+            dtype: default the parameters' dtype.
+            device: default the parameters' device.
 
         Returns:
-            ``z`` ``(B, H, T_q, d_head)``, or ``(z, weights)`` with the weights
-            ``(B, H, T_q, T_k)``.
-
-        Shape:
-            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+            The cache.
         """
-        return attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, need_weights)
+        weight = self.qkv_parameters()[0]
+        left, right = (None, None) if self.window is None else self.window
+        rolling = left if right == 0 and self.block_mask is None else None
+        return KVCache(
+            batch,
+            self.num_kv_heads,
+            capacity,
+            self.d_head,
+            dtype=weight.dtype if dtype is None else dtype,
+            device=weight.device if device is None else device,
+            window=rolling,
+        )
+
+    def check_cache(self, cache: object) -> None:
+        """Refuse a cache this layer cannot decode from (before any work is done).
+
+        Args:
+            cache: what a caller passed as ``cache``.
+
+        Raises:
+            TypeError: not a :class:`~attnlab.nn.kv_cache.KVCache`.
+        """
+        if not isinstance(cache, KVCache):
+            raise ArgumentTypeError(
+                f"cache must be a KVCache (see {type(self).__name__}.new_cache), got "
+                f"{type(cache).__name__}"
+            )
 
     def _layout(self, block_mask: object, cache: KVCache | None) -> BlockLayout | None:
         """The call's block layout, checked before the cache changes: ``block_mask``

@@ -44,22 +44,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.nn.approximation import key_mask, relative_error
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.backends.common import repeat_kv
-from attnlab.nn.kv_cache import KVCache, PerformerState
-from attnlab.nn.linformer import (
-    key_mask,
-    project_heads,
-    refuse_unused,
-    relative_error,
-)
-from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+from attnlab.nn.kv_cache import PerformerState
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.multihead_call import AttentionCall
 
 __all__ = [
     "PerformerAttention",
@@ -537,122 +532,139 @@ class PerformerAttention(MultiHeadAttention):
         self.features.copy_(w.to(self.features.device))
         self.calls_since_redraw.zero_()
 
-    def forward(
+    def check_call(self, call: AttentionCall) -> None:
+        """Refuse what FAVOR+ cannot do here: rotary positions, a window, a block layout; a
+        cache other than a :class:`~attnlab.nn.kv_cache.PerformerState`.
+
+        Args:
+            call: the call's options.
+
+        Raises:
+            ValueError: one of them was asked for.
+        """
+        call.refuse("PerformerAttention", "positions", "window", "block_mask")
+        if call.cache is not None:
+            self.check_cache(call.cache)
+
+    def attend_heads(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        is_causal: bool | None = None,
-        need_weights: bool = False,
-        cache: PerformerState | KVCache | None = None,
-        head_mask: torch.Tensor | None = None,
-        **unused: Any,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        call: AttentionCall,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` with FAVOR+ (self-attention when ``key`` is
-        ``None``).
+        """FAVOR+ in place of softmax attention (:func:`favor_attention`).
 
         In training mode with a ``redraw_interval``, new features are drawn before every
         ``redraw_interval``-th call without a cache (a call with a cache neither redraws nor
-        counts).
+        counts). The mask (``call.mask``) hides keys only, broadcastable to ``(B, H, 1, T_k)``.
+        With a :class:`~attnlab.nn.kv_cache.PerformerState` (causal self-attention, decoding)
+        the queries are the new positions only, the state supplies the keys before them and
+        absorbs the new ones, and the mask covers the past and new keys
+        ``(B, H, 1, T_past + T)``. Weights (``need_weights`` or a hook on ``hook_weights``) are
+        the implied ``D⁻¹ φ(Q) φ(K)ᵀ``, not available with a state.
 
         Args:
-            query: ``(B, T_q, d_model)``.
-            key: ``(B, T_k, d_model)`` or ``None`` for self-attention.
-            value: ``(B, T_k, d_model)``; default ``key``.
-            mask: boolean key mask, ``True = may attend``, broadcastable to ``(B, H, 1, T_k)``
-                (e.g. :func:`attnlab.masks.padding_mask`); masked keys contribute nothing.
-            is_causal: bottom-right causal attention by prefix sums; ``None`` (default) takes
-                the layer's ``causal``.
-            need_weights: also return the implied weights ``(B, H, T_q, T_k)`` (not with a
-                cache: it keeps no keys).
-            cache: ``None``, or a :class:`~attnlab.nn.kv_cache.PerformerState` for causal
-                self-attention (decoding): ``query`` holds the new positions only, the state
-                supplies the keys before them and absorbs the new ones; ``mask`` then covers
-                the past and new keys ``(B, H, 1, T_past + T)`` (of which the new ones are
-                read: the past ones were applied when they were absorbed). A
-                :class:`~attnlab.nn.kv_cache.KVCache` is refused.
-            head_mask: ``ξ`` broadcastable to ``(B, H)``, as in ``MultiHeadAttention``.
-            **unused: the other options of ``MultiHeadAttention.forward`` (``positions``,
-                ``check_positions``, ``window``, …), accepted at their neutral values (``None``;
-                any ``check_positions``) for a drop-in replacement; anything else is refused.
+            q: queries ``(B, H, T_q, d_head)``.
+            k: keys ``(B, H_kv, T_k, d_head)``.
+            v: values, likewise.
+            call: the call's options.
 
         Returns:
-            ``output`` ``(B, T_q, d_model)``, or ``(output, weights)`` with ``need_weights``.
+            ``z``, or ``(z, weights)`` with the implied weights ``(B, H, T_q, T_k)``.
 
         Raises:
-            ValueError: a per-query mask, or inputs of the wrong shape; a cache other than a
-                ``PerformerState``, or one with cross-attention, ``is_causal=False``, weights
-                asked for (``need_weights`` or an active ``hook_weights``), or features redrawn
-                since it was filled.
-            TypeError: a non-tensor, non-floating input or a non-boolean mask.
-
-        Shape:
-            - query ``(B, T_q, d_model)``; key/value ``(B, T_k, d_model)``
-            - mask broadcastable to ``(B, H, 1, T_k)`` (with a cache ``(B, H, 1, T_past + T_q)``);
-              head_mask ``(H,)`` or ``(B, H)``
-            - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
+            ValueError: a per-query mask; with a state: cross-attention, ``is_causal=False``,
+                weights asked for, or features redrawn since it was filled.
         """
-        refuse_unused("PerformerAttention", unused)
-        if is_causal is None:
-            is_causal = self.causal
-        if cache is None and self.training and self.redraw_interval is not None:
+        if k is None or v is None:  # unreachable: a PerformerState is never static
+            raise RuntimeError("keys and values were not projected")
+        if call.cache is None and self.training and self.redraw_interval is not None:
             if int(self.calls_since_redraw) >= self.redraw_interval:
                 self.redraw_features()
             self.calls_since_redraw += 1
-        q, k, v = project_heads(self, query, key, value)
-        state = None
-        if cache is not None:
-            state, mask = self._check_state(
-                cache, q.shape[-2], key, value, mask, is_causal, need_weights
-            )
-        b = query.shape[0]
-        xi = None if head_mask is None else check_head_mask(head_mask, b, self.num_heads)
+        k, v = self.hook_k(k), self.hook_v(v)
+        state, mask = None, call.mask
+        if call.cache is not None:
+            state, mask = self._check_state(call, q.shape[-2])
         if self.training and self.dropout > 0.0:
             # one draw per key, shared by every query: Σ_j a_ij (δ_j / (1 − p)) v_j
             keep = torch.full((*v.shape[:-1], 1), 1.0 - self.dropout, device=v.device)
             v = v * torch.bernoulli(keep).to(v.dtype) / (1.0 - self.dropout)
-        want_weights = need_weights or self.hook_weights.active
-        result = favor_attention(
+        return favor_attention(
             q,
             k,
             v,
             self.features,
-            is_causal,
+            call.is_causal,
             mask=mask,
             scale=self.d_head**-0.5,
-            need_weights=want_weights,
+            need_weights=call.need_weights or self.hook_weights.active,
             state=state,
         )
-        z, weights = result if isinstance(result, tuple) else (result, None)
-        return self._merge_heads(z, weights, xi, need_weights)
 
-    def _check_state(
+    def new_cache(
         self,
-        cache: object,
-        t: int,
-        key: torch.Tensor | None,
-        value: torch.Tensor | None,
-        mask: torch.Tensor | None,
-        is_causal: bool,
-        need_weights: bool,
-    ) -> tuple[PerformerState, torch.Tensor | None]:
-        """Check a decoding call with a :class:`PerformerState`; return it and the mask of the
-        new keys (the state applied the past ones when it absorbed them)."""
+        batch: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> PerformerState:  # type: ignore[override]
+        """FAVOR+'s running sums for causal decoding, in float32 at least (a running sum of
+        many terms in a half type drifts): ``B · H_kv · (m · (d_head + 1) + 1)`` numbers
+        whatever the length, ``O(1)`` per token.
+
+        Args:
+            batch: ``B``.
+            capacity: the most positions decoded.
+            dtype: the model's dtype (promoted to float32 at least); default the features'.
+            device: default the features' device.
+
+        Returns:
+            An empty :class:`~attnlab.nn.kv_cache.PerformerState`.
+        """
+        dtype = self.features.dtype if dtype is None else dtype
+        return PerformerState(
+            batch,
+            self.num_kv_heads,
+            capacity,
+            self.num_features,
+            self.d_head,
+            dtype=torch.promote_types(dtype, torch.float32),
+            device=self.features.device if device is None else device,
+        )
+
+    def check_cache(self, cache: object) -> None:
+        """Refuse a cache other than a :class:`~attnlab.nn.kv_cache.PerformerState`.
+
+        Args:
+            cache: what a caller passed as ``cache``.
+
+        Raises:
+            ValueError: a KV cache, or anything else.
+        """
         if not isinstance(cache, PerformerState):
             raise ArgumentError(
                 "cache must be None or a PerformerState (the running sums of causal FAVOR+; "
                 f"see GPT.new_cache): FAVOR+ keeps no keys and values, got {type(cache).__name__}"
             )
-        if key is not None or value is not None:
+
+    def _check_state(
+        self, call: AttentionCall, t: int
+    ) -> tuple[PerformerState, torch.Tensor | None]:
+        """Check a decoding call with a :class:`PerformerState`; return it and the mask of the
+        new keys (the state applied the past ones when it absorbed them)."""
+        cache, mask = call.cache, call.mask
+        self.check_cache(cache)
+        if call.cross:
             raise ArgumentError(
                 "key and value must be None with a PerformerState: it serves causal "
                 "self-attention (decoding), not cross-attention"
             )
-        if not is_causal:
+        if not call.is_causal:
             raise ArgumentError("is_causal must be True with a PerformerState (causal decoding)")
-        if need_weights or self.hook_weights.active:
+        if call.need_weights or self.hook_weights.active:
             raise ArgumentError(
                 "attention weights (need_weights, or a hook on hook_weights) are not available "
                 "with a PerformerState: it keeps no keys to weigh; run the sequence without a cache"

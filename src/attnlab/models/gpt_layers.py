@@ -1,0 +1,401 @@
+"""The parts of a GPT: its self-attention layers under GPT-2's names, the MLP, the block, and
+the recomputing decoding reference (:class:`RecomputeCache`).
+
+The config's attention spec builds each block's attention
+(:meth:`~attnlab.nn.kinds.AttentionSpec.build`) at the GPT's :func:`attention_site`: causal,
+over ``n_positions`` tokens, with GPT-2's ``c_attn``/``c_proj`` names (:func:`gpt_layer_class`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.errors import ArgumentError
+from attnlab.models.config import GPTConfig
+from attnlab.nn.hooks import HookPoint
+from attnlab.nn.kinds import AttentionSite
+from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
+from attnlab.nn.masks import BlockLayout
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.performer import PerformerAttention
+from attnlab.nn.positional import RotaryEmbedding
+
+__all__ = [
+    "GPTMLP",
+    "GPTBlock",
+    "GPTPerformerAttention",
+    "GPTProjections",
+    "GPTSelfAttention",
+    "RecomputeCache",
+    "attention_site",
+    "gpt_layer_class",
+]
+
+
+class GPTProjections:
+    """GPT-2's fused projections ``c_attn`` and ``c_proj`` (and residual dropout), for any
+    :class:`~attnlab.nn.multihead.MultiHeadAttention` subclass it is mixed into (first):
+    ``class GPTSelfAttention(GPTProjections, MultiHeadAttention)``. The layer takes its base
+    class's arguments and ``resid_dropout``, the dropout on what it adds to the residual stream.
+    """
+
+    d_model: int
+    num_kv_heads: int
+    d_head: int
+    c_attn: nn.Linear
+    c_proj: nn.Linear
+    resid_dropout: nn.Dropout
+
+    def __init__(self, *args: Any, resid_dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resid_dropout = nn.Dropout(resid_dropout)
+
+    def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
+        kv = self.num_kv_heads * self.d_head
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)
+        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
+
+    def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused projection's weight and bias, ``c_attn``'s.
+
+        Returns:
+            ``(weight, bias)``; ``bias`` is ``None`` when the config has no biases.
+
+        Shape:
+            weight ``(n_embd + 2 · H_kv · d_head, n_embd)``; bias ``(n_embd + 2 · H_kv · d_head,)``.
+        """
+        return self.c_attn.weight, self.c_attn.bias
+
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``[Q | K | V] = x W_attn + b_attn``: the three projections in one matmul.
+
+        Args:
+            x: the block's input after ``ln_1``.
+
+        Returns:
+            Q, K and V side by side along the last dimension.
+
+        Shape:
+            x ``(B, T, n_embd)`` → ``(B, T, n_embd + 2 · H_kv · d_head)``.
+        """
+        return self.c_attn(x)
+
+    def project_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The output projection ``c_proj`` of the concatenated heads, then residual dropout.
+
+        Args:
+            x: the heads' outputs, concatenated.
+
+        Returns:
+            What the layer adds to the residual stream.
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
+        return self.resid_dropout(self.c_proj(x))
+
+
+class GPTSelfAttention(GPTProjections, MultiHeadAttention):
+    """Causal self-attention with GPT-2's fused projections ``c_attn`` and ``c_proj``.
+
+    A :class:`~attnlab.nn.multihead.MultiHeadAttention` (hooks, KV cache, GQA, rotary, window
+    and block layout work as there) whose weights are stored as GPT-2 stores them:
+
+        [Q | K | V] = x W_attn + b_attn          (c_attn: d_model → d_model + 2 · H_kv · d_head)
+        out = Dropout(Concat(heads) W_proj + b_proj)    (c_proj: d_model → d_model)
+
+    The config's attention spec builds it (:meth:`~attnlab.nn.kinds.AttentionSpec.build`, with
+    :func:`gpt_layer_class` giving the names), with the sliding window ``(w, 0)`` for
+    :class:`~attnlab.nn.kinds.SlidingSpec` and the causal layout for
+    :class:`~attnlab.nn.kinds.BigBirdSpec`.
+
+    Args:
+        *args: as :class:`~attnlab.nn.multihead.MultiHeadAttention` (``d_model``, ``num_heads``).
+        resid_dropout: dropout on the output. Default 0.
+        **kwargs: as :class:`~attnlab.nn.multihead.MultiHeadAttention`.
+
+    Shape:
+        as :class:`~attnlab.nn.multihead.MultiHeadAttention`: x ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+    """
+
+    causal = True  # forward hides future keys unless is_causal=False is passed
+
+
+class GPTPerformerAttention(GPTProjections, PerformerAttention):
+    """Causal FAVOR+ self-attention (Choromanski et al. 2021) with GPT-2's ``c_attn``/``c_proj``.
+
+    A :class:`~attnlab.nn.performer.PerformerAttention` (random features ``features``, hook
+    points and head mask as there) whose projections are stored as :class:`GPTSelfAttention`
+    stores them, so that a checkpoint's names are GPT-2's. It keeps no keys or values: it
+    decodes from a :class:`~attnlab.nn.kv_cache.PerformerState` (running sums, ``O(1)`` per
+    token, its :meth:`~attnlab.nn.performer.PerformerAttention.new_cache`).
+
+    Args:
+        *args: as :class:`~attnlab.nn.performer.PerformerAttention`.
+        resid_dropout: dropout on the output. Default 0.
+        **kwargs: as :class:`~attnlab.nn.performer.PerformerAttention`.
+
+    Shape:
+        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, 1, T)`` (keys).
+    """
+
+
+#: the GPT-2-named class of each attention class (others are made on first use)
+_GPT_CLASSES: dict[type, type] = {
+    MultiHeadAttention: GPTSelfAttention,
+    PerformerAttention: GPTPerformerAttention,
+}
+
+
+def gpt_layer_class(base: type) -> type:
+    """The class with GPT-2's projection names (``c_attn``, ``c_proj``, residual dropout) for an
+    attention class: :class:`GPTSelfAttention` for
+    :class:`~attnlab.nn.multihead.MultiHeadAttention`, :class:`GPTPerformerAttention` for
+    :class:`~attnlab.nn.performer.PerformerAttention`, and for another kind's class (a new
+    attention kind) ``GPT<Name>`` made once, :class:`GPTProjections` mixed in first.
+
+    Args:
+        base: a :class:`~attnlab.nn.multihead.MultiHeadAttention` subclass.
+
+    Returns:
+        The class a GPT builds.
+    """
+    made = _GPT_CLASSES.get(base)
+    if made is None:
+        attrs = {"__module__": base.__module__, "__doc__": base.__doc__, "causal": True}
+        made = _GPT_CLASSES[base] = type(f"GPT{base.__name__}", (GPTProjections, base), attrs)
+    return made
+
+
+def attention_site(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> AttentionSite:
+    """The place of a GPT's self-attention layers, as the config's attention spec builds them:
+    causal, over ``n_positions`` tokens, with GPT-2's projection names.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: the shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Returns:
+        The :class:`~attnlab.nn.kinds.AttentionSite`.
+    """
+    return AttentionSite(
+        d_model=config.n_embd,
+        num_heads=config.n_head,
+        num_kv_heads=config.num_kv_heads,
+        causal=True,
+        max_len=config.n_positions,
+        dropout=config.dropout,
+        bias=config.bias,
+        backend=config.backend,
+        positions=config.positions,
+        rotary=rotary,
+        layer_class=gpt_layer_class,
+        layer_kwargs={"resid_dropout": config.dropout},
+    )
+
+
+class RecomputeCache(ModelCache):
+    """A decoding "cache" that keeps no keys or values, only the token ids seen so far: each
+    step runs the whole prefix again and returns the new positions' logits.
+
+    ``O(T²)`` work to decode ``T`` tokens with a linear-time layer (``O(T)`` each step). Any
+    :class:`GPT` accepts it: the reference that cached decoding is checked against, and the
+    baseline of the Performer's running state (:meth:`GPT.new_cache` gives a
+    :class:`~attnlab.nn.kv_cache.PerformerState` per layer for Performer attention,
+    ``O(1)`` per token).
+
+    Args:
+        batch: rows ``B``.
+        capacity: the most positions it holds (prompt + new tokens).
+        device: where to keep the ids.
+
+    Attributes:
+        tokens: ``(B, capacity)`` the ids so far (zeros beyond ``length``).
+
+    Shape:
+        tokens ``(B, capacity)``.
+    """
+
+    recomputes = True
+
+    def __init__(self, batch: int, capacity: int, device: torch.device | str | None = None) -> None:
+        super().__init__([])
+        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Positions processed so far (the next token's position)."""
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """The most positions it holds."""
+        return self.tokens.shape[1]
+
+    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Append new ids and return every id so far.
+
+        Args:
+            input_ids: the new ids.
+
+        Returns:
+            The ids of the past and the new positions (a view).
+
+        Raises:
+            ValueError: the capacity would be exceeded, or the batch differs.
+
+        Shape:
+            input_ids ``(B, T)`` → ``(B, T_past + T)``.
+        """
+        b, t = input_ids.shape
+        if b != self.tokens.shape[0]:
+            raise ArgumentError(
+                f"cache was made for batch {self.tokens.shape[0]}, input_ids has batch {b}"
+            )
+        if self._length + t > self.capacity:
+            raise ArgumentError(
+                f"cache capacity exceeded: it holds {self._length} of {self.capacity} positions "
+                f"and {t} more were added; make the cache larger (max_length)"
+            )
+        self.tokens[:, self._length : self._length + t] = input_ids
+        self._length += t
+        return self.tokens[:, : self._length]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
+
+        Args:
+            index: integer indices of the rows to keep; may repeat rows.
+
+        Shape:
+            index ``(B_new,)``; ``tokens`` becomes ``(B_new, capacity)``.
+        """
+        self.tokens = self.tokens.index_select(0, index)
+
+    def nbytes(self) -> int:
+        """Bytes held: the token ids only (no keys or values).
+
+        Returns:
+            The size of ``tokens`` in bytes.
+        """
+        return self.tokens.nbytes
+
+
+class GPTMLP(nn.Module):
+    """The position-wise feed-forward network of GPT-2, with the tanh approximation of GELU
+    (Hendrycks & Gimpel 2016), GPT-2's ``gelu_new``.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`; the hidden width is
+            ``4 · n_embd``.
+
+    Shape:
+        ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``GELU(x W_fc + b_fc) W_proj + b_proj``, then dropout.
+
+        Args:
+            x: the block's input after ``ln_2``.
+
+        Returns:
+            What the MLP adds to the residual stream.
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
+        # MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj,
+        # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))
+        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4 · n_embd)
+        return self.dropout(self.c_proj(h))
+
+
+class GPTBlock(nn.Module):
+    """One pre-norm decoder block (GPT-2, §2.3):
+
+        x = x + Attention(LN_1(x))
+        x = x + MLP(LN_2(x))
+
+    Hook points: ``hook_resid_pre``, ``hook_attn_out``, ``hook_mlp_out``, ``hook_resid_post``
+    (and those of ``attn``: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_weights``, ``hook_z``).
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Shape:
+        x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``;
+        head_mask ``(H,)`` or ``(B, H)`` (1 keeps a head, 0 removes its output).
+    """
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        eps = config.layer_norm_epsilon
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.attn = config.attention.build(attention_site(config, rotary))
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.mlp = GPTMLP(config)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | PerformerState | None = None,
+        positions: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        block_mask: BlockLayout | Literal[False] | None = None,
+    ) -> torch.Tensor:
+        """One block: causal self-attention, then the MLP, each added to the residual stream.
+
+        Args:
+            x: the residual stream.
+            mask: padding and/or additive (ALiBi) mask, ``True = may attend``; the causal rule
+                always applies on top.
+            cache: this block's :class:`~attnlab.nn.kv_cache.KVCache` (a
+                :class:`~attnlab.nn.kv_cache.PerformerState` for a Performer layer), or ``None``.
+            positions: rotary position ids, or ``None``.
+            head_mask: head mask (1 keeps a head, 0 removes its output), or ``None``.
+            block_mask: the attention's block layout for this call: ``None`` (default) the
+                layer's own, ``False`` none (``mask`` then holds the pattern, see
+                :meth:`GPT.forward`), or a layout (see
+                :meth:`~attnlab.nn.multihead.MultiHeadAttention.forward`).
+
+        Returns:
+            The residual stream after the block.
+
+        Shape:
+            x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to
+            ``(B, H, T, T_past + T)``; positions ``(B, T)`` or ``(T,)``; head_mask ``(H,)`` or
+            ``(B, H)``.
+        """
+        x = self.hook_resid_pre(x)
+        a = self.attn(
+            self.ln_1(x),
+            mask=mask,
+            is_causal=True,
+            cache=cache,
+            positions=positions,
+            head_mask=head_mask,
+            check_positions=False,  # GPT.forward checked them once for every block
+            block_mask=block_mask,
+        )
+        x = x + self.hook_attn_out(a)
+        x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
+        return self.hook_resid_post(x)

@@ -1,0 +1,69 @@
+"""The options of one attention call, as one object (:class:`AttentionCall`).
+
+:meth:`attnlab.nn.multihead.MultiHeadAttention.forward` takes its options as keyword arguments
+(the public, ``torch.nn.MultiheadAttention``-like signature), resolves them against the layer's
+defaults and hands them on as one :class:`AttentionCall`; a variant of attention overrides
+:meth:`~attnlab.nn.multihead.MultiHeadAttention.attend_heads`, which receives it, and never
+re-declares the keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from attnlab.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from attnlab.nn.masks import BlockLayout
+
+__all__ = ["AttentionCall"]
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One call's options, resolved against the layer's defaults.
+
+    Attributes:
+        mask: boolean (``True = may attend``) or additive float, broadcastable to
+            ``(B, H, T_q, T_k)``, or ``None``.
+        is_causal: bottom-right causal masking (the layer's default applied).
+        need_weights: the caller wants the weights back.
+        cache: the layer's decoding cache, or ``None``.
+        positions: rotary position ids, or ``None``.
+        check_positions: check the positions against the rotary table.
+        window: the sliding window ``(left, right)`` in force (the layer's, or the call's), or
+            ``None``.
+        block_mask: the call's block layout: ``None`` (the layer's own), a layout, or ``False``.
+        cross: cross-attention (``key`` given and not ``query`` itself).
+    """
+
+    mask: torch.Tensor | None = None
+    is_causal: bool = False
+    need_weights: bool = False
+    cache: Any = None
+    positions: torch.Tensor | None = None
+    check_positions: bool = True
+    window: tuple[int | None, int | None] | None = None
+    block_mask: BlockLayout | Literal[False] | None = None
+    cross: bool = False
+
+    def refuse(self, layer: str, *names: str) -> None:
+        """Refuse the named options when set (not ``None``): a layer that does not implement
+        them calls this from its ``check_call``.
+
+        Args:
+            layer: the layer's name, for the message.
+            *names: options among ``positions``, ``window``, ``block_mask``, ``cache``.
+
+        Raises:
+            ValueError: one of them is set.
+        """
+        for name in names:
+            value = getattr(self, name)
+            if value is not None:
+                raise ArgumentError(
+                    f"{name} must be None: {layer} does not support it, got {value!r}"
+                )
