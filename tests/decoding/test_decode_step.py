@@ -60,24 +60,34 @@ def test_decode_step_checks_shapes_and_the_position_table() -> None:
             model.decode_step(torch.zeros(1, 1, dtype=torch.long), cache)
 
 
-def test_matrices_are_stored_in_out_and_state_dicts_are_plain(tmp_path: Path) -> None:
-    """The (in, out) layout is an implementation detail: shapes, values and saved tensors are
-    nn.Linear's, the tie survives, and safetensors round-trips the model."""
-    from safetensors.torch import load_model, save_model
+def test_decoding_lays_the_matrices_out_and_nothing_else_changes(tmp_path: Path) -> None:
+    """The (in, out) layout is an explicit step of decoding (attnlab.decoding.layout): a new
+    model is plain nn.Linear; generate lays fp32 matrices out (in, out) and half types (out, in);
+    shapes, values, the tie and saved checkpoints are nn.Linear's."""
+    from safetensors.torch import load_model
+
+    from attnlab.decoding.layout import lay_out_for_decoding
+    from attnlab.training.files import safetensors_bytes
 
     model = tiny_gpt()
     w = model.transformer.h[0].attn.c_attn.weight
+    assert w.is_contiguous()  # nothing happens behind the user's back
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, 61, (1, 7))
+    logits = model(ids).logits
+    al.generate(model, ids, max_new_tokens=2)
     assert w.shape == (32 + 2 * 32, 32) and w.t().is_contiguous()
+    assert model.transformer.h[0].attn.c_attn.weight is w  # the same parameter, new strides
     assert model.lm_head.weight is model.transformer.wte.weight
     state = model.state_dict()
-    assert all(t.is_contiguous() for t in state.values())
-    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
-    assert model.to(torch.float32).transformer.h[0].mlp.c_fc.weight.t().is_contiguous()
-    half = tiny_gpt().to(torch.bfloat16)  # half types decode faster from (out, in)
+    assert all(torch.equal(state[k], before[k]) for k in before)
+    torch.testing.assert_close(model(ids).logits, logits, rtol=1e-12, atol=1e-12)
+    lay_out_for_decoding(model)  # idempotent
+    assert w.t().is_contiguous()
+    half = lay_out_for_decoding(tiny_gpt().to(torch.bfloat16))  # half types: (out, in)
     assert all(m.weight.is_contiguous() for m in half.modules() if isinstance(m, torch.nn.Linear))
     assert half.lm_head.weight is half.transformer.wte.weight
-    save_model(model, str(tmp_path / "m.safetensors"))
-    other = tiny_gpt(seed=1).to(torch.float32)
+    (tmp_path / "m.safetensors").write_bytes(safetensors_bytes(model.state_dict()))
+    other = tiny_gpt(seed=1)
     load_model(other, str(tmp_path / "m.safetensors"))
-    ids = torch.randint(0, 61, (1, 7))
     assert torch.equal(other(ids).logits, model(ids).logits)

@@ -53,7 +53,7 @@ def _seq2seq(**kw) -> Transformer:
 def test_default_is_full_and_old_config_json_loads_as_full(tmp_path) -> None:
     for cls, kw in ((GPTConfig, {}), (TransformerConfig, {})):
         cfg = cls(**kw)
-        assert cfg.attention == "full" and cfg.window is None
+        assert cfg.attention == al.nn.kinds.FullSpec() and cfg.attention.name == "full"
         old = config_to_dict(cfg)
         # full attention is written as before the fields existed (resumed runs compare equal)
         assert not {"attention", "window", "linformer_k", "num_features"} & set(old)
@@ -66,7 +66,7 @@ def test_default_is_full_and_old_config_json_loads_as_full(tmp_path) -> None:
 def test_configs_round_trip(kind: str) -> None:
     cfg = TransformerConfig(**SEQ2SEQ_KINDS[kind])
     if kind != "full":
-        assert config_to_dict(cfg)["attention"] == kind
+        assert config_to_dict(cfg)["attention"]["kind"] == kind
     assert config_from_dict(TransformerConfig, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     if kind != "linformer":
         g = GPTConfig(**GPT_KINDS[kind])
@@ -81,7 +81,7 @@ def test_configs_round_trip(kind: str) -> None:
         (TransformerConfig, {"attention": "nope"}, "attention must be one of"),
         (GPTConfig, {"window": 8}, "window applies to attention='sliding' only"),
         (TransformerConfig, {"attention": "sliding"}, "needs window"),
-        (TransformerConfig, {"attention": "linformer"}, "needs linformer_k"),
+        (TransformerConfig, {"attention": "linformer"}, "linformer' needs k"),
         (TransformerConfig, {"linformer_k": 4}, "linformer_k applies to"),
         (GPTConfig, {"attention": "sliding", "window": 4, "num_features": 8}, "num_features"),
         (GPTConfig, {"attention": "sliding", "window": 0}, "window"),
@@ -307,4 +307,6 @@ def test_seq2seq_capture_viewer_and_head_mask(kind: str) -> None:
 
 def test_replace_keeps_other_fields() -> None:
     cfg = dataclasses.replace(GPTConfig(), attention="sliding", window=256)
-    assert cfg.window == 256 and cfg.n_layer == 12
+    assert cfg.attention == al.nn.kinds.SlidingSpec(window=256) and cfg.n_layer == 12
+    cfg = dataclasses.replace(cfg, attention=al.nn.kinds.PerformerSpec())
+    assert cfg.attention.num_features is None and cfg.n_layer == 12

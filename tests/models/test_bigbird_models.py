@@ -14,13 +14,9 @@ import torch
 import attnlab as al
 from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
 from attnlab.inspect import capture
-from attnlab.models.config import (
-    BIGBIRD_DEFAULTS,
-    block_layout,
-    config_from_dict,
-    config_to_dict,
-)
+from attnlab.models.config import block_layout, config_from_dict, config_to_dict
 from attnlab.models.gpt import GPTSelfAttention
+from attnlab.nn.kinds import BigBirdSpec
 from attnlab.nn.masks import bigbird_layout, bigbird_mask
 from attnlab.nn.multihead import MultiHeadAttention
 
@@ -70,28 +66,40 @@ def _with_dense_masks(model: torch.nn.Module, layers: dict[str, bool]) -> list:
 
 def test_defaults_are_bigbird_layouts_and_are_written_out() -> None:
     params = inspect.signature(bigbird_layout).parameters
-    for name, value in BIGBIRD_DEFAULTS.items():
-        assert params["seed" if name == "bigbird_seed" else name].default == value
+    spec = BigBirdSpec(block_size=64)
+    for name in ("global_blocks", "window_blocks", "num_random_blocks", "seed"):
+        assert params[name].default == getattr(spec, name)
     for cfg in (GPTConfig(attention="bigbird", block_size=64), TransformerConfig(
-            attention="bigbird", block_size=64)):  # fmt: skip
-        assert (cfg.global_blocks, cfg.window_blocks, cfg.num_random_blocks) == (1, 3, 2)
-        assert cfg.bigbird_seed == 0
+            attention=BigBirdSpec(block_size=64))):  # fmt: skip
+        assert cfg.attention == spec
         saved = config_to_dict(cfg)  # the numbers the layout is drawn from are in the file
-        assert saved["block_size"] == 64 and saved["num_random_blocks"] == 2
-        assert saved["bigbird_seed"] == 0
+        assert saved["attention"] == {
+            "kind": "bigbird", "block_size": 64, "global_blocks": 1, "window_blocks": 3,
+            "num_random_blocks": 2, "seed": 0,
+        }  # fmt: skip
         back = config_from_dict(type(cfg), json.loads(json.dumps(saved)))
         assert back == cfg
 
 
+def test_configs_saved_before_specs_still_load() -> None:
+    """A config.json written by the release before attention specs (flat fields) loads into
+    the same model config."""
+    old = {"kind": "GPTConfig", "vocab_size": 50, "attention": "bigbird", "block_size": 6,
+           "global_blocks": 1, "window_blocks": 3, "num_random_blocks": 1, "bigbird_seed": 3}  # fmt: skip
+    cfg = config_from_dict(GPTConfig, old)
+    assert cfg.attention == BigBirdSpec(block_size=6, num_random_blocks=1, seed=3)
+    assert config_from_dict(GPTConfig, config_to_dict(cfg)) == cfg
+
+
 def test_other_attentions_are_saved_as_before() -> None:
-    # runs saved before BigBird existed compare equal on resume: no new keys in their config
-    for cfg in (GPTConfig(), GPTConfig(attention="sliding", window=4),
+    for cfg in (GPTConfig(attention="sliding", window=4),
                 TransformerConfig(attention="linformer", linformer_k=8)):  # fmt: skip
         saved = config_to_dict(cfg)
-        assert not {"block_size", "global_blocks", "window_blocks", "num_random_blocks",
-                    "bigbird_seed"} & set(saved)  # fmt: skip
-    assert "window" in config_to_dict(GPTConfig(attention="sliding", window=4))
-    assert "attention" not in config_to_dict(GPTConfig())
+        assert set(saved["attention"]) <= {"kind", "window", "k"}
+    assert config_to_dict(GPTConfig(attention="sliding", window=4))["attention"] == {
+        "kind": "sliding", "window": 4
+    }
+    assert "attention" not in config_to_dict(GPTConfig())  # as before any other kind existed
 
 
 @pytest.mark.parametrize(
@@ -113,7 +121,8 @@ def test_other_attentions_are_saved_as_before() -> None:
          "block_size must be an int, got float"),
         (GPTConfig, {**BIGBIRD, "global_blocks": (0, -1)}, TypeError,
          "global_blocks must be an int, got tuple"),
-        (GPTConfig, {**BIGBIRD, "bigbird_seed": True}, TypeError, "bigbird_seed must be an int"),
+        (GPTConfig, {**BIGBIRD, "bigbird_seed": True}, TypeError, "seed must be an int"),
+        (GPTConfig, {**BIGBIRD, "bigbird_seed": 2**70}, ValueError, "seed must be below 2"),
     ],
 )  # fmt: skip
 def test_bad_bigbird_configs_are_refused(cls, kw, error, match) -> None:

@@ -451,9 +451,7 @@ def test_gradient_checkpointing_with_a_head_mask_gives_the_same_gradients() -> N
 def test_gpt_self_attention_alone_is_causal() -> None:
     """GPTSelfAttention says it is causal: on its own, as inside a block, a token does not see
     the tokens after it (``is_causal=False`` turns that off explicitly)."""
-    attn = GPTSelfAttention(
-        al.GPTConfig(vocab_size=10, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    )
+    attn = GPTSelfAttention(16, 2)
     x = torch.randn(1, 6, 16)
     y = x.clone()
     y[:, 4:] = torch.randn(1, 2, 16)  # change the future of token 3

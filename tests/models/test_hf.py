@@ -175,11 +175,12 @@ def test_gpt2_small_logits_match_hf(gpt2_small_pair: tuple[GPT2LMHeadModel, al.G
         assert max_err(gpt(ids[row : row + 1]).logits[0], hf(ids[row : row + 1]).logits[0]) < TOL
 
 
-def test_from_hf_stores_the_matrices_in_out() -> None:
-    """from_hf assigns Hugging Face's tensors, then lays the matrices out (in, out) again, the
-    layout GPT's decoding is measured with, and keeps the lm_head / wte tie."""
+def test_from_hf_keeps_the_tie_and_generation_lays_the_matrices_out() -> None:
+    """from_hf assigns Hugging Face's tensors and keeps the lm_head / wte tie; generation lays
+    the fp32 matrices out (in, out), the layout decoding is measured with."""
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4))
     gpt = al.GPT.from_hf(hf.eval())
+    al.generate(gpt, torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)
     linears = [m for m in gpt.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.t().is_contiguous() for m in linears)
     assert gpt.lm_head.weight is gpt.transformer.wte.weight

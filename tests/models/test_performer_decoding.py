@@ -124,9 +124,9 @@ def test_cache_kinds_are_checked_and_the_reference_still_works() -> None:
         a = model(ids[:, :4], cache=ref).logits
         b = model(ids[:, 4:], cache=ref).logits
     torch.testing.assert_close(torch.cat([a, b], 1), full)
-    with pytest.raises(ValueError, match="cache must hold PerformerState layers"):
+    with pytest.raises(ValueError, match="cache must be None or a PerformerState"):
         model(ids, cache=ModelCache([KVCache(2, 2, 16, 8) for _ in range(2)]))
-    with pytest.raises(ValueError, match="cache holds PerformerState layers, which only"):
+    with pytest.raises(ValueError, match="cache must be a KVCache for GPTSelfAttention"):
         tiny_gpt()(ids, cache=model.new_cache(2, 16))
     with pytest.raises(ValueError, match="cache was made for batch 2, input_ids has batch 1"):
         model(ids[:1], cache=model.new_cache(2, 16))

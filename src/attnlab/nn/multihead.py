@@ -586,12 +586,12 @@ class MultiHeadAttention(nn.Module):
             cache: what a caller passed as ``cache``.
 
         Raises:
-            TypeError: not a :class:`~attnlab.nn.kv_cache.KVCache`.
+            ValueError: not a :class:`~attnlab.nn.kv_cache.KVCache` (e.g. another kind's cache).
         """
         if not isinstance(cache, KVCache):
-            raise ArgumentTypeError(
-                f"cache must be a KVCache (see {type(self).__name__}.new_cache), got "
-                f"{type(cache).__name__}"
+            raise ArgumentError(
+                f"cache must be a KVCache for {type(self).__name__} (made by its new_cache, or "
+                f"a model's new_cache), got {type(cache).__name__}"
             )
 
     def _layout(self, block_mask: object, cache: KVCache | None) -> BlockLayout | None:
