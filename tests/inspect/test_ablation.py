@@ -15,6 +15,7 @@ import torch
 import attnlab as al
 from attnlab.data.batching import Seq2SeqBatch, make_seq2seq_batch, pad_batch
 from attnlab.data.tasks import SequenceTask, SequenceTaskConfig
+from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.inspect import head_importance, masked_heads, pruning_curve, pruning_order
 from tests.decoding._models import greedy_without_cache
 
@@ -88,7 +89,7 @@ def test_masked_heads_multiplies_a_mask_the_call_already_has() -> None:
 
 
 def test_masked_heads_removes_its_hooks_on_exit_and_on_error() -> None:
-    gpt = tiny_gpt()
+    gpt = lay_out_for_decoding(tiny_gpt())  # the strides generate() gives the weights
     ids = torch.randint(0, 40, (1, 5))
     plain = gpt(ids).logits
     off = torch.ones(2, H)

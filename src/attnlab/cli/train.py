@@ -35,7 +35,7 @@ from attnlab.cli.errors import CLIError
 from attnlab.distributed.fsdp import FSDPStrategy
 from attnlab.distributed.mesh import MeshStrategy
 from attnlab.distributed.ring_schedule import LAYOUTS
-from attnlab.tasks.options import ATTENTION_DESTS, non_negative_int, positive_int
+from attnlab.tasks.options import attention_dests, non_negative_int, positive_int
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
@@ -236,8 +236,9 @@ def _jsonable(value: Any) -> Any:
 def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
     """What ``config.json`` holds besides ``"train"`` (see attnlab.tasks.base)."""
     task_args = {"seed": args.seed}
+    unset_is_absent = attention_dests()
     for dest in getattr(args, "_task_dests", []):
-        if dest in ATTENTION_DESTS and getattr(args, dest) is None:
+        if dest in unset_is_absent and getattr(args, dest) is None:
             continue  # unset: as a run saved before the option existed
         task_args[dest] = _jsonable(getattr(args, dest))
     return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}

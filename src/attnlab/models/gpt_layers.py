@@ -39,8 +39,12 @@ __all__ = [
 class GPTProjections:
     """GPT-2's fused projections ``c_attn`` and ``c_proj`` (and residual dropout), for any
     :class:`~attnlab.nn.multihead.MultiHeadAttention` subclass it is mixed into (first):
-    ``class GPTSelfAttention(GPTProjections, MultiHeadAttention)``. The layer takes its base
-    class's arguments and ``resid_dropout``, the dropout on what it adds to the residual stream.
+    ``class GPTSelfAttention(GPTProjections, MultiHeadAttention)``.
+
+    Args:
+        *args: the base class's positional arguments.
+        resid_dropout: dropout on what the layer adds to the residual stream. Default 0.
+        **kwargs: the base class's keyword arguments.
     """
 
     d_model: int

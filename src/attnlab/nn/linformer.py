@@ -363,6 +363,9 @@ class LinformerAttention(MultiHeadAttention):
 
         Raises:
             ValueError: ``T_k > max_len``, or a causal or per-query mask.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``; z ``(B, H, T_q, d_head)``.
         """
         if k is None or v is None:  # unreachable: no cache, so every call projects K and V
             raise RuntimeError("keys and values were not projected")
@@ -398,6 +401,9 @@ class LinformerAttention(MultiHeadAttention):
             batch: ``B``.
             capacity: positions.
             **kwargs: as :meth:`MultiHeadAttention.new_cache`.
+
+        Returns:
+            Never: it raises.
 
         Raises:
             ValueError: always.

@@ -38,6 +38,9 @@ class AttentionCall:
             ``None``.
         block_mask: the call's block layout: ``None`` (the layer's own), a layout, or ``False``.
         cross: cross-attention (``key`` given and not ``query`` itself).
+
+    Shape:
+        mask broadcastable to ``(B, H, T_q, T_k)``; positions ``(B, T_q)`` or ``(T_q,)``.
     """
 
     mask: torch.Tensor | None = None

@@ -576,6 +576,9 @@ class PerformerAttention(MultiHeadAttention):
         Raises:
             ValueError: a per-query mask; with a state: cross-attention, ``is_causal=False``,
                 weights asked for, or features redrawn since it was filled.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``; z ``(B, H, T_q, d_head)``.
         """
         if k is None or v is None:  # unreachable: a PerformerState is never static
             raise RuntimeError("keys and values were not projected")

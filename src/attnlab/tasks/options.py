@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from attnlab.errors import ArgumentError
-from attnlab.models.config import ATTENTIONS
+from attnlab.nn.kinds import attention_kinds, spec_class, spec_from_cli
 
 Number = TypeVar("Number", int, float)
 
 __all__ = [
-    "ATTENTION_DESTS",
     "add_attention_arguments",
     "add_transformer_arguments",
+    "attention_dests",
     "attention_options",
     "non_negative_float",
     "non_negative_int",
@@ -195,34 +195,33 @@ def add_transformer_arguments(
     )
 
 
-#: the attention options' argparse dests; left out of a run's ``config.json`` while unset (``None``),
-#: so that runs saved before the options existed compare equal when resumed
-ATTENTION_DESTS: tuple[str, ...] = (
-    "attention", "window", "linformer_k", "num_features", "bigbird_block", "global_blocks",
-    "window_blocks", "random_blocks", "bigbird_seed",
-)  # fmt: skip
+def attention_dests() -> tuple[str, ...]:
+    """The attention options' argparse dests: ``attention`` and every registered kind's options
+    (:attr:`~attnlab.nn.kinds.AttentionSpec.cli_options`). Left out of a run's ``config.json``
+    while unset (``None``), so that runs saved before an option existed compare equal when
+    resumed.
 
-# each pattern parameter's option: dest -> (flag, the --attention it belongs to, config field);
-# ``--block-size`` is the context length of ``train lm``, so BigBird's block is --bigbird-block
-_PARAMETERS: dict[str, tuple[str, str, str]] = {
-    "window": ("--window", "sliding", "window"),
-    "linformer_k": ("--linformer-k", "linformer", "linformer_k"),
-    "num_features": ("--num-features", "performer", "num_features"),
-    "bigbird_block": ("--bigbird-block", "bigbird", "block_size"),
-    "global_blocks": ("--global-blocks", "bigbird", "global_blocks"),
-    "window_blocks": ("--window-blocks", "bigbird", "window_blocks"),
-    "random_blocks": ("--random-blocks", "bigbird", "num_random_blocks"),
-    "bigbird_seed": ("--bigbird-seed", "bigbird", "bigbird_seed"),
+    Returns:
+        The dests.
+    """
+    kinds = [spec_class(name) for name in attention_kinds()]
+    return ("attention", *(option.dest for kind in kinds for option in kind.cli_options))
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "positive_int": positive_int,
+    "non_negative_int": non_negative_int,
+    "float": float,
+    "str": str,
 }
-# the options an --attention cannot do without
-_REQUIRED = ("window", "linformer_k", "bigbird_block")
 
 
 def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
-    """The attention pattern options: ``--attention``, ``--window``, ``--linformer-k``,
-    ``--num-features``, and BigBird's ``--bigbird-block``, ``--global-blocks``,
-    ``--window-blocks``, ``--random-blocks``, ``--bigbird-seed`` (group "attention"); all
-    default ``None`` (full attention; BigBird's unset ones take the config's defaults).
+    """The attention options (group "attention"): ``--attention NAME`` (every registered kind,
+    :func:`~attnlab.nn.kinds.attention_kinds`) and each kind's own options, from its spec
+    (:attr:`~attnlab.nn.kinds.AttentionSpec.cli_options`: ``--window``, ``--linformer-k``,
+    ``--num-features``, BigBird's ``--bigbird-block``, …); all default ``None`` (full
+    attention; a kind's unset options take the spec's defaults).
 
     Args:
         parser: the task's (or command's) parser.
@@ -231,88 +230,47 @@ def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> No
     g = parser.add_argument_group("attention")
     g.add_argument(
         "--attention",
-        choices=ATTENTIONS,
+        choices=attention_kinds(),
         default=None,
         help=f"the {what} pattern (default full)",
     )
-    g.add_argument(
-        "--window", type=positive_int, default=None,
-        help="sliding window w: a token sees the w tokens before it (with --attention sliding)",
-    )  # fmt: skip
-    g.add_argument(
-        "--linformer-k", type=positive_int, default=None,
-        help="Linformer's projected length k (with --attention linformer)",
-    )  # fmt: skip
-    g.add_argument(
-        "--num-features", type=positive_int, default=None,
-        help="Performer's random features m (with --attention performer; default d_head·ln d_head)",
-    )  # fmt: skip
-    g.add_argument(
-        "--bigbird-block", type=positive_int, default=None, metavar="B",
-        help="BigBird's block of B tokens (with --attention bigbird; not --block-size, the context)",
-    )  # fmt: skip
-    g.add_argument(
-        "--global-blocks", type=non_negative_int, default=None, metavar="G",
-        help="BigBird's global blocks, the first G (with --attention bigbird; default 1)",
-    )  # fmt: skip
-    g.add_argument(
-        "--window-blocks", type=non_negative_int, default=None, metavar="W",
-        help="BigBird's band of W blocks, 0 or odd (with --attention bigbird; default 3)",
-    )  # fmt: skip
-    g.add_argument(
-        "--random-blocks", type=non_negative_int, default=None, metavar="R",
-        help="BigBird's random key blocks per block (with --attention bigbird; default 2)",
-    )  # fmt: skip
-    g.add_argument(
-        "--bigbird-seed", type=non_negative_int, default=None, metavar="S",
-        help="the seed of BigBird's random blocks, kept in the model's config (default 0)",
-    )  # fmt: skip
+    for name in attention_kinds():
+        for option in spec_class(name).cli_options:
+            g.add_argument(
+                option.flag,
+                dest=option.dest,
+                type=_PARSERS[option.kind],
+                default=None,
+                metavar=option.metavar,
+                help=option.help,
+            )
 
 
 def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[str, Any]:
-    """The config fields of :func:`add_attention_arguments`'s options, checked together.
+    """The model config's ``attention`` from :func:`add_attention_arguments`'s options
+    (:func:`~attnlab.nn.kinds.spec_from_cli`).
 
     Args:
         args: the parsed command line.
-        causal_only: the model's attention is all causal (a GPT): ``--attention linformer`` is
-            refused.
+        causal_only: the model's attention is all causal (a GPT): a kind that cannot be causal
+            (``--attention linformer``) is refused.
 
     Returns:
-        ``{"attention", "window", "linformer_k", "num_features", "block_size",
-        "global_blocks", "window_blocks", "num_random_blocks", "bigbird_seed"}`` for the model
-        config (``None`` for the options not given).
+        ``{"attention": spec}`` for the model config.
 
     Raises:
-        ValueError: a parameter without its ``--attention`` (``--window`` needs ``sliding``,
-            ``--linformer-k`` ``linformer``, ``--num-features`` ``performer``, the BigBird
-            options ``bigbird``), a missing ``--window``/``--linformer-k``/``--bigbird-block``,
-            an even ``--window-blocks``, or ``--attention linformer`` for a causal model.
+        ValueError: an option of another kind (``--window`` needs ``--attention sliding``), a
+            kind's required option missing (``--attention sliding needs --window``), a value
+            the spec refuses (an even ``--window-blocks``), or a kind that cannot be causal for
+            a causal model.
     """
     attention = getattr(args, "attention", None) or "full"
-    out: dict[str, Any] = {"attention": attention}
-    for dest, (flag, owner, field) in _PARAMETERS.items():
-        value = getattr(args, dest, None)
-        if value is not None and attention != owner:
-            raise ArgumentError(
-                f"{flag} applies to --attention {owner}, got --attention {attention}"
-            )
-        if value is None and attention == owner and dest in _REQUIRED:
-            raise ArgumentError(f"--attention {owner} needs {flag}")
-        out[field] = value
-    blocks = out["window_blocks"]
-    if blocks is not None and blocks % 2 == 0 and blocks != 0:
+    values = {dest: getattr(args, dest, None) for dest in attention_dests()[1:]}
+    spec = spec_from_cli(attention, values)
+    if causal_only and spec.bidirectional_only:
         raise ArgumentError(
-            f"--window-blocks must be 0 or odd (a band around the block), got {blocks}"
+            f"--attention {attention} does not fit a GPT: its attention is causal, and "
+            f"{attention} cannot be causal (Linformer's projected keys mix future positions); "
+            f"use --attention sliding or performer"
         )
-    if attention == "bigbird" and out["global_blocks"] == out["window_blocks"] == 0:
-        if out["num_random_blocks"] == 0:
-            raise ArgumentError(
-                "--attention bigbird needs some visible blocks: --global-blocks, "
-                "--window-blocks and --random-blocks are all 0"
-            )
-    if causal_only and attention == "linformer":
-        raise ArgumentError(
-            "--attention linformer does not fit a GPT: its attention is causal, and "
-            "Linformer's projected keys mix future positions; use --attention sliding or performer"
-        )
-    return out
+    return {"attention": spec}

@@ -242,6 +242,9 @@ class AttentionSpec:
 
         Returns:
             ``None``, or the pattern (``True`` = may attend).
+
+        Shape:
+            where_q ``(B, T_q)``, where_k ``(B, T_k)`` → ``(B, T_q, T_k)``.
         """
         return None
 
@@ -367,7 +370,7 @@ def check_int_field(spec: AttentionSpec, name: str, *, minimum: int = 1) -> None
 _KINDS: dict[str, type[AttentionSpec]] = {}
 
 
-def register_attention(cls: S) -> S:
+def register_attention(cls: S, /) -> S:
     """Register an attention kind (a class decorator): ``--attention NAME``, saved configs and
     :func:`spec_from_dict` then know it.
 
@@ -553,4 +556,11 @@ def spec_from_cli(attention: str | None, values: Mapping[str, Any]) -> Attention
                     f"{option.flag} applies to --attention {kind.name}, got --attention {cls.name}"
                 )
             params[option.field] = value
-    return _construct(cls, params)
+    try:
+        return _construct(cls, params)
+    except ArgumentError as exc:  # a value the spec refuses: name the option, not the field
+        message = str(exc)
+        for option in cls.cli_options:
+            if message.startswith(f"{option.field} "):
+                message = option.flag + message[len(option.field) :]
+        raise ArgumentError(message) from exc

@@ -200,7 +200,10 @@ class BigBirdSpec(AttentionSpec):
             where_k: the keys' positions ``(B, T_k)``.
 
         Returns:
-            ``(B, T_q, T_k)``, ``True`` = may attend.
+            The pattern, ``True`` = may attend.
+
+        Shape:
+            where_q ``(B, T_q)``, where_k ``(B, T_k)`` → ``(B, T_q, T_k)``.
         """
         return self.layout(site.max_len, causal=site.causal).mask_at(where_q, where_k)
 
