@@ -6,7 +6,7 @@ values projected along the sequence to ``k`` rows) and
 :class:`~attnlab.nn.performer.PerformerAttention` (FAVOR+ positive orthogonal random features).
 """
 
-from attnlab.nn import masks
+from attnlab.nn import kinds, masks
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.linformer import LinformerAttention, linformer_attention
 from attnlab.nn.multihead import MultiHeadAttention
@@ -17,6 +17,7 @@ __all__ = [
     "MultiHeadAttention",
     "PerformerAttention",
     "favor_attention",
+    "kinds",
     "linformer_attention",
     "masks",
     "orthogonal_random_features",

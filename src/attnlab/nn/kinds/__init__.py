@@ -15,6 +15,7 @@ from attnlab.nn.kinds.base import (
     spec_from_cli,
     spec_from_dict,
     spec_from_legacy,
+    unregister_attention,
 )
 
 # registered in this order (the order of --attention's choices)
@@ -40,5 +41,6 @@ __all__ = [
     "spec_from_cli",
     "spec_from_dict",
     "spec_from_legacy",
+    "unregister_attention",
     "window_pairs",
 ]

@@ -46,6 +46,7 @@ __all__ = [
     "spec_from_cli",
     "spec_from_dict",
     "spec_from_legacy",
+    "unregister_attention",
 ]
 
 S = TypeVar("S", bound="type[AttentionSpec]")
@@ -370,21 +371,22 @@ def check_int_field(spec: AttentionSpec, name: str, *, minimum: int = 1) -> None
 _KINDS: dict[str, type[AttentionSpec]] = {}
 
 
-def register_attention(cls: S, /) -> S:
+def register_attention(kind: S, /) -> S:
     """Register an attention kind (a class decorator): ``--attention NAME``, saved configs and
     :func:`spec_from_dict` then know it.
 
     Args:
-        cls: a frozen-dataclass subclass of :class:`AttentionSpec` with a :attr:`~AttentionSpec.name`.
+        kind: a frozen-dataclass subclass of :class:`AttentionSpec` with a :attr:`~AttentionSpec.name`.
 
     Returns:
-        ``cls``.
+        ``kind``.
 
     Raises:
-        ArgumentTypeError: ``cls`` is not an ``AttentionSpec`` dataclass.
+        ArgumentTypeError: ``kind`` is not an ``AttentionSpec`` dataclass.
         ArgumentError: no name, a name taken by another class, or a command-line option or
             legacy field another kind already has.
     """
+    cls = kind
     if not (isinstance(cls, type) and issubclass(cls, AttentionSpec)):
         raise ArgumentTypeError(f"cls must be an AttentionSpec subclass, got {cls!r}")
     if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
@@ -407,6 +409,22 @@ def register_attention(cls: S, /) -> S:
             )
     _KINDS[name] = cls
     return cls
+
+
+def unregister_attention(name: str) -> None:
+    """Remove a kind registered with :func:`register_attention` (a test's or a plugin's); the
+    built-in kinds stay.
+
+    Args:
+        name: the kind's name.
+
+    Raises:
+        ArgumentError: an unknown name, or a built-in kind.
+    """
+    cls = spec_class(name)
+    if cls.__module__.startswith("attnlab.nn.kinds."):
+        raise ArgumentError(f"attention kind {name!r} is built in and cannot be removed")
+    del _KINDS[name]
 
 
 def attention_kinds() -> tuple[str, ...]:
