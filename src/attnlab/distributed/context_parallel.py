@@ -42,7 +42,7 @@ from attnlab.distributed.ring import ring_attention
 from attnlab.distributed.ring_schedule import LAYOUTS, sequence_positions
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT, GPTSelfAttention
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention
 
 __all__ = ["ContextParallelAttention", "ContextParallelModel", "context_parallelize"]

@@ -74,7 +74,7 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, TransformerConfig, block_layout
-from attnlab.nn.masks import BlockLayout
+from attnlab.nn.block_layout import BlockLayout
 
 __all__ = ["FlopReport", "block_pairs", "flops", "kv_cache_bytes", "window_pairs"]
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import check_backend
-from attnlab.nn.masks import BlockLayout, bigbird_layout
+from attnlab.nn.block_layout import BlockLayout, bigbird_layout
 
 __all__ = [
     "ATTENTIONS",

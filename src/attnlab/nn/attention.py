@@ -44,7 +44,7 @@ import torch
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
-from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
+from attnlab.nn.mask_spec import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
 
 __all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]

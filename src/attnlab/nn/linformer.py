@@ -50,7 +50,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
 from attnlab.nn.backends import choose_backend
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
 
 __all__ = [

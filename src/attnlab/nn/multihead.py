@@ -39,7 +39,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import Masking, normalize_mask
+from attnlab.nn.mask_spec import Masking, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
 
 if TYPE_CHECKING:
