@@ -39,7 +39,7 @@ from attnlab.tasks.options import ATTENTION_DESTS, non_negative_int, positive_in
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
-from attnlab.training.distributed import (
+from attnlab.training.processes import (
     DDPStrategy,
     ParallelStrategy,
     cleanup_distributed,

@@ -97,7 +97,7 @@ from attnlab.distributed.tensor_styles import (
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
-from attnlab.training.distributed import local_tensor
+from attnlab.training.processes import local_tensor
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer

@@ -40,7 +40,7 @@ from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import Window
 from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
-from attnlab.training.distributed import local_tensor
+from attnlab.training.processes import local_tensor
 
 __all__ = ["HeadParallel", "ReplicateParallel", "TensorParallelAttention", "qkv_row_order"]
 

@@ -61,9 +61,9 @@ part of the training state, so a resumed fp16 run stays bit-identical. fp16 auto
 gradient scaler run on the CPU too (PyTorch ≥ 2.3), slowly: fp16 is for GPUs; on a CPU bf16
 is the fast reduced precision.
 
-Processes. Under ``torchrun`` (see :mod:`attnlab.training.distributed`) a
-:class:`~attnlab.training.distributed.ParallelStrategy` spreads the model over the ranks:
-:class:`~attnlab.training.distributed.DDPStrategy` (the default) keeps a replica per rank and
+Processes. Under ``torchrun`` (see :mod:`attnlab.training.processes`) a
+:class:`~attnlab.training.processes.ParallelStrategy` spreads the model over the ranks:
+:class:`~attnlab.training.processes.DDPStrategy` (the default) keeps a replica per rank and
 rank 0 writes single-folder checkpoints; :class:`attnlab.distributed.fsdp.FSDPStrategy` shards
 parameters, gradients and optimizer state (FSDP2), every rank writes its shards of each
 checkpoint (:func:`~attnlab.training.checkpoint.save_sharded_checkpoint`), such a checkpoint
@@ -72,7 +72,7 @@ a whole copy (:meth:`Trainer.gathered_model`); :class:`attnlab.distributed.mesh.
 spreads the batch's rows, its sequences (ring attention) and the layers' heads over a
 ``(dp, cp, tp)`` device mesh and writes single-folder checkpoints gathered whole. The strategy
 decides which part of each global batch a rank computes
-(:meth:`~attnlab.training.distributed.ParallelStrategy.local_batch`), over which ranks the totals
+(:meth:`~attnlab.training.processes.ParallelStrategy.local_batch`), over which ranks the totals
 are summed and the gradients averaged. Whatever the strategy, the global batch, the token
 weighting, the global gradient norm and clipping, and the divergence checks are those of one
 process.
@@ -118,7 +118,10 @@ from attnlab.training.checkpoint import (
     verify_checkpoint,
 )
 from attnlab.training.data_files import DATA_FILES_KEY, data_change, fingerprint_files
-from attnlab.training.distributed import (
+from attnlab.training.divergence import DivergenceError, all_finite
+from attnlab.training.losses import TokenLoss
+from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
+from attnlab.training.processes import (
     DDPStrategy,
     DistInfo,
     ParallelStrategy,
@@ -128,9 +131,6 @@ from attnlab.training.distributed import (
     local_tensor,
     map_batch,
 )
-from attnlab.training.divergence import DivergenceError, all_finite
-from attnlab.training.losses import TokenLoss
-from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.run_types import (
     StepMetrics,
@@ -210,7 +210,7 @@ class Trainer:
             ``{"--data": "input.txt"}``); their size and SHA-256 go into ``config.json`` and
             :meth:`resume` refuses when they changed.
         strategy: how the model is spread over the processes (default
-            :class:`~attnlab.training.distributed.DDPStrategy`; see also
+            :class:`~attnlab.training.processes.DDPStrategy`; see also
             :class:`attnlab.distributed.fsdp.FSDPStrategy` and
             :class:`attnlab.distributed.mesh.MeshStrategy`). A checkpoint resumes only with a
             strategy of its kind (sharded or single-folder).
@@ -302,7 +302,7 @@ class Trainer:
             The optimizer, scheduler, step, RNG states, data position and the rest of the
             loop's state, as a tree of JSON-able values and tensors. With a sharded strategy
             ``"optimizer"`` is ``None``: every rank saves its shards of it with the model's
-            (:meth:`~attnlab.training.distributed.ParallelStrategy.save_state`).
+            (:meth:`~attnlab.training.processes.ParallelStrategy.save_state`).
         """
         return self._training_state(None if self.strategy.sharded else self.optimizer.state_dict())
 
@@ -413,7 +413,7 @@ class Trainer:
         DDP's C++ reducer holds the process group; were it the last holder, destroying it would
         wait for gloo's worker threads while holding the GIL, which those threads may need to
         free a finished collective's tensors: a deadlock PyTorch does not guard against. Call
-        this before :func:`~attnlab.training.distributed.cleanup_distributed` (``attnlab train``
+        this before :func:`~attnlab.training.processes.cleanup_distributed` (``attnlab train``
         does); the trainer must not train afterwards.
         """
         self.forward_model = self.model
