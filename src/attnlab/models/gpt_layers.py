@@ -18,10 +18,10 @@ from torch import nn
 
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig
+from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
-from attnlab.nn.masks import BlockLayout
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import RotaryEmbedding
