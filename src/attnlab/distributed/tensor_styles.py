@@ -37,9 +37,10 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPTSelfAttention
 from attnlab.nn.block_layout import BlockLayout
+from attnlab.nn.head_mask import check_head_mask
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import Window
-from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
+from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.training.processes import local_tensor
 
 __all__ = ["HeadParallel", "ReplicateParallel", "TensorParallelAttention", "qkv_row_order"]

@@ -36,8 +36,8 @@ from attnlab.models.gpt_layers import (
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
+from attnlab.nn.head_mask import layer_head_masks
 from attnlab.nn.kv_cache import ModelCache
-from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:

@@ -33,11 +33,11 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import TransformerConfig
 from attnlab.models.outputs import Seq2SeqOutput
 from attnlab.nn import masks
+from attnlab.nn.head_mask import layer_head_masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
-from attnlab.nn.multihead import layer_head_masks
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
 __all__ = [
