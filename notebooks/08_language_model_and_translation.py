@@ -20,7 +20,6 @@
 # and a translation model for several minutes, which is what it takes for a real alignment.
 
 # %%
-import os
 import re
 import tempfile
 import time
@@ -31,8 +30,8 @@ from IPython.display import display
 
 import attnlab as al
 from attnlab import viz
+from attnlab.data import corpora
 from attnlab.data.batching import BucketedBatchSource
-from attnlab.data.parallel import read_parallel
 from attnlab.data.text import LMBatchSource
 from attnlab.data.tokenizers import train_word_level
 from attnlab.inspect import capture
@@ -45,16 +44,6 @@ from attnlab.training.trainer import IndexedBatches, TrainConfig, Trainer
 from attnlab.viz.alignment import alignment_heatmap
 
 FULL = False  # True: the full-size runs (minutes: nanoGPT's 2000 steps, then 1000 en→ja steps)
-
-DATA = Path(os.environ.get("ATTNLAB_DATA", Path.cwd().parent.parent / "shared" / "data"))
-SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
-ENJA = DATA / "small_parallel_enja"
-for needed in (SHAKESPEARE, ENJA / "train.en"):
-    if not needed.is_file():
-        raise FileNotFoundError(
-            f"this notebook needs the data sets under {DATA} (looked for {needed}); "
-            f"set ATTNLAB_DATA to the folder holding tinyshakespeare/ and small_parallel_enja/"
-        )
 
 # the language model: nanoGPT's CPU recipe at full size, a narrower and shallower GPT otherwise
 LM = dict(
@@ -89,11 +78,12 @@ START = time.perf_counter()
 #
 # nanoGPT's `shakespeare_char` reads the 1.1 million characters of tinyshakespeare, makes every
 # distinct character a token (65 of them), and keeps the first 90 % for training and the last
-# 10 % for validation. `load_corpus` is exactly that (it is what `attnlab train lm --data FILE`
-# calls).
+# 10 % for validation. `load_corpus` is exactly that (it is what `attnlab train lm --data NAME|FILE`
+# calls). tinyshakespeare ships with attnlab: `attnlab.data.corpora` lists the packaged datasets
+# and their licences.
 
 # %%
-corpus = load_corpus(SHAKESPEARE)
+corpus = load_corpus("tinyshakespeare")  # packaged with attnlab (attnlab.data.corpora)
 tok = corpus.tokenizer
 print(f"vocabulary: {tok.vocab_size} characters: {''.join(tok.chars)!r}")
 print(f"train: {len(corpus.train):,} tokens, validation: {len(corpus.val):,} tokens")
@@ -308,8 +298,8 @@ viz.attention_heatmap(
 # trained on the training split only and reserve `<pad> <bos> <eos> <unk>`.
 
 # %%
-train_pairs = read_parallel(ENJA / "train.en", ENJA / "train.ja", what="train")
-dev = read_parallel(ENJA / "dev.en", ENJA / "dev.ja", what="dev")
+train_pairs = corpora.load_parallel("small_parallel_enja", "train")  # packaged with attnlab
+dev = corpora.load_parallel("small_parallel_enja", "dev")
 src_lines, tgt_lines = train_pairs.src[: MT["pairs"]], train_pairs.tgt[: MT["pairs"]]
 src_tok = train_word_level(src_lines, 8000, min_frequency=2)
 tgt_tok = train_word_level(tgt_lines, 8000, min_frequency=2)

@@ -233,11 +233,15 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
+#: options left out of ``config.json`` while unset, as in a run saved before they existed
+_NEWER_DESTS = (*ATTENTION_DESTS, "corpus")
+
+
 def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
     """What ``config.json`` holds besides ``"train"`` (see attnlab.tasks.base)."""
     task_args = {"seed": args.seed}
     for dest in getattr(args, "_task_dests", []):
-        if dest in ATTENTION_DESTS and getattr(args, dest) is None:
+        if dest in _NEWER_DESTS and getattr(args, dest) is None:
             continue  # unset: as a run saved before the option existed
         task_args[dest] = _jsonable(getattr(args, dest))
     return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}

@@ -1,4 +1,5 @@
-"""``attnlab train lm --data FILE [--bpe]``: a GPT language model on any UTF-8 text file.
+"""``attnlab train lm --data NAME|FILE [--bpe]``: a GPT language model on a packaged dataset
+(``--data tinyshakespeare``, see :mod:`attnlab.data.corpora`) or any UTF-8 text file.
 
 Defaults are nanoGPT's ``shakespeare_char`` recipe for a CPU (Karpathy's README): 4 layers,
 4 heads, ``n_embd = 128``, context 64, batch 12, no dropout, AdamW (β₂ = 0.99, weight decay 0.1
@@ -21,6 +22,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
 from attnlab.decoding.generate import STRATEGIES, generate
@@ -47,7 +49,16 @@ from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["LMIO", "LMCorpus", "LanguageModelTask", "generate_text", "lm_loss", "load_corpus"]
+__all__ = [
+    "LMIO",
+    "LMCorpus",
+    "LanguageModelTask",
+    "generate_text",
+    "lm_data_files",
+    "lm_loss",
+    "load_corpus",
+    "read_lm_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +83,57 @@ class LMCorpus:
     val: torch.Tensor
 
 
-def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -> LMCorpus:
-    """Read, tokenize and split a text file (first 90% train, last 10% validation).
+def read_lm_text(data: str | Path) -> str:
+    """The text of ``--data``: a packaged text dataset by name, else a file.
+
+    A packaged dataset's name (:mod:`attnlab.data.corpora`, e.g. ``"tinyshakespeare"``) is that
+    dataset; any other value is a path (a file called like a dataset is ``./tinyshakespeare``).
 
     Args:
-        path: a UTF-8 text file.
+        data: a dataset's name or a UTF-8 text file.
+
+    Returns:
+        The text.
+
+    Raises:
+        ValueError: neither a packaged dataset nor a readable text file (one line; a bare
+            name lists the packaged datasets).
+    """
+    if corpora.is_dataset(data, kind="text"):
+        return corpora.load_text(str(data))
+    path = Path(data)
+    if not path.exists() and len(path.parts) == 1:
+        known = ", ".join(corpora.names("text"))
+        raise ArgumentError(
+            f"--data must be a text file or a packaged text dataset ({known}), got {str(data)!r}: "
+            f"--data file not found"
+        )
+    return read_text_file(path, what="--data file")
+
+
+def lm_data_files(data: str | Path) -> dict[str, str | Path]:
+    """What a run fingerprints for ``--data`` (:class:`~attnlab.tasks.base.TaskSetup`'s
+    ``data_files``): the file, or the packaged dataset's compressed file.
+
+    Args:
+        data: a dataset's name or a text file.
+
+    Returns:
+        ``{"--data": path}``, or ``{}`` for a dataset not on the file system.
+    """
+    if corpora.is_dataset(data, kind="text"):
+        name = str(data)
+        packaged = corpora.resource_file(name, corpora.dataset(name).files[0])
+        return {} if packaged is None else {"--data": packaged}
+    return {"--data": data}
+
+
+def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -> LMCorpus:
+    """Read, tokenize and split a text (first 90% train, last 10% validation).
+
+    Args:
+        path: a UTF-8 text file, or the name of a packaged text dataset
+            (``"tinyshakespeare"``, see :func:`read_lm_text`).
         bpe: train a byte-level BPE vocabulary on the training text instead of using characters.
         bpe_vocab: its size.
 
@@ -86,7 +143,7 @@ def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -
     Raises:
         ValueError: the file is missing, empty, not UTF-8, or too short to split.
     """
-    text = read_text_file(path, what="--data file")
+    text = read_lm_text(path)
     if bpe:
         # split the characters first, so that the vocabulary never sees the validation text
         n = int(0.9 * len(text))
@@ -383,7 +440,11 @@ class LanguageModelTask:
             parser: the sub-command parser of ``attnlab train lm``.
         """
         g = parser.add_argument_group("data")
-        g.add_argument("--data", required=True, help="a UTF-8 text file")
+        g.add_argument(
+            "--data",
+            required=True,
+            help=f"a packaged dataset ({', '.join(corpora.names('text'))}) or a UTF-8 text file",
+        )
         g.add_argument(
             "--bpe", action="store_true", help="byte-level BPE tokens instead of characters"
         )
@@ -515,7 +576,7 @@ class LanguageModelTask:
             files={"tokenizer.json": corpus.tokenizer.to_json()},
             report=report,
             io=LMIO(corpus.tokenizer, config.n_positions),
-            data_files={"--data": args.data},
+            data_files=lm_data_files(args.data),
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:

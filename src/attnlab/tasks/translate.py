@@ -1,6 +1,8 @@
-"""``attnlab train translate --src FILE --tgt FILE [--dev-src --dev-tgt --test-src --test-tgt]``.
+"""``attnlab train translate --src FILE --tgt FILE [--dev-src --dev-tgt --test-src --test-tgt]``,
+or ``attnlab train translate --corpus small_parallel_enja``.
 
-An encoder-decoder Transformer on a parallel corpus. Source and target tokenizers (BPE, or
+An encoder-decoder Transformer on a parallel corpus: the user's files, or a packaged dataset
+(:mod:`attnlab.data.corpora`) with its train, dev and test splits. Source and target tokenizers (BPE, or
 word-level with ``--tokenizer word``) are trained locally on the training files. Batches hold
 sentences of similar length (``--max-tokens`` padded tokens each). Evaluation gives the dev loss
 and the dev BLEU of greedy decoding; at the end the test split (or dev, when there is no test
@@ -22,6 +24,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab.data import corpora
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
@@ -109,15 +112,57 @@ class TranslateData:
     test: ParallelCorpus | None
 
 
-def _pair(args: argparse.Namespace, split: str) -> ParallelCorpus | None:
-    src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
-    if (src is None) != (tgt is None):
-        raise ArgumentError(f"--{split}-src and --{split}-tgt must be given together")
+#: the file options that a packaged ``--corpus`` replaces
+_FILE_OPTIONS = ("src", "tgt", "dev_src", "dev_tgt", "test_src", "test_tgt")
+
+
+def check_data_options(args: Any) -> None:
+    """Refuse data options that do not fit together: ``--corpus`` or ``--src`` and ``--tgt``.
+
+    Args:
+        args: the task's options (``corpus`` and the file options).
+
+    Raises:
+        ValueError: both ``--corpus`` and a file, neither, or one file of a pair alone.
+    """
+    corpus = getattr(args, "corpus", None)
+    given = [name for name in _FILE_OPTIONS if getattr(args, name, None) is not None]
+    if corpus is not None:
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ArgumentError(
+                f"{flag} does not combine with --corpus {corpus} (it brings its train, dev and "
+                f"test splits): give either --corpus or the files"
+            )
+        corpora.dataset(corpus, kind="parallel")
+        return
+    if args.src is None or args.tgt is None:
+        known = ", ".join(corpora.names("parallel"))
+        raise ArgumentError(
+            f"the training data must be --src and --tgt files or --corpus NAME ({known}), "
+            f"got {'--src' if args.src is not None else '--tgt' if args.tgt is not None else 'none'}"
+        )
+    for split in ("dev", "test"):
+        if (getattr(args, f"{split}_src") is None) != (getattr(args, f"{split}_tgt") is None):
+            raise ArgumentError(f"--{split}-src and --{split}-tgt must be given together")
+
+
+def _pair(args: Any, split: str) -> ParallelCorpus | None:
+    corpus = getattr(args, "corpus", None)
+    if corpus is not None:
+        return corpora.load_parallel(corpus, split)
+    prefix = "" if split == "train" else f"{split}_"
+    src, tgt = getattr(args, f"{prefix}src"), getattr(args, f"{prefix}tgt")
     return None if src is None else read_parallel(src, tgt, what=split)
 
 
-def _data_files(args: argparse.Namespace) -> dict[str, str]:
-    """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given)."""
+def _data_files(args: argparse.Namespace) -> dict[str, Any]:
+    """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given;
+    a packaged ``--corpus``'s compressed files)."""
+    corpus = getattr(args, "corpus", None)
+    if corpus is not None:
+        packaged = {f: corpora.resource_file(corpus, f) for f in corpora.dataset(corpus).files}
+        return {f"--corpus {f}": path for f, path in packaged.items() if path is not None}
     files = {"--src": args.src, "--tgt": args.tgt}
     for split in ("dev", "test"):
         for side in ("src", "tgt"):
@@ -131,13 +176,19 @@ def load_translate_data(args: argparse.Namespace) -> TranslateData:
     """Read the files named by the options and train the two tokenizers on the training split.
 
     Args:
-        args: parsed options with ``src``, ``tgt``, the optional ``dev_*``/``test_*`` files,
-            ``tokenizer`` (``"word"`` or BPE) and the vocabulary sizes.
+        args: parsed options with ``src``, ``tgt``, the optional ``dev_*``/``test_*`` files (or
+            a packaged ``corpus``), ``tokenizer`` (``"word"`` or BPE) and the vocabulary sizes.
 
     Returns:
         The tokenizers and the splits.
+
+    Raises:
+        ValueError: the data options do not fit together (:func:`check_data_options`) or a
+            file cannot be read.
     """
-    train = read_parallel(args.src, args.tgt, what="train")
+    check_data_options(args)
+    train = _pair(args, "train")
+    assert train is not None  # checked: --corpus, or --src and --tgt
     dev, test = _pair(args, "dev"), _pair(args, "test")
     if args.tokenizer == "word":
         src_tok = train_word_level(train.src, args.src_vocab)
@@ -197,8 +248,13 @@ class TranslationTask:
             parser: the sub-command parser of ``attnlab train translate``.
         """
         g = parser.add_argument_group("data")
-        g.add_argument("--src", required=True, help="training source file (one sentence a line)")
-        g.add_argument("--tgt", required=True, help="training target file (line i ↔ line i)")
+        g.add_argument(
+            "--corpus", choices=corpora.names("parallel"), default=None,
+            help="a packaged parallel dataset with its train, dev and test splits, instead of "
+            "the files below",
+        )  # fmt: skip
+        g.add_argument("--src", default=None, help="training source file (one sentence a line)")
+        g.add_argument("--tgt", default=None, help="training target file (line i ↔ line i)")
         for split in ("dev", "test"):
             g.add_argument(f"--{split}-src", default=None, help=f"{split} source file")
             g.add_argument(f"--{split}-tgt", default=None, help=f"{split} target file")
@@ -326,12 +382,15 @@ class TranslationTask:
         Raises:
             ValueError: the run was trained without dev or test files.
         """
-        split = "dev" if args.get("dev_src") else "test"
-        if not args.get(f"{split}_src"):
-            raise ArgumentError(
-                "the run was trained without --dev-src/--test-src: no held-out pairs"
-            )
-        pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
+        if args.get("corpus"):
+            pairs = corpora.load_parallel(str(args["corpus"]), "dev")
+        else:
+            split = "dev" if args.get("dev_src") else "test"
+            if not args.get(f"{split}_src"):
+                raise ArgumentError(
+                    "the run was trained without --dev-src/--test-src: no held-out pairs"
+                )
+            pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
         src = [io.encode_source(s, lenient=True) for s in pairs.src[:limit]]
         tgt = _encode_all(io.tgt_tok, pairs.tgt[:limit], MAX_LEN - 2)
         batches = [
