@@ -47,6 +47,7 @@ from attnlab.tasks.seq2seq import (
     seq2seq_loss,
     transformer_config,
 )
+from attnlab.tasks.train_options import AlgorithmicOptions
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -222,6 +223,8 @@ class AlgorithmicTask:
     Args:
         name: ``"copy"``, ``"reverse"`` or ``"sort"``.
     """
+
+    options = AlgorithmicOptions
 
     def __init__(self, name: str) -> None:
         if name not in TASK_NAMES:

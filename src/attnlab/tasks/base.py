@@ -5,7 +5,9 @@ options; the common ones — ``--out --steps --seed --resume --grad-accum --clip
 --grad-checkpoint --eval-every --save-every --keep-last --device --probe --probe-every`` — are
 already there, and a task may change their
 defaults with ``parser.set_defaults(eval_every=200, ...)``), ``build(args, device) -> TaskSetup``
-and ``io(args, files) -> TaskIO``. ``build`` runs after the random generators are seeded with
+and ``io(args, files) -> TaskIO``, and ``options``, its options dataclass (a subclass of
+:class:`~attnlab.tasks.train_options.TrainOptions` with a field per option it adds; a task
+without one gets a dataclass of its command-line options). ``build`` runs after the random generators are seeded with
 ``--seed``; it must create the model, the data and the optimizer deterministically from ``args``.
 
 Every option is checked before the first step: by its argparse ``type``/``choices``, or in
@@ -281,11 +283,13 @@ class Task(Protocol):
         """
         ...
 
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
-        """Create model, data and optimizer from the parsed options.
+    def build(self, args: Any, device: torch.device) -> TaskSetup:
+        """Create model, data and optimizer from the options.
 
         Args:
-            args: the parsed command line of ``attnlab train TASK``.
+            args: the task's options (its :class:`~attnlab.tasks.train_options.TrainOptions`
+                dataclass, as :func:`attnlab.tasks.train` gives them; the fields are read as
+                attributes).
             device: where the model will train.
 
         Returns:

@@ -45,6 +45,7 @@ from attnlab.tasks.options import (
     probability,
 )
 from attnlab.tasks.registry import register_task
+from attnlab.tasks.train_options import LMOptions
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
 from attnlab.training.trainer import IndexedBatches
@@ -431,6 +432,7 @@ class LanguageModelTask:
     """``attnlab train lm``."""
 
     name = "lm"
+    options = LMOptions
     help = "a GPT language model on a UTF-8 text file (characters, or BPE with --bpe)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

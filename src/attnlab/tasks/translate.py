@@ -35,6 +35,7 @@ from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.options import add_attention_arguments, add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
+from attnlab.tasks.train_options import BLEU_TOKENIZERS, TranslateOptions
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -49,9 +50,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
-
-#: sacrebleu's tokenizers that work offline (its sentencepiece ones download a model)
-BLEU_TOKENIZERS = ("13a", "intl", "char", "zh", "ja-mecab", "ko-mecab", "none")
 
 
 def check_bleu_tokenizer(tokenize: str) -> None:
@@ -238,6 +236,7 @@ class TranslationTask:
     """``attnlab train translate``."""
 
     name = "translate"
+    options = TranslateOptions
     help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
