@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import tomllib
 import torch
@@ -11,8 +9,7 @@ import torch
 from attnlab.data import corpora
 from attnlab.data.parallel import read_parallel
 from attnlab.data.text import split_train_val
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 def test_the_registry_lists_both_datasets_with_their_licences() -> None:
