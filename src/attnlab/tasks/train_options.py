@@ -229,7 +229,7 @@ class AttentionFields:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LMOptions(TrainOptions, AttentionFields):
+class LMOptions(AttentionFields, TrainOptions):
     """``attnlab train lm``: a GPT on a packaged dataset or a text file (nanoGPT's CPU recipe by
     default; see :mod:`attnlab.tasks.lm`).
 
@@ -276,7 +276,7 @@ class LMOptions(TrainOptions, AttentionFields):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TranslateOptions(TrainOptions, AttentionFields):
+class TranslateOptions(AttentionFields, TrainOptions):
     """``attnlab train translate``: an encoder-decoder on a packaged parallel dataset or the
     user's files (see :mod:`attnlab.tasks.translate`).
 
@@ -337,7 +337,7 @@ class TranslateOptions(TrainOptions, AttentionFields):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AlgorithmicOptions(TrainOptions, AttentionFields):
+class AlgorithmicOptions(AttentionFields, TrainOptions):
     """``attnlab train copy|reverse|sort``: an encoder-decoder on strings over a small alphabet
     (see :mod:`attnlab.tasks.algorithmic`).
 
