@@ -20,7 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli import main
+from rich.console import Console
+
+from attnlab import tasks
+from attnlab.errors import AttnlabError
 
 DATA = "tinyshakespeare"  # packaged with attnlab (attnlab.data.corpora)
 TARGET = 1.88
@@ -42,18 +45,18 @@ def main_(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.out) if args.out else Path(tmp) / "shakespeare"
         start = time.perf_counter()
-        code = main([
-            "train", "lm", "--data", args.data, "--out", str(run), "--steps", str(steps),
-            "--seed", str(args.seed), "--eval-iters", str(args.eval_iters), "--eval-every", "0",
-            # nanoGPT's CPU recipe (also the task's defaults, spelled out here)
-            "--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64",
-            "--batch-size", "12", "--dropout", "0.0", "--lr", "1e-3", "--min-lr", "1e-4",
-            "--warmup", "100", "--lr-decay-steps", "2000",
-            *(["--no-bias"] if args.no_bias else []),
-        ])  # fmt: skip
+        # nanoGPT's CPU recipe (also the task's defaults, spelled out here)
+        try:
+            tasks.train(
+                "lm", data=args.data, out=run, steps=steps, seed=args.seed,
+                eval_iters=args.eval_iters, eval_every=0, n_layer=4, n_head=4, n_embd=128,
+                block_size=64, batch_size=12, dropout=0.0, lr=1e-3, min_lr=1e-4, warmup=100,
+                lr_decay_steps=2000, bias=not args.no_bias, report=Console(),
+            )  # fmt: skip
+        except AttnlabError as exc:
+            print(f"shakespeare: {exc}", file=sys.stderr)
+            return 2
         wall = time.perf_counter() - start
-        if code != 0:
-            return code
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         final = [x for x in lines if x["kind"] == "eval"][-1]
     result = {

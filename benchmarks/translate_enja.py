@@ -23,14 +23,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from attnlab.cli import build_parser
+from attnlab import tasks
 from attnlab.data import corpora
 from attnlab.data.parallel import ParallelCorpus, read_parallel
-from attnlab.tasks import get_task
-from attnlab.training.distributed import DistInfo
-from attnlab.training.progress import RichProgress
-from attnlab.training.rng import seed_everything
-from attnlab.training.trainer import StepMetrics, TrainConfig, Trainer, TrainerCallback
+from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
 
 DATA = "small_parallel_enja"  # packaged with attnlab (attnlab.data.corpora)
 
@@ -57,13 +53,14 @@ def _split(data: str, split: str) -> ParallelCorpus:
     return read_parallel(Path(data) / f"{split}.en", Path(data) / f"{split}.ja", what=split)
 
 
-def _subset(pairs: ParallelCorpus, folder: Path, split: str, n: int | None) -> list[str]:
-    """``--{split}-src FILE --{split}-tgt FILE`` of the first ``n`` pairs, written to ``folder``."""
-    options = []
+def _subset(pairs: ParallelCorpus, folder: Path, split: str, n: int | None) -> dict[str, Path]:
+    """The options ``{split}_src``, ``{split}_tgt`` (``src``, ``tgt`` for train) of the first
+    ``n`` pairs, written to ``folder``."""
+    options = {}
     for side, lines in (("src", pairs.src), ("tgt", pairs.tgt)):
         path = folder / f"{split}.{side}"
         path.write_text("".join(x + "\n" for x in lines[:n]), encoding="utf-8")
-        options += [f"--{split}-{side}" if split != "train" else f"--{side}", str(path)]
+        options[side if split == "train" else f"{split}_{side}"] = path
     return options
 
 
@@ -88,47 +85,28 @@ def main_(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         steps, budget = args.max_steps, args.minutes * 60
         sizes = {"train": 2000, "dev": 50, "test": 50} if args.quick else None
+        data: dict[str, object] = {}
         if sizes is None and packaged:
-            data = ["--corpus", args.data]
+            data["corpus"] = args.data
         else:
-            data = [
-                option
-                for split in ("train", "dev", "test")
-                for option in _subset(
-                    _split(args.data, split), Path(tmp), split, sizes[split] if sizes else None
-                )
-            ]
-        extra: list[str] = []
+            for split in ("train", "dev", "test"):
+                n = sizes[split] if sizes else None
+                data |= _subset(_split(args.data, split), Path(tmp), split, n)
+        extra: dict[str, int] = {}
         if args.quick:
             steps, budget = 30, 600.0
-            extra = ["--d-model", "64", "--layers", "1", "--d-ff", "128", "--src-vocab", "1000",
-                     "--tgt-vocab", "1000", "--max-tokens", "1024"]  # fmt: skip
+            extra = dict(d_model=64, layers=1, d_ff=128, src_vocab=1000, tgt_vocab=1000,
+                         max_tokens=1024)  # fmt: skip
         run = Path(args.out) if args.out else Path(tmp) / "enja"
-        argv_train = [
-            "train", "translate", "--out", str(run), "--steps", str(steps), "--seed", str(args.seed),
-            *data,
-            "--beams", str(args.beams), "--eval-every", "0", *extra,
-        ]  # fmt: skip
-        targs = build_parser().parse_args(argv_train)
         start = time.perf_counter()
-        seed_everything(args.seed)
-        setup = get_task("translate").build(targs, DistInfo().device)
-        console = Console(stderr=True)
-        trainer = Trainer(
-            setup.model,
-            make_optimizer=setup.make_optimizer,
-            batches=setup.batches,
-            loss_fn=setup.loss_fn,
-            config=TrainConfig(steps=steps, eval_at_end=True),
-            run_dir=run,
-            files=setup.files,
-            evaluate=setup.evaluate,
-            callbacks=[RichProgress(console, "translate en→ja"), TimeBudget(budget)],
-        )
-        result = trainer.fit()
+        result = tasks.train(
+            "translate", out=run, steps=steps, seed=args.seed, beams=args.beams, eval_every=0,
+            callbacks=[TimeBudget(budget)], progress=Console(stderr=True), **data, **extra,
+        )  # fmt: skip
         train_wall = time.perf_counter() - start
-        assert setup.report is not None
-        setup.report(trainer.model, run, Console())
+        assert result.setup.report is not None and result.model is not None
+        # the test BLEU, even when the budget stopped the run (tasks.train reports full runs only)
+        result.setup.report(result.model, run, Console())
         wall = time.perf_counter() - start
         bleu = json.loads((run / "bleu.json").read_text())
     print(json.dumps({
