@@ -29,6 +29,7 @@ from rich.console import Console
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
+from attnlab.cli.task_arguments import add_task_arguments
 from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.tasks.driver import train
 from attnlab.tasks.options import non_negative_int, positive_int
@@ -183,7 +184,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_common_arguments(tp)
         add_probe_arguments(tp)
         before = {a.dest for a in tp._actions}
-        task.add_arguments(tp)
+        add_task_arguments(tp, name, task)
         task_dests = [a.dest for a in tp._actions if a.dest not in before and a.dest != "help"]
         tp.set_defaults(func=run, _task_dests=task_dests)
 

@@ -11,8 +11,8 @@ The first 90% of the text trains, the last 10% validates. Characters are the tok
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +37,7 @@ from attnlab.tasks.base import (
     token_labels,
 )
 from attnlab.tasks.options import (
-    add_attention_arguments,
     attention_options,
-    non_negative_float,
-    positive_float,
-    positive_int,
-    probability,
 )
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.train_options import LMOptions
@@ -84,7 +79,7 @@ class LMCorpus:
     val: torch.Tensor
 
 
-def read_lm_text(data: str | Path) -> str:
+def read_lm_text(data: str | os.PathLike[str]) -> str:
     """The text of ``--data``: a packaged text dataset by name, else a file.
 
     A packaged dataset's name (:mod:`attnlab.data.corpora`, e.g. ``"tinyshakespeare"``) is that
@@ -112,7 +107,7 @@ def read_lm_text(data: str | Path) -> str:
     return read_text_file(path, what="--data file")
 
 
-def lm_data_files(data: str | Path) -> dict[str, str | Path]:
+def lm_data_files(data: str | os.PathLike[str]) -> dict[str, str | os.PathLike[str]]:
     """What a run fingerprints for ``--data`` (:class:`~attnlab.tasks.base.TaskSetup`'s
     ``data_files``): the file, or the packaged dataset's compressed file.
 
@@ -129,7 +124,9 @@ def lm_data_files(data: str | Path) -> dict[str, str | Path]:
     return {"--data": data}
 
 
-def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -> LMCorpus:
+def load_corpus(
+    path: str | os.PathLike[str], *, bpe: bool = False, bpe_vocab: int = 1024
+) -> LMCorpus:
     """Read, tokenize and split a text (first 90% train, last 10% validation).
 
     Args:
@@ -435,71 +432,11 @@ class LanguageModelTask:
     options = LMOptions
     help = "a GPT language model on a UTF-8 text file (characters, or BPE with --bpe)"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data (``--data``, ``--bpe``, ``--block-size``, ...), model and optimiser options.
-
-        Args:
-            parser: the sub-command parser of ``attnlab train lm``.
-        """
-        g = parser.add_argument_group("data")
-        g.add_argument(
-            "--data",
-            required=True,
-            help=f"a packaged dataset ({', '.join(corpora.names('text'))}) or a UTF-8 text file",
-        )
-        g.add_argument(
-            "--bpe", action="store_true", help="byte-level BPE tokens instead of characters"
-        )
-        g.add_argument(
-            "--bpe-vocab",
-            type=positive_int,
-            default=1024,
-            help="BPE vocabulary size (default 1024)",
-        )
-        m = parser.add_argument_group("model")
-        m.add_argument(
-            "--block-size", type=positive_int, default=64, help="context length (default 64)"
-        )
-        m.add_argument("--n-layer", type=positive_int, default=4, help="default 4")
-        m.add_argument("--n-head", type=positive_int, default=4, help="default 4")
-        m.add_argument("--n-embd", type=positive_int, default=128, help="default 128")
-        m.add_argument("--dropout", type=probability, default=0.0, help="default 0.0")
-        m.add_argument(
-            "--bias",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
-        )
-        add_attention_arguments(
-            parser, what="causal self-attention (sliding, performer or bigbird)"
-        )
-        o = parser.add_argument_group("optimisation")
-        o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
-        o.add_argument(
-            "--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)"
-        )
-        o.add_argument(
-            "--min-lr", type=positive_float, default=1e-4, help="final learning rate (default 1e-4)"
-        )
-        o.add_argument(
-            "--warmup", type=positive_int, default=100, help="warm-up steps (default 100)"
-        )
-        o.add_argument(
-            "--lr-decay-steps", type=positive_int, default=None,
-            help="step at which the cosine decay reaches --min-lr (default --steps)",
-        )  # fmt: skip
-        o.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="default 0.1")
-        o.add_argument(
-            "--eval-iters", type=positive_int, default=20,
-            help="batches per loss estimate (default 20)",
-        )  # fmt: skip
-        parser.set_defaults(eval_every=250, clip=1.0)
-
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+    def build(self, args: LMOptions, device: torch.device) -> TaskSetup:
         """Create the GPT, AdamW with warmup and cosine decay, the batches and the evaluation.
 
         Args:
-            args: the parsed command line of ``attnlab train lm``.
+            args: the task's options (``attnlab train lm``'s).
             device: where the model will train.
 
         Returns:
@@ -518,7 +455,7 @@ class LanguageModelTask:
             )
         if args.min_lr > args.lr:
             raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
-        attention = attention_options(args, causal_only=True)
+        attention = attention_options(args, causal_only=True)  # type: ignore[arg-type]  # read as attributes
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -121,7 +120,7 @@ def decode_sources(
 
 
 def transformer_config(
-    args: argparse.Namespace, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
+    args: Any, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
 ) -> TransformerConfig:
     """The encoder-decoder of a task.
 
@@ -242,7 +241,7 @@ def noam_adam(
 
 
 def noam_adam_from_args(
-    args: argparse.Namespace, d_model: int
+    args: Any, d_model: int
 ) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
     """:func:`noam_adam` with the options of ``add_transformer_arguments``.
 

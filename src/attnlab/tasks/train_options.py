@@ -234,6 +234,38 @@ class LMOptions(AttentionFields, TrainOptions):
     default; see :mod:`attnlab.tasks.lm`).
 
     Attributes:
+        task: ``"lm"``.
+        out: the run folder (checkpoints, ``metrics.jsonl``).
+        steps: total optimizer steps (a resumed run continues up to it).
+        seed: the random seed.
+        resume: continue the run saved in ``out``.
+        grad_accum: micro-batches per optimizer step.
+        clip: clip the gradient norm to this; ``None`` does not clip.
+        bf16: bf16 autocast.
+        fp16: fp16 autocast with a gradient scaler (not with ``bf16``).
+        grad_checkpoint: recompute activations in the backward pass (results do not change).
+        eval_every: evaluate every N steps (0: at the end only).
+        save_every: checkpoint every N steps (0: at the end only).
+        keep_last: checkpoints to keep.
+        parallel: under torchrun, ``"ddp"`` or ``"fsdp"``.
+        context_parallel: processes each sequence is spread over (ring attention).
+        context_layout: ``"zigzag"`` or ``"contiguous"``.
+        tensor_parallel: processes each layer's heads and units are split over.
+        device: ``"cpu"``, ``"cuda"``, ... or ``None`` (CUDA when available).
+        force: train in a non-empty ``out`` that is not an attnlab run.
+        allow_data_change: resume even though a data file changed since the checkpoint.
+        probe: record the attention of this input while training (``RUN/probe/``), or ``None``.
+        probe_every: steps between probe records.
+        attention: the pattern (``"full"``, ``"sliding"``, ``"linformer"``, ``"performer"``,
+            ``"bigbird"``) or ``None`` (full).
+        window: the sliding window.
+        linformer_k: Linformer's projected length.
+        num_features: Performer's random features.
+        bigbird_block: BigBird's block size.
+        global_blocks: BigBird's global blocks.
+        window_blocks: BigBird's band of blocks.
+        random_blocks: BigBird's random blocks per block.
+        bigbird_seed: the seed of BigBird's random blocks.
         data: a packaged text dataset's name (``"tinyshakespeare"``) or a UTF-8 text file.
         bpe: byte-level BPE tokens instead of characters.
         bpe_vocab: the BPE vocabulary's size.
@@ -281,6 +313,38 @@ class TranslateOptions(AttentionFields, TrainOptions):
     user's files (see :mod:`attnlab.tasks.translate`).
 
     Attributes:
+        task: ``"translate"``.
+        out: the run folder (checkpoints, ``metrics.jsonl``).
+        steps: total optimizer steps (a resumed run continues up to it).
+        seed: the random seed.
+        resume: continue the run saved in ``out``.
+        grad_accum: micro-batches per optimizer step.
+        clip: clip the gradient norm to this; ``None`` does not clip.
+        bf16: bf16 autocast.
+        fp16: fp16 autocast with a gradient scaler (not with ``bf16``).
+        grad_checkpoint: recompute activations in the backward pass (results do not change).
+        eval_every: evaluate every N steps (0: at the end only).
+        save_every: checkpoint every N steps (0: at the end only).
+        keep_last: checkpoints to keep.
+        parallel: under torchrun, ``"ddp"`` or ``"fsdp"``.
+        context_parallel: processes each sequence is spread over (ring attention).
+        context_layout: ``"zigzag"`` or ``"contiguous"``.
+        tensor_parallel: processes each layer's heads and units are split over.
+        device: ``"cpu"``, ``"cuda"``, ... or ``None`` (CUDA when available).
+        force: train in a non-empty ``out`` that is not an attnlab run.
+        allow_data_change: resume even though a data file changed since the checkpoint.
+        probe: record the attention of this input while training (``RUN/probe/``), or ``None``.
+        probe_every: steps between probe records.
+        attention: the pattern (``"full"``, ``"sliding"``, ``"linformer"``, ``"performer"``,
+            ``"bigbird"``) or ``None`` (full).
+        window: the sliding window.
+        linformer_k: Linformer's projected length.
+        num_features: Performer's random features.
+        bigbird_block: BigBird's block size.
+        global_blocks: BigBird's global blocks.
+        window_blocks: BigBird's band of blocks.
+        random_blocks: BigBird's random blocks per block.
+        bigbird_seed: the seed of BigBird's random blocks.
         corpus: a packaged parallel dataset (``"small_parallel_enja"``), or ``None`` for the
             files below.
         src: the training source file.
@@ -342,6 +406,37 @@ class AlgorithmicOptions(AttentionFields, TrainOptions):
     (see :mod:`attnlab.tasks.algorithmic`).
 
     Attributes:
+        out: the run folder (checkpoints, ``metrics.jsonl``).
+        steps: total optimizer steps (a resumed run continues up to it).
+        seed: the random seed.
+        resume: continue the run saved in ``out``.
+        grad_accum: micro-batches per optimizer step.
+        clip: clip the gradient norm to this; ``None`` does not clip.
+        bf16: bf16 autocast.
+        fp16: fp16 autocast with a gradient scaler (not with ``bf16``).
+        grad_checkpoint: recompute activations in the backward pass (results do not change).
+        eval_every: evaluate every N steps (0: at the end only).
+        save_every: checkpoint every N steps (0: at the end only).
+        keep_last: checkpoints to keep.
+        parallel: under torchrun, ``"ddp"`` or ``"fsdp"``.
+        context_parallel: processes each sequence is spread over (ring attention).
+        context_layout: ``"zigzag"`` or ``"contiguous"``.
+        tensor_parallel: processes each layer's heads and units are split over.
+        device: ``"cpu"``, ``"cuda"``, ... or ``None`` (CUDA when available).
+        force: train in a non-empty ``out`` that is not an attnlab run.
+        allow_data_change: resume even though a data file changed since the checkpoint.
+        probe: record the attention of this input while training (``RUN/probe/``), or ``None``.
+        probe_every: steps between probe records.
+        attention: the pattern (``"full"``, ``"sliding"``, ``"linformer"``, ``"performer"``,
+            ``"bigbird"``) or ``None`` (full).
+        window: the sliding window.
+        linformer_k: Linformer's projected length.
+        num_features: Performer's random features.
+        bigbird_block: BigBird's block size.
+        global_blocks: BigBird's global blocks.
+        window_blocks: BigBird's band of blocks.
+        random_blocks: BigBird's random blocks per block.
+        bigbird_seed: the seed of BigBird's random blocks.
         task: ``"copy"``, ``"reverse"`` or ``"sort"``.
         num_symbols: the alphabet's size.
         min_len: the shortest string.

@@ -12,7 +12,6 @@ split) is translated with beam search and scored with sacrebleu; the translation
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,6 @@ from attnlab.errors import ArgumentError
 from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
-from attnlab.tasks.options import add_attention_arguments, add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
 from attnlab.tasks.train_options import BLEU_TOKENIZERS, TranslateOptions
@@ -154,7 +152,7 @@ def _pair(args: Any, split: str) -> ParallelCorpus | None:
     return None if src is None else read_parallel(src, tgt, what=split)
 
 
-def _data_files(args: argparse.Namespace) -> dict[str, Any]:
+def _data_files(args: Any) -> dict[str, Any]:
     """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given;
     a packaged ``--corpus``'s compressed files)."""
     corpus = getattr(args, "corpus", None)
@@ -170,7 +168,7 @@ def _data_files(args: argparse.Namespace) -> dict[str, Any]:
     return files
 
 
-def load_translate_data(args: argparse.Namespace) -> TranslateData:
+def load_translate_data(args: Any) -> TranslateData:
     """Read the files named by the options and train the two tokenizers on the training split.
 
     Args:
@@ -239,56 +237,13 @@ class TranslationTask:
     options = TranslateOptions
     help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data options (training, dev and test files, tokenizer and vocabulary sizes,
-        ``--max-tokens``, ``--beams``, ``--bleu-tokenize``) and the Transformer options.
-
-        Args:
-            parser: the sub-command parser of ``attnlab train translate``.
-        """
-        g = parser.add_argument_group("data")
-        g.add_argument(
-            "--corpus", choices=corpora.names("parallel"), default=None,
-            help="a packaged parallel dataset with its train, dev and test splits, instead of "
-            "the files below",
-        )  # fmt: skip
-        g.add_argument("--src", default=None, help="training source file (one sentence a line)")
-        g.add_argument("--tgt", default=None, help="training target file (line i ↔ line i)")
-        for split in ("dev", "test"):
-            g.add_argument(f"--{split}-src", default=None, help=f"{split} source file")
-            g.add_argument(f"--{split}-tgt", default=None, help=f"{split} target file")
-        g.add_argument("--tokenizer", choices=("bpe", "word"), default="bpe", help="default bpe")
-        g.add_argument("--src-vocab", type=positive_int, default=8000, help="default 8000")
-        g.add_argument("--tgt-vocab", type=positive_int, default=8000, help="default 8000")
-        g.add_argument(
-            "--max-tokens", type=positive_int, default=4096,
-            help="padded tokens per batch (default 4096)",
-        )  # fmt: skip
-        g.add_argument(
-            "--beams", type=positive_int, default=4, help="beam size at the end (default 4)"
-        )
-        g.add_argument(
-            "--bleu-tokenize", default="13a", choices=BLEU_TOKENIZERS,
-            help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",
-        )  # fmt: skip
-        add_transformer_arguments(
-            parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=400,
-            batch_size=None,
-        )  # fmt: skip
-        add_attention_arguments(
-            parser,
-            what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
-            "only; performer, bigbird: both, the decoder's causal; cross-attention stays full)",
-        )
-        parser.set_defaults(eval_every=1000)
-
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+    def build(self, args: TranslateOptions, device: torch.device) -> TaskSetup:
         # the options the evaluation and the final report use, checked before any step
         """Read the corpus, train the tokenizers, and create the encoder-decoder, its Noam-scheduled
         Adam, length-bucketed batches and the dev evaluation (loss and greedy BLEU).
 
         Args:
-            args: the parsed command line of ``attnlab train translate``.
+            args: the task's options (``attnlab train translate``'s).
             device: where the model will train.
 
         Returns:
