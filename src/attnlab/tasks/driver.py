@@ -56,8 +56,8 @@ class TaskRun:
     Attributes:
         options: the options the run trained with.
         run_dir: its folder (checkpoints, ``metrics.jsonl``, the task's report files).
-        model: the trained model (the whole model on rank 0, in train mode; ``None`` on other
-            ranks of a sharded run).
+        model: the trained model: on rank 0 the whole model; on other ranks of a sharded run
+            the process's own part of it.
         setup: what the task built (batches, loss, evaluation, its text path ``setup.io``).
         step: steps done in total.
         interrupted: stopped early (Ctrl-C, SIGTERM, or a callback's ``request_stop``); a
@@ -71,7 +71,7 @@ class TaskRun:
 
     options: TrainOptions
     run_dir: Path
-    model: nn.Module | None
+    model: nn.Module
     setup: TaskSetup
     step: int
     interrupted: bool

@@ -430,7 +430,7 @@ class LanguageModelTask:
 
     name = "lm"
     options = LMOptions
-    help = "a GPT language model on a UTF-8 text file (characters, or BPE with --bpe)"
+    help = "a GPT language model on a packaged dataset or a UTF-8 text file (characters, or BPE)"
 
     def build(self, args: LMOptions, device: torch.device) -> TaskSetup:
         """Create the GPT, AdamW with warmup and cosine decay, the batches and the evaluation.

@@ -235,7 +235,10 @@ class TranslationTask:
 
     name = "translate"
     options = TranslateOptions
-    help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
+    help = (
+        "an encoder-decoder on a packaged corpus (--corpus) or parallel text files (BPE trained "
+        "locally; BLEU with beam search)"
+    )
 
     def build(self, args: TranslateOptions, device: torch.device) -> TaskSetup:
         # the options the evaluation and the final report use, checked before any step
