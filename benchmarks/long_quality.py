@@ -49,10 +49,9 @@ from rich.console import Console
 from rich.table import Table
 
 from attnlab import GPT, GPTConfig
+from attnlab.data import corpora
 
-DATA = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-)
+DATA = "tinyshakespeare"  # packaged with attnlab (attnlab.data.corpora)
 
 # ------------------------------------------------------------------------------------ copy task
 
@@ -226,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     copy.add_argument("--copy-batch", type=int, default=32, help="sequences a step (default 32)")
     copy.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     lm = parser.add_argument_group("lm: tinyshakespeare at an equal CPU budget")
-    lm.add_argument("--data", default=str(DATA), help=f"default {DATA}")
+    lm.add_argument(
+        "--data", default=DATA, help=f"a packaged dataset or a text file (default {DATA})"
+    )
     lm.add_argument("--budget", type=float, default=300.0, help="CPU seconds of training per run")
     lm.add_argument("--context", type=int, default=1024, help="context length (default 1024)")
     lm.add_argument("--lm-batch", type=int, default=8, help="sequences a step (default 8)")
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"selective copy, T = {args.length}: 8 symbols in positions 0…15, answer at the end"
         console.print(_table(title, rows, [Column(c, c) for c in columns]))
     if args.task in ("lm", "all"):
-        if not Path(args.data).is_file():
+        if not corpora.is_dataset(args.data, kind="text") and not Path(args.data).is_file():
             print(f"long_quality: data file not found: {args.data}", file=sys.stderr)
             return 2
         if args.quick:

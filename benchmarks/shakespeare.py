@@ -7,7 +7,8 @@ train and the last 10% validate; it reports a validation loss of about 1.88.
     python benchmarks/shakespeare.py           # the full recipe (target: val loss <= 1.88)
     python benchmarks/shakespeare.py --quick   # 50 iterations, to check the script works
 
-Reads ../shared/data/tinyshakespeare/input.txt (next to the project). Prints one JSON line.
+Reads tinyshakespeare, packaged with attnlab (``--data FILE`` reads another text). Prints one JSON
+line.
 """
 
 from __future__ import annotations
@@ -19,43 +20,43 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli import main
+from rich.console import Console
 
-DATA = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-)
+from attnlab import tasks
+from attnlab.errors import AttnlabError
+
+DATA = "tinyshakespeare"  # packaged with attnlab (attnlab.data.corpora)
 TARGET = 1.88
 
 
 def main_(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="50 iterations, to check the script")
-    p.add_argument("--data", default=str(DATA), help=f"default {DATA}")
+    p.add_argument(
+        "--data", default=DATA, help=f"a packaged dataset or a text file (default {DATA})"
+    )
     p.add_argument("--steps", type=int, default=None, help="default 2000 (the recipe)")
     p.add_argument("--eval-iters", type=int, default=200, help="validation batches (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bias", action="store_true", help="no biases (nanoGPT's own default)")
     p.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     args = p.parse_args(argv)
-    if not Path(args.data).is_file():
-        print(f"shakespeare: data file not found: {args.data}", file=sys.stderr)
-        return 2
     steps = args.steps or (50 if args.quick else 2000)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.out) if args.out else Path(tmp) / "shakespeare"
         start = time.perf_counter()
-        code = main([
-            "train", "lm", "--data", args.data, "--out", str(run), "--steps", str(steps),
-            "--seed", str(args.seed), "--eval-iters", str(args.eval_iters), "--eval-every", "0",
-            # nanoGPT's CPU recipe (also the task's defaults, spelled out here)
-            "--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64",
-            "--batch-size", "12", "--dropout", "0.0", "--lr", "1e-3", "--min-lr", "1e-4",
-            "--warmup", "100", "--lr-decay-steps", "2000",
-            *(["--no-bias"] if args.no_bias else []),
-        ])  # fmt: skip
+        # nanoGPT's CPU recipe (also the task's defaults, spelled out here)
+        try:
+            tasks.train(
+                "lm", data=args.data, out=run, steps=steps, seed=args.seed,
+                eval_iters=args.eval_iters, eval_every=0, n_layer=4, n_head=4, n_embd=128,
+                block_size=64, batch_size=12, dropout=0.0, lr=1e-3, min_lr=1e-4, warmup=100,
+                lr_decay_steps=2000, bias=not args.no_bias, report=Console(),
+            )  # fmt: skip
+        except AttnlabError as exc:
+            print(f"shakespeare: {exc}", file=sys.stderr)
+            return 2
         wall = time.perf_counter() - start
-        if code != 0:
-            return code
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         final = [x for x in lines if x["kind"] == "eval"][-1]
     result = {

@@ -8,7 +8,8 @@ with beam search (4 beams) and scored with sacrebleu against the (KyTea-tokenize
     python benchmarks/translate_enja.py            # the full run (<= 30 minutes)
     python benchmarks/translate_enja.py --quick    # 2000 training pairs, 30 steps, 50 test pairs
 
-Reads ../shared/data/small_parallel_enja (next to the project). Prints one JSON line.
+Reads small_parallel_enja, packaged with attnlab (``--data FOLDER`` reads train/dev/test.en/ja
+files instead). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from attnlab.cli import build_parser
-from attnlab.tasks import get_task
-from attnlab.training.processes import DistInfo
-from attnlab.training.progress import RichProgress
-from attnlab.training.rng import seed_everything
-from attnlab.training.trainer import StepMetrics, TrainConfig, Trainer, TrainerCallback
+from attnlab import tasks
+from attnlab.data import corpora
+from attnlab.data.parallel import ParallelCorpus, read_parallel
+from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "small_parallel_enja"
+DATA = "small_parallel_enja"  # packaged with attnlab (attnlab.data.corpora)
 
 
 class TimeBudget(TrainerCallback):
@@ -47,68 +46,67 @@ class TimeBudget(TrainerCallback):
             self.trainer.request_stop()
 
 
-def _subset(src: Path, dst: Path, n: int) -> str:
-    lines = src.read_text(encoding="utf-8").splitlines()[:n]
-    dst.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    return str(dst)
+def _split(data: str, split: str) -> ParallelCorpus:
+    """A split of the packaged corpus ``data``, or of the files ``data/split.{en,ja}``."""
+    if corpora.is_dataset(data, kind="parallel"):
+        return corpora.load_parallel(data, split)
+    return read_parallel(Path(data) / f"{split}.en", Path(data) / f"{split}.ja", what=split)
+
+
+def _subset(pairs: ParallelCorpus, folder: Path, split: str, n: int | None) -> dict[str, Path]:
+    """The options ``{split}_src``, ``{split}_tgt`` (``src``, ``tgt`` for train) of the first
+    ``n`` pairs, written to ``folder``."""
+    options = {}
+    for side, lines in (("src", pairs.src), ("tgt", pairs.tgt)):
+        path = folder / f"{split}.{side}"
+        path.write_text("".join(x + "\n" for x in lines[:n]), encoding="utf-8")
+        options[side if split == "train" else f"{split}_{side}"] = path
+    return options
 
 
 def main_(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a small subset, to check the script")
-    p.add_argument("--data", default=str(DATA), help=f"default {DATA}")
+    p.add_argument(
+        "--data",
+        default=DATA,
+        help=f"a packaged corpus or a folder of train/dev/test.en/ja (default {DATA})",
+    )
     p.add_argument("--minutes", type=float, default=25.0, help="training budget (default 25)")
     p.add_argument("--max-steps", type=int, default=100_000, help="stop here if the budget lasts")
     p.add_argument("--beams", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     args = p.parse_args(argv)
-    data = Path(args.data)
-    if not (data / "train.en").is_file():
-        print(f"translate_enja: data not found: {data}", file=sys.stderr)
+    packaged = corpora.is_dataset(args.data, kind="parallel")
+    if not packaged and not (Path(args.data) / "train.en").is_file():
+        print(f"translate_enja: data not found: {args.data}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        files = {
-            f"{s}.{lang}": str(data / f"{s}.{lang}")
-            for s in ("train", "dev", "test")
-            for lang in ("en", "ja")
-        }
         steps, budget = args.max_steps, args.minutes * 60
-        extra: list[str] = []
+        sizes = {"train": 2000, "dev": 50, "test": 50} if args.quick else None
+        data: dict[str, object] = {}
+        if sizes is None and packaged:
+            data["corpus"] = args.data
+        else:
+            for split in ("train", "dev", "test"):
+                n = sizes[split] if sizes else None
+                data |= _subset(_split(args.data, split), Path(tmp), split, n)
+        extra: dict[str, int] = {}
         if args.quick:
-            sizes = {"train": 2000, "dev": 50, "test": 50}
-            files = {k: _subset(data / k, Path(tmp) / k, sizes[k.split(".")[0]]) for k in files}
             steps, budget = 30, 600.0
-            extra = ["--d-model", "64", "--layers", "1", "--d-ff", "128", "--src-vocab", "1000",
-                     "--tgt-vocab", "1000", "--max-tokens", "1024"]  # fmt: skip
+            extra = dict(d_model=64, layers=1, d_ff=128, src_vocab=1000, tgt_vocab=1000,
+                         max_tokens=1024)  # fmt: skip
         run = Path(args.out) if args.out else Path(tmp) / "enja"
-        argv_train = [
-            "train", "translate", "--out", str(run), "--steps", str(steps), "--seed", str(args.seed),
-            "--src", files["train.en"], "--tgt", files["train.ja"],
-            "--dev-src", files["dev.en"], "--dev-tgt", files["dev.ja"],
-            "--test-src", files["test.en"], "--test-tgt", files["test.ja"],
-            "--beams", str(args.beams), "--eval-every", "0", *extra,
-        ]  # fmt: skip
-        targs = build_parser().parse_args(argv_train)
         start = time.perf_counter()
-        seed_everything(args.seed)
-        setup = get_task("translate").build(targs, DistInfo().device)
-        console = Console(stderr=True)
-        trainer = Trainer(
-            setup.model,
-            make_optimizer=setup.make_optimizer,
-            batches=setup.batches,
-            loss_fn=setup.loss_fn,
-            config=TrainConfig(steps=steps, eval_at_end=True),
-            run_dir=run,
-            files=setup.files,
-            evaluate=setup.evaluate,
-            callbacks=[RichProgress(console, "translate en→ja"), TimeBudget(budget)],
-        )
-        result = trainer.fit()
+        result = tasks.train(
+            "translate", out=run, steps=steps, seed=args.seed, beams=args.beams, eval_every=0,
+            callbacks=[TimeBudget(budget)], progress=Console(stderr=True), **data, **extra,
+        )  # fmt: skip
         train_wall = time.perf_counter() - start
-        assert setup.report is not None
-        setup.report(trainer.model, run, Console())
+        assert result.setup.report is not None and result.model is not None
+        # the test BLEU, even when the budget stopped the run (tasks.train reports full runs only)
+        result.setup.report(result.model, run, Console())
         wall = time.perf_counter() - start
         bleu = json.loads((run / "bleu.json").read_text())
     print(json.dumps({

@@ -27,34 +27,31 @@ FULL = False  # True: the full-size run of `attnlab demo` (about two minutes on 
 SEED = 0
 if FULL:  # the demo: the task's defaults, 1200 steps, the rate cooled to 0 over the last third
     STEPS, PROBE, N_EVAL = 1200, "abcdefghij", 500
-    TASK_ARGV = ["--num-symbols", "10", "--max-len", "16", "--num-heldout", "500"]
-    TASK_ARGV += ["--d-model", "128", "--layers", "2", "--heads", "4", "--d-ff", "256"]
-    TASK_ARGV += ["--batch-size", "64", "--warmup", "200", "--lr-factor", "0.5"]
+    TASK = dict(num_symbols=10, max_len=16, num_heldout=500)
+    TASK |= dict(d_model=128, layers=2, heads=4, d_ff=256, batch_size=64, warmup=200, lr_factor=0.5)
 else:  # short strings over 8 letters, one layer each side: learned in about 10 s on one thread
     STEPS, PROBE, N_EVAL = 600, "abcdefgh", 200
-    TASK_ARGV = ["--num-symbols", "8", "--max-len", "8", "--num-heldout", "200"]
-    TASK_ARGV += ["--d-model", "64", "--layers", "1", "--heads", "4", "--d-ff", "128"]
-    TASK_ARGV += ["--batch-size", "64", "--warmup", "100", "--lr-factor", "1.0"]
+    TASK = dict(num_symbols=8, max_len=8, num_heldout=200)
+    TASK |= dict(d_model=64, layers=1, heads=4, d_ff=128, batch_size=64, warmup=100, lr_factor=1.0)
 COOLDOWN = STEPS // 3
-TASK_ARGV += ["--cooldown", str(COOLDOWN), "--cooldown-end", str(STEPS)]
+TASK |= dict(cooldown=COOLDOWN, cooldown_end=STEPS)
 PROBE_EVERY = max(1, STEPS // 24)  # the probe is recorded 25 times
 EVAL_EVERY = STEPS // 4
 
 # %%
-import argparse
 import tempfile
 
 import numpy as np
 import torch
 
 import attnlab as al
-from attnlab import viz
+from attnlab import tasks, viz
 from attnlab.data.batching import pad_batch
 from attnlab.inspect import head_importance, masked_heads, pruning_curve, pruning_order
 from attnlab.tasks import get_task
-from attnlab.tasks.probe import AttentionProbe, load_probe_history
-from attnlab.training import NoamLR, TrainConfig, Trainer, label_smoothed_cross_entropy
-from attnlab.training.progress import RichProgress
+from attnlab.tasks.probe import load_probe_history
+from attnlab.tasks.train_options import run_args
+from attnlab.training import NoamLR, label_smoothed_cross_entropy
 from attnlab.training.rng import seed_everything
 from attnlab.training.schedules import noam_rate
 from attnlab.viz.pruning import importance_figure, pruning_figure
@@ -121,13 +118,15 @@ viz.noam_curve(((512, 4000), (512, 8000), (256, 4000)), steps=20000)
 
 # %%
 reverse = get_task("reverse")  # the task of `attnlab train reverse` (attnlab.tasks.algorithmic)
-parser = argparse.ArgumentParser()
-reverse.add_arguments(parser)  # its own options, with its defaults
-args = parser.parse_args(TASK_ARGV)
-args.seed = SEED
-data = reverse.make_task(args)  # the strings: attnlab.data.toy_sequences.SequenceTask
+run_dir = tempfile.mkdtemp(prefix="attnlab-reverse-")
+# its options: a typed dataclass, with the command line's defaults (`--d-model` is d_model)
+options = tasks.AlgorithmicOptions(
+    task="reverse", out=run_dir, steps=STEPS, seed=SEED, eval_every=EVAL_EVERY,
+    probe=PROBE, probe_every=PROBE_EVERY, **TASK,
+)  # fmt: skip
+data = reverse.make_task(options)  # the strings: attnlab.data.toy_sequences.SequenceTask
 tok = data.tokenizer
-V, EPS = tok.vocab_size, args.label_smoothing
+V, EPS = tok.vocab_size, options.label_smoothing
 
 smoothing = label_smoothing_figure(V, EPS)
 q_smooth = torch.from_numpy(smoothing.data["smoothed"])
@@ -188,47 +187,26 @@ assert not any(data.is_heldout(s) for s in trained_on)  # never in a training ba
 # `attnlab train reverse` asks the task for a `TaskSetup` — the model, a resumable batch source,
 # the optimizer factory (Adam + `--lr-factor` × the Noam rate, cooled linearly to 0 over the last
 # third of the run), the label-smoothed loss and the evaluation (exact match of greedy decoding on
-# the held-out strings) — and hands it to `attnlab.training.Trainer`. We do the same, with two
-# callbacks: the progress bar (`RichProgress`) and `AttentionProbe`, which records the attention of
-# the probe string every few steps from step 0 on (in eval mode, without gradients, random states
-# restored: recording never changes the training). The equivalent command line:
+# the held-out strings) — and hands it to `attnlab.training.Trainer`. `attnlab.tasks.train` is
+# that wiring, the one the command line calls: it takes the task's typed options (here
+# `AlgorithmicOptions`), seeds the generators, builds the set-up and trains, with two callbacks:
+# the progress bar (`RichProgress`) and, since `probe` is set, `AttentionProbe`, which records the
+# attention of the probe string every few steps from step 0 on (in eval mode, without gradients,
+# random states restored: recording never changes the training). The equivalent command line:
 
 # %%
-run_dir = tempfile.mkdtemp(prefix="attnlab-reverse-")
 print(
-    "attnlab train reverse --out RUN --steps",
-    STEPS,
-    "--seed",
-    SEED,
-    " ".join(TASK_ARGV),
+    "attnlab train reverse --out RUN --steps", STEPS, "--seed", SEED,
+    " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TASK.items()),
     f"--eval-every {EVAL_EVERY} --probe {PROBE} --probe-every {PROBE_EVERY}",
-)
-seed_everything(SEED)
-setup = reverse.build(args, torch.device("cpu"))
-model = setup.model
+)  # fmt: skip
+result = tasks.train(options)  # seeds, builds the task's set-up, runs the Trainer
+model, setup = result.model, result.setup
 print(
     f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters; "
     f"{model.config.num_encoder_layers} + {model.config.num_decoder_layers} layers, "
     f"d_model {model.config.d_model}, {model.config.num_heads} heads"
 )
-
-probe_inputs = setup.io.probe_inputs(PROBE)  # the source and its correct reversed target
-trainer = Trainer(
-    model,
-    make_optimizer=setup.make_optimizer,
-    batches=setup.batches,
-    loss_fn=setup.loss_fn,
-    config=TrainConfig(steps=STEPS, eval_every=EVAL_EVERY),
-    run_dir=run_dir,
-    run_config={"task": "reverse", "args": vars(args), "model": setup.model_config},
-    files=setup.files,
-    evaluate=setup.evaluate,
-    callbacks=[
-        RichProgress(description="reverse"),
-        AttentionProbe(run_dir, probe_inputs, PROBE_EVERY, PROBE),
-    ],
-)
-result = trainer.fit()
 accuracy = result.eval_metrics["exact_match"]
 print(
     f"{result.step} steps in {result.elapsed:.1f} s; last loss {result.losses[-1]:.4f}; "
@@ -341,7 +319,9 @@ view(viz.viewer_data_from_history(history, title="reverse: attention during trai
 # *all* of cross-attention (`attnlab.inspect.masked_heads`) cuts the decoder off from the source.
 
 # %%
-evaluation = reverse.evaluation_set(vars(args), setup.io, N_EVAL)  # held-out batches + exact match
+evaluation = reverse.evaluation_set(
+    run_args(options), setup.io, N_EVAL
+)  # held-out batches + exact match
 importance = head_importance(model, evaluation.batches)
 H = importance.num_heads
 top_layer, top_head = importance.order("ablation")[-1]

@@ -23,18 +23,15 @@ FULL = False  # True: the full-size model of `attnlab demo` (about two minutes o
 SEED = 0
 if FULL:  # the demo's model and run
     STEPS, TEXT = 1200, "jbdhaegcfi"
-    TASK_ARGV = ["--num-symbols", "10", "--max-len", "16", "--num-heldout", "500"]
-    TASK_ARGV += ["--d-model", "128", "--layers", "2", "--heads", "4", "--d-ff", "256"]
-    TASK_ARGV += ["--batch-size", "64", "--warmup", "200", "--lr-factor", "0.5"]
+    TASK = dict(num_symbols=10, max_len=16, num_heldout=500)
+    TASK |= dict(d_model=128, layers=2, heads=4, d_ff=256, batch_size=64, warmup=200, lr_factor=0.5)
 else:  # notebook 06's small model (8 letters, one layer each side), 400 steps
     STEPS, TEXT = 400, "bdhaegcf"
-    TASK_ARGV = ["--num-symbols", "8", "--max-len", "8", "--num-heldout", "200"]
-    TASK_ARGV += ["--d-model", "64", "--layers", "1", "--heads", "4", "--d-ff", "128"]
-    TASK_ARGV += ["--batch-size", "64", "--warmup", "100", "--lr-factor", "1.0"]
-TASK_ARGV += ["--cooldown", str(STEPS // 3), "--cooldown-end", str(STEPS)]
+    TASK = dict(num_symbols=8, max_len=8, num_heldout=200)
+    TASK |= dict(d_model=64, layers=1, heads=4, d_ff=128, batch_size=64, warmup=100, lr_factor=1.0)
+TASK |= dict(cooldown=STEPS // 3, cooldown_end=STEPS)
 
 # %%
-import argparse
 import copy
 import dataclasses
 import tempfile
@@ -43,7 +40,7 @@ from pathlib import Path
 import torch
 
 import attnlab as al
-from attnlab import viz
+from attnlab import tasks, viz
 from attnlab.inspect import (
     capture,
     diagnose,
@@ -52,11 +49,7 @@ from attnlab.inspect import (
     flops,
     watch_nonfinite,
 )
-from attnlab.tasks import get_task
 from attnlab.tasks.figures import layer_labels
-from attnlab.training import TrainConfig, Trainer
-from attnlab.training.progress import RichProgress
-from attnlab.training.rng import seed_everything
 from attnlab.viz.costs import flops_figure
 from attnlab.viz.viewer import view
 
@@ -65,31 +58,12 @@ out_dir = Path(tempfile.mkdtemp(prefix="attnlab-07-"))  # every file this notebo
 # %% [markdown]
 # ## 1 · A small trained model
 #
-# `attnlab train reverse`, as in notebook 06: the task builds model, batches, optimizer and loss,
-# and the `Trainer` runs them.
+# `attnlab train reverse`, as in notebook 06: `attnlab.tasks.train` lets the task build model,
+# batches, optimizer and loss, and the `Trainer` run them.
 
 # %%
-reverse = get_task("reverse")
-parser = argparse.ArgumentParser()
-reverse.add_arguments(parser)
-args = parser.parse_args(TASK_ARGV)
-args.seed = SEED
-seed_everything(SEED)
-setup = reverse.build(args, torch.device("cpu"))
-model = setup.model
-trainer = Trainer(
-    model,
-    make_optimizer=setup.make_optimizer,
-    batches=setup.batches,
-    loss_fn=setup.loss_fn,
-    config=TrainConfig(steps=STEPS),
-    run_dir=out_dir / "run",
-    run_config={"task": "reverse", "args": vars(args), "model": setup.model_config},
-    files=setup.files,
-    evaluate=setup.evaluate,
-    callbacks=[RichProgress(description="reverse")],
-)
-result = trainer.fit()
+result = tasks.train("reverse", out=out_dir / "run", steps=STEPS, seed=SEED, **TASK)
+model, setup = result.model, result.setup  # the trained model, and what the task built
 accuracy = result.eval_metrics["exact_match"]
 print(f"{STEPS} steps in {result.elapsed:.1f} s: held-out exact match {100 * accuracy:.1f}%")
 assert accuracy >= 0.95

@@ -20,7 +20,6 @@
 # and a translation model for several minutes, which is what it takes for a real alignment.
 
 # %%
-import os
 import re
 import tempfile
 import time
@@ -30,31 +29,17 @@ import torch
 from IPython.display import display
 
 import attnlab as al
-from attnlab import viz
-from attnlab.data.batching import BucketedBatchSource
-from attnlab.data.parallel import read_parallel
+from attnlab import tasks, viz
+from attnlab.data import corpora
 from attnlab.data.text import LMBatchSource
 from attnlab.data.tokenizers import train_word_level
 from attnlab.inspect import capture
 from attnlab.tasks.figures import capture_inputs
-from attnlab.tasks.lm import LMIO, adamw_nanogpt, estimate_loss, generate_text, lm_loss, load_corpus
-from attnlab.tasks.seq2seq import noam_adam, seq2seq_loss
-from attnlab.tasks.translate import MAX_LEN, corpus_bleu, translation_io
-from attnlab.training.progress import RichProgress
-from attnlab.training.trainer import IndexedBatches, TrainConfig, Trainer
+from attnlab.tasks.lm import LMIO, generate_text, lm_loss, load_corpus
+from attnlab.tasks.translate import corpus_bleu
 from attnlab.viz.alignment import alignment_heatmap
 
 FULL = False  # True: the full-size runs (minutes: nanoGPT's 2000 steps, then 1000 en→ja steps)
-
-DATA = Path(os.environ.get("ATTNLAB_DATA", Path.cwd().parent.parent / "shared" / "data"))
-SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
-ENJA = DATA / "small_parallel_enja"
-for needed in (SHAKESPEARE, ENJA / "train.en"):
-    if not needed.is_file():
-        raise FileNotFoundError(
-            f"this notebook needs the data sets under {DATA} (looked for {needed}); "
-            f"set ATTNLAB_DATA to the folder holding tinyshakespeare/ and small_parallel_enja/"
-        )
 
 # the language model: nanoGPT's CPU recipe at full size, a narrower and shallower GPT otherwise
 LM = dict(
@@ -89,11 +74,12 @@ START = time.perf_counter()
 #
 # nanoGPT's `shakespeare_char` reads the 1.1 million characters of tinyshakespeare, makes every
 # distinct character a token (65 of them), and keeps the first 90 % for training and the last
-# 10 % for validation. `load_corpus` is exactly that (it is what `attnlab train lm --data FILE`
-# calls).
+# 10 % for validation. `load_corpus` is exactly that (it is what `attnlab train lm --data NAME|FILE`
+# calls). tinyshakespeare ships with attnlab: `attnlab.data.corpora` lists the packaged datasets
+# and their licences.
 
 # %%
-corpus = load_corpus(SHAKESPEARE)
+corpus = load_corpus("tinyshakespeare")  # packaged with attnlab (attnlab.data.corpora)
 tok = corpus.tokenizer
 print(f"vocabulary: {tok.vocab_size} characters: {''.join(tok.chars)!r}")
 print(f"train: {len(corpus.train):,} tokens, validation: {len(corpus.val):,} tokens")
@@ -154,30 +140,20 @@ assert abs(first - torch.log(torch.tensor(65.0)).item()) < 0.3
 #
 # $$\eta(s) = \begin{cases} \eta_{\max}\, s / w & s \le w \\ \eta_{\min} + \tfrac12(\eta_{\max} - \eta_{\min})\left(1 + \cos\pi\frac{s - w}{N - w}\right) & s > w \end{cases}$$
 #
-# The `Trainer` is the one `attnlab train` runs: gradient clipping at 1.0, a `metrics.jsonl`
-# line a step, a checkpoint at the end, and an evaluation (train and validation loss on 20 fixed
-# batches each) four times during the run.
+# `attnlab.tasks.train` is what `attnlab train lm` runs: the task builds exactly the pieces above
+# (the corpus, the batches, the GPT, `lm_loss`, AdamW and the schedule) and the `Trainer` runs
+# them: gradient clipping at 1.0, a `metrics.jsonl` line a step, a checkpoint at the end, and an
+# evaluation (train and validation loss on 20 fixed batches each) four times during the run.
 
 
 # %%
-def lm_evaluate(model):
-    return {
-        "train_loss": estimate_loss(model, LMBatchSource(corpus.train, 64, 12, 0, 2), 20),
-        "val_loss": estimate_loss(model, val_batches, 20),
-    }
-
-
-lm_trainer = Trainer(
-    gpt,
-    make_optimizer=adamw_nanogpt(LM["lr"], 0.1, LM["warmup"], LM["steps"], LM["min_lr"]),
-    batches=IndexedBatches(train_batches.batch),
-    loss_fn=lm_loss,
-    config=TrainConfig(steps=LM["steps"], eval_every=LM["steps"] // 4),
-    run_dir=WORK / "shakespeare",
-    evaluate=lm_evaluate,
-    callbacks=[RichProgress(description="tinyshakespeare")],
-)
-lm_result = lm_trainer.fit()
+lm_result = tasks.train(
+    "lm", data="tinyshakespeare", out=WORK / "shakespeare", steps=LM["steps"],
+    eval_every=LM["steps"] // 4, eval_iters=20, block_size=LM["block_size"],
+    batch_size=LM["batch_size"], n_layer=LM["n_layer"], n_embd=LM["n_embd"],
+    n_head=LM["n_head"], lr=LM["lr"], min_lr=LM["min_lr"], warmup=LM["warmup"],
+)  # fmt: skip
+gpt = lm_result.model  # the task built the same GPT (same seed, same config) and trained it
 print(f"{lm_result.step} steps in {lm_result.elapsed:.1f} s")
 
 # %% [markdown]
@@ -308,8 +284,8 @@ viz.attention_heatmap(
 # trained on the training split only and reserve `<pad> <bos> <eos> <unk>`.
 
 # %%
-train_pairs = read_parallel(ENJA / "train.en", ENJA / "train.ja", what="train")
-dev = read_parallel(ENJA / "dev.en", ENJA / "dev.ja", what="dev")
+train_pairs = corpora.load_parallel("small_parallel_enja", "train")  # packaged with attnlab
+dev = corpora.load_parallel("small_parallel_enja", "dev")
 src_lines, tgt_lines = train_pairs.src[: MT["pairs"]], train_pairs.tgt[: MT["pairs"]]
 src_tok = train_word_level(src_lines, 8000, min_frequency=2)
 tgt_tok = train_word_level(tgt_lines, 8000, min_frequency=2)
@@ -327,49 +303,23 @@ for s, t in list(zip(src_lines, tgt_lines))[:3]:
 # $$\eta(s) = d_{\text{model}}^{-0.5} \cdot \min\left(s^{-0.5},\; s \cdot w^{-1.5}\right)$$
 #
 # Batches hold sentences of similar length, up to `max_tokens` padded tokens each
-# (`BucketedBatchSource`, as the task builds them). `translation_io` is the task's one path from a
-# text to the model's input and back.
+# (`BucketedBatchSource`). `attnlab.tasks.train("translate", ...)` — what `attnlab train
+# translate` runs — builds all of it from the training files, with word-level vocabularies of the
+# sizes above (the most frequent words), and trains; `setup.io` is the task's one path from a text
+# to the model's input and back.
 
 # %%
-torch.manual_seed(0)
-mt_config = al.TransformerConfig(
-    src_vocab_size=src_tok.vocab_size,
-    tgt_vocab_size=tgt_tok.vocab_size,
-    d_model=MT["d_model"],
-    num_heads=MT["heads"],
-    num_encoder_layers=MT["layers"],
-    num_decoder_layers=MT["layers"],
-    d_ff=MT["d_ff"],
-    dropout=0.1,
-    label_smoothing=0.1,
-    max_len=MAX_LEN,
-    pad_id=tgt_tok.pad_id,
-    bos_id=tgt_tok.bos_id,
-    eos_id=tgt_tok.eos_id,
-)
-translator = al.Transformer(mt_config)
-mt_io = translation_io(src_tok, tgt_tok, beams=1)
-mt_batches = BucketedBatchSource(
-    [src_tok.encode(s) for s in src_lines],
-    [tgt_tok.encode(t) for t in tgt_lines],
-    max_tokens=MT["max_tokens"],
-    pad_id=mt_config.pad_id,
-    bos_id=mt_config.bos_id,
-    eos_id=mt_config.eos_id,
-    seed=0,
-)
-mt_loss = seq2seq_loss(mt_config.pad_id, mt_config.label_smoothing)
+for name, lines in (("train.en", src_lines), ("train.ja", tgt_lines)):  # the task reads files
+    (WORK / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+mt_result = tasks.train(
+    "translate", src=WORK / "train.en", tgt=WORK / "train.ja", out=WORK / "enja",
+    steps=MT["steps"], tokenizer="word", src_vocab=src_tok.vocab_size,
+    tgt_vocab=tgt_tok.vocab_size, d_model=MT["d_model"], layers=MT["layers"],
+    heads=MT["heads"], d_ff=MT["d_ff"], max_tokens=MT["max_tokens"], warmup=MT["warmup"],
+    beams=1,
+)  # fmt: skip
+translator, mt_io = mt_result.model, mt_result.setup.io
 print(f"{sum(p.numel() for p in translator.parameters()):,} parameters")
-mt_trainer = Trainer(
-    translator,
-    make_optimizer=noam_adam(MT["d_model"], MT["warmup"], 1.0),
-    batches=IndexedBatches(mt_batches.batch),
-    loss_fn=mt_loss,
-    config=TrainConfig(steps=MT["steps"], eval_at_end=False),
-    run_dir=WORK / "enja",
-    callbacks=[RichProgress(description="en→ja")],
-)
-mt_result = mt_trainer.fit()
 mt_losses = torch.tensor(mt_result.losses)
 k = max(1, MT["steps"] // 10)
 print(f"{mt_result.step} steps in {mt_result.elapsed:.1f} s; "

@@ -32,7 +32,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SOURCE = REPO / "src" / "attnlab"
 BUILD = REPO / "build" / "notebooks"
-DATA_VARIABLE = "ATTNLAB_DATA"  # a notebook that names it reads ../shared/data (or that variable)
 SWITCH = re.compile(r"^FULL = False\b", re.MULTILINE)
 
 
@@ -50,18 +49,6 @@ class Executed:
 def sources() -> list[Path]:
     """The notebooks of the learning path, in order (``NN_name.py``)."""
     return sorted(HERE.glob("[0-9][0-9]_*.py"))
-
-
-def data_dir() -> Path:
-    """Where notebooks read real data: ``$ATTNLAB_DATA``, else ``../shared/data`` of the repo."""
-    return Path(os.environ.get(DATA_VARIABLE, REPO.parent / "shared" / "data"))
-
-
-def missing_data(source: Path) -> str | None:
-    """Why ``source`` cannot run here (it reads data that is absent), or ``None``."""
-    if DATA_VARIABLE in source.read_text(encoding="utf-8") and not data_dir().exists():
-        return f"{source.stem} reads {data_dir()}, which is absent (set {DATA_VARIABLE})"
-    return None
 
 
 def _library_digest() -> str:
@@ -170,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     library = _library_digest()
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
 
-    def one(source: Path) -> Executed | None:
-        reason = missing_data(source)
-        if reason:
-            sys.stderr.write(f"skipped: {reason}\n")
-            return None
+    def one(source: Path) -> Executed:
         run = execute(
             source, full=args.full, out_dir=args.out, force=args.force, threads=threads,
             timeout=args.timeout, library=library,

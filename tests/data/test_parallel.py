@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from attnlab.data.parallel import read_parallel
-from tests.conftest import shared_data
 
 
 def test_reads_aligned_pairs_and_drops_blank_pairs(tmp_path) -> None:
@@ -37,12 +36,3 @@ def test_missing_and_non_utf8_files(tmp_path) -> None:
     bad.write_bytes(b"\xff\xfe\x00a\n")
     with pytest.raises(ValueError, match="source file is not UTF-8"):
         read_parallel(bad, src)
-
-
-def test_small_parallel_enja_train_split() -> None:
-    corpus = read_parallel(
-        shared_data("small_parallel_enja", "train.en"),
-        shared_data("small_parallel_enja", "train.ja"),
-    )
-    assert len(corpus) == 50_000
-    assert corpus.src[0] == "i can 't tell who will arrive first ."

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from attnlab.data.text import LMBatchSource, read_text_file, split_train_val
-from tests.conftest import shared_data
 
 
 def test_read_text_file_errors_name_the_path(tmp_path) -> None:
@@ -70,11 +69,3 @@ def test_batch_source_checks_its_arguments() -> None:
         LMBatchSource(torch.arange(8), block_size=8, batch_size=1, seed=0)
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         LMBatchSource(torch.arange(100), block_size=8, batch_size=0, seed=0)
-
-
-def test_tinyshakespeare_reads_and_splits() -> None:
-    text = read_text_file(shared_data("tinyshakespeare", "input.txt"))
-    assert len(text) == 1_115_394
-    train, val = split_train_val(torch.arange(len(text)))
-    assert val.numel() == len(text) - 1_003_854
-    assert train.numel() == 1_003_854

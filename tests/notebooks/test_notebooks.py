@@ -44,9 +44,6 @@ def test_the_learning_path_is_complete():
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_notebook_executes(source: Path):
-    reason = runner.missing_data(source)
-    if reason:
-        pytest.skip(reason)
     run = runner.execute(source, force=True, threads=1)
     nb = run.notebook
     assert nb.metadata["attnlab"]["full"] is False

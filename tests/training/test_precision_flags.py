@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.cli import main
+from attnlab.cli.task_arguments import add_task_arguments
 from attnlab.tasks.registry import get_task, register_task
 from attnlab.training.checkpoint import load_config, load_training_state, resolve_checkpoint
 from tests.training._tiny_task import TASK as TINY
@@ -84,7 +85,7 @@ class _Recording:
         self.models: list[torch.nn.Module] = []
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        self.inner.add_arguments(parser)
+        add_task_arguments(parser, "copy", self.inner)
 
     def build(self, args: argparse.Namespace, device: torch.device) -> Any:
         setup = self.inner.build(args, device)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from attnlab.cli import CLIError
+from attnlab.cli.options import non_negative_int, positive_int
 from attnlab.tasks.base import ModelInputs
-from attnlab.tasks.options import non_negative_int, positive_int
 from attnlab.tasks.run import Run
 
 __all__ = ["add_input_arguments", "model_inputs"]

@@ -25,9 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from attnlab.cli import CLIError
+from attnlab.cli.options import add_attention_arguments, attention_spec, positive_int
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
-from attnlab.tasks.options import add_attention_arguments, attention_options, positive_int
+from attnlab.tasks.train_options import attention_options
 
 PRESETS: dict[str, GPTConfig | TransformerConfig] = {
     "gpt2": GPTConfig(),
@@ -130,7 +131,9 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
     if args.kv_heads is not None:
         changes["num_kv_heads"] = args.kv_heads
     # a ValueError here (options that do not fit together) is the user's: one line, exit 2
-    changes.update(attention_options(args, causal_only=isinstance(base, GPTConfig)))
+    spec = attention_spec(args)
+    if spec is not None:
+        changes.update(attention_options(spec, causal_only=isinstance(base, GPTConfig)))
     return dataclasses.replace(base, **changes)
 
 

@@ -17,9 +17,9 @@ import argparse
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
+from attnlab.cli.options import positive_int
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
-from attnlab.tasks.options import positive_int
 from attnlab.tasks.run import load_run
 
 

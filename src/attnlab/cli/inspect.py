@@ -29,6 +29,7 @@ from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._terminal import TextConsole
+from attnlab.cli.options import positive_int
 from attnlab.inspect.ablation import (
     HeadImportance,
     head_importance,
@@ -38,7 +39,6 @@ from attnlab.inspect.ablation import (
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
 from attnlab.tasks.figures import capture_inputs
-from attnlab.tasks.options import positive_int
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.run import Run, load_run
 

@@ -23,32 +23,18 @@ resume with any other layout.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-from typing import Any
+import dataclasses
 
 from rich.console import Console
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.errors import CLIError
-from attnlab.distributed.fsdp import FSDPStrategy
-from attnlab.distributed.mesh import MeshStrategy
+from attnlab.cli.options import attention_spec, non_negative_int, positive_int
+from attnlab.cli.task_arguments import add_task_arguments
 from attnlab.distributed.ring_schedule import LAYOUTS
-from attnlab.tasks.options import attention_dests, non_negative_int, positive_int
-from attnlab.tasks.probe import AttentionProbe
+from attnlab.tasks.driver import train
 from attnlab.tasks.registry import available_tasks, get_task
-from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
-from attnlab.training.processes import (
-    DDPStrategy,
-    ParallelStrategy,
-    cleanup_distributed,
-    init_distributed,
-)
-from attnlab.training.progress import RichProgress
-from attnlab.training.rng import seed_everything
-from attnlab.training.run_dir import check_run_dir, claim_run_dir
-from attnlab.training.trainer import METRICS_FILE, TrainConfig, Trainer, TrainerCallback
+from attnlab.tasks.train_options import PARALLEL, TrainOptions, options_class
 
 
 def _clip(text: str) -> float | None:
@@ -63,28 +49,6 @@ def _clip(text: str) -> float | None:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive float or 'none', got {text!r}")
     return value
-
-
-#: ``--parallel`` choices
-PARALLEL = ("ddp", "fsdp")
-
-
-def strategy_of(args: argparse.Namespace) -> ParallelStrategy:
-    """The trainer's :class:`~attnlab.training.processes.ParallelStrategy` for ``--parallel``,
-    ``--context-parallel`` and ``--tensor-parallel``."""
-    name = getattr(args, "parallel", "ddp")
-    cp = getattr(args, "context_parallel", 1)
-    tp = getattr(args, "tensor_parallel", 1)
-    if cp == 1 and tp == 1:
-        return FSDPStrategy() if name == "fsdp" else DDPStrategy()
-    if name == "fsdp":
-        raise CLIError(
-            "--parallel fsdp does not combine with --context-parallel or --tensor-parallel: "
-            "their data-parallel dimension replicates the model (use --parallel ddp)"
-        )
-    return MeshStrategy(
-        context_parallel=cp, tensor_parallel=tp, layout=getattr(args, "context_layout", "zigzag")
-    )
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -220,142 +184,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_common_arguments(tp)
         add_probe_arguments(tp)
         before = {a.dest for a in tp._actions}
-        task.add_arguments(tp)
+        add_task_arguments(tp, name, task)
         task_dests = [a.dest for a in tp._actions if a.dest not in before and a.dest != "help"]
         tp.set_defaults(func=run, _task_dests=task_dests)
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return str(value)
-
-
-def run_config_of(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
-    """What ``config.json`` holds besides ``"train"`` (see attnlab.tasks.base)."""
-    task_args = {"seed": args.seed}
-    unset_is_absent = attention_dests()
-    for dest in getattr(args, "_task_dests", []):
-        if dest in unset_is_absent and getattr(args, dest) is None:
-            continue  # unset: as a run saved before the option existed
-        task_args[dest] = _jsonable(getattr(args, dest))
-    return {"task": args.task, "args": task_args, "model": _jsonable(dict(model_config))}
-
-
-def _check_resumable(out: Path, steps: int) -> None:
-    """A one-line error when ``out`` has no checkpoint to resume, or one past ``--steps``."""
-    ckpt = resolve_checkpoint(out)
-    done = dict((path, step) for step, path in list_checkpoints(out)).get(ckpt)
-    if done is not None and done > steps:
-        raise CLIError(
-            f"--steps must be at least the {done} steps the checkpoint has done, got {steps}"
-        )
+def _options(args: argparse.Namespace) -> TrainOptions:
+    """The task's options dataclass, from the parsed command line."""
+    task = get_task(args.task)
+    dests = getattr(args, "_task_dests", [])
+    cls = options_class(task, {d: getattr(args, d) for d in dests})
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    if "attention" in names and "attention" in dests:
+        values["attention"] = attention_spec(args)  # --attention NAME and its kind's options
+    return cls(**values)
 
 
 def run(args: argparse.Namespace) -> int:
-    task = get_task(args.task)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out must be a folder, got the file {out}")
-    has_ckpt = bool(list_checkpoints(out)) or (out / "checkpoints" / "latest").exists()
-    if args.resume:
-        _check_resumable(out, args.steps)
-    elif has_ckpt:
-        raise CLIError(
-            f"{out} already holds a checkpoint; pass --resume to continue it or choose another --out"
-        )
-    check_run_dir(out, force=args.force)  # a user's folder is refused before any set-up
-    strategy = strategy_of(args)  # options that do not fit together: before any set-up
-    dist = init_distributed(args.device)
+    options = _options(args)
     console = Console(stderr=True)
-    lock = None
-    trainer: Trainer | None = None
-    try:
-        seed_everything(args.seed)
-        setup = task.build(args, dist.device)
-        # not part of the run's configuration: recomputing activations does not change results
-        if getattr(args, "grad_checkpoint", False):
-            if not hasattr(setup.model, "gradient_checkpointing"):
-                raise CLIError(
-                    f"--grad-checkpoint: the model of task {args.task!r} "
-                    f"({type(setup.model).__name__}) has no gradient checkpointing"
-                )
-            setattr(setup.model, "gradient_checkpointing", True)  # noqa: B010
-        config = TrainConfig(
-            steps=args.steps,
-            grad_accum=args.grad_accum,
-            clip=args.clip,
-            bf16=args.bf16,
-            fp16=getattr(args, "fp16", False),
-            eval_every=args.eval_every,
-            save_every=args.save_every,
-            keep_last=args.keep_last,
+    result = train(options, progress=console, report=TextConsole())
+    if result.interrupted and result.is_main:
+        console.print(
+            f"interrupted at step {result.step}; checkpoint saved to {result.checkpoint}; "
+            f"continue with --resume"
         )
-        progress = RichProgress(console, description=args.task)
-        callbacks: list[TrainerCallback] = [progress]
-        if args.probe is not None:
-            if not strategy.runs_alone and dist.distributed:
-                raise CLIError(
-                    "--probe records on rank 0 alone, which cannot run a model spread over "
-                    "the processes (--parallel fsdp, --context-parallel, --tensor-parallel): "
-                    "drop --probe or train with --parallel ddp"
-                )
-            if setup.io is None:
-                raise CLIError(f"--probe: the task {args.task!r} has no text path to encode it")
-            probe = setup.io.probe_inputs(args.probe)
-            callbacks.append(AttentionProbe(out, probe, args.probe_every, args.probe))
-        trainer = Trainer(
-            setup.model,
-            make_optimizer=setup.make_optimizer,
-            batches=setup.batches,
-            loss_fn=setup.loss_fn,
-            config=config,
-            run_dir=out,
-            run_config=run_config_of(args, setup.model_config),
-            files=setup.files,
-            evaluate=setup.evaluate,
-            callbacks=callbacks,
-            dist=dist,
-            data_files=setup.data_files,
-            strategy=strategy,
-        )
-        # every option checked: lock the folder for this one training before writing into it
-        if dist.is_main:
-            lock = claim_run_dir(out, resume=args.resume, force=args.force)
-        if args.resume:
-            trainer.resume(allow_data_change=args.allow_data_change)
-        elif dist.is_main and (out / METRICS_FILE).exists():
-            (out / METRICS_FILE).unlink()  # left by a run killed before its first checkpoint
-        result = trainer.fit()
-        # the whole model for the report (every rank takes part when it is sharded)
-        model = (
-            trainer.gathered_model()
-            if setup.report is not None and not result.interrupted
-            else None
-        )
-        if not dist.is_main:
-            return 130 if result.interrupted else 0
-        if result.interrupted:
-            console.print(
-                f"interrupted at step {result.step}; checkpoint saved to {result.checkpoint}; "
-                f"continue with --resume"
-            )
-            return 130
-        stdout = TextConsole()  # a report's text: control characters escaped on a terminal
-        if result.losses:
-            stdout.print(f"step {result.step}: loss {result.losses[-1]:.4f}")
-        if result.eval_metrics:
-            text = "  ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
-            stdout.print(f"evaluation: {text}")
-        stdout.print(f"checkpoint: {result.checkpoint}")
-        if setup.report is not None and model is not None:
-            setup.report(model, out, stdout)
-        return 0
-    finally:
-        if lock is not None:
-            lock.release()
-        if trainer is not None:
-            trainer.close()  # DDP's reducer first: see Trainer.close
-        cleanup_distributed()
+    return 130 if result.interrupted else 0

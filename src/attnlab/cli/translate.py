@@ -18,7 +18,7 @@ import sys
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.tasks.options import positive_int
+from attnlab.cli.options import positive_int
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
 

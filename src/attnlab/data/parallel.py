@@ -8,7 +8,7 @@ from pathlib import Path
 from attnlab.data.text import read_text_file
 from attnlab.errors import ArgumentError
 
-__all__ = ["ParallelCorpus", "read_parallel"]
+__all__ = ["ParallelCorpus", "pair_lines", "read_parallel", "split_lines"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,15 @@ class ParallelCorpus:
         return len(self.src)
 
 
-def _lines(text: str) -> list[str]:
-    # one sentence a line; a final newline does not start another sentence
+def split_lines(text: str) -> list[str]:
+    """The sentences of a text, one a line, stripped; a final newline starts no other sentence.
+
+    Args:
+        text: a file's text.
+
+    Returns:
+        Its lines, each stripped of surrounding whitespace (blank ones kept, as ``""``).
+    """
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -54,14 +61,28 @@ def read_parallel(
         ValueError: either file is missing, empty or not UTF-8, or the files have different line
             counts (the message names both files and both counts).
     """
-    src_lines = _lines(read_text_file(src_path, what=f"{what} source file"))
-    tgt_lines = _lines(read_text_file(tgt_path, what=f"{what} target file"))
+    src_lines = split_lines(read_text_file(src_path, what=f"{what} source file"))
+    tgt_lines = split_lines(read_text_file(tgt_path, what=f"{what} target file"))
     if len(src_lines) != len(tgt_lines):
         raise ArgumentError(
             f"{what} files have different line counts: {src_path} has {len(src_lines)} lines, "
             f"{tgt_path} has {len(tgt_lines)}"
         )
-    pairs = [(s, t) for s, t in zip(src_lines, tgt_lines) if s and t]
-    if not pairs:
+    corpus = pair_lines(src_lines, tgt_lines)
+    if not corpus.src:
         raise ArgumentError(f"{what} files hold no non-blank sentence pair: {src_path}, {tgt_path}")
+    return corpus
+
+
+def pair_lines(src_lines: list[str], tgt_lines: list[str]) -> ParallelCorpus:
+    """Aligned lines as sentence pairs; a pair with a blank side is dropped (both sides).
+
+    Args:
+        src_lines: source sentences.
+        tgt_lines: target sentences, as many.
+
+    Returns:
+        The non-blank pairs (possibly none).
+    """
+    pairs = [(s, t) for s, t in zip(src_lines, tgt_lines) if s and t]
     return ParallelCorpus(src=[s for s, _ in pairs], tgt=[t for _, t in pairs])

@@ -15,11 +15,11 @@ step and saved with the run.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -33,11 +33,6 @@ from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
 from attnlab.tasks.figures import save_attention_figures
-from attnlab.tasks.options import (
-    add_attention_arguments,
-    add_transformer_arguments,
-    positive_int,
-)
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import (
     Seq2SeqIO,
@@ -47,6 +42,7 @@ from attnlab.tasks.seq2seq import (
     seq2seq_loss,
     transformer_config,
 )
+from attnlab.tasks.train_options import AlgorithmicOptions
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -73,20 +69,20 @@ def model_len(task: SequenceTask) -> int:
     return max(64, task.config.max_len + 2)
 
 
-def task_model_config(task: SequenceTask, args: argparse.Namespace) -> TransformerConfig:
+def task_model_config(task: SequenceTask, args: Any) -> TransformerConfig:
     """The encoder-decoder for a copy/reverse/sort task.
 
     Args:
         task: the task (its tokenizer gives both vocabularies, shared embeddings).
         args: the parsed options (sizes, dropout, label smoothing, and the attention pattern of
-            :func:`~attnlab.tasks.options.add_attention_arguments`; full when unset).
+            :func:`~attnlab.cli.options.add_attention_arguments`; full when unset).
 
     Returns:
         The model's configuration, with :func:`model_len` positions.
 
     Raises:
         ValueError: the attention options do not fit together
-            (:func:`~attnlab.tasks.options.attention_options`).
+            (:func:`~attnlab.tasks.train_options.attention_options`).
     """
     tok = task.tokenizer
     return transformer_config(args, tok, tok, max_len=model_len(task), share=True)
@@ -223,53 +219,15 @@ class AlgorithmicTask:
         name: ``"copy"``, ``"reverse"`` or ``"sort"``.
     """
 
+    options = AlgorithmicOptions
+
     def __init__(self, name: str) -> None:
         if name not in TASK_NAMES:
             raise ArgumentError(f"name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
         self.name = name
         self.help = _HELP[name]
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data options (``--num-symbols``, ``--min-len``, ``--max-len``,
-        ``--num-heldout``), the Transformer options with this task's defaults, and the attention
-        options of ``train translate`` (``--attention``, ``--window``, ``--linformer-k``, …;
-        default full).
-
-        Args:
-            parser: the task's sub-command parser.
-        """
-        g = parser.add_argument_group("data")
-        g.add_argument(
-            "--num-symbols", type=positive_int, default=10, help="alphabet size (default 10)"
-        )
-        g.add_argument(
-            "--min-len", type=positive_int, default=1, help="shortest string (default 1)"
-        )
-        g.add_argument(
-            "--max-len", type=positive_int, default=16, help="longest string (default 16)"
-        )
-        g.add_argument(
-            "--num-heldout", type=positive_int, default=500, help="held-out strings (default 500)"
-        )
-        add_transformer_arguments(
-            parser,
-            d_model=128,
-            layers=2,
-            heads=4,
-            d_ff=256,
-            dropout=0.0,
-            warmup=200,
-            batch_size=64,
-            lr_factor=0.5,
-        )
-        add_attention_arguments(
-            parser,
-            what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
-            "only; performer, bigbird: both, the decoder's causal; cross-attention stays full)",
-        )
-        parser.set_defaults(eval_every=500)
-
-    def make_task(self, args: argparse.Namespace) -> SequenceTask:
+    def make_task(self, args: Any) -> SequenceTask:
         """The :class:`~attnlab.data.toy_sequences.SequenceTask` the options describe.
 
         Args:
@@ -288,11 +246,11 @@ class AlgorithmicTask:
         )
         return SequenceTask(config, seed=args.seed)
 
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+    def build(self, args: AlgorithmicOptions, device: torch.device) -> TaskSetup:
         """Create the encoder-decoder, its Noam-scheduled Adam, the batches and the evaluation.
 
         Args:
-            args: the parsed command line of ``attnlab train TASK``.
+            args: the task's options (``attnlab train TASK``'s).
             device: where the model will train.
 
         Returns:
@@ -342,7 +300,7 @@ class AlgorithmicTask:
         Returns:
             The batches and the exact-match accuracy metric.
         """
-        task = self.make_task(argparse.Namespace(**args))
+        task = self.make_task(SimpleNamespace(**args))
         sources = task.heldout()[:limit]
         batches = [task.make_batch(sources[i : i + 64]) for i in range(0, len(sources), 64)]
         targets = [task.target(s) for s in sources]
@@ -364,7 +322,7 @@ class AlgorithmicTask:
         Returns:
             The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
         """
-        task = self.make_task(argparse.Namespace(**args))
+        task = self.make_task(SimpleNamespace(**args))
         tok = tokenizer_from_json(files["tokenizer.json"]) if "tokenizer.json" in files else None
         return sequence_io(task, tok)
 

@@ -1,15 +1,19 @@
 """What a task is: the protocol, what it hands the trainer, and the one path from text to input.
 
-A task is an object with a ``name``, a one-line ``help``, ``add_arguments(parser)`` (its own
-options; the common ones — ``--out --steps --seed --resume --grad-accum --clip --bf16 --fp16
---grad-checkpoint --eval-every --save-every --keep-last --device --probe --probe-every`` — are
-already there, and a task may change their
-defaults with ``parser.set_defaults(eval_every=200, ...)``), ``build(args, device) -> TaskSetup``
-and ``io(args, files) -> TaskIO``. ``build`` runs after the random generators are seeded with
-``--seed``; it must create the model, the data and the optimizer deterministically from ``args``.
+A task is an object with a ``name``, a one-line ``help``, ``options`` — its typed options, a
+frozen dataclass subclassing :class:`~attnlab.tasks.train_options.TrainOptions` with a field per
+option of its own (the common ones — ``out``, ``steps``, ``seed``, ``resume``, ``grad_accum``,
+``clip``, ``bf16``, ``fp16``, ... ``probe_every`` — are :class:`TrainOptions`'s; a task may
+change their defaults, e.g. ``eval_every: int = 250``) — ``build(options, device) ->
+TaskSetup`` and ``io(args, files) -> TaskIO``. :func:`attnlab.tasks.train` builds the options,
+seeds the random generators with ``seed`` and calls ``build``, which must create the model, the
+data and the optimizer deterministically from them. ``attnlab train TASK`` has the built-in
+tasks' command-line options in :mod:`attnlab.cli.task_arguments`; a task registered from
+outside brings ``add_arguments(parser)`` instead of ``options`` (the command line makes a
+dataclass of the options it adds).
 
-Every option is checked before the first step: by its argparse ``type``/``choices``, or in
-``build`` (which runs before training) — never first when it is used at an evaluation or in the
+Every option is checked before the first step: by its options dataclass (and the command line's
+``type``/``choices``), or in ``build`` (which runs before training) — never first when it is used at an evaluation or in the
 final report, where a mistake would cost the whole run. ``build`` also names the files its data
 came from (``TaskSetup.data_files``), so that a resumed run notices changed data.
 
@@ -35,7 +39,6 @@ deterministic (no prefetching worker processes), so that their saved position is
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,19 +276,13 @@ class Task(Protocol):
     name: str
     help: str
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the task's own options to ``attnlab train TASK``.
+    def build(self, args: Any, device: torch.device) -> TaskSetup:
+        """Create model, data and optimizer from the options.
 
         Args:
-            parser: the task's sub-command parser.
-        """
-        ...
-
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
-        """Create model, data and optimizer from the parsed options.
-
-        Args:
-            args: the parsed command line of ``attnlab train TASK``.
+            args: the task's options (its :class:`~attnlab.tasks.train_options.TrainOptions`
+                dataclass, as :func:`attnlab.tasks.train` gives them; the fields are read as
+                attributes).
             device: where the model will train.
 
         Returns:

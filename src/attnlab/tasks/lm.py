@@ -1,4 +1,5 @@
-"""``attnlab train lm --data FILE [--bpe]``: a GPT language model on any UTF-8 text file.
+"""``attnlab train lm --data NAME|FILE [--bpe]``: a GPT language model on a packaged dataset
+(``--data tinyshakespeare``, see :mod:`attnlab.data.corpora`) or any UTF-8 text file.
 
 Defaults are nanoGPT's ``shakespeare_char`` recipe for a CPU (Karpathy's README): 4 layers,
 4 heads, ``n_embd = 128``, context 64, batch 12, no dropout, AdamW (β₂ = 0.99, weight decay 0.1
@@ -10,8 +11,8 @@ The first 90% of the text trains, the last 10% validates. Characters are the tok
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
 from attnlab.decoding.generate import STRATEGIES, generate
@@ -34,20 +36,22 @@ from attnlab.tasks.base import (
     check_finite_weights,
     token_labels,
 )
-from attnlab.tasks.options import (
-    add_attention_arguments,
-    attention_options,
-    non_negative_float,
-    positive_float,
-    positive_int,
-    probability,
-)
 from attnlab.tasks.registry import register_task
+from attnlab.tasks.train_options import LMOptions, attention_options
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
 from attnlab.training.trainer import IndexedBatches
 
-__all__ = ["LMIO", "LMCorpus", "LanguageModelTask", "generate_text", "lm_loss", "load_corpus"]
+__all__ = [
+    "LMIO",
+    "LMCorpus",
+    "LanguageModelTask",
+    "generate_text",
+    "lm_data_files",
+    "lm_loss",
+    "load_corpus",
+    "read_lm_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +76,59 @@ class LMCorpus:
     val: torch.Tensor
 
 
-def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -> LMCorpus:
-    """Read, tokenize and split a text file (first 90% train, last 10% validation).
+def read_lm_text(data: str | os.PathLike[str]) -> str:
+    """The text of ``--data``: a packaged text dataset by name, else a file.
+
+    A packaged dataset's name (:mod:`attnlab.data.corpora`, e.g. ``"tinyshakespeare"``) is that
+    dataset; any other value is a path (a file called like a dataset is ``./tinyshakespeare``).
 
     Args:
-        path: a UTF-8 text file.
+        data: a dataset's name or a UTF-8 text file.
+
+    Returns:
+        The text.
+
+    Raises:
+        ValueError: neither a packaged dataset nor a readable text file (one line; a bare
+            name lists the packaged datasets).
+    """
+    if corpora.is_dataset(data, kind="text"):
+        return corpora.load_text(str(data))
+    path = Path(data)
+    if not path.exists() and len(path.parts) == 1:
+        known = ", ".join(corpora.names("text"))
+        raise ArgumentError(
+            f"--data must be a text file or a packaged text dataset ({known}), got {str(data)!r}: "
+            f"--data file not found"
+        )
+    return read_text_file(path, what="--data file")
+
+
+def lm_data_files(data: str | os.PathLike[str]) -> dict[str, str | os.PathLike[str]]:
+    """What a run fingerprints for ``--data`` (:class:`~attnlab.tasks.base.TaskSetup`'s
+    ``data_files``): the file, or the packaged dataset's compressed file.
+
+    Args:
+        data: a dataset's name or a text file.
+
+    Returns:
+        ``{"--data": path}``, or ``{}`` for a dataset not on the file system.
+    """
+    if corpora.is_dataset(data, kind="text"):
+        name = str(data)
+        packaged = corpora.resource_file(name, corpora.dataset(name).files[0])
+        return {} if packaged is None else {"--data": packaged}
+    return {"--data": data}
+
+
+def load_corpus(
+    path: str | os.PathLike[str], *, bpe: bool = False, bpe_vocab: int = 1024
+) -> LMCorpus:
+    """Read, tokenize and split a text (first 90% train, last 10% validation).
+
+    Args:
+        path: a UTF-8 text file, or the name of a packaged text dataset
+            (``"tinyshakespeare"``, see :func:`read_lm_text`).
         bpe: train a byte-level BPE vocabulary on the training text instead of using characters.
         bpe_vocab: its size.
 
@@ -86,7 +138,7 @@ def load_corpus(path: str | Path, *, bpe: bool = False, bpe_vocab: int = 1024) -
     Raises:
         ValueError: the file is missing, empty, not UTF-8, or too short to split.
     """
-    text = read_text_file(path, what="--data file")
+    text = read_lm_text(path)
     if bpe:
         # split the characters first, so that the vocabulary never sees the validation text
         n = int(0.9 * len(text))
@@ -374,69 +426,14 @@ class LanguageModelTask:
     """``attnlab train lm``."""
 
     name = "lm"
-    help = "a GPT language model on a UTF-8 text file (characters, or BPE with --bpe)"
+    options = LMOptions
+    help = "a GPT language model on a packaged dataset or a UTF-8 text file (characters, or BPE)"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data (``--data``, ``--bpe``, ``--block-size``, ...), model and optimiser options.
-
-        Args:
-            parser: the sub-command parser of ``attnlab train lm``.
-        """
-        g = parser.add_argument_group("data")
-        g.add_argument("--data", required=True, help="a UTF-8 text file")
-        g.add_argument(
-            "--bpe", action="store_true", help="byte-level BPE tokens instead of characters"
-        )
-        g.add_argument(
-            "--bpe-vocab",
-            type=positive_int,
-            default=1024,
-            help="BPE vocabulary size (default 1024)",
-        )
-        m = parser.add_argument_group("model")
-        m.add_argument(
-            "--block-size", type=positive_int, default=64, help="context length (default 64)"
-        )
-        m.add_argument("--n-layer", type=positive_int, default=4, help="default 4")
-        m.add_argument("--n-head", type=positive_int, default=4, help="default 4")
-        m.add_argument("--n-embd", type=positive_int, default=128, help="default 128")
-        m.add_argument("--dropout", type=probability, default=0.0, help="default 0.0")
-        m.add_argument(
-            "--bias",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
-        )
-        add_attention_arguments(
-            parser, what="causal self-attention (sliding, performer or bigbird)"
-        )
-        o = parser.add_argument_group("optimisation")
-        o.add_argument("--batch-size", type=positive_int, default=12, help="default 12")
-        o.add_argument(
-            "--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)"
-        )
-        o.add_argument(
-            "--min-lr", type=positive_float, default=1e-4, help="final learning rate (default 1e-4)"
-        )
-        o.add_argument(
-            "--warmup", type=positive_int, default=100, help="warm-up steps (default 100)"
-        )
-        o.add_argument(
-            "--lr-decay-steps", type=positive_int, default=None,
-            help="step at which the cosine decay reaches --min-lr (default --steps)",
-        )  # fmt: skip
-        o.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="default 0.1")
-        o.add_argument(
-            "--eval-iters", type=positive_int, default=20,
-            help="batches per loss estimate (default 20)",
-        )  # fmt: skip
-        parser.set_defaults(eval_every=250, clip=1.0)
-
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+    def build(self, args: LMOptions, device: torch.device) -> TaskSetup:
         """Create the GPT, AdamW with warmup and cosine decay, the batches and the evaluation.
 
         Args:
-            args: the parsed command line of ``attnlab train lm``.
+            args: the task's options (``attnlab train lm``'s).
             device: where the model will train.
 
         Returns:
@@ -455,7 +452,7 @@ class LanguageModelTask:
             )
         if args.min_lr > args.lr:
             raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
-        attention = attention_options(args, causal_only=True)
+        attention = attention_options(args.attention, causal_only=True)
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:
@@ -515,7 +512,7 @@ class LanguageModelTask:
             files={"tokenizer.json": corpus.tokenizer.to_json()},
             report=report,
             io=LMIO(corpus.tokenizer, config.n_positions),
-            data_files={"--data": args.data},
+            data_files=lm_data_files(args.data),
         )
 
     def evaluation_set(self, args: Mapping[str, Any], io: Any, limit: int) -> EvaluationSet:

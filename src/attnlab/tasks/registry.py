@@ -38,9 +38,14 @@ def register_task(task: Task) -> Task:
     Returns:
         ``task`` (so this works as a class-instance decorator helper).
     """
-    for attr in ("name", "help", "add_arguments", "build"):
+    for attr in ("name", "help", "build"):
         if not hasattr(task, attr):
             raise ArgumentTypeError(f"task must have {attr!r} (see attnlab.tasks.base.Task)")
+    if not hasattr(task, "options") and not hasattr(task, "add_arguments"):
+        raise ArgumentTypeError(
+            "task must have 'options' (its options dataclass) or 'add_arguments' "
+            "(see attnlab.tasks.base.Task)"
+        )
     if not isinstance(task.name, str) or not task.name.isidentifier():
         raise ArgumentError(f"task.name must be an identifier-like string, got {task.name!r}")
     _REGISTRY[task.name] = task

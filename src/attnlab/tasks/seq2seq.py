@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +16,7 @@ from attnlab.decoding.generate import generate
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
-from attnlab.tasks.options import attention_options
+from attnlab.tasks.train_options import attention_options
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
 
@@ -121,7 +120,7 @@ def decode_sources(
 
 
 def transformer_config(
-    args: argparse.Namespace, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
+    args: Any, src_tok: Any, tgt_tok: Any, *, max_len: int, share: bool = False
 ) -> TransformerConfig:
     """The encoder-decoder of a task.
 
@@ -154,7 +153,7 @@ def transformer_config(
         pad_id=tgt_tok.pad_id,
         bos_id=tgt_tok.bos_id,
         eos_id=tgt_tok.eos_id,
-        **attention_options(args, causal_only=False),
+        **attention_options(getattr(args, "attention", None), causal_only=False),
     )
 
 
@@ -242,7 +241,7 @@ def noam_adam(
 
 
 def noam_adam_from_args(
-    args: argparse.Namespace, d_model: int
+    args: Any, d_model: int
 ) -> Callable[[nn.Module], tuple[torch.optim.Optimizer, LRScheduler]]:
     """:func:`noam_adam` with the options of ``add_transformer_arguments``.
 

@@ -1,6 +1,8 @@
-"""``attnlab train translate --src FILE --tgt FILE [--dev-src --dev-tgt --test-src --test-tgt]``.
+"""``attnlab train translate --src FILE --tgt FILE [--dev-src --dev-tgt --test-src --test-tgt]``,
+or ``attnlab train translate --corpus small_parallel_enja``.
 
-An encoder-decoder Transformer on a parallel corpus. Source and target tokenizers (BPE, or
+An encoder-decoder Transformer on a parallel corpus: the user's files, or a packaged dataset
+(:mod:`attnlab.data.corpora`) with its train, dev and test splits. Source and target tokenizers (BPE, or
 word-level with ``--tokenizer word``) are trained locally on the training files. Batches hold
 sentences of similar length (``--max-tokens`` padded tokens each). Evaluation gives the dev loss
 and the dev BLEU of greedy decoding; at the end the test split (or dev, when there is no test
@@ -10,7 +12,6 @@ split) is translated with beam search and scored with sacrebleu; the translation
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab.data import corpora
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
 from attnlab.data.tokenizers import HFTokenizer, tokenizer_from_json, train_bpe, train_word_level
@@ -29,9 +31,9 @@ from attnlab.errors import ArgumentError
 from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
-from attnlab.tasks.options import add_attention_arguments, add_transformer_arguments, positive_int
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
+from attnlab.tasks.train_options import BLEU_TOKENIZERS, TranslateOptions
 from attnlab.training.trainer import IndexedBatches
 
 __all__ = [
@@ -46,9 +48,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
-
-#: sacrebleu's tokenizers that work offline (its sentencepiece ones download a model)
-BLEU_TOKENIZERS = ("13a", "intl", "char", "zh", "ja-mecab", "ko-mecab", "none")
 
 
 def check_bleu_tokenizer(tokenize: str) -> None:
@@ -109,15 +108,57 @@ class TranslateData:
     test: ParallelCorpus | None
 
 
-def _pair(args: argparse.Namespace, split: str) -> ParallelCorpus | None:
-    src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
-    if (src is None) != (tgt is None):
-        raise ArgumentError(f"--{split}-src and --{split}-tgt must be given together")
+#: the file options that a packaged ``--corpus`` replaces
+_FILE_OPTIONS = ("src", "tgt", "dev_src", "dev_tgt", "test_src", "test_tgt")
+
+
+def check_data_options(args: Any) -> None:
+    """Refuse data options that do not fit together: ``--corpus`` or ``--src`` and ``--tgt``.
+
+    Args:
+        args: the task's options (``corpus`` and the file options).
+
+    Raises:
+        ValueError: both ``--corpus`` and a file, neither, or one file of a pair alone.
+    """
+    corpus = getattr(args, "corpus", None)
+    given = [name for name in _FILE_OPTIONS if getattr(args, name, None) is not None]
+    if corpus is not None:
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ArgumentError(
+                f"{flag} does not combine with --corpus {corpus} (it brings its train, dev and "
+                f"test splits): give either --corpus or the files"
+            )
+        corpora.dataset(corpus, kind="parallel")
+        return
+    if args.src is None or args.tgt is None:
+        known = ", ".join(corpora.names("parallel"))
+        raise ArgumentError(
+            f"the training data must be --src and --tgt files or --corpus NAME ({known}), "
+            f"got {'--src' if args.src is not None else '--tgt' if args.tgt is not None else 'none'}"
+        )
+    for split in ("dev", "test"):
+        if (getattr(args, f"{split}_src") is None) != (getattr(args, f"{split}_tgt") is None):
+            raise ArgumentError(f"--{split}-src and --{split}-tgt must be given together")
+
+
+def _pair(args: Any, split: str) -> ParallelCorpus | None:
+    corpus = getattr(args, "corpus", None)
+    if corpus is not None:
+        return corpora.load_parallel(corpus, split)
+    prefix = "" if split == "train" else f"{split}_"
+    src, tgt = getattr(args, f"{prefix}src"), getattr(args, f"{prefix}tgt")
     return None if src is None else read_parallel(src, tgt, what=split)
 
 
-def _data_files(args: argparse.Namespace) -> dict[str, str]:
-    """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given)."""
+def _data_files(args: Any) -> dict[str, Any]:
+    """The files the run reads, by option (``--src``, ``--tgt``, and the dev/test ones given;
+    a packaged ``--corpus``'s compressed files)."""
+    corpus = getattr(args, "corpus", None)
+    if corpus is not None:
+        packaged = {f: corpora.resource_file(corpus, f) for f in corpora.dataset(corpus).files}
+        return {f"--corpus {f}": path for f, path in packaged.items() if path is not None}
     files = {"--src": args.src, "--tgt": args.tgt}
     for split in ("dev", "test"):
         for side in ("src", "tgt"):
@@ -127,17 +168,23 @@ def _data_files(args: argparse.Namespace) -> dict[str, str]:
     return files
 
 
-def load_translate_data(args: argparse.Namespace) -> TranslateData:
+def load_translate_data(args: Any) -> TranslateData:
     """Read the files named by the options and train the two tokenizers on the training split.
 
     Args:
-        args: parsed options with ``src``, ``tgt``, the optional ``dev_*``/``test_*`` files,
-            ``tokenizer`` (``"word"`` or BPE) and the vocabulary sizes.
+        args: parsed options with ``src``, ``tgt``, the optional ``dev_*``/``test_*`` files (or
+            a packaged ``corpus``), ``tokenizer`` (``"word"`` or BPE) and the vocabulary sizes.
 
     Returns:
         The tokenizers and the splits.
+
+    Raises:
+        ValueError: the data options do not fit together (:func:`check_data_options`) or a
+            file cannot be read.
     """
-    train = read_parallel(args.src, args.tgt, what="train")
+    check_data_options(args)
+    train = _pair(args, "train")
+    assert train is not None  # checked: --corpus, or --src and --tgt
     dev, test = _pair(args, "dev"), _pair(args, "test")
     if args.tokenizer == "word":
         src_tok = train_word_level(train.src, args.src_vocab)
@@ -187,53 +234,19 @@ class TranslationTask:
     """``attnlab train translate``."""
 
     name = "translate"
-    help = "an encoder-decoder on parallel text files (BPE trained locally; BLEU with beam search)"
+    options = TranslateOptions
+    help = (
+        "an encoder-decoder on a packaged corpus (--corpus) or parallel text files (BPE trained "
+        "locally; BLEU with beam search)"
+    )
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the data options (training, dev and test files, tokenizer and vocabulary sizes,
-        ``--max-tokens``, ``--beams``, ``--bleu-tokenize``) and the Transformer options.
-
-        Args:
-            parser: the sub-command parser of ``attnlab train translate``.
-        """
-        g = parser.add_argument_group("data")
-        g.add_argument("--src", required=True, help="training source file (one sentence a line)")
-        g.add_argument("--tgt", required=True, help="training target file (line i ↔ line i)")
-        for split in ("dev", "test"):
-            g.add_argument(f"--{split}-src", default=None, help=f"{split} source file")
-            g.add_argument(f"--{split}-tgt", default=None, help=f"{split} target file")
-        g.add_argument("--tokenizer", choices=("bpe", "word"), default="bpe", help="default bpe")
-        g.add_argument("--src-vocab", type=positive_int, default=8000, help="default 8000")
-        g.add_argument("--tgt-vocab", type=positive_int, default=8000, help="default 8000")
-        g.add_argument(
-            "--max-tokens", type=positive_int, default=4096,
-            help="padded tokens per batch (default 4096)",
-        )  # fmt: skip
-        g.add_argument(
-            "--beams", type=positive_int, default=4, help="beam size at the end (default 4)"
-        )
-        g.add_argument(
-            "--bleu-tokenize", default="13a", choices=BLEU_TOKENIZERS,
-            help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",
-        )  # fmt: skip
-        add_transformer_arguments(
-            parser, d_model=256, layers=3, heads=4, d_ff=1024, dropout=0.1, warmup=400,
-            batch_size=None,
-        )  # fmt: skip
-        add_attention_arguments(
-            parser,
-            what="self-attention (sliding: encoder (w, w), decoder (w, 0); linformer: encoder "
-            "only; performer, bigbird: both, the decoder's causal; cross-attention stays full)",
-        )
-        parser.set_defaults(eval_every=1000)
-
-    def build(self, args: argparse.Namespace, device: torch.device) -> TaskSetup:
+    def build(self, args: TranslateOptions, device: torch.device) -> TaskSetup:
         # the options the evaluation and the final report use, checked before any step
         """Read the corpus, train the tokenizers, and create the encoder-decoder, its Noam-scheduled
         Adam, length-bucketed batches and the dev evaluation (loss and greedy BLEU).
 
         Args:
-            args: the parsed command line of ``attnlab train translate``.
+            args: the task's options (``attnlab train translate``'s).
             device: where the model will train.
 
         Returns:
@@ -326,12 +339,15 @@ class TranslationTask:
         Raises:
             ValueError: the run was trained without dev or test files.
         """
-        split = "dev" if args.get("dev_src") else "test"
-        if not args.get(f"{split}_src"):
-            raise ArgumentError(
-                "the run was trained without --dev-src/--test-src: no held-out pairs"
-            )
-        pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
+        if args.get("corpus"):
+            pairs = corpora.load_parallel(str(args["corpus"]), "dev")
+        else:
+            split = "dev" if args.get("dev_src") else "test"
+            if not args.get(f"{split}_src"):
+                raise ArgumentError(
+                    "the run was trained without --dev-src/--test-src: no held-out pairs"
+                )
+            pairs = read_parallel(args[f"{split}_src"], args[f"{split}_tgt"], what=split)
         src = [io.encode_source(s, lenient=True) for s in pairs.src[:limit]]
         tgt = _encode_all(io.tgt_tok, pairs.tgt[:limit], MAX_LEN - 2)
         batches = [

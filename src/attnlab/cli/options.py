@@ -7,8 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from attnlab.errors import ArgumentError
-from attnlab.nn.kinds import attention_kinds, spec_class, spec_from_cli
+from attnlab.nn.kinds import AttentionSpec, attention_kinds, spec_class, spec_from_cli
 
 Number = TypeVar("Number", int, float)
 
@@ -16,7 +15,7 @@ __all__ = [
     "add_attention_arguments",
     "add_transformer_arguments",
     "attention_dests",
-    "attention_options",
+    "attention_spec",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
@@ -246,31 +245,22 @@ def add_attention_arguments(parser: argparse.ArgumentParser, *, what: str) -> No
             )
 
 
-def attention_options(args: argparse.Namespace, *, causal_only: bool) -> dict[str, Any]:
-    """The model config's ``attention`` from :func:`add_attention_arguments`'s options
-    (:func:`~attnlab.nn.kinds.spec_from_cli`).
+def attention_spec(args: argparse.Namespace) -> AttentionSpec | None:
+    """The spec of ``--attention NAME`` and its kind's options, or ``None`` when no attention
+    option was given (full attention).
 
     Args:
-        args: the parsed command line.
-        causal_only: the model's attention is all causal (a GPT): a kind that cannot be causal
-            (``--attention linformer``) is refused.
+        args: the parsed command line (with :func:`add_attention_arguments`'s options).
 
     Returns:
-        ``{"attention": spec}`` for the model config.
+        The spec, or ``None``.
 
     Raises:
-        ValueError: an option of another kind (``--window`` needs ``--attention sliding``), a
-            kind's required option missing (``--attention sliding needs --window``), a value
-            the spec refuses (an even ``--window-blocks``), or a kind that cannot be causal for
-            a causal model.
+        ValueError: an option of another kind, a required one missing, or a value the spec
+            refuses (:func:`~attnlab.nn.kinds.spec_from_cli`).
     """
-    attention = getattr(args, "attention", None) or "full"
-    values = {dest: getattr(args, dest, None) for dest in attention_dests()[1:]}
-    spec = spec_from_cli(attention, values)
-    if causal_only and spec.bidirectional_only:
-        raise ArgumentError(
-            f"--attention {attention} does not fit a GPT: its attention is causal, and "
-            f"{attention} cannot be causal (Linformer's projected keys mix future positions); "
-            f"use --attention sliding or performer"
-        )
-    return {"attention": spec}
+    given = {dest: getattr(args, dest, None) for dest in attention_dests()[1:]}
+    name = getattr(args, "attention", None)
+    if name is None and all(v is None for v in given.values()):
+        return None
+    return spec_from_cli(name, given)
