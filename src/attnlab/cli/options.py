@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from attnlab.nn.kinds import AttentionSpec, attention_kinds, spec_class, spec_from_cli
+from attnlab.nn.kinds import AttentionSpec, attention_kinds, cli_dests, spec_class, spec_from_cli
 
 Number = TypeVar("Number", int, float)
 
@@ -196,15 +196,12 @@ def add_transformer_arguments(
 
 def attention_dests() -> tuple[str, ...]:
     """The attention options' argparse dests: ``attention`` and every registered kind's options
-    (:attr:`~attnlab.nn.kinds.AttentionSpec.cli_options`). Left out of a run's ``config.json``
-    while unset (``None``), so that runs saved before an option existed compare equal when
-    resumed.
+    (:func:`~attnlab.nn.kinds.cli_dests`).
 
     Returns:
         The dests.
     """
-    kinds = [spec_class(name) for name in attention_kinds()]
-    return ("attention", *(option.dest for kind in kinds for option in kind.cli_options))
+    return cli_dests()
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {

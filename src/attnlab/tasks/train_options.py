@@ -34,7 +34,7 @@ import torch
 from attnlab.data import corpora
 from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.kinds import AttentionSpec, FullSpec, spec_from_dict
+from attnlab.nn.kinds import AttentionSpec, FullSpec, spec_from_dict, spec_to_cli
 
 __all__ = [
     "BLEU_TOKENIZERS",
@@ -44,7 +44,6 @@ __all__ = [
     "LMOptions",
     "TrainOptions",
     "TranslateOptions",
-    "attention_args",
     "attention_options",
     "options_class",
     "run_args",
@@ -220,26 +219,6 @@ class AttentionFields:
                 f"{type(value).__name__}"
             )
         super().__post_init__()  # type: ignore[misc]
-
-
-def attention_args(spec: AttentionSpec | None) -> dict[str, Any]:
-    """A spec as the command line's options (``{"attention": "sliding", "window": 256}``): what
-    a run saves of it among its ``"args"``; nothing for full attention left unset.
-
-    Args:
-        spec: the spec, or ``None``.
-
-    Returns:
-        The options by their argparse dest.
-    """
-    if spec is None:
-        return {}
-    out: dict[str, Any] = {"attention": spec.name}
-    for option in spec.cli_options:
-        value = getattr(spec, option.field)
-        if value is not None:
-            out[option.dest] = value
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -503,7 +482,7 @@ def run_args(options: TrainOptions) -> dict[str, Any]:
     for name in task_fields(options):
         value = getattr(options, name)
         if name == "attention" and (value is None or isinstance(value, AttentionSpec)):
-            out.update(attention_args(value))  # as the command line's options
+            out.update(spec_to_cli(value))  # as the command line's options
             continue
         if value is None and name in _NEWER_FIELDS:
             continue

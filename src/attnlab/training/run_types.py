@@ -4,17 +4,27 @@ the :class:`TrainerCallback` hooks, and :func:`config_difference` (why a run doe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict, config_to_dict
+from attnlab.nn.kinds import cli_dests, spec_from_cli, spec_to_cli
 
 if TYPE_CHECKING:
     from attnlab.training.trainer import Trainer
 
-__all__ = ["StepMetrics", "TrainConfig", "TrainResult", "TrainerCallback", "config_difference"]
+__all__ = [
+    "StepMetrics",
+    "TrainConfig",
+    "TrainResult",
+    "TrainerCallback",
+    "canonical_run_config",
+    "config_difference",
+]
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,37 @@ class TrainerCallback:
         Args:
             result: how the run ended (steps, losses, interruption, last checkpoint and evaluation).
         """
+
+
+def canonical_run_config(config: Any) -> Any:
+    """A run configuration (``config.json``'s tree) in today's form, so that one written by an
+    earlier release compares equal to the same run now: a model config's flat attention fields
+    (``"attention": "sliding", "window": 256``) become its spec's dict, and the attention options
+    among ``"args"`` become every option of the spec they describe (BigBird's defaults written
+    out). A part that does not read as a config is left as it is (the comparison then names it).
+
+    Args:
+        config: the tree (a dict with ``"model"`` and ``"args"``), or anything else.
+
+    Returns:
+        The tree, canonical.
+    """
+    if not isinstance(config, dict):
+        return config
+    out = dict(config)
+    model = out.get("model")
+    classes = {"GPTConfig": GPTConfig, "TransformerConfig": TransformerConfig}
+    if isinstance(model, dict) and model.get("kind") in classes:
+        with contextlib.suppress(AttnlabError):
+            out["model"] = config_to_dict(config_from_dict(classes[model["kind"]], model))
+    args = out.get("args")
+    dests = cli_dests()
+    if isinstance(args, dict) and any(args.get(d) is not None for d in dests):
+        with contextlib.suppress(AttnlabError):
+            spec = spec_from_cli(args.get("attention"), {d: args.get(d) for d in dests[1:]})
+            rest = {k: v for k, v in args.items() if k not in dests}
+            out["args"] = {**rest, **spec_to_cli(spec)}
+    return out
 
 
 def config_difference(saved: Any, current: Any, prefix: str = "") -> str | None:

@@ -119,6 +119,7 @@ from attnlab.training.run_types import (
     TrainConfig,
     TrainerCallback,
     TrainResult,
+    canonical_run_config,
     config_difference,
 )
 from attnlab.training.step import train_step
@@ -438,7 +439,8 @@ class Trainer:
             )
         saved = read_config(ckpt)
         saved_data = saved.pop(DATA_FILES_KEY, None)
-        diff = config_difference(saved, self.run_config)
+        # an earlier release's forms read as today's (attention specs)
+        diff = config_difference(canonical_run_config(saved), canonical_run_config(self.run_config))
         if diff:
             raise ArgumentError(
                 f"cannot resume {ckpt} with a different configuration ({diff}); nothing was changed"

@@ -10,11 +10,13 @@ from attnlab.nn.kinds.base import (
     AttentionSpec,
     CliOption,
     attention_kinds,
+    cli_dests,
     register_attention,
     spec_class,
     spec_from_cli,
     spec_from_dict,
     spec_from_legacy,
+    spec_to_cli,
     unregister_attention,
 )
 
@@ -36,11 +38,13 @@ __all__ = [
     "SlidingSpec",
     "attention_kinds",
     "block_pairs",
+    "cli_dests",
     "register_attention",
     "spec_class",
     "spec_from_cli",
     "spec_from_dict",
     "spec_from_legacy",
+    "spec_to_cli",
     "unregister_attention",
     "window_pairs",
 ]

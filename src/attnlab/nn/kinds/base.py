@@ -46,6 +46,7 @@ __all__ = [
     "spec_from_cli",
     "spec_from_dict",
     "spec_from_legacy",
+    "spec_to_cli",
     "unregister_attention",
 ]
 
@@ -543,6 +544,36 @@ def legacy_field_names() -> frozenset[str]:
         The names.
     """
     return frozenset(old for kind in _KINDS.values() for old in kind.legacy_fields)
+
+
+def spec_to_cli(spec: AttentionSpec | None) -> dict[str, Any]:
+    """A spec as the command line's options (``{"attention": "sliding", "window": 256}``), the
+    inverse of :func:`spec_from_cli`: every option of its kind that holds a value; nothing for
+    full attention or ``None``.
+
+    Args:
+        spec: the spec, or ``None``.
+
+    Returns:
+        The options by their argparse ``dest``.
+    """
+    if spec is None or not spec.name or spec.name == "full":
+        return {}
+    out: dict[str, Any] = {"attention": spec.name}
+    for option in spec.cli_options:
+        value = getattr(spec, option.field)
+        if value is not None:
+            out[option.dest] = value
+    return out
+
+
+def cli_dests() -> tuple[str, ...]:
+    """``attention`` and every registered kind's option dests (``window``, ``linformer_k``, …).
+
+    Returns:
+        The dests.
+    """
+    return ("attention", *(o.dest for kind in _KINDS.values() for o in kind.cli_options))
 
 
 def spec_from_cli(attention: str | None, values: Mapping[str, Any]) -> AttentionSpec:

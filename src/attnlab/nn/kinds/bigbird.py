@@ -244,6 +244,13 @@ class BigBirdSpec(AttentionSpec):
 
 @lru_cache(maxsize=64)
 def _layout(spec: BigBirdSpec, seq_len: int, causal: bool) -> BlockLayout:
+    # a layout is host data, drawn on the CPU whatever the default device (a run loader builds
+    # its placeholder model on the meta device; a GPU model moves the blocks where they are used)
+    with torch.device("cpu"):
+        return _draw(spec, seq_len, causal)
+
+
+def _draw(spec: BigBirdSpec, seq_len: int, causal: bool) -> BlockLayout:
     return bigbird_layout(
         seq_len,
         block_size=spec.block_size,
