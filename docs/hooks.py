@@ -93,6 +93,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     config["nav"] = [
         {"Home": "index.md"},
         {"Conventions": "conventions.md"},
+        {"Design": "design.md"},
         {"Learning path": learning},
         {"API reference": api},
     ]
