@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 import attnlab as al
+from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper
 
 
@@ -175,7 +176,7 @@ def compare(
 
 def step_rate(gpt: al.GPT, position: int, steps: int, repeats: int) -> float:
     """tokens/s of one-token greedy steps (batch 1) starting at ``position``."""
-    gpt = gpt.float()
+    gpt = lay_out_for_decoding(gpt.float())  # as generate() does first
     ids = torch.randint(0, gpt.config.vocab_size, (1, position))
     rates = []
     with torch.inference_mode():

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from attnlab.cli import build_parser
 from attnlab.tasks import get_task
-from attnlab.training.distributed import DistInfo
+from attnlab.training.processes import DistInfo
 from attnlab.training.progress import RichProgress
 from attnlab.training.rng import seed_everything
 from attnlab.training.trainer import StepMetrics, TrainConfig, Trainer, TrainerCallback

@@ -125,7 +125,7 @@ parser = argparse.ArgumentParser()
 reverse.add_arguments(parser)  # its own options, with its defaults
 args = parser.parse_args(TASK_ARGV)
 args.seed = SEED
-data = reverse.make_task(args)  # the strings: attnlab.data.tasks.SequenceTask
+data = reverse.make_task(args)  # the strings: attnlab.data.toy_sequences.SequenceTask
 tok = data.tokenizer
 V, EPS = tok.vocab_size, args.label_smoothing
 

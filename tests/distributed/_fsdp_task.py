@@ -37,13 +37,13 @@ from attnlab.training.checkpoint import (  # noqa: E402
     resolve_checkpoint,
     verify_checkpoint,
 )
-from attnlab.training.distributed import (  # noqa: E402
+from attnlab.training.divergence import DivergenceError  # noqa: E402
+from attnlab.training.losses import TokenLoss, token_loss  # noqa: E402
+from attnlab.training.processes import (  # noqa: E402
     all_reduce_sum,
     cleanup_distributed,
     init_distributed,
 )
-from attnlab.training.divergence import DivergenceError  # noqa: E402
-from attnlab.training.losses import TokenLoss, token_loss  # noqa: E402
 from attnlab.training.rng import seed_everything  # noqa: E402
 from attnlab.training.trainer import TrainConfig, Trainer  # noqa: E402
 from tests.training._tiny_task import PAD, VOCAB, TinyBatches, make_optimizer  # noqa: E402

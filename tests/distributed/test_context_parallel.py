@@ -26,7 +26,7 @@ from attnlab.distributed.ring_schedule import shard_sequence
 from attnlab.models.config import GPTConfig, TransformerConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
-from attnlab.training.distributed import DistInfo
+from attnlab.training.processes import DistInfo
 from tests.distributed._launch import launch
 
 VOCAB = 29

@@ -33,8 +33,8 @@ from attnlab.training.checkpoint import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from attnlab.training.distributed import DistInfo
 from attnlab.training.manifest import file_entry
+from attnlab.training.processes import DistInfo
 from tests.distributed import _fsdp_task
 from tests.distributed._torchrun import torchrun
 from tests.training._tiny_task import TASK as DDP_TASK

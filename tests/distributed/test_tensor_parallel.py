@@ -231,8 +231,8 @@ def _compare(
 def _refusal(errors: dict[str, str], what: str, fn: Callable[[], Any]) -> None:
     try:
         fn()
-    except (TypeError, ValueError) as e:
-        errors[what] = f"{type(e).__name__}: {e}"
+    except (TypeError, ValueError) as e:  # named by the builtin type a Python user catches
+        errors[what] = f"{'TypeError' if isinstance(e, TypeError) else 'ValueError'}: {e}"
     else:
         errors[what] = "no error"
 

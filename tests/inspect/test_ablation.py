@@ -14,7 +14,7 @@ import torch
 
 import attnlab as al
 from attnlab.data.batching import Seq2SeqBatch, make_seq2seq_batch, pad_batch
-from attnlab.data.tasks import SequenceTask, SequenceTaskConfig
+from attnlab.data.toy_sequences import SequenceTask, SequenceTaskConfig
 from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.inspect import head_importance, masked_heads, pruning_curve, pruning_order
 from tests.decoding._models import greedy_without_cache

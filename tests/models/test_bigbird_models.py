@@ -97,7 +97,8 @@ def test_other_attentions_are_saved_as_before() -> None:
         saved = config_to_dict(cfg)
         assert set(saved["attention"]) <= {"kind", "window", "k"}
     assert config_to_dict(GPTConfig(attention="sliding", window=4))["attention"] == {
-        "kind": "sliding", "window": 4
+        "kind": "sliding",
+        "window": 4,
     }
     assert "attention" not in config_to_dict(GPTConfig())  # as before any other kind existed
 

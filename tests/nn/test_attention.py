@@ -362,7 +362,7 @@ def test_auto_backend_is_a_real_choice() -> None:
 def test_blockwise_block_sizes(block: int, query_block: int) -> None:
     """The online softmax depends on neither block size (odd sizes, a block of one key or row)."""
     from attnlab.nn.backends.blockwise import blockwise_attention
-    from attnlab.nn.masking import Masking
+    from attnlab.nn.mask_spec import Masking
 
     q = torch.randn(1, 2, 23, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 29, 8, dtype=torch.float64, requires_grad=True)
@@ -385,7 +385,7 @@ def test_row_hidden_in_first_block_with_very_negative_scores(backend: str) -> No
     """A row whose first key block is hidden and whose visible scores are all far below zero must
     not underflow (the running maximum must not be clamped to 0)."""
     from attnlab.nn.backends.blockwise import blockwise_attention
-    from attnlab.nn.masking import Masking
+    from attnlab.nn.mask_spec import Masking
 
     q = torch.randn(1, 1, 4, 8)
     k = torch.randn(1, 1, 12, 8)

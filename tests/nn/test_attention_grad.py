@@ -122,7 +122,7 @@ def test_blockwise_dropout_backward_matches_its_own_mask() -> None:
     """Read the blockwise forward's keep-mask through ``V = I`` and check its q/k gradients against
     the float64 reference that uses that same mask (several query and key blocks)."""
     from attnlab.nn.backends.blockwise import blockwise_attention
-    from attnlab.nn.masking import Masking
+    from attnlab.nn.mask_spec import Masking
 
     t_q, t_k = 40, 300
     q = torch.randn(1, 2, t_q, 8, dtype=torch.float64, requires_grad=True)

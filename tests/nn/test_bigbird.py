@@ -14,7 +14,7 @@ import torch
 
 import attnlab as al
 from attnlab.nn.backends.plan import TilePlan
-from attnlab.nn.masking import empty_rows, hide_unseen_keys, normalize_mask
+from attnlab.nn.mask_spec import empty_rows, hide_unseen_keys, normalize_mask
 from tests.nn._patterns import BACKENDS, B, count_scores, use_small_tiles
 from tests.nn._patterns import qkv as _qkv
 from tests.nn._patterns import user_mask as _mask

@@ -10,9 +10,9 @@ import torch
 
 import attnlab as al
 from attnlab.nn.backends import ATTENTION_BACKENDS, choose_backend
+from attnlab.nn.block_layout import BlockLayout, _runs, bigbird_layout, bigbird_mask
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import normalize_mask
-from attnlab.nn.masks import BlockLayout, _runs, bigbird_layout, bigbird_mask
+from attnlab.nn.mask_spec import normalize_mask
 
 N, BLOCK = 40, 6  # a layout over 40 positions in blocks of 6: the last block holds 4
 KINDS = {

@@ -12,7 +12,7 @@ import torch
 import attnlab as al
 from attnlab.nn.backends import fused_tiles
 from attnlab.nn.backends.blockwise import blockwise_attention
-from attnlab.nn.masking import normalize_mask
+from attnlab.nn.mask_spec import normalize_mask
 from tests.reference import attention_ref
 
 KERNELS = ["fused", "python"]

@@ -151,7 +151,7 @@ def test_huge_finite_biases_give_the_float64_result(backend: str, dtype: torch.d
 def test_a_bias_that_hides_nothing_gives_no_boolean_mask() -> None:
     """ALiBi's (H, T, T) bias hides no key: the backends get no per-row boolean mask to process
     (empty rows, unseen keys), and the result is that of the float64 reference."""
-    from attnlab.nn.masking import normalize_mask
+    from attnlab.nn.mask_spec import normalize_mask
 
     q = k = v = torch.randn(1, H, 9, D, dtype=torch.float64)
     bias = al.alibi_bias(H, 9, 9).double()

@@ -16,7 +16,7 @@ import attnlab as al
 from attnlab.nn.backends import blockwise
 from attnlab.nn.backends.plan import TilePlan
 from attnlab.nn.kv_cache import KVCache, ModelCache
-from attnlab.nn.masking import empty_rows, normalize_mask
+from attnlab.nn.mask_spec import empty_rows, normalize_mask
 from tests.decoding._models import tiny_gpt
 from tests.nn._patterns import BACKENDS, B, count_scores, use_small_tiles
 from tests.nn._patterns import qkv as _qkv

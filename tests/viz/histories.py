@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.nn.masks import causal_mask
-from attnlab.viz.evolution import ProbeHistory
+from attnlab.viz.probe_history import ProbeHistory
 
 GPT_WORDS = "<bos> the cat sat on the mat and the dog".split()
 SOURCE = "a b c d e f g".split()

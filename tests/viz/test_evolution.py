@@ -7,13 +7,9 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.viz.evolution import (
-    ProbeHistory,
-    attention_evolution,
-    head_entropy_curves,
-    row_entropy,
-    viewer_data_from_history,
-)
+from attnlab.viz.evolution import attention_evolution, head_entropy_curves, row_entropy
+from attnlab.viz.evolution_viewer import viewer_data_from_history
+from attnlab.viz.probe_history import ProbeHistory
 from tests.viz.histories import GPT_WORDS, SOURCE, TARGET, gpt_history, seq2seq_history
 
 

@@ -13,12 +13,9 @@ import torch
 
 from attnlab import Transformer, TransformerConfig
 from attnlab.inspect import capture
-from attnlab.viz.evolution import (
-    ProbeHistory,
-    attention_evolution,
-    head_entropy_curves,
-    viewer_data_from_history,
-)
+from attnlab.viz.evolution import attention_evolution, head_entropy_curves
+from attnlab.viz.evolution_viewer import viewer_data_from_history
+from attnlab.viz.probe_history import ProbeHistory
 from attnlab.viz.viewer import viewer_data, write_viewer
 
 # the Chromium fixture and page helpers of the viewer's browser tests

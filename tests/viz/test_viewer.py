@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.viz.evolution import viewer_data_from_history
+from attnlab.viz.evolution_viewer import viewer_data_from_history
 from attnlab.viz.viewer import (
     AttentionGroup,
     AttentionLayer,

@@ -39,7 +39,7 @@ from attnlab.tasks.options import attention_dests, non_negative_int, positive_in
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import available_tasks, get_task
 from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
-from attnlab.training.distributed import (
+from attnlab.training.processes import (
     DDPStrategy,
     ParallelStrategy,
     cleanup_distributed,
@@ -70,7 +70,7 @@ PARALLEL = ("ddp", "fsdp")
 
 
 def strategy_of(args: argparse.Namespace) -> ParallelStrategy:
-    """The trainer's :class:`~attnlab.training.distributed.ParallelStrategy` for ``--parallel``,
+    """The trainer's :class:`~attnlab.training.processes.ParallelStrategy` for ``--parallel``,
     ``--context-parallel`` and ``--tensor-parallel``."""
     name = getattr(args, "parallel", "ddp")
     cp = getattr(args, "context_parallel", 1)

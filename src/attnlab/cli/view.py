@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _training_view(args: argparse.Namespace) -> int:
     from attnlab.tasks.probe import load_probe_history
-    from attnlab.viz.evolution import viewer_data_from_history
+    from attnlab.viz.evolution_viewer import viewer_data_from_history
 
     if args.text is not None or args.ids is not None:
         raise CLIError("--training shows the recorded probe; it takes no --text or --ids")

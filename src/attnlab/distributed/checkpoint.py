@@ -64,8 +64,8 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from attnlab.training.distributed import is_initialized
 from attnlab.training.manifest import MANIFEST
+from attnlab.training.processes import is_initialized
 
 __all__ = [
     "consolidate",

@@ -44,7 +44,7 @@ from torch.optim import Optimizer
 
 from attnlab.distributed.checkpoint import load_sharded_state, save_sharded_state
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.training.distributed import DistInfo, ParallelStrategy, is_initialized
+from attnlab.training.processes import DistInfo, ParallelStrategy, is_initialized
 
 __all__ = ["FSDPStrategy", "shard_model", "transformer_blocks"]
 
@@ -165,7 +165,7 @@ class FSDPStrategy(ParallelStrategy):
 
         Args:
             model: the model, on ``info.device``.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             ``model`` itself.
@@ -205,7 +205,7 @@ class FSDPStrategy(ParallelStrategy):
         taken or skipped on every rank alike).
 
         Args:
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             The scaler.
@@ -221,7 +221,7 @@ class FSDPStrategy(ParallelStrategy):
 
         Args:
             model: the sharded model.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             Rank 0's unsharded copy holding the current weights; ``None`` on the other ranks.

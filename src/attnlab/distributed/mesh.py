@@ -65,7 +65,7 @@ from attnlab.distributed.tensor_parallel import (
 )
 from attnlab.errors import ArgumentError
 from attnlab.training.checkpoint import MODEL, CheckpointError
-from attnlab.training.distributed import (
+from attnlab.training.processes import (
     DistInfo,
     ParallelStrategy,
     all_reduce_sum,
@@ -124,7 +124,7 @@ class MeshStrategy(ParallelStrategy):
 
         Args:
             model: a GPT (or, tensor parallel only, a Transformer), on ``info.device``.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             The module the loss function calls (:class:`ContextParallelModel` under context
@@ -177,7 +177,7 @@ class MeshStrategy(ParallelStrategy):
 
         Args:
             batch: the global batch; every tensor ``(B, T, ...)`` under context parallelism.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             This rank's part.
@@ -211,7 +211,7 @@ class MeshStrategy(ParallelStrategy):
 
         Args:
             totals: this rank's totals, float64.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             Their sum over the data- and context-parallel ranks.
@@ -227,7 +227,7 @@ class MeshStrategy(ParallelStrategy):
         """``D · C``: the gradients are averaged over the data- and context-parallel ranks.
 
         Args:
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             ``D · C``.
@@ -271,7 +271,7 @@ class MeshStrategy(ParallelStrategy):
         gradient overflowed (each rank sees its shards only).
 
         Args:
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             The scaler.
@@ -289,7 +289,7 @@ class MeshStrategy(ParallelStrategy):
 
         Args:
             model: the model :meth:`wrap` prepared.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             Rank 0's whole copy with the current weights; ``None`` on the other ranks.
@@ -309,7 +309,7 @@ class MeshStrategy(ParallelStrategy):
         Args:
             model: the model :meth:`wrap` prepared.
             optimizer: its optimizer.
-            info: this process's :class:`~attnlab.training.distributed.DistInfo`.
+            info: this process's :class:`~attnlab.training.processes.DistInfo`.
 
         Returns:
             The whole state on rank 0, ``None`` on the other ranks.

@@ -98,7 +98,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 from attnlab.nn.kinds import AttentionSpec
-from attnlab.training.distributed import local_tensor
+from attnlab.training.processes import local_tensor
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer

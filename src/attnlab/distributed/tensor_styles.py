@@ -36,10 +36,11 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPTSelfAttention
+from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masks import BlockLayout, Window
+from attnlab.nn.masks import Window
 from attnlab.nn.multihead import MultiHeadAttention, check_head_mask
-from attnlab.training.distributed import local_tensor
+from attnlab.training.processes import local_tensor
 
 __all__ = ["HeadParallel", "ReplicateParallel", "TensorParallelAttention", "qkv_row_order"]
 

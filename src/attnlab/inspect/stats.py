@@ -33,7 +33,7 @@ import torch
 from attnlab._checks import check_floating, check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.common import compute_dtype
-from attnlab.nn.masking import normalize_mask
+from attnlab.nn.mask_spec import normalize_mask
 
 __all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats"]
 

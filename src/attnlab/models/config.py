@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import check_backend
+from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kinds import AttentionSpec, BigBirdSpec, FullSpec, spec_from_dict, spec_from_legacy
 from attnlab.nn.kinds.base import legacy_field_names
-from attnlab.nn.masks import BlockLayout
 
 __all__ = [
     "GPTConfig",

@@ -32,6 +32,7 @@ from attnlab.models.gpt_layers import (
     GPTSelfAttention,
     RecomputeCache,
     attention_site,
+    gpt2_parts,
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
@@ -74,9 +75,9 @@ class GPTTrunk(nn.Module):
             else None
         )
         self.drop = nn.Dropout(config.dropout)
-        self.h = nn.ModuleList(GPTBlock(config, rotary) for _ in range(config.n_layer))
-        eps = config.layer_norm_epsilon
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        parts = gpt2_parts(config, rotary)
+        self.h = nn.ModuleList(GPTBlock(parts) for _ in range(config.n_layer))
+        self.ln_f = parts.norm()
 
 
 class GPT(nn.Module):

@@ -8,6 +8,8 @@ over ``n_positions`` tokens, with GPT-2's ``c_attn``/``c_proj`` names (:func:`gp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -16,22 +18,24 @@ from torch import nn
 
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig
+from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
-from attnlab.nn.masks import BlockLayout
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import RotaryEmbedding
 
 __all__ = [
     "GPTMLP",
+    "BlockParts",
     "GPTBlock",
     "GPTPerformerAttention",
     "GPTProjections",
     "GPTSelfAttention",
     "RecomputeCache",
     "attention_site",
+    "gpt2_parts",
     "gpt_layer_class",
 ]
 
@@ -327,6 +331,44 @@ class GPTMLP(nn.Module):
         return self.dropout(self.c_proj(h))
 
 
+@dataclass(frozen=True)
+class BlockParts:
+    """What a decoder block is made of: one factory per part. The model-family dimension lives
+    here, as the attention kind lives in the spec: a family (GPT-2 today; Llama's RMSNorm and
+    SwiGLU, NeoX's parallel residual next) is a function from a config to its parts, and the
+    block, its hook points and its forward stay one.
+
+    Attributes:
+        norm: makes a normalisation layer over ``d_model`` (``ln_1``, ``ln_2``).
+        attention: makes the self-attention layer (the config's attention spec at the model's
+            site).
+        mlp: makes the position-wise feed-forward network.
+    """
+
+    norm: Callable[[], nn.Module]
+    attention: Callable[[], MultiHeadAttention]
+    mlp: Callable[[], nn.Module]
+
+
+def gpt2_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> BlockParts:
+    """GPT-2's parts: LayerNorm (``layer_norm_epsilon``, biases as ``bias``), the config's
+    attention at :func:`attention_site`, and :class:`GPTMLP`.
+
+    Args:
+        config: the model's :class:`~attnlab.models.config.GPTConfig`.
+        rotary: the shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+
+    Returns:
+        The :class:`BlockParts`.
+    """
+    site = attention_site(config, rotary)
+    return BlockParts(
+        norm=lambda: nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
+        attention=lambda: config.attention.build(site),
+        mlp=lambda: GPTMLP(config),
+    )
+
+
 class GPTBlock(nn.Module):
     """One pre-norm decoder block (GPT-2, §2.3):
 
@@ -337,21 +379,19 @@ class GPTBlock(nn.Module):
     (and those of ``attn``: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_weights``, ``hook_z``).
 
     Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`.
-        rotary: a shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+        parts: the factories of its parts (:func:`gpt2_parts` for GPT-2).
 
     Shape:
         x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``;
         head_mask ``(H,)`` or ``(B, H)`` (1 keeps a head, 0 removes its output).
     """
 
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+    def __init__(self, parts: BlockParts) -> None:
         super().__init__()
-        eps = config.layer_norm_epsilon
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
-        self.attn = config.attention.build(attention_site(config, rotary))
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
-        self.mlp = GPTMLP(config)
+        self.ln_1 = parts.norm()
+        self.attn = parts.attention()
+        self.ln_2 = parts.norm()
+        self.mlp = parts.mlp()
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()

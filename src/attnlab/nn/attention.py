@@ -44,7 +44,7 @@ import torch
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
-from attnlab.nn.masking import Masking, empty_rows, hide_unseen_keys, normalize_mask
+from attnlab.nn.mask_spec import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
 
 __all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]
@@ -209,7 +209,7 @@ def attend(
         query: the queries, checked as :func:`scaled_dot_product_attention` checks them.
         key: the keys (``H_kv`` heads, ``H`` a multiple of ``H_kv``).
         value: the values.
-        masking: the mask after :func:`~attnlab.nn.masking.normalize_mask` (``is_causal``,
+        masking: the mask after :func:`~attnlab.nn.mask_spec.normalize_mask` (``is_causal``,
             ``window`` and ``block_mask`` folded in).
         scale: the score scale, e.g. ``1 / √D``.
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``.

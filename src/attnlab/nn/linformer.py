@@ -50,7 +50,7 @@ from attnlab.nn.approximation import check_qkv, key_mask, relative_error
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
 from attnlab.nn.backends import choose_backend
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.multihead_call import AttentionCall
 

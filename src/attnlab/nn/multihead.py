@@ -39,7 +39,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.masking import normalize_mask
+from attnlab.nn.mask_spec import normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
 from attnlab.nn.multihead_call import AttentionCall
 
@@ -488,7 +488,7 @@ class MultiHeadAttention(nn.Module):
 
         Here: the new keys and values enter the KV cache (a static cross-attention cache is
         filled once, then read), pass ``hook_k``/``hook_v``, the masks are normalised
-        (:func:`~attnlab.nn.masking.normalize_mask`) and the backend ``"auto"`` would pick runs
+        (:func:`~attnlab.nn.mask_spec.normalize_mask`) and the backend ``"auto"`` would pick runs
         them (an observer on ``hook_weights`` does not change the kernel; it gets exact weights).
 
         Args:

@@ -17,7 +17,7 @@ import torch
 from attnlab.errors import ArgumentError
 
 if TYPE_CHECKING:
-    from attnlab.nn.masks import BlockLayout
+    from attnlab.nn.block_layout import BlockLayout
 
 __all__ = ["AttentionCall"]
 

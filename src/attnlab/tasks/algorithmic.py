@@ -5,7 +5,7 @@ alphabet (the encoder reads them followed by ``<eos>``), a 2 + 2 layer Transform
 ``d_model = 128``, 4 heads, ``d_ff = 256``, no dropout, label smoothing 0.1, batch 64, Adam with
 the Noam schedule (factor 0.5, 200 warm-up steps). The demo adds ``--cooldown`` (the rate annealed
 to 0 over the last third). The score is the exact-match accuracy of greedy decoding on held-out
-strings (never seen in training, see :mod:`attnlab.data.tasks`).
+strings (never seen in training, see :mod:`attnlab.data.toy_sequences`).
 
 The attention pattern is chosen as for ``attnlab train translate`` (``--attention
 sliding|linformer|performer|bigbird`` with its parameters, e.g. ``--attention linformer
@@ -26,8 +26,8 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab.data.tasks import TASK_NAMES, SequenceTask, SequenceTaskConfig
 from attnlab.data.tokenizers import tokenizer_from_json
+from attnlab.data.toy_sequences import TASK_NAMES, SequenceTask, SequenceTaskConfig
 from attnlab.errors import ArgumentError
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
@@ -270,7 +270,7 @@ class AlgorithmicTask:
         parser.set_defaults(eval_every=500)
 
     def make_task(self, args: argparse.Namespace) -> SequenceTask:
-        """The :class:`~attnlab.data.tasks.SequenceTask` the options describe.
+        """The :class:`~attnlab.data.toy_sequences.SequenceTask` the options describe.
 
         Args:
             args: parsed (or saved) options with ``num_symbols``, ``min_len``, ``max_len``,

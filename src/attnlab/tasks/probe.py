@@ -11,7 +11,7 @@ changes the training trajectory — and writes the captured weights to
 
 each written to a temporary file and renamed into place. A resumed run drops the records past the
 step it resumes from. :func:`load_probe_history` reads them back as a
-:class:`~attnlab.viz.evolution.ProbeHistory` for ``attnlab plot training`` and the viewer.
+:class:`~attnlab.viz.probe_history.ProbeHistory` for ``attnlab plot training`` and the viewer.
 
 A layer whose keys are projected along the sequence (a Linformer encoder, ``--attention
 linformer``) is recorded as it computes: its ``(H, T_q, k)`` weights over the ``k`` rows of
@@ -36,7 +36,7 @@ from attnlab.tasks.figures import capture_inputs, token_sequences
 from attnlab.training.files import replace_file, safetensors_bytes
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.trainer import StepMetrics, Trainer, TrainerCallback
-from attnlab.viz.evolution import ProbeHistory
+from attnlab.viz.probe_history import ProbeHistory
 
 __all__ = ["PROBE_DIR", "AttentionProbe", "load_probe_history", "write_training_figures"]
 
@@ -200,11 +200,8 @@ def write_training_figures(run_dir: str | os.PathLike[str]) -> list[Path]:
     Raises:
         ValueError: the run recorded no probe.
     """
-    from attnlab.viz.evolution import (
-        attention_evolution,
-        head_entropy_curves,
-        viewer_data_from_history,
-    )
+    from attnlab.viz.evolution import attention_evolution, head_entropy_curves
+    from attnlab.viz.evolution_viewer import viewer_data_from_history
     from attnlab.viz.viewer import write_viewer
 
     run = Path(run_dir)

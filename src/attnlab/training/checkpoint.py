@@ -73,7 +73,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model
 
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.training.distributed import all_reduce_sum, broadcast_text
 from attnlab.training.files import (
     fsync_dir,
     fsync_file,
@@ -91,6 +90,7 @@ from attnlab.training.manifest import (
     read_manifest,
     verify_files,
 )
+from attnlab.training.processes import all_reduce_sum, broadcast_text
 
 __all__ = [
     "CheckpointError",

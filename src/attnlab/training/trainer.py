@@ -44,26 +44,12 @@ it refuses (``ValueError``, nothing written) when the run configuration differs 
 or when a data file (``data_files``) changed since the checkpoint (its size and SHA-256 are kept
 in ``config.json``; see :mod:`attnlab.training.data_files`), unless ``allow_data_change=True``.
 
-Mixed precision. bf16 has fp32's exponent range, so it needs nothing but autocast. fp16 does
-not: gradients below ~6e-8 flush to zero. With ``fp16=True`` the loss is multiplied by a scale
-``S`` before the backward pass (``torch.amp.GradScaler``), so the fp16 gradients are ``S · g``;
-before clipping they are divided by ``S`` again (``unscale_``), and the optimizer step is taken
-only when they are all finite:
+Mixed precision (bf16, and fp16 with a gradient scaler) and the step's mechanics are in
+:mod:`attnlab.training.step`.
 
-    backward(S · Σ_micro count · loss)      →  grads = S · ∇
-    unscale_: grads /= S                    (records whether any is inf/NaN)
-    clip, then step if all finite else skip;  S ← S / 2 after an overflow,
-                                               S ← 2 · S after 2000 clean steps
-
-A skipped step still counts (the step number, the scheduler and the data move on) and is logged
-as a warning and with ``"skipped": true``. The scaler's state (``S`` and its growth counter) is
-part of the training state, so a resumed fp16 run stays bit-identical. fp16 autocast and the
-gradient scaler run on the CPU too (PyTorch ≥ 2.3), slowly: fp16 is for GPUs; on a CPU bf16
-is the fast reduced precision.
-
-Processes. Under ``torchrun`` (see :mod:`attnlab.training.distributed`) a
-:class:`~attnlab.training.distributed.ParallelStrategy` spreads the model over the ranks:
-:class:`~attnlab.training.distributed.DDPStrategy` (the default) keeps a replica per rank and
+Processes. Under ``torchrun`` (see :mod:`attnlab.training.processes`) a
+:class:`~attnlab.training.processes.ParallelStrategy` spreads the model over the ranks:
+:class:`~attnlab.training.processes.DDPStrategy` (the default) keeps a replica per rank and
 rank 0 writes single-folder checkpoints; :class:`attnlab.distributed.fsdp.FSDPStrategy` shards
 parameters, gradients and optimizer state (FSDP2), every rank writes its shards of each
 checkpoint (:func:`~attnlab.training.checkpoint.save_sharded_checkpoint`), such a checkpoint
@@ -72,7 +58,7 @@ a whole copy (:meth:`Trainer.gathered_model`); :class:`attnlab.distributed.mesh.
 spreads the batch's rows, its sequences (ring attention) and the layers' heads over a
 ``(dp, cp, tp)`` device mesh and writes single-folder checkpoints gathered whole. The strategy
 decides which part of each global batch a rank computes
-(:meth:`~attnlab.training.distributed.ParallelStrategy.local_batch`), over which ranks the totals
+(:meth:`~attnlab.training.processes.ParallelStrategy.local_batch`), over which ranks the totals
 are summed and the gradients averaged. Whatever the strategy, the global batch, the token
 weighting, the global gradient norm and clipping, and the divergence checks are those of one
 process.
@@ -86,20 +72,17 @@ Progress display is a callback (:class:`TrainerCallback`); the command line uses
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -118,7 +101,10 @@ from attnlab.training.checkpoint import (
     verify_checkpoint,
 )
 from attnlab.training.data_files import DATA_FILES_KEY, data_change, fingerprint_files
-from attnlab.training.distributed import (
+from attnlab.training.divergence import DivergenceError, all_finite
+from attnlab.training.losses import TokenLoss
+from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
+from attnlab.training.processes import (
     DDPStrategy,
     DistInfo,
     ParallelStrategy,
@@ -126,11 +112,7 @@ from attnlab.training.distributed import (
     barrier,
     is_initialized,
     local_tensor,
-    map_batch,
 )
-from attnlab.training.divergence import DivergenceError, all_finite
-from attnlab.training.losses import TokenLoss
-from attnlab.training.metrics_log import METRICS_FILE, MetricsLog
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.run_types import (
     StepMetrics,
@@ -139,6 +121,7 @@ from attnlab.training.run_types import (
     TrainResult,
     config_difference,
 )
+from attnlab.training.step import train_step
 from attnlab.training.stop import GracefulStop
 
 __all__ = [
@@ -157,33 +140,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
-    return map_batch(lambda t: t.to(device, non_blocking=True), batch)
-
-
-def _as_float(t: torch.Tensor) -> float:
-    """A scalar tensor's value (a ``DTensor`` norm is replicated: its whole value)."""
-    return float(t.full_tensor() if isinstance(t, DTensor) else t)
-
-
 def _any_rank(flag: bool) -> bool:
     """Whether ``flag`` is true on any rank (a collective when distributed)."""
     return float(all_reduce_sum(torch.tensor([float(flag)], dtype=torch.float64)).item()) > 0
-
-
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        batch = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for v in batch:
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    return None
 
 
 class Trainer:
@@ -210,7 +169,7 @@ class Trainer:
             ``{"--data": "input.txt"}``); their size and SHA-256 go into ``config.json`` and
             :meth:`resume` refuses when they changed.
         strategy: how the model is spread over the processes (default
-            :class:`~attnlab.training.distributed.DDPStrategy`; see also
+            :class:`~attnlab.training.processes.DDPStrategy`; see also
             :class:`attnlab.distributed.fsdp.FSDPStrategy` and
             :class:`attnlab.distributed.mesh.MeshStrategy`). A checkpoint resumes only with a
             strategy of its kind (sharded or single-folder).
@@ -302,7 +261,7 @@ class Trainer:
             The optimizer, scheduler, step, RNG states, data position and the rest of the
             loop's state, as a tree of JSON-able values and tensors. With a sharded strategy
             ``"optimizer"`` is ``None``: every rank saves its shards of it with the model's
-            (:meth:`~attnlab.training.distributed.ParallelStrategy.save_state`).
+            (:meth:`~attnlab.training.processes.ParallelStrategy.save_state`).
         """
         return self._training_state(None if self.strategy.sharded else self.optimizer.state_dict())
 
@@ -413,7 +372,7 @@ class Trainer:
         DDP's C++ reducer holds the process group; were it the last holder, destroying it would
         wait for gloo's worker threads while holding the GIL, which those threads may need to
         free a finished collective's tensors: a deadlock PyTorch does not guard against. Call
-        this before :func:`~attnlab.training.distributed.cleanup_distributed` (``attnlab train``
+        this before :func:`~attnlab.training.processes.cleanup_distributed` (``attnlab train``
         does); the trainer must not train afterwards.
         """
         self.forward_model = self.model
@@ -549,13 +508,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.config.bf16:
-            return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
-        if self.config.fp16:
-            return torch.autocast(self.dist.device.type, dtype=torch.float16)
-        return contextlib.nullcontext()
-
     def run_evaluation(self) -> dict[str, float] | None:
         """Evaluate on rank 0 (eval mode, no grad, RNG states restored afterwards).
 
@@ -599,98 +551,6 @@ class Trainer:
             raise RuntimeError(f"the evaluation of step {self.step} failed on rank 0")
         self._evaluated_step = self.step
         return metrics
-
-    def _train_step(self) -> tuple[float, float, float, bool, bool, bool]:
-        """One optimizer step, not taken when the loss or the gradient norm is not finite.
-
-        Returns:
-            ``(loss, grad_norm, tokens, stop requested on any rank, step skipped, diverged)``.
-        """
-        cfg = self.config
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        weight = 0.0
-        tokens = 0.0
-        # fp16: backpropagate count/c · mean instead of count · mean, with c the size of the
-        # step's first global micro-batch (the same number on every rank), so that the scaled
-        # gradients have the size of a mean loss's and do not overflow fp16 merely because a
-        # batch has many tokens. c = 1 otherwise (fp32/bf16 compute exactly as before).
-        c = 1.0
-        for micro in range(cfg.grad_accum):
-            batch = self.batches.next_batch()
-            local = _to_device(self.strategy.local_batch(batch, self.dist), self.dist.device)
-            sync = micro == cfg.grad_accum - 1  # reduce the gradients over the ranks only then
-            with self.strategy.gradient_sync(self.forward_model, sync):
-                with self._autocast():
-                    out = self.loss_fn(self.forward_model, local)
-                if isinstance(out, TokenLoss):
-                    loss, count = out.loss, float(out.count)
-                    n_tok = count
-                elif isinstance(out, torch.Tensor):
-                    loss, count = out, 1.0
-                    first = _first_tensor(local)
-                    n_tok = float(first.numel()) if first is not None else 1.0
-                else:
-                    raise ArgumentTypeError(
-                        f"loss_fn must return a TokenLoss or a tensor, got {type(out).__name__}"
-                    )
-                if self.scaler is not None and micro == 0 and isinstance(out, TokenLoss):
-                    first = _first_tensor(batch)
-                    c = float(max(first.numel(), 1)) if first is not None else 1.0
-                # Σ_micro count/c · mean  — normalised below by the global count
-                total = loss.float() * (count / c)
-                if self.scaler is not None:
-                    total = self.scaler.scale(total)  # S · Σ count/c · mean (fp16)
-                total.backward()
-            loss_sum += loss.detach().double().cpu() * count
-            weight += count
-            tokens += n_tok
-        totals = torch.tensor(
-            [float(loss_sum), weight, tokens, float(self._graceful_stop.requested)],
-            dtype=torch.float64,
-        )
-        totals = self.strategy.reduce_totals(totals, self.dist)
-        g_loss, g_weight, g_tokens, g_stop = totals.tolist()
-        # DDP averages gradients over the W ranks, so grad = (1/W) Σ count/c·∇mean; rescale to
-        # the token-weighted mean over the global batch: ∇ = W·c / Σcount · grad
-        scale = self.strategy.gradient_replicas(self.dist) * c / max(g_weight, 1e-12)
-        g_mean = g_loss / max(g_weight, 1e-12)
-        if not math.isfinite(g_mean):  # diverged: no step (the same verdict on every rank)
-            self.optimizer.zero_grad(set_to_none=True)
-            return g_mean, math.nan, g_tokens, g_stop > 0, False, True
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(scale)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # grads /= S, before the norm and clipping
-        # the global norm: over DTensor shards, clip_grad_norm_ all-reduces the sum of squares
-        if cfg.clip is not None:
-            norm = _as_float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
-        elif any(isinstance(p, DTensor) for p in params):
-            grads = [p.grad for p in params if p.grad is not None]
-            norm = _as_float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-        else:
-            grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-            norm = float(torch.stack(grads).norm()) if grads else 0.0
-        if self.scaler is None and not math.isfinite(norm):
-            # (fp16: a non-finite gradient is the scaler's business — it skips the step)
-            self.optimizer.zero_grad(set_to_none=True)
-            return g_mean, norm, g_tokens, g_stop > 0, False, True
-        skipped = False
-        if self.scaler is not None:
-            before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # skipped when a gradient is inf/NaN
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < before  # the scale backs off only on overflow
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
-            with warnings.catch_warnings():
-                if skipped:  # a skipped first step still counts: the schedule moves on
-                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
-                self.scheduler.step()
-        return g_mean, norm, g_tokens, g_stop > 0, skipped, False
 
     def _evaluate_or_save(self) -> dict[str, float] | None:
         """:meth:`run_evaluation`; when it raises, the step is saved first if it is not."""
@@ -771,7 +631,7 @@ class Trainer:
                     loss_scale = self.scaler.get_scale() if self.scaler is not None else None
                     position = (self.batches.state_dict(), get_rng_state())  # before the step
                     t0 = time.perf_counter()
-                    loss, norm, tokens, stop, skipped, diverged = self._train_step()
+                    loss, norm, tokens, stop, skipped, diverged = train_step(self)
                     if diverged:
                         self._diverged(self.step + 1, loss, norm, lr, position)
                     self.step += 1

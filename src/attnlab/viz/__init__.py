@@ -15,7 +15,8 @@ attention viewer.
   Performer's against the number of random features) (``approximations``)
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
   :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
-- attention during training (``evolution``), head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
+- attention during training: :class:`ProbeHistory` (``probe_history``), its figures
+  (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
 PNG or SVG.
@@ -32,15 +33,11 @@ from attnlab.viz.attention import (
     reduce_attention,
 )
 from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figure, scaling_figure
-from attnlab.viz.evolution import (
-    ProbeHistory,
-    attention_evolution,
-    head_entropy_curves,
-    row_entropy,
-    viewer_data_from_history,
-)
+from attnlab.viz.evolution import attention_evolution, head_entropy_curves, row_entropy
+from attnlab.viz.evolution_viewer import viewer_data_from_history
 from attnlab.viz.fonts import FontChoice, font_for
 from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
+from attnlab.viz.probe_history import ProbeHistory
 from attnlab.viz.scaling import (
     SoftmaxScaling,
     softmax_jacobian_norm,

@@ -4,7 +4,7 @@ The page (``templates/viewer.html`` with its ``.js`` and ``.css`` inlined at ren
 token-to-token lines and the weight matrix (drawn on a canvas, so 1,000 tokens stay usable), lets
 one choose the attention group (encoder self, decoder self, decoder cross — or a GPT's self), the
 layer and the head (or all heads), shows exact values on hover and the mask on demand. With
-``steps`` (attention recorded during training, see :mod:`attnlab.viz.evolution`) a slider picks
+``steps`` (attention recorded during training, see :mod:`attnlab.viz.probe_history`) a slider picks
 the training step.
 
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has

@@ -1,6 +1,6 @@
 """The attention backends, as a registry: a name → a function with one signature.
 
-Every backend takes validated inputs and a :class:`~attnlab.nn.masking.Masking` in which every
+Every backend takes validated inputs and a :class:`~attnlab.nn.mask_spec.Masking` in which every
 query row has at least one visible key, and returns ``(output, weights | None)`` (the weights only
 when ``need_weights``). :func:`attnlab.scaled_dot_product_attention` checks the arguments, handles
 rows that may see no key, and calls the backend by name — so a new kernel is one
@@ -20,7 +20,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.blockwise import QUERY_BLOCK, blockwise_attention
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.backends.sdpa import sdpa_attention
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 
 __all__ = [
     "ATTENTION_BACKENDS",

@@ -44,7 +44,7 @@ from attnlab.errors import ArgumentError
 from attnlab.nn.backends.common import compute_dtype, head_groups, mask_tile, repeat_kv
 from attnlab.nn.backends.fused_tiles import FUSED_QUERY_BLOCK, fused_available, fused_tiles
 from attnlab.nn.backends.plan import Tile, TilePlan
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 8192

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.nn.backends.common import compute_dtype, head_groups, repeat_kv
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 
 
 def math_attention(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnlab.nn.masks import BlockLayout
+from attnlab.nn.block_layout import BlockLayout
 
 __all__ = ["Tile", "TilePlan"]
 

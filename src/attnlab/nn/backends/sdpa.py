@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from attnlab.nn.backends.common import head_groups, repeat_kv
 from attnlab.nn.backends.math import math_attention
-from attnlab.nn.masking import Masking
+from attnlab.nn.mask_spec import Masking
 
 # enable_gqa arrived in torch 2.5; the fused function is a builtin without a Python signature
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

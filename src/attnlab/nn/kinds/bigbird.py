@@ -11,6 +11,7 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError
+from attnlab.nn.block_layout import BlockLayout, bigbird_layout
 from attnlab.nn.kinds.base import (
     AttentionSite,
     AttentionSpec,
@@ -18,7 +19,6 @@ from attnlab.nn.kinds.base import (
     check_int_field,
     register_attention,
 )
-from attnlab.nn.masks import BlockLayout, bigbird_layout
 
 if TYPE_CHECKING:
     from attnlab.nn.multihead import MultiHeadAttention
@@ -47,7 +47,7 @@ def block_pairs(layout: BlockLayout, q_len: int | None = None) -> int:
         The number of scores computed.
 
     Examples:
-        >>> from attnlab.nn.masks import bigbird_layout
+        >>> from attnlab.nn.block_layout import bigbird_layout
         >>> block_pairs(bigbird_layout(10, block_size=4, num_random_blocks=0))  # 3 blocks, all
         100
     """

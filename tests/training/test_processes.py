@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from attnlab.cli import main
 from attnlab.tasks.registry import register_task
 from attnlab.training.checkpoint import resolve_checkpoint
-from attnlab.training.distributed import (
+from attnlab.training.processes import (
     DDPStrategy,
     DistInfo,
     broadcast_text,

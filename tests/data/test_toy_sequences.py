@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.data.tasks import SequenceTask, SequenceTaskConfig, task_target
+from attnlab.data.toy_sequences import SequenceTask, SequenceTaskConfig, task_target
 
 
 @pytest.mark.parametrize(

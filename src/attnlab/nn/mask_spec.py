@@ -5,7 +5,7 @@
 finite additive ``bias``, and the causal rule and the sliding window kept as *structure*
 (``causal_offset``, ``window``) rather than as a dense ``T_q × T_k`` tensor, so that a backend can
 skip the tiles they hide; so is a block-sparse layout (``blocks``, a
-:class:`~attnlab.nn.masks.BlockLayout`).
+:class:`~attnlab.nn.block_layout.BlockLayout`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 
 from attnlab._checks import broadcast_or_raise, check_tensor
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.masks import BlockLayout, expand_blocks, is_masked_bias, normalize_window
+from attnlab.nn.block_layout import BlockLayout, expand_blocks
+from attnlab.nn.masks import is_masked_bias, normalize_window
 
 __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
 
@@ -176,7 +177,7 @@ def normalize_mask(
             with the sides that hide nothing at these lengths dropped (a window that hides
             nothing is no window; ``(left >= T_k - 1, 0)`` without ``is_causal`` is the causal
             rule).
-        block_mask: ``None`` or a :class:`~attnlab.nn.masks.BlockLayout` over ``T_k``
+        block_mask: ``None`` or a :class:`~attnlab.nn.block_layout.BlockLayout` over ``T_k``
             positions (the queries being the last ``T_q``); kept as ``Masking.blocks``, its
             causal rule as ``causal_offset``; a layout in which every block is visible is dropped.
 
