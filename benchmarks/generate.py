@@ -6,7 +6,7 @@ that a noisy, shared machine slows both alike; tokens/s come from the median of 
 runs. In fp32 the generated tokens must be identical. Also reported:
 
 * the memory roofline: at batch 1 a step reads every weight once, so tokens/s can be at most
-  (read bandwidth) / (bytes of weights). Two bandwidths are shown: DESIGN.md §5's 22 GB/s (the
+  (read bandwidth) / (bytes of weights). Two bandwidths are shown: docs/design.md's 22 GB/s (the
   figure the issues' targets were set against) and the one measured in the same run (the median
   time of summing a 1 GiB buffer), which on the 2-core machine reads at about 40 GB/s — a
   matrix-vector product streams its matrix more slowly than a sum, so no decoder reaches it;
@@ -64,7 +64,7 @@ class Result:
     ratio: float  # median of paired run ratios
     identical: float  # fraction of generated tokens equal to Hugging Face's
     roofline: float  # tokens/s if every step only read the weights at the measured bandwidth
-    design_roofline: float  # the same at DESIGN.md's 22 GB/s
+    design_roofline: float  # the same at docs/design.md's 22 GB/s
 
 
 def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
@@ -86,7 +86,8 @@ def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
     return hf, al.GPT.from_hf(hf).eval()
 
 
-# DESIGN.md §5: streaming reads on two cores of the project's machine, bytes/s
+# docs/design.md, "The numbers the benchmarks stand on": streaming reads on two cores of the
+# project's machine, bytes/s
 DESIGN_BANDWIDTH = 22e9
 
 

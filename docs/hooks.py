@@ -23,6 +23,8 @@ NOTEBOOKS = BUILD / "notebooks"
 PACKAGES = [
     "nn", "models", "decoding", "training", "distributed", "data", "inspect", "viz", "tasks"
 ]  # fmt: skip
+# public modules at the top of the package that `import attnlab` gives (one page each)
+MODULES = ["errors"]
 
 
 def _notebooks() -> list[Path]:
@@ -90,9 +92,11 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     learning = [{_title(p): f"notebooks/{p.name}"} for p in _notebooks()]
     api = [{"attnlab": "api/attnlab.md"}]
     api += [{f"attnlab.{p}": f"api/{p}.md"} for p in PACKAGES]
+    api += [{f"attnlab.{m}": f"api/{m}.md"} for m in MODULES]
     config["nav"] = [
         {"Home": "index.md"},
         {"Conventions": "conventions.md"},
+        {"Design": "design.md"},
         {"Learning path": learning},
         {"API reference": api},
     ]
@@ -113,4 +117,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     files.append(File.generated(config, "api/attnlab.md", content=_top_page()))
     for package in PACKAGES:
         files.append(File.generated(config, f"api/{package}.md", content=_api_page(package)))
+    for module in MODULES:
+        page = f"# attnlab.{module}\n\n::: attnlab.{module}\n"
+        files.append(File.generated(config, f"api/{module}.md", content=page))
     return files

@@ -163,7 +163,7 @@ print(f"float16: -20 + ({low16:.0f}) =", (torch.tensor(-20.0).half() + low16).it
 #   additive bias and become a boolean "may attend" mask;
 # - the scores are accumulated in float32 for float16/bfloat16 inputs (as the fused kernels do);
 # - a row that may see no key is found before the kernel runs, computed as if it saw every key
-#   and then set to **zero** — output, weights and gradients (DESIGN.md, §2).
+#   and then set to **zero** — output, weights and gradients (`docs/design.md`, "Conventions").
 #
 # The same left-padded example, in float16, with all three ways of writing the mask and every
 # backend:

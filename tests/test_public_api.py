@@ -1,4 +1,5 @@
-"""The names of DESIGN §3 that users and later code rely on."""
+"""The names of the public contract (docs/design.md, "Public contract") that users and later
+code rely on."""
 
 from __future__ import annotations
 
