@@ -16,8 +16,6 @@ import importlib
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "attnlab"
 DESIGN = ROOT / "docs" / "design.md"
@@ -25,12 +23,6 @@ DESIGN = ROOT / "docs" / "design.md"
 # Names the page uses that land with a parallel change of issue 20 (`attnlab.tasks.train` and
 # its typed options): allowed to be missing until then. The last test fails once
 # one of them exists, so that its entry goes too.
-PENDING = {
-    "src/attnlab/cli/task_arguments.py": "the tasks' command-line options, argparse in cli/",
-    "attnlab.tasks.train": "the Python entry point of the tasks",
-    "attnlab.tasks.TaskRun": "what attnlab.tasks.train returns",
-    "attnlab.tasks.LMOptions": "the tasks' typed options",
-}
 
 REPO_DIRS = ("src", "tests", "benchmarks", "notebooks", "docs")
 PACKAGES = ("nn", "models", "decoding", "training", "distributed", "data", "tasks", "inspect", "viz", "cli")  # fmt: skip
@@ -45,10 +37,6 @@ TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".html", ".js",
 
 def _text() -> str:
     return DESIGN.read_text(encoding="utf-8")
-
-
-def _pending(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in PENDING)
 
 
 def _resolves(name: str) -> bool:
@@ -108,7 +96,7 @@ def test_every_file_it_names_exists() -> None:
     named = set(REPO_PATH.findall(text))
     named |= {f"src/attnlab/{p}" for p in PACKAGE_PATH.findall(text)}
     assert len(named) > 30  # the rule reads the page
-    missing = sorted(p for p in named if not (ROOT / p).exists() and not _pending(p))
+    missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, f"docs/design.md names files that do not exist: {missing}"
 
 
@@ -116,7 +104,7 @@ def test_every_name_it_gives_exists() -> None:
     text = _text()
     names = set(MODULE_NAME.findall(text)) | {f"attnlab{a}" for a in ALIAS_NAME.findall(text)}
     assert len(names) > 20
-    missing = sorted(n for n in names if not _pending(n) and not _resolves(n))
+    missing = sorted(n for n in names if not _resolves(n))
     assert not missing, f"docs/design.md names what attnlab does not have: {missing}"
 
 
@@ -141,9 +129,3 @@ def test_nothing_points_outside_the_repository() -> None:
             if old.search(line) or outside.search(line):
                 offences.append(f"{path.relative_to(ROOT)}:{n + 1}: {line.strip()}")
     assert not offences, offences
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_a_pending_name_is_still_pending(name: str) -> None:
-    landed = (ROOT / name).exists() if "/" in name else _resolves(name)
-    assert not landed, f"{name} exists now: remove its entry from PENDING"
