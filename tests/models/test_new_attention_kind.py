@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab import tasks
 from attnlab.cli import main
 from attnlab.inspect import capture, flops
 from attnlab.nn.kinds import (
@@ -156,6 +157,22 @@ def test_it_trains_through_the_python_api(sharpened: type[SharpenedSpec]) -> Non
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]  # it memorises the batch
+
+
+def test_it_trains_through_attnlab_tasks_train(
+    sharpened: type[SharpenedSpec], tmp_path: Path
+) -> None:
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    options = tasks.LMOptions(
+        data=str(data), out=str(tmp_path / "run"), steps=6, block_size=16, n_layer=1, n_head=2,
+        n_embd=16, batch_size=4, eval_iters=1, warmup=1, lr_decay_steps=10, lr=1e-2,
+        attention=SharpenedSpec(temperature=2.0),
+    )  # fmt: skip
+    run = tasks.train(options, progress=False)
+    assert run.step == 6 and run.losses[-1] < run.losses[0]
+    assert all(type(b.attn).__name__ == "GPTSharpenedAttention" for b in run.model.transformer.h)
+    assert load_run(run.run_dir).config.attention == SharpenedSpec(temperature=2.0)
 
 
 def test_it_is_the_attention_it_says_and_is_captured(sharpened: type[SharpenedSpec]) -> None:
