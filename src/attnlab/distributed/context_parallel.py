@@ -124,6 +124,8 @@ class ContextParallelAttention(MultiHeadAttention):
                     else "non-causal attention or a cache"
                 )
             )
+        if k is None or v is None:  # unreachable: no cache, so every call projects K and V
+            raise RuntimeError("keys and values were not projected")
         return ring_attention(
             q, k, v, is_causal=True, group=self.cp_group, layout=self.cp_layout,
             scale=self.d_head**-0.5,

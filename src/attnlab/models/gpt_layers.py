@@ -21,7 +21,7 @@ from attnlab.models.config import GPTConfig
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
-from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
+from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import RotaryEmbedding
@@ -401,7 +401,7 @@ class GPTBlock(nn.Module):
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
-        cache: KVCache | PerformerState | None = None,
+        cache: LayerCache | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         block_mask: BlockLayout | Literal[False] | None = None,

@@ -36,7 +36,7 @@ from attnlab.nn import masks
 from attnlab.nn.head_mask import layer_head_masks
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
-from attnlab.nn.kv_cache import KVCache, ModelCache, PerformerState
+from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
@@ -72,8 +72,8 @@ class Seq2SeqCache(ModelCache):
 
     def __init__(
         self,
-        layers: Sequence[KVCache | PerformerState],
-        cross: list[KVCache],
+        layers: Sequence[LayerCache],
+        cross: list[LayerCache],
         tokens: torch.Tensor,
     ) -> None:
         super().__init__(layers, cross)
@@ -516,7 +516,7 @@ class Transformer(nn.Module):
                     cache.src_mask = src_mask
                 if cache.recomputes:
                     # no keys or values kept: run the whole target prefix again
-                    cache._length += t
+                    cast(Seq2SeqRecomputeCache, cache)._length += t
                     out = self.decode(
                         key_tokens, memory, src_mask=src_mask, tgt_mask=tgt_mask,
                         decoder_head_mask=decoder_head_mask,

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from attnlab._checks import check_positive_int, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["KVCache", "ModelCache", "PerformerState"]
+__all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState"]
 
 
 class KVCache:
@@ -448,6 +449,50 @@ class PerformerState:
         return self.s.nbytes + self.z.nbytes + self.c.nbytes
 
 
+@runtime_checkable
+class LayerCache(Protocol):
+    """What a model needs of one layer's decoding cache, whatever the layer keeps (a
+    :class:`KVCache`, a :class:`PerformerState`, or a new kind's own): the layer that made it
+    (its ``new_cache``) is the only one that reads it.
+
+    Attributes:
+        length: positions absorbed so far (the next token's position).
+        static: a cross-attention cache, filled once.
+    """
+
+    length: int
+    static: bool
+
+    @property
+    def batch(self) -> int:
+        """The rows ``B`` it holds."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """The most positions it takes."""
+        ...
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search).
+
+        Args:
+            index: the rows to keep.
+
+        Shape:
+            index ``(B_new,)``.
+        """
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes held.
+
+        Returns:
+            The size.
+        """
+        ...
+
+
 class ModelCache:
     """The caches of a whole model: one :class:`KVCache` per self-attention layer (a
     :class:`PerformerState` for a causal Performer layer), and per cross-attention layer for an
@@ -467,10 +512,10 @@ class ModelCache:
 
     def __init__(
         self,
-        layers: Sequence[KVCache | PerformerState],
-        cross: list[KVCache] | None = None,
+        layers: Sequence[LayerCache],
+        cross: list[LayerCache] | None = None,
     ) -> None:
-        self.layers: list[KVCache | PerformerState] = list(layers)
+        self.layers: list[LayerCache] = list(layers)
         self.cross = cross
 
     @property

@@ -49,7 +49,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.approximation import check_qkv, key_mask, relative_error
 from attnlab.nn.attention import Backend, scaled_dot_product_attention
 from attnlab.nn.backends import choose_backend
-from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.kv_cache import LayerCache
 from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.multihead_call import AttentionCall
@@ -394,7 +394,7 @@ class LinformerAttention(MultiHeadAttention):
             need_weights=call.need_weights or self.hook_weights.active,
         )
 
-    def new_cache(self, batch: int, capacity: int, **kwargs: Any) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, **kwargs: Any) -> LayerCache:
         """Linformer keeps no cache: every key enters every projected row.
 
         Args:

@@ -38,7 +38,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.head_mask import check_head_mask
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.kv_cache import KVCache, LayerCache
 from attnlab.nn.mask_spec import normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
 from attnlab.nn.multihead_call import AttentionCall
@@ -478,7 +478,7 @@ class MultiHeadAttention(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-    ) -> KVCache:
+    ) -> LayerCache:
         """An empty decoding cache for this layer: a :class:`~attnlab.nn.kv_cache.KVCache` of
         ``capacity`` positions, a rolling one of ``w`` positions under a causal window
         ``(w, 0)`` (older keys are never read again), every position under a block layout.

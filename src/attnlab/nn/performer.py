@@ -613,7 +613,7 @@ class PerformerAttention(MultiHeadAttention):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-    ) -> PerformerState:  # type: ignore[override]
+    ) -> PerformerState:
         """FAVOR+'s running sums for causal decoding, in float32 at least (a running sum of
         many terms in a half type drifts): ``B · H_kv · (m · (d_head + 1) + 1)`` numbers
         whatever the length, ``O(1)`` per token.
