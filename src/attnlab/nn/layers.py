@@ -36,6 +36,15 @@ Activation = Literal["relu", "gelu"]
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
 
 
+def _attention(
+    d_model: int, num_heads: int, num_kv_heads: int | None, dropout: float, backend: Backend
+) -> MultiHeadAttention:
+    """A layer's full multi-head attention (self-attention by default, cross-attention too)."""
+    return MultiHeadAttention(
+        d_model, num_heads, num_kv_heads=num_kv_heads, dropout=dropout, backend=backend
+    )
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (§3.3), applied to each position separately:
 
@@ -185,13 +194,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = (
-            MultiHeadAttention(
-                d_model,
-                num_heads,
-                num_kv_heads=num_kv_heads,
-                dropout=attention_dropout,
-                backend=backend,
-            )
+            _attention(d_model, num_heads, num_kv_heads, attention_dropout, backend)
             if self_attention is None
             else self_attention()
         )
@@ -299,23 +302,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = (
-            MultiHeadAttention(
-                d_model,
-                num_heads,
-                num_kv_heads=num_kv_heads,
-                dropout=attention_dropout,
-                backend=backend,
-            )
+            _attention(d_model, num_heads, num_kv_heads, attention_dropout, backend)
             if self_attention is None
             else self_attention()
         )
-        self.cross_attn = MultiHeadAttention(
-            d_model,
-            num_heads,
-            num_kv_heads=num_kv_heads,
-            dropout=attention_dropout,
-            backend=backend,
-        )
+        self.cross_attn = _attention(d_model, num_heads, num_kv_heads, attention_dropout, backend)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
