@@ -97,7 +97,7 @@ from attnlab.distributed.tensor_styles import (
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
-from attnlab.nn.kinds import AttentionSpec
+from attnlab.nn.kinds import AttentionSpec, attention_kinds, spec_class
 from attnlab.training.processes import local_tensor
 
 if TYPE_CHECKING:
@@ -113,13 +113,21 @@ __all__ = [
     "load_full_state_dict",
     "parallelize",
     "qkv_row_order",
+    "shardable_attentions",
     "tp_plan",
 ]
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
-#: the attention patterns whose layers this module shards (per-head, parameter-free patterns)
-SHARDABLE_ATTENTIONS = ("full", "sliding", "bigbird")
+
+def shardable_attentions() -> tuple[str, ...]:
+    """The attention kinds whose layers this module shards: per-head, parameter-free softmax
+    patterns (:attr:`~attnlab.nn.kinds.AttentionSpec.shards_by_heads`; full, sliding, BigBird).
+
+    Returns:
+        Their names.
+    """
+    return tuple(k for k in attention_kinds() if spec_class(k).shards_by_heads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,11 +179,11 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
 
 
 def _check_attention(spec: AttentionSpec) -> None:
-    attention = spec.name
-    if attention not in SHARDABLE_ATTENTIONS:
+    if not spec.shards_by_heads:
+        kinds = ", ".join(repr(a) for a in shardable_attentions())
         raise ArgumentError(
             f"tensor parallelism shards softmax attention by heads: config.attention must be one "
-            f"of {', '.join(repr(a) for a in SHARDABLE_ATTENTIONS)}, got {attention!r}"
+            f"of {kinds}, got {spec.name!r}"
         )
 
 

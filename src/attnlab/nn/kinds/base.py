@@ -180,6 +180,10 @@ class AttentionSpec:
     #: the kind cannot be causal: a causal-only model (a GPT) refuses it, and a causal site of
     #: a model that has both (the decoder) uses full attention
     bidirectional_only: ClassVar[bool] = False
+    #: its layers are softmax attention over per-head, parameter-free patterns, computed by
+    #: :class:`~attnlab.nn.multihead.MultiHeadAttention` itself: tensor parallelism may split
+    #: them by heads (:mod:`attnlab.distributed.tensor_parallel`)
+    shards_by_heads: ClassVar[bool] = False
 
     # -- the model -----------------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class BigBirdSpec(AttentionSpec):
     """
 
     name = "bigbird"
+    shards_by_heads = True
     cli_options = (
         CliOption(
             "--bigbird-block", "block_size", metavar="B", required=True,

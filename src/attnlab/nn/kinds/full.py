@@ -23,6 +23,7 @@ class FullSpec(AttentionSpec):
     """
 
     name = "full"
+    shards_by_heads = True
 
     def label(self) -> str:
         """Nothing: full attention is the default.

@@ -70,6 +70,7 @@ class SlidingSpec(AttentionSpec):
     """
 
     name = "sliding"
+    shards_by_heads = True
     cli_options = (
         CliOption(
             "--window", "window", required=True,
