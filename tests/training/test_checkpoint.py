@@ -277,3 +277,17 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path: Path) ->
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     manifest = json.loads((resolve_checkpoint(tmp_path) / "manifest.json").read_text())
     assert manifest["step"] == last + 1
+
+
+def test_a_held_checkpoint_survives_rotation_until_released(tmp_path: Path) -> None:
+    from attnlab.training.checkpoint_hold import hold_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(tmp_path, step=1, model=model, config={}, keep_last=1)
+    with hold_checkpoint(tmp_path) as held:
+        for step in (2, 3):  # --keep-last 1 would delete step 1 at once
+            save_checkpoint(tmp_path, step=step, model=model, config={}, keep_last=1)
+        assert held.name == "step-00000001" and verify_checkpoint(held) == held
+        assert resolve_checkpoint(tmp_path).name == "step-00000003"  # latest moved on
+    save_checkpoint(tmp_path, step=4, model=model, config={}, keep_last=1)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [4]  # pruned by the next save

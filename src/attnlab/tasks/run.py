@@ -13,7 +13,9 @@ A checkpoint without a task (saved by hand) or a GPT-2 directory gets the plain 
 family: a language model reads the text's tokens; an encoder-decoder reads the text's tokens and
 decodes greedily.
 
-A checkpoint is verified against its manifest once, and nothing is allocated before the sizes of
+A checkpoint is verified against its manifest once, and held while it is read
+(:mod:`attnlab.training.checkpoint_hold`: a training rotating its checkpoints meanwhile never
+deletes it), and nothing is allocated before the sizes of
 ``config.json`` are borne out by the tensors ``model.safetensors`` stores (its header: names and
 shapes): the layer counts first, then every tensor of the model built on the ``meta`` device (see
 :mod:`attnlab.training.sizes`). A crafted checkpoint gives one ``CheckpointError`` line.
@@ -51,8 +53,8 @@ from attnlab.training.checkpoint import (
     read_config,
     read_manifest,
     read_model_weights,
-    verify_checkpoint,
 )
+from attnlab.training.checkpoint_hold import hold_checkpoint
 from attnlab.training.sizes import check_model_fits, read_tensor_shapes
 
 __all__ = ["Run", "load_run"]
@@ -125,7 +127,13 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
             files["tokenizer.json"] = (hf / "tokenizer.json").read_text(encoding="utf-8")
         io = _plain_io(gpt.config, files, hf)
         return Run(gpt.to(device).eval(), gpt.config, io, None, {}, hf)
-    ckpt = verify_checkpoint(p)  # resolved and verified once: everything below reads ckpt
+    # resolved and verified once, and held: a training rotating its checkpoints leaves it be
+    with hold_checkpoint(p) as ckpt:
+        return _load_checkpoint(ckpt, device)
+
+
+def _load_checkpoint(ckpt: Path, device: str | torch.device) -> Run:
+    """:func:`load_run` of the verified checkpoint directory ``ckpt`` (read as it is)."""
     run_config = read_config(ckpt)
     model_dict = run_config.get("model")
     if not isinstance(model_dict, dict):

@@ -8,7 +8,8 @@
   :class:`~attnlab.training.stop.GracefulStop` (``stop``), durable writes (``files``)
 - :func:`save_checkpoint`, :func:`load_config`, :func:`load_model_weights`,
   :func:`load_training_state`, :func:`verify_checkpoint`, :class:`CheckpointError` (``checkpoint``;
-  the manifest's validation in ``manifest``, sizes bounded by the stored tensors in ``sizes``,
+  the manifest's validation in ``manifest``, a reader holding a checkpoint against rotation in
+  ``checkpoint_hold``, sizes bounded by the stored tensors in ``sizes``,
   strict JSON in ``jsonio``)
 - :class:`DivergenceError` (``divergence``): a non-finite loss, gradient norm or weight stops a run
 - :class:`RunLock`, :func:`claim_run_dir` (``run_lock``, ``run_dir``): one training per run

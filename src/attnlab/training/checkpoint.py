@@ -31,7 +31,8 @@ Saving writes everything into a temporary sibling (``checkpoints/.tmp-…``), fs
 and the directory, renames it into place and only then replaces the ``latest`` pointer (written
 to ``latest.tmp``, fsynced, ``os.replace``d). A process killed at any moment therefore leaves the
 previous checkpoint and a ``latest`` that names a complete directory. Old checkpoints beyond
-``keep_last`` are deleted after the pointer moved.
+``keep_last`` are deleted after the pointer moved, except a folder a reader holds
+(:mod:`attnlab.training.checkpoint_hold`), which a later save deletes.
 
 Loading goes through :func:`resolve_checkpoint` (a run folder, its ``checkpoints`` folder or one
 checkpoint directory are all accepted), and :func:`verify_checkpoint` checks every file against
@@ -88,6 +89,7 @@ from attnlab.training.manifest import (
     confined_path,
     file_entry,
     read_manifest,
+    remove_unless_held,
     verify_files,
 )
 from attnlab.training.processes import all_reduce_sum, broadcast_text
@@ -487,10 +489,10 @@ def _finish(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _write_latest(root, final.name)
-    if keep_last is not None:
+    if keep_last is not None:  # a folder a reader holds stays until a later save
         for _, old in list_checkpoints(run_dir)[:-keep_last]:
             if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_unless_held(old)
 
 
 def _write_latest(root: Path, name: str) -> None:

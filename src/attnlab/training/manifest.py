@@ -12,18 +12,32 @@ a ``KeyError`` or a file read outside the checkpoint::
 - every name is a relative path (``/``-separated, no ``..``) that stays inside the checkpoint
   folder once symbolic links are followed: nothing outside it is ever stat'ed or hashed;
 - the files a loader reads must be listed (:func:`verify_files`'s ``required`` and ``covered``).
+
+The manifest is also how a reader *holds* a checkpoint against rotation: :func:`hold_manifest`
+takes a shared ``flock`` on it, and a writer pruning old checkpoints deletes a folder only under
+an exclusive one (:func:`remove_unless_held`), so a folder a reader holds is left for a later
+save to prune. (Without ``fcntl``, on Windows, nothing is held: readers rely on retrying.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from attnlab.errors import ArgumentError
 from attnlab.training.jsonio import read_json
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "FORMAT",
@@ -33,7 +47,9 @@ __all__ = [
     "ManifestEntry",
     "confined_path",
     "file_entry",
+    "hold_manifest",
     "read_manifest",
+    "remove_unless_held",
     "sha256_file",
     "verify_files",
 ]
@@ -42,6 +58,8 @@ MANIFEST = "manifest.json"
 FORMAT = "attnlab-checkpoint"
 VERSION = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ArgumentError):
@@ -229,3 +247,55 @@ def verify_files(
             raise CheckpointError(
                 f"checkpoint {ckpt} is corrupted: {name} does not match its SHA-256 checksum"
             )
+
+
+def hold_manifest(ckpt: Path) -> int | None:
+    """Hold the checkpoint folder ``ckpt`` against rotation: a shared lock on its manifest.
+
+    Args:
+        ckpt: a checkpoint folder.
+
+    Returns:
+        The open file descriptor that holds the lock (``os.close`` it to let go), or ``None``
+        when ``ckpt`` has no manifest, is being deleted or was deleted meanwhile.
+    """
+    try:
+        fd = os.open(ckpt / MANIFEST, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while a writer deletes it
+        if os.fstat(fd).st_nlink > 0:  # not deleted between the open and the lock
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def remove_unless_held(ckpt: Path) -> bool:
+    """Delete the checkpoint folder ``ckpt`` unless a reader holds it (:func:`hold_manifest`).
+
+    Args:
+        ckpt: a checkpoint folder that no ``latest`` pointer names any more.
+
+    Returns:
+        ``True`` when the folder was deleted; ``False`` when a reader holds it (a later call
+        deletes it).
+    """
+    fd = None
+    with contextlib.suppress(OSError):
+        fd = os.open(ckpt / MANIFEST, os.O_RDONLY)
+    try:
+        if fd is not None and fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                logger.info("checkpoint %s is being read; it is deleted by a later save", ckpt)
+                return False
+        shutil.rmtree(ckpt, ignore_errors=True)  # under the lock: no reader can take it now
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
