@@ -15,7 +15,9 @@ The hierarchy::
     │   ├── NotARunFolderError         a path that is not a run folder
     │   ├── RunFolderBusyError         a run folder another process is writing
     │   └── DivergenceError            training diverged (a non-finite loss)
-    └── ArgumentTypeError(TypeError)   a value of the wrong type
+    ├── ArgumentTypeError(TypeError)   a value of the wrong type
+    └── PeerLostError                  a torchrun training lost a rank (attnlab.training.processes):
+                                       not a mistake, yet one line: which rank, how to resume
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@
 - :class:`RunLock`, :func:`claim_run_dir` (``run_lock``, ``run_dir``): one training per run
   folder, and no surprise overwrite of a folder that is not a run; data files' fingerprints
   (``data_files``) let a resumed run notice changed data
-- :func:`init_distributed`, :func:`shard_batch`, the parallel strategies (``processes``)
+- :func:`init_distributed`, :func:`shard_batch`, the parallel strategies, :class:`PeerLostError`
+  (a rank lost mid-training) (``processes``)
 """
 
 from attnlab.training.checkpoint import (
@@ -30,7 +31,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.divergence import DivergenceError
 from attnlab.training.losses import TokenLoss, label_smoothed_cross_entropy, token_loss
-from attnlab.training.processes import DistInfo, init_distributed, shard_batch
+from attnlab.training.processes import DistInfo, PeerLostError, init_distributed, shard_batch
 from attnlab.training.rng import get_rng_state, seed_everything, set_rng_state
 from attnlab.training.run_dir import claim_run_dir
 from attnlab.training.run_lock import RunLock
@@ -52,6 +53,7 @@ __all__ = [
     "DivergenceError",
     "IndexedBatches",
     "NoamLR",
+    "PeerLostError",
     "RunLock",
     "StepMetrics",
     "TokenLoss",

@@ -16,6 +16,12 @@ whole replica on every rank and averages the gradients (``DistributedDataParalle
 checkpoints a single folder written by rank 0;
 :class:`attnlab.distributed.fsdp.FSDPStrategy` shards parameters, gradients and optimizer state
 over the ranks (``fully_shard``, FSDP2) and every rank writes its shards of a checkpoint.
+
+A rank that dies (killed, out of memory, its machine gone) breaks the collectives of the others:
+gloo raises a ``RuntimeError`` ("Connection closed by peer"), NCCL a
+``torch.distributed.DistBackendError``. :func:`peer_lost_error` tells such a failure from any
+other error and turns it into a :class:`PeerLostError`, one line naming the lost rank and the
+checkpoint to resume from (the trainer raises it; ``attnlab train`` prints it, exit 2).
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from attnlab.errors import ArgumentError
+from attnlab.errors import ArgumentError, AttnlabError
 
 __all__ = [
     "DDPStrategy",
     "DistInfo",
     "ParallelStrategy",
+    "PeerLostError",
     "all_reduce_sum",
     "barrier",
     "broadcast_text",
@@ -48,6 +55,7 @@ __all__ = [
     "is_initialized",
     "local_tensor",
     "map_batch",
+    "peer_lost_error",
     "shard_batch",
 ]
 
@@ -144,6 +152,57 @@ def broadcast_text(text: str | None) -> str:
     if box[0] is None:
         raise ArgumentError("text must be a str on rank 0, got None")
     return box[0]
+
+
+class PeerLostError(AttnlabError):
+    """Another process of the training ended, or stopped answering, in the middle of a collective.
+
+    Not a mistake in the input, yet reported like one — in one line (exit 2 from the command
+    line): which rank was lost, the intact checkpoint the run resumes from, and how.
+
+    Attributes:
+        lost: the rank that was lost, or ``None`` when it cannot be told (more than two ranks).
+        checkpoint: the run's last checkpoint, or ``None`` when none was written yet.
+    """
+
+    def __init__(self, lost: int | None, world_size: int, checkpoint: Path | None) -> None:
+        who = "another rank" if lost is None else f"rank {lost}"
+        if checkpoint is None:
+            then = "no checkpoint was written yet: rerun the same command"
+        else:
+            then = f"the last checkpoint, {checkpoint}, is intact: rerun the same command with --resume"
+        super().__init__(
+            f"{who} of {world_size} was lost (its process ended or stopped answering); {then}"
+        )
+        self.lost = lost
+        self.checkpoint = checkpoint
+
+
+#: what gloo's transport says when the process at the other end of a connection is gone
+_GLOO_PEER_GONE = ("gloo/transport", "Connection closed by peer", "Connection reset by peer")
+
+
+def peer_lost_error(
+    exc: BaseException, info: DistInfo, checkpoint: Path | None
+) -> PeerLostError | None:
+    """The :class:`PeerLostError` that ``exc`` means, or ``None`` when it is another error.
+
+    Args:
+        exc: an exception raised while training in a process group.
+        info: this process's place in it.
+        checkpoint: the run's last complete checkpoint (``None``: none yet).
+
+    Returns:
+        A :class:`PeerLostError` when ``exc`` is a collective's failure to reach another rank
+        (a ``torch.distributed.DistError`` — NCCL's ``DistBackendError`` among them — or gloo's
+        transport ``RuntimeError``) in a process group of several ranks; ``None`` otherwise.
+    """
+    if info.world_size < 2 or not isinstance(exc, RuntimeError):
+        return None
+    if not isinstance(exc, dist.DistError) and not any(m in str(exc) for m in _GLOO_PEER_GONE):
+        return None
+    lost = 1 - info.rank if info.world_size == 2 else None  # of two, the other one
+    return PeerLostError(lost, info.world_size, checkpoint)
 
 
 def barrier() -> None:

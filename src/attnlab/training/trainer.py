@@ -62,6 +62,8 @@ decides which part of each global batch a rank computes
 are summed and the gradients averaged. Whatever the strategy, the global batch, the token
 weighting, the global gradient norm and clipping, and the divergence checks are those of one
 process.
+A rank that dies stops the others at their next collective with a one-line
+:class:`~attnlab.training.processes.PeerLostError` naming the checkpoint to resume from.
 
 Progress display is a callback (:class:`TrainerCallback`); the command line uses
 :class:`attnlab.training.progress.RichProgress`. The trainer's parts live beside it:
@@ -96,6 +98,7 @@ from attnlab.training.checkpoint import (
     read_config,
     read_manifest,
     read_training_state,
+    resolve_checkpoint,
     save_checkpoint,
     save_sharded_checkpoint,
     verify_checkpoint,
@@ -112,6 +115,7 @@ from attnlab.training.processes import (
     barrier,
     is_initialized,
     local_tensor,
+    peer_lost_error,
 )
 from attnlab.training.rng import get_rng_state, set_rng_state
 from attnlab.training.run_types import (
@@ -395,6 +399,13 @@ class Trainer:
             cb.on_save(self.step, path)
         return path
 
+    def _complete_checkpoint(self) -> Path | None:
+        """The run's latest complete checkpoint as any rank sees it (rank 0 wrote it), or ``None``."""
+        try:
+            return resolve_checkpoint(self.run_dir)
+        except CheckpointError:
+            return None
+
     def _latest_text(self) -> str:
         """Where the last finite checkpoint is, for the divergence message."""
         if self.last_checkpoint is None:
@@ -605,6 +616,9 @@ class Trainer:
         Raises:
             DivergenceError: a step's loss or gradient norm, or the weights, were not finite
                 (see the module docstring); the callbacks' ``on_end`` has run.
+            PeerLostError: another rank ended or stopped answering in the middle of a
+                collective (:func:`~attnlab.training.processes.peer_lost_error`); the callbacks'
+                ``on_end`` has run.
         """
         cfg = self.config
         self._graceful_stop = GracefulStop()
@@ -683,6 +697,13 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_end(result())
             raise
+        except RuntimeError as exc:  # another rank lost: one line saying so, not a bug
+            lost = peer_lost_error(exc, self.dist, self._complete_checkpoint())
+            if lost is None:
+                raise
+            for cb in self.callbacks:
+                cb.on_end(result())
+            raise lost from exc
         done = result()
         for cb in self.callbacks:
             cb.on_end(done)
