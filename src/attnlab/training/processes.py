@@ -160,6 +160,11 @@ class PeerLostError(AttnlabError):
     Not a mistake in the input, yet reported like one — in one line (exit 2 from the command
     line): which rank was lost, the intact checkpoint the run resumes from, and how.
 
+    Args:
+        lost: the rank that was lost, or ``None`` when it cannot be told.
+        world_size: the number of ranks of the training.
+        checkpoint: the run's last complete checkpoint, or ``None`` when none was written yet.
+
     Attributes:
         lost: the rank that was lost, or ``None`` when it cannot be told (more than two ranks).
         checkpoint: the run's last checkpoint, or ``None`` when none was written yet.
