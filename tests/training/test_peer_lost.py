@@ -61,9 +61,12 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_checkpoint_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run, logs = tmp_path / "run", tmp_path / "logs"
+    # --monitor-interval 1: torchrun notices the dead rank within a second (not 0.1 s), then
+    # SIGTERMs the others; its signal is then unlikely to land in the few milliseconds between
+    # rank 0's training loop (where a SIGTERM only asks to stop) and its one line
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
            "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "--log-dir", str(logs), "--redirects", "3", "-m", "attnlab", "train", "reverse",
+           "--monitor-interval", "1", "--log-dir", str(logs), "--redirects", "3", "-m", "attnlab", "train", "reverse",
            "--out", str(run), "--steps", "100000", "--save-every", "3", *TINY]  # fmt: skip
     with _one_launch_at_a_time(), tempfile.TemporaryFile() as out:
         agent = subprocess.Popen(
