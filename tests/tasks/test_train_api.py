@@ -60,7 +60,7 @@ def test_options_are_checked_when_built(options, error, message, tmp_path) -> No
 
 
 def test_unknown_tasks_and_fields_are_one_line_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match="unknown task 'rot13'; known tasks: copy, .*lm"):
+    with pytest.raises(ValueError, match=r"unknown task 'rot13'; known tasks: copy, .*lm"):
         tasks.train("rot13", out=tmp_path, steps=1)
     with pytest.raises(
         ValueError, match="options must be fields of AlgorithmicOptions, got 'dmodel'"
