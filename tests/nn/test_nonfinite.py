@@ -141,3 +141,36 @@ def test_nonfinite_reaches_exactly_the_rows_that_see_it(
     basegrads = torch.autograd.grad(baseline, base, grad)
     for name, g, w, b in zip("qkv", got, want, basegrads, strict=True):
         assert_close_rule(g, w, b, what=f"d{name}")
+
+
+@pytest.mark.parametrize("entry", ["query_nan", "key_nan", "value_inf", "key_inf"])
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_performer_nonfinite_reaches_exactly_the_rows_that_see_it(
+    entry: str, is_causal: bool
+) -> None:
+    """Causal FAVOR+: a future token's inf must not reach the rows before it (the keys'
+    stabiliser is one maximum over all keys; the chunk products multiply hidden values by 0)."""
+    gen = torch.Generator().manual_seed(5)
+    q0, k0, v0 = (torch.randn(1, 2, T_K, D, generator=gen, dtype=torch.float64) for _ in "qkv")
+    features = al.nn.performer.orthogonal_random_features(16, D, generator=gen)
+    features = features.to(torch.float64)
+    q, k, v = q0.clone(), k0.clone(), v0.clone()
+    if entry == "query_nan":
+        q[0, 1, 7] = float("nan")
+    elif entry == "key_nan":
+        k[0, 0, BAD_KEY, 3] = float("nan")
+    elif entry == "key_inf":
+        k[0, 0, BAD_KEY, 3] = float("inf")
+    else:
+        v[0, 1, BAD_KEY, 2] = float("inf")
+    out = al.nn.performer.favor_attention(q, k, v, features, is_causal, chunk_size=8)
+    ref = al.nn.performer.favor_attention(q0, k0, v0, features, is_causal, chunk_size=8)
+    reach = torch.zeros(1, 2, T_K, dtype=torch.bool)
+    if entry == "query_nan":
+        reach[0, 1, 7] = True
+    else:
+        head = 1 if entry == "value_inf" else 0
+        reach[0, head, BAD_KEY if is_causal else 0 :] = True
+    rows_bad = ~torch.isfinite(out).all(-1)
+    assert torch.equal(rows_bad, reach), rows_bad.nonzero().tolist()
+    torch.testing.assert_close(out[~reach], ref[~reach], rtol=1e-12, atol=1e-12)
