@@ -48,7 +48,6 @@ import torch
 from torch import nn
 
 from attnlab._checks import check_finite_weights
-from attnlab.errors import ArgumentError
 from attnlab.training.trainer import BatchSource
 
 __all__ = [
