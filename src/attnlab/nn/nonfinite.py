@@ -72,6 +72,13 @@ def guard_nonfinite(
 def poison_rows(out: torch.Tensor, reach: torch.Tensor | None) -> torch.Tensor:
     """``where(reach, NaN, out)``: the rows a non-finite input may reach.
 
+    Args:
+        out: the backend's output (or weights).
+        reach: the rows to set to NaN, from :func:`guard_nonfinite`, or ``None``.
+
+    Returns:
+        ``out`` with those rows NaN (``out`` itself when ``reach`` is ``None``).
+
     Shape:
         out ``(..., H, T_q, D_v)``, reach ``(..., H, T_q, 1)``.
     """

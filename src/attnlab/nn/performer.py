@@ -275,13 +275,10 @@ def favor_attention(
     if m is not None:
         keep = m.expand(*k.shape[:-2], t_k) if q.dim() == 4 else m.reshape(k.shape[:-1])
         v = v.masked_fill(~keep[..., None], 0.0)  # NaN in padding never reaches the output
-    # NaN/inf reach exactly the rows that may see them: the features and prefix sums are formed
-    # from finite inputs (a future key's inf would set the keys' stabiliser c to inf, and a hidden
-    # value's inf gives 0 · inf = NaN in the masked chunk products), the rows that see a
-    # non-finite entry are set to NaN at the end
-    allowed = None if keep is None else keep.unsqueeze(-2)  # (..., H, 1, T_k)
-    causal_offset = t_k - t_q if is_causal else None
-    q, k, v, reach = guard_nonfinite(q, k, v, Masking(allowed, None, causal_offset))
+    # NaN/inf reach exactly the rows that may see them (a future key's inf would make the keys'
+    # stabiliser inf; a hidden value's inf, 0 · inf = NaN in the chunk products): finite inputs
+    allowed, offset = None if keep is None else keep.unsqueeze(-2), t_k - t_q if is_causal else None
+    q, k, v, reach = guard_nonfinite(q, k, v, Masking(allowed, None, offset))
     phi_q = softmax_features(q, features, scale=scale, stabilize="row")  # (..., H, T_q, m)
     phi_k = softmax_features(k, features, scale=scale, stabilize="all", mask=keep)  # (…, T_k, m)
 

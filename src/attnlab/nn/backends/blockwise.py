@@ -14,7 +14,9 @@ mask a query block reads only the keys it may see: the keys every row of the blo
 unmasked blocks, and only the keys of the last block that cross the diagonal are masked. Keys
 that no query of a block sees are never touched. Under a sliding window (``window=``) a query block
 visits only the keys between its first row's window start and its last row's window end, so time
-and memory grow as ``O(T · (w + query_block))``, and only the tiles the band cuts are masked. Under
+and memory grow as ``O(T · (w + query_block))``, and only the tiles the band cuts are masked (on
+fused tiles, a window alone is gathered into one kernel call instead:
+:mod:`attnlab.nn.backends.band_gather`). Under
 a block layout (``block_mask=``, e.g. BigBird's) each query block of the layout visits only its
 runs of visible key blocks: time and memory grow with the number of visible blocks.
 
