@@ -11,10 +11,12 @@ are taken out before the backend runs and put back, as NaN, into the rows that m
     reach_i = Q_i non-finite  or  Σ_j visible_ij · bad_j > 0
     O       = where(reach_i, NaN, attention(Q̃, K̃, Ṽ))
 
-The gradients of the other rows are therefore exact as well. On the CPU a pass over the inputs
-first checks whether anything is non-finite (there is no device to wait for) and the usual path
-runs untouched when all is finite; on another device, or while ``torch.compile`` traces, the
-guard always runs, so that no host sync is added.
+The gradients of the other rows are therefore exact as well. Where every row may see the same
+keys (no mask but padding, no window or layout, a causal rule that hides nothing: a decoding
+step) a non-finite key or value reaches every row through the backend itself, and only the
+queries are checked. On the CPU one sum per checked input decides whether anything is non-finite
+(there is no device to wait for) and the usual path runs untouched when all is finite; on another
+device, or while ``torch.compile`` traces, the guard always runs, so that no host sync is added.
 """
 
 from __future__ import annotations
@@ -49,19 +51,25 @@ def guard_nonfinite(
         query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)``;
         reach ``(..., H, T_q, 1)``.
     """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    # every row sees the same keys (those no row sees are zeroed already): a non-finite key or
+    # value then reaches every row through the backend itself, and only the queries are checked
+    alike = _rows_alike(masking, t_k)
     if query.device.type == "cpu" and not torch.compiler.is_compiling():
         # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
         # that overflows only sends the call down the guarded path, which is exact as well)
-        sums = torch.stack([query.sum(), key.sum(), value.sum()])
+        sums = torch.stack([query.sum()] if alike else [query.sum(), key.sum(), value.sum()])
         if bool(torch.isfinite(sums).all()):
             return query, key, value, None
     ok_q = torch.isfinite(query).all(dim=-1)  # (..., H, T_q)
-    ok_kv = torch.isfinite(key).all(dim=-1) & torch.isfinite(value).all(dim=-1)  # (..., H_kv, T_k)
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     query = torch.where(torch.isfinite(query), query, zero)
+    if alike:
+        return query, key, value, (~ok_q).unsqueeze(-1)
+    ok_kv = torch.isfinite(key).all(dim=-1) & torch.isfinite(value).all(dim=-1)  # (..., H_kv, T_k)
     key = torch.where(torch.isfinite(key), key, zero)
     value = torch.where(torch.isfinite(value), value, zero)
-    t_q, h = query.shape[-2], query.shape[-3]
+    h = query.shape[-3]
     bad = ~ok_kv
     if h != bad.shape[-2] and bad.shape[-2]:  # key/value head g serves query heads g·G … g·G+G−1
         bad = bad.repeat_interleave(h // bad.shape[-2], dim=-2)
@@ -85,6 +93,16 @@ def poison_rows(out: torch.Tensor, reach: torch.Tensor | None) -> torch.Tensor:
     if reach is None:
         return out
     return out.masked_fill(reach, float("nan"))
+
+
+def _rows_alike(masking: Masking, t_k: int) -> bool:
+    """Whether every query row may see the same keys: no window, no layout, a mask without rows
+    (padding) and a causal rule, if any, that hides no key (a decoding step)."""
+    if masking.window is not None or masking.blocks is not None:
+        return False
+    if masking.allowed is not None and masking.allowed.dim() >= 2 and masking.allowed.shape[-2] > 1:
+        return False
+    return masking.causal_offset is None or masking.causal_offset >= t_k - 1
 
 
 def _sees(masking: Masking, bad: torch.Tensor, t_q: int) -> torch.Tensor:
