@@ -21,6 +21,8 @@ device, or while ``torch.compile`` traces, the guard always runs, so that no hos
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnlab.nn.mask_spec import Masking
@@ -58,8 +60,8 @@ def guard_nonfinite(
     if query.device.type == "cpu" and not torch.compiler.is_compiling():
         # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
         # that overflows only sends the call down the guarded path, which is exact as well)
-        sums = torch.stack([query.sum()] if alike else [query.sum(), key.sum(), value.sum()])
-        if bool(torch.isfinite(sums).all()):
+        total = query.sum() if alike else query.sum() + key.sum() + value.sum()
+        if math.isfinite(total.item()):
             return query, key, value, None
     ok_q = torch.isfinite(query).all(dim=-1)  # (..., H, T_q)
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
