@@ -6,7 +6,7 @@ expected and what was got, so that bad input never travels deep into torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -63,3 +63,58 @@ def broadcast_or_raise(name: str, shape: Sequence[int], target: Sequence[int], l
         raise ArgumentError(
             f"{name} has shape {shape_str(shape)} but must broadcast to {legend} = {shape_str(target)}"
         )
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every element of every floating tensor is finite (one device sync).
+
+    Args:
+        tensors: any tensors; integer and boolean ones are skipped.
+
+    Returns:
+        ``True`` when no floating tensor holds a NaN or an infinity (also when there is none).
+
+    Shape:
+        any.
+    """
+    flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first floating tensor holding a NaN or an infinity.
+
+    Args:
+        named: ``(name, tensor)`` pairs, e.g. ``model.named_parameters()``.
+
+    Returns:
+        That name, or ``None`` when every floating tensor is finite.
+
+    Shape:
+        any.
+    """
+    for name, t in named:
+        if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
+            return name
+    return None
+
+
+def check_finite_weights(model: torch.nn.Module) -> None:
+    """Refuse to decode with a model whose weights hold NaN or infinities (a diverged run).
+
+    Its logits would be NaN: sampling would fail deep in torch and greedy decoding would return
+    token 0 over and over. One device sync when the weights are finite.
+
+    Args:
+        model: the model about to decode.
+
+    Raises:
+        ArgumentError: one line naming the first non-finite parameter.
+    """
+    if all_finite(model.parameters()):
+        return
+    name = first_non_finite(model.named_parameters())
+    raise ArgumentError(
+        f"the model's weights are not finite (NaN or infinity in {name}), so it cannot decode: "
+        f"the run diverged; use a checkpoint from before it diverged"
+    )

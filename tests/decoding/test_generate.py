@@ -236,3 +236,14 @@ def test_bad_prompts_and_masks() -> None:
         al.generate(model, ids, max_new_tokens=2, attention_mask=torch.tensor([[0] * 4, [1] * 4]))
     with pytest.raises(ValueError, match="only 0 and 1"):
         al.generate(model, ids, max_new_tokens=2, attention_mask=torch.full((2, 4), 2))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_non_finite_weights_are_refused(strategy: str) -> None:
+    """A diverged model's NaN logits used to decode as token 0 over and over."""
+    model = tiny_gpt()
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(al.errors.ArgumentError, match="not finite"):
+        al.generate(model, ids, max_new_tokens=2, strategy=strategy)

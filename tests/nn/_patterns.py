@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.nn.backends import ATTENTION_BACKENDS, blockwise, fused_tiles
+from attnlab.nn.backends import ATTENTION_BACKENDS, band_gather, blockwise, fused_tiles
 from attnlab.nn.backends.plan import Tile
 
 BACKENDS = ["math", "sdpa", "blockwise", "blockwise_small", "blockwise_small_python"]
@@ -44,6 +44,14 @@ def count_scores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             counted.append((tile.r1 - tile.r0) * (piece[1] - piece[0]))
             yield piece
 
+    band_call = band_gather._band_call
+
+    def counting_band(q: torch.Tensor, k: torch.Tensor, *args: Any) -> Any:
+        # one entry per gathered block (and batch element)
+        counted.extend([q.shape[-2] * k.shape[-2]] * q.shape[0])
+        return band_call(q, k, *args)
+
+    monkeypatch.setattr(band_gather, "_band_call", counting_band)
     monkeypatch.setattr(blockwise._Operands, "scores", counting_scores)
     monkeypatch.setattr(fused_tiles._Pieces, "pieces", counting_pieces)
     return counted

@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 
-from attnlab._checks import check_choice, check_positive_int, check_tensor, shape_str
+from attnlab._checks import (
+    check_choice,
+    check_finite_weights,
+    check_positive_int,
+    check_tensor,
+    shape_str,
+)
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
@@ -96,7 +102,9 @@ def generate(
     Raises:
         ValueError: the prompt plus ``max_new_tokens`` would not fit the model's position table
             (the message names the limit), a token id is outside the vocabulary, or an argument
-            is out of range (the message names it). TypeError: wrong argument types.
+            is out of range (the message names it), or the model's weights hold NaN or
+            infinities (the message names the first such parameter). TypeError: wrong argument
+            types.
 
     Shape:
         - input_ids, attention_mask: ``(B, T)``
@@ -149,6 +157,8 @@ def generate(
     if mask is not None and not seq2seq and bool(mask.all()):
         mask = None  # nothing is padded: the plain causal path
 
+    # NaN weights give NaN logits: greedy decoding would return token 0 over and over
+    check_finite_weights(model)
     lay_out_for_decoding(model)  # the weights' strides for fast matrix-vector steps
     was_training = model.training
     model.eval()

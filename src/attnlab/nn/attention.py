@@ -24,6 +24,8 @@ Conventions every backend keeps:
 * a query row that may attend to no key gives an output row of zeros, a weight row of zeros and
   zero gradients — never NaN;
 * NaN or inf stored in keys/values that *no* query may see (padding) never reaches the output;
+  a non-finite query row, key or value reaches exactly the rows that may see it (they are NaN)
+  and nothing else (:mod:`attnlab.nn.nonfinite`);
 * ``is_causal=True`` together with an explicit ``mask``: both apply — a key is visible only where
   the mask allows it **and** it is not in the future (PyTorch's own function refuses the pair);
 * ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend;
@@ -46,6 +48,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
 from attnlab.nn.mask_spec import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
+from attnlab.nn.nonfinite import guard_nonfinite, poison_rows
 
 __all__ = ["BACKENDS", "Backend", "attend", "scaled_dot_product_attention"]
 
@@ -254,6 +257,9 @@ def attend(
         causal = masking.causal_offset is not None and masking.allowed.shape[-2] > 1
         bounds = (None, masking.causal_offset) if causal else None
         key, value = hide_unseen_keys(masking.allowed, key, value, bounds, t_q)
+    # NaN/inf reach exactly the rows that may see them: the backend gets finite inputs and the
+    # rows a non-finite entry may reach are set to NaN afterwards (attnlab.nn.nonfinite)
+    query, key, value, reach = guard_nonfinite(query, key, value, masking)
     empty = empty_rows(masking, t_q, t_k, query.device)
     if empty is not None:
         # Rows that may see no key: let them see every key, so that no backend meets an all -inf
@@ -262,6 +268,9 @@ def attend(
         masking = masking.open_rows(empty, t_q, t_k, query.device)
 
     out, weights = get_backend(backend)(query, key, value, masking, scale, dropout_p, need_weights)
+    out = poison_rows(out, reach)
+    if weights is not None:
+        weights = poison_rows(weights, reach)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
         if weights is not None:

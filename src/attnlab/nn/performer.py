@@ -53,8 +53,10 @@ from attnlab.nn.approximation import key_mask, relative_error
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.backends.common import repeat_kv
 from attnlab.nn.kv_cache import PerformerState
+from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.multihead_call import AttentionCall
+from attnlab.nn.nonfinite import guard_nonfinite, poison_rows
 
 __all__ = [
     "PerformerAttention",
@@ -273,6 +275,10 @@ def favor_attention(
     if m is not None:
         keep = m.expand(*k.shape[:-2], t_k) if q.dim() == 4 else m.reshape(k.shape[:-1])
         v = v.masked_fill(~keep[..., None], 0.0)  # NaN in padding never reaches the output
+    # NaN/inf reach exactly the rows that may see them (a future key's inf would make the keys'
+    # stabiliser inf; a hidden value's inf, 0 · inf = NaN in the chunk products): finite inputs
+    allowed, offset = None if keep is None else keep.unsqueeze(-2), t_k - t_q if is_causal else None
+    q, k, v, reach = guard_nonfinite(q, k, v, Masking(allowed, None, offset))
     phi_q = softmax_features(q, features, scale=scale, stabilize="row")  # (..., H, T_q, m)
     phi_k = softmax_features(k, features, scale=scale, stabilize="all", mask=keep)  # (…, T_k, m)
 
@@ -284,13 +290,13 @@ def favor_attention(
         num, den = _causal_prefix(phi_q, phi_k, v, check_positive_int("chunk_size", chunk_size))
     # a query that sees no key has num = 0 and den = 0: output 0, never NaN
     tiny = torch.finfo(den.dtype).tiny
-    out = num / den.clamp_min(tiny)
+    out = poison_rows(num / den.clamp_min(tiny), reach)
     if not need_weights:
         return out
     a = phi_q @ phi_k.transpose(-2, -1)  # φ(Q) φ(K)ᵀ                             (..., H, T_q, T_k)
     if is_causal:
         a = a.masked_fill(~_causal(t_q, t_k, q.device), 0.0)
-    weights = a / a.sum(-1, keepdim=True).clamp_min(tiny)
+    weights = poison_rows(a / a.sum(-1, keepdim=True).clamp_min(tiny), reach)
     return out, weights
 
 

@@ -47,8 +47,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from attnlab.errors import ArgumentError
-from attnlab.training.divergence import all_finite, first_non_finite
+from attnlab._checks import check_finite_weights
 from attnlab.training.trainer import BatchSource
 
 __all__ = [
@@ -96,27 +95,6 @@ class TaskSetup:
     report: Callable[..., None] | None = None
     io: TaskIO | None = None
     data_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
-
-
-def check_finite_weights(model: nn.Module) -> None:
-    """Refuse to decode with a model whose weights hold NaN or infinities (a diverged run).
-
-    Its logits would be NaN: sampling would fail deep in torch and greedy decoding would return
-    token 0 over and over. One device sync when the weights are finite.
-
-    Args:
-        model: the model about to decode.
-
-    Raises:
-        ValueError: one line naming the first non-finite parameter.
-    """
-    if all_finite(model.parameters()):
-        return
-    name = first_non_finite(model.named_parameters())
-    raise ArgumentError(
-        f"the model's weights are not finite (NaN or infinity in {name}), so it cannot decode: "
-        f"the run diverged; use a checkpoint from before it diverged"
-    )
 
 
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:

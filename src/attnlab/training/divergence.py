@@ -12,10 +12,7 @@ the scale lowered); only a non-finite loss stops them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import torch
-
+from attnlab._checks import all_finite, first_non_finite
 from attnlab.errors import ArgumentError
 
 __all__ = ["DivergenceError", "all_finite", "first_non_finite"]
@@ -35,37 +32,3 @@ class DivergenceError(ArgumentError):
     def __init__(self, message: str, step: int) -> None:
         super().__init__(message)
         self.step = step
-
-
-def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every element of every floating tensor is finite (one device sync).
-
-    Args:
-        tensors: any tensors; integer and boolean ones are skipped.
-
-    Returns:
-        ``True`` when no floating tensor holds a NaN or an infinity (also when there is none).
-
-    Shape:
-        any.
-    """
-    flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
-    return bool(torch.stack(flags).all()) if flags else True
-
-
-def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
-    """The name of the first floating tensor holding a NaN or an infinity.
-
-    Args:
-        named: ``(name, tensor)`` pairs, e.g. ``model.named_parameters()``.
-
-    Returns:
-        That name, or ``None`` when every floating tensor is finite.
-
-    Shape:
-        any.
-    """
-    for name, t in named:
-        if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
-            return name
-    return None

@@ -127,10 +127,9 @@ class _Pieces:
 
     @staticmethod
     def _four(t: torch.Tensor) -> torch.Tensor:
-        """``(..., H, T, D)`` as ``(N, H, T, D)`` laid out as the kernel keeps it, ``(N, T, H, D)``
-        in memory, so that a block of rows is a view the kernel reads without a copy."""
-        t = t.reshape(-1, *t.shape[-3:])
-        return t.transpose(1, 2).contiguous().transpose(1, 2)
+        """``(..., H, T, D)`` as ``(N, H, T, D)``, a view of contiguous inputs: a block of rows
+        (and a range of keys) is a strided view the kernel reads as it is, without a copy."""
+        return t.reshape(-1, *t.shape[-3:])
 
     def pieces(self, tile: Tile) -> Iterator[tuple[int, int, bool, torch.Tensor | None]]:
         """``(j0, j1, is_causal, mask)`` per kernel call: a causal tile splits into the keys every
@@ -204,10 +203,9 @@ class _FusedTiles(torch.autograd.Function):
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ops = _Pieces(q, k, v, bias, hidden, plan)
-        n, h, t_q = ops.q.shape[:3]
-        out = torch.empty((n, t_q, h, ops.v.shape[-1]), dtype=ops.acc, device=q.device)
-        out = out.transpose(1, 2)  # (N, H, T_q, D_v) in the kernel's layout
-        lse = torch.empty((n, h, t_q), dtype=ops.acc, device=q.device)
+        # each query block's output and log-sum-exp, joined once at the end: one copy in all,
+        # not one per block (a copy per block costs a thread hand-off each on a busy machine)
+        outs, lses = [], []
         for tiles in plan.blocks:
             rows = slice(tiles[0].r0, tiles[0].r1)
             q_b = ops.q[:, :, rows]
@@ -223,8 +221,11 @@ class _FusedTiles(torch.autograd.Function):
             o_b, l_b = parts[0]
             for o, l_p in parts[1:]:
                 o_b, l_b = merge_partials(o_b, l_b, o, l_p)
-            out[:, :, rows] = o_b
-            lse[:, :, rows] = l_b
+            outs.append(o_b)
+            lses.append(l_b)
+        # (N, H, T_q, D_v) and (N, H, T_q), contiguous as the other backends' outputs
+        out = outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=2)
+        lse = lses[0].contiguous() if len(lses) == 1 else torch.cat(lses, dim=2)
         ctx.save_for_backward(q, k, v, bias, hidden, out, lse)
         ctx.params = (plan, scale)
         out_shape = (*q.shape[:-1], v.shape[-1])
