@@ -15,8 +15,10 @@ The gradients of the other rows are therefore exact as well. Where every row may
 keys (no mask but padding, no window or layout, a causal rule that hides nothing: a decoding
 step) a non-finite key or value reaches every row through the backend itself, and only the
 queries are checked. On the CPU one sum per checked input decides whether anything is non-finite
-(there is no device to wait for) and the usual path runs untouched when all is finite; on another
-device, or while ``torch.compile`` traces, the guard always runs, so that no host sync is added.
+(there is no device to wait for) and the usual path runs untouched when all is finite. On another
+device, and while ``torch.compile`` traces, the guard does not run: the check would cost a host
+synchronisation, and guarding always would cost as much as the attention itself under a mask, so
+there the fused kernels' own propagation applies (documented in ``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -57,12 +59,16 @@ def guard_nonfinite(
     # every row sees the same keys (those no row sees are zeroed already): a non-finite key or
     # value then reaches every row through the backend itself, and only the queries are checked
     alike = _rows_alike(masking, t_k)
-    if query.device.type == "cpu" and not torch.compiler.is_compiling():
-        # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
-        # that overflows only sends the call down the guarded path, which is exact as well)
-        total = query.sum() if alike else query.sum() + key.sum() + value.sum()
-        if math.isfinite(total.item()):
-            return query, key, value, None
+    if query.device.type != "cpu" or torch.compiler.is_compiling():
+        # on an accelerator the check would cost a host sync, and always guarding would cost as
+        # much as the attention under a mask: the fused kernels' own propagation applies there
+        # (and in compiled code, whose graphs must not branch on values)
+        return query, key, value, None
+    # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
+    # that overflows only sends the call down the guarded path, which is exact as well)
+    total = query.sum() if alike else query.sum() + key.sum() + value.sum()
+    if math.isfinite(total.item()):
+        return query, key, value, None
     ok_q = torch.isfinite(query).all(dim=-1)  # (..., H, T_q)
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     query = torch.where(torch.isfinite(query), query, zero)
