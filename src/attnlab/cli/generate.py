@@ -17,7 +17,7 @@ import argparse
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import positive_int
+from attnlab.cli.options import positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.run import load_run
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--beams", type=positive_int, default=4, help="beams for --strategy beam (default 4)"
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
     p.add_argument(
         "--raw",

@@ -21,6 +21,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "probability",
+    "seed",
 ]
 
 
@@ -67,6 +68,26 @@ def non_negative_int(text: str) -> int:
             argparse prints it as a one-line usage error.
     """
     return _parse(text, int, "a non-negative int", lambda v: v >= 0)
+
+
+#: seeds are 32-bit: python's, numpy's and torch's generators all take them
+SEED_LIMIT = 2**32
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed, an int in ``[0, 2**32)``.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as an ``int``.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, negative, or ``2**32`` or more;
+            argparse prints it as a one-line usage error.
+    """
+    return _parse(text, int, "an int in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT)
 
 
 def positive_float(text: str) -> float:

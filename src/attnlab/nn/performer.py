@@ -47,6 +47,7 @@ from collections.abc import Sequence
 
 import torch
 
+from attnlab._budget import check_fits
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.approximation import key_mask, relative_error
@@ -509,6 +510,12 @@ class PerformerAttention(MultiHeadAttention):
         if not isinstance(causal, bool):
             raise ArgumentTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
+        check_fits(  # drawn in float64, before anything of that size is allocated
+            f"num_features {self.num_features}",
+            8 * self.num_features * d,
+            what="a Performer layer's random features",
+            device=device,
+        )
         self.register_buffer(
             "features",
             orthogonal_random_features(self.num_features, d, dtype=dtype, device=device),
