@@ -41,11 +41,13 @@ def option_sizes(options: Any, *names: str) -> list[Size]:
     defaults = {f.name: f.default for f in fields(options)}
     out = [(_flag(n), getattr(options, n), _int_or_one(defaults.get(n))) for n in names]
     spec = getattr(options, "attention", None)
-    for option in getattr(spec, "cli_options", ()):
+    if spec is None:
+        return out
+    spec_defaults = {f.name: f.default for f in fields(spec)}
+    for option in spec.cli_options:
         value = getattr(spec, option.dest, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            default = {f.name: f.default for f in fields(spec)}.get(option.dest)
-            out.append((option.flag, value, _int_or_one(default)))
+            out.append((option.flag, value, _int_or_one(spec_defaults.get(option.dest))))
     return out
 
 

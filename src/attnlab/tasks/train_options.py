@@ -129,7 +129,7 @@ def _check_field(name: str, value: Any, check: str | tuple[str, ...], optional: 
     test, what = _CHECKS[check]
     if not test(value):
         raise ArgumentError(f"{name} must be {what}, got {value!r}")
-    if name in CAPS:
+    if name in CAPS and isinstance(value, int):
         check_at_most("--" + name.replace("_", "-"), value, *CAPS[name])
 
 
