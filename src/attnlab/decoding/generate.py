@@ -263,11 +263,12 @@ def _check_decoding_memory(
     the beam scores ``3 · V``, in float32.
     """
     rows, t = ids.shape[0] * beams, ids.shape[1]
-    meta = torch.device("meta")
+    # the parameters' dtype (autocast's would be narrower: this counts at most twice too much)
+    where = {"device": torch.device("meta"), "dtype": next(model.parameters()).dtype}
     if seq2seq:
-        cache = model.new_cache(1, 1 + max_new_tokens, device=meta, src_len=t)
+        cache = model.new_cache(1, 1 + max_new_tokens, src_len=t, **where)
     else:
-        cache = model.new_cache(1, t + max_new_tokens, device=meta)
+        cache = model.new_cache(1, t + max_new_tokens, **where)
     prompt = 1 if seq2seq else t
     needed = rows * (cache.nbytes() + 4 * vocab * (prompt + 3))
     option = f"num_beams {beams}" if beams > 1 else f"a batch of {rows} rows"

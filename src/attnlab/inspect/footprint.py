@@ -10,10 +10,11 @@ feed-forward width):
     ACTIVATION_WIDTHS · d + 2 · d_ff        (QKV, attention output, projections, norms,
                                              residuals; the feed-forward's two hidden tensors)
 
-plus, once, the logits and their gradient (``2 · B · T · V``) and one layer's largest attention
-intermediate (``flops``' ``attention_matrix``: the ``T × T`` weights of the explicit backend, or
-a kind's own, e.g. Performer's ``(T_q + T_k) × m`` feature maps). What a step certainly holds:
-a run this refuses could never have fit.
+plus, once, the logits (``B · T · V``) and one layer's largest attention intermediate
+(``flops``' ``attention_matrix``: the ``T × T`` weights of the explicit backend, or a kind's own,
+e.g. Performer's ``(T_q + T_k) × m`` feature maps). It stays below what the forward saves for the
+backward pass plus the logits' gradient (``tests/inspect/test_footprint.py`` measures it): what a
+step certainly holds, so that a run this refuses could never have fit.
 
 Examples:
     >>> from attnlab import GPTConfig
@@ -85,7 +86,7 @@ def training_footprint(
         s = seq_len if src_len is None else src_len
         layer_tokens = config.num_encoder_layers * s + config.num_decoder_layers * seq_len
     per_token = ACTIVATION_WIDTHS * d + 2 * d_ff
-    activations = _FP32 * batch * (layer_tokens * per_token + 2 * seq_len * vocab)
+    activations = _FP32 * batch * (layer_tokens * per_token + seq_len * vocab)
     return Footprint(
         parameters=report.params["total"],
         weights=memory["parameters"],
