@@ -44,7 +44,9 @@ def test_check_fits_names_the_option_and_both_sizes() -> None:
 
 def test_check_at_most() -> None:
     check_at_most("--eval-iters", 10, 10, "batches")
-    with pytest.raises(ArgumentError, match=r"^--eval-iters must be at most 10 \(batches\), got 11$"):
+    with pytest.raises(
+        ArgumentError, match=r"^--eval-iters must be at most 10 \(batches\), got 11$"
+    ):
         check_at_most("--eval-iters", 11, 10, "batches")
 
 

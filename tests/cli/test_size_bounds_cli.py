@@ -96,7 +96,9 @@ def test_generate_beams_are_capped(tmp_path) -> None:
     # argparse refuses the value before the run is read
     _refused(
         ["generate", str(tmp_path), "--prompt", "to", "--strategy", "beam", "--beams", "1000000"],
-        "--beams", "at most 1000", "1000000",
+        "--beams",
+        "at most 1000",
+        "1000000",
     )
 
 

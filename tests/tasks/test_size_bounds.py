@@ -52,20 +52,20 @@ def test_translate_bpe_vocabulary_beyond_the_machine(tmp_path) -> None:
     src, tgt = tmp_path / "a.txt", tmp_path / "b.txt"
     src.write_text("a b c\n" * 5, encoding="utf-8")
     tgt.write_text("x y z\n" * 5, encoding="utf-8")
-    with pytest.raises(ArgumentError, match="^--tgt-vocab 1000000000000 needs about .* BPE"):
+    with pytest.raises(ArgumentError, match=r"^--tgt-vocab 1000000000000 needs about .* BPE"):
         tasks.train("translate", out=tmp_path / "run", steps=2, warmup=1, src=str(src),
                     tgt=str(tgt), tgt_vocab=10**12, progress=False)  # fmt: skip
 
 
 def test_algorithmic_batch_beyond_the_machine(tmp_path) -> None:
-    with pytest.raises(ArgumentError, match="^--batch-size 1000000000 .*needs about"):
+    with pytest.raises(ArgumentError, match=r"^--batch-size 1000000000 .*needs about"):
         tasks.train("reverse", out=tmp_path / "run", steps=2, warmup=1, batch_size=10**9,
                     progress=False)  # fmt: skip
 
 
 def test_performer_features_beyond_the_machine_are_refused_before_drawing() -> None:
     start = time.perf_counter()
-    with pytest.raises(ArgumentError, match="^num_features 1000000000000 needs about"):
+    with pytest.raises(ArgumentError, match=r"^num_features 1000000000000 needs about"):
         PerformerAttention(64, 4, num_features=10**12)
     assert time.perf_counter() - start < 1
 
@@ -79,13 +79,16 @@ def test_generate_refuses_beams_whose_cache_exceeds_the_machine() -> None:
     meta = model.new_cache(1, 5 + 50, device="meta", dtype=torch.float32)
     assert cache.nbytes() == 3 * meta.nbytes()
     start = time.perf_counter()
-    with pytest.raises(ArgumentError, match="^num_beams 1000000 needs about .*KV cache"):
+    with pytest.raises(ArgumentError, match=r"^num_beams 1000000 needs about .*KV cache"):
         al.generate(model, prompt, max_new_tokens=50, strategy="beam", num_beams=10**6)
     assert time.perf_counter() - start < 1
     seq2seq = al.Transformer(
         al.TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=64, num_heads=4,
                              num_encoder_layers=1, num_decoder_layers=2, d_ff=64, max_len=128)
     )  # fmt: skip
-    with pytest.raises(ArgumentError, match="^num_beams 10000000 needs about"):
+    with pytest.raises(ArgumentError, match=r"^num_beams 10000000 needs about"):
         al.generate(seq2seq, prompt % 20, max_new_tokens=100, strategy="beam", num_beams=10**7)
-    assert al.generate(model, prompt, max_new_tokens=3, strategy="beam", num_beams=3).shape == (1, 8)
+    assert al.generate(model, prompt, max_new_tokens=3, strategy="beam", num_beams=3).shape == (
+        1,
+        8,
+    )

@@ -510,12 +510,8 @@ class PerformerAttention(MultiHeadAttention):
         if not isinstance(causal, bool):
             raise ArgumentTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
-        check_fits(  # drawn in float64, before anything of that size is allocated
-            f"num_features {self.num_features}",
-            8 * self.num_features * d,
-            what="a Performer layer's random features",
-            device=device,
-        )
+        m, what = self.num_features, "a Performer layer's random features (drawn in float64)"
+        check_fits(f"num_features {m}", 8 * m * d, what=what, device=device)
         self.register_buffer(
             "features",
             orthogonal_random_features(self.num_features, d, dtype=dtype, device=device),
