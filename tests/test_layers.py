@@ -4,9 +4,10 @@ The package reads bottom-up:
 
     nn  ←  models  ←  decoding, training  ←  inspect  ←  viz  ←  tasks  ←  cli
 
-A package may import the ones below it (and ``attnlab._checks`` and ``attnlab.errors``), never one above or beside it;
+A package may import the ones below it (and ``attnlab._checks``, ``attnlab._budget`` and
+``attnlab.errors``), never one above or beside it;
 ``data`` is a leaf that every layer may use and that imports nothing of attnlab's but
-``_checks`` and ``errors`` — no model, trainer, figure or console code; nothing imports ``cli`` but
+``_checks``, ``_budget`` and ``errors`` — no model, trainer, figure or console code; nothing imports ``cli`` but
 ``attnlab.__main__``. Deferred imports inside functions and ``TYPE_CHECKING`` imports count too:
 a dependency hidden in a function is still a dependency.
 """
@@ -32,7 +33,7 @@ RANK = {
     "tasks": 6,
     "cli": 7,
 }
-EVERYONE_MAY_IMPORT = {"_checks", "errors", "data"}
+EVERYONE_MAY_IMPORT = {"_checks", "_budget", "errors", "data"}
 # the root re-exports the public API and __main__ starts the CLI: they sit above everything
 ROOT_MODULES = {"__init__", "__main__"}
 # the leaf's own rule: third-party packages of figures and consoles stay out of data/
@@ -75,14 +76,14 @@ def _violations() -> list[str]:
                 continue
             if target == "cli":
                 problems.append(f"{where}:{line} imports {module}: nothing imports cli")
-            elif own == "data" and target not in ("_checks", "errors"):
+            elif own == "data" and target not in ("_checks", "_budget", "errors"):
                 problems.append(f"{where}:{line} data is a leaf but imports {module}")
             elif target in EVERYONE_MAY_IMPORT:
                 continue
             elif own == "errors":
                 problems.append(f"{where}:{line} errors is the root leaf but imports {module}")
-            elif own == "_checks" and target != "errors":
-                problems.append(f"{where}:{line} _checks is a leaf but imports {module}")
+            elif own in ("_checks", "_budget") and target != "errors":
+                problems.append(f"{where}:{line} {own} is a leaf but imports {module}")
             elif target not in RANK or own not in RANK:
                 problems.append(f"{where}:{line} {own} → {module}: a package the rules do not know")
             elif RANK[target] >= RANK[own]:

@@ -8,11 +8,11 @@ import torch
 
 import attnlab as al
 from attnlab import masks
+from attnlab.nn.approximation_errors import linformer_errors
 from attnlab.nn.linformer import (
     LinformerAttention,
     key_mask,
     linformer_attention,
-    linformer_errors,
     random_projection,
     relative_error,
 )

@@ -12,10 +12,10 @@ import torch
 
 import attnlab as al
 from attnlab import masks
+from attnlab.nn.approximation_errors import favor_errors
 from attnlab.nn.performer import (
     PerformerAttention,
     favor_attention,
-    favor_errors,
     orthogonal_random_features,
     softmax_features,
 )

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.nn.linformer import linformer_errors
-from attnlab.nn.performer import favor_errors
+from attnlab.nn.approximation_errors import favor_errors, linformer_errors
 from attnlab.viz import Plot
 from attnlab.viz.approximations import approximation_error_figure, approximation_inputs
 

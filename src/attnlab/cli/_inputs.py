@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from attnlab.cli import CLIError
-from attnlab.cli.options import non_negative_int, positive_int
+from attnlab.cli.options import beams, non_negative_int
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.run import Run
 
@@ -27,7 +27,7 @@ def add_input_arguments(p: argparse.ArgumentParser, *, text_required: bool = Tru
     )
     p.add_argument(
         "--beams",
-        type=positive_int,
+        type=beams,
         default=None,
         help="encoder-decoder: beam size of the decoded output (default: the run's evaluation)",
     )

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnlab.cli.errors import CLIError
+from attnlab.cli.options import seed
 from attnlab.nn.attention import scaled_dot_product_attention
 
 # the demo's length: about two minutes on a 2-core laptop CPU (see benchmarks/reverse.py)
@@ -62,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--steps", type=int, default=DEMO_STEPS, help=f"optimizer steps (default {DEMO_STEPS})"
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     p.add_argument(
         "--walkthrough",
         action="store_true",

@@ -17,7 +17,7 @@ import argparse
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import positive_int
+from attnlab.cli.options import beams, positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.run import load_run
@@ -36,10 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-    p.add_argument(
-        "--beams", type=positive_int, default=4, help="beams for --strategy beam (default 4)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--beams", type=beams, default=4, help="beams for --strategy beam (default 4)")
+    p.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
     p.add_argument(
         "--raw",
@@ -53,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_run(args.run, device=args.device)
     console = TextConsole(raw=args.raw)
     if not isinstance(loaded.io, LMIO):
-        beams = args.beams if args.strategy == "beam" else 1
-        for line in loaded.io.translate(loaded.model, [args.prompt], beams=beams):  # type: ignore[attr-defined]
+        k = args.beams if args.strategy == "beam" else 1
+        for line in loaded.io.translate(loaded.model, [args.prompt], beams=k):  # type: ignore[attr-defined]
             console.print_text(line)
         return 0
     ids = loaded.io.generate(

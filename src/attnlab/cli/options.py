@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from attnlab.nn.kinds import AttentionSpec, attention_kinds, cli_dests, spec_class, spec_from_cli
+from attnlab.tasks.train_options import CAPS
 
 Number = TypeVar("Number", int, float)
 
@@ -16,11 +17,13 @@ __all__ = [
     "add_transformer_arguments",
     "attention_dests",
     "attention_spec",
+    "beams",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
     "positive_int",
     "probability",
+    "seed",
 ]
 
 
@@ -67,6 +70,48 @@ def non_negative_int(text: str) -> int:
             argparse prints it as a one-line usage error.
     """
     return _parse(text, int, "a non-negative int", lambda v: v >= 0)
+
+
+#: seeds are 32-bit: python's, numpy's and torch's generators all take them
+SEED_LIMIT = 2**32
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed, an int in ``[0, 2**32)``.
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as an ``int``.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, negative, or ``2**32`` or more;
+            argparse prints it as a one-line usage error.
+    """
+    return _parse(text, int, "an int in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT)
+
+
+#: the most beams any command decodes with (:data:`attnlab.tasks.train_options.CAPS`)
+MAX_BEAMS = CAPS["beams"][0]
+
+
+def beams(text: str) -> int:
+    """argparse type: a beam size, an int in ``[1, MAX_BEAMS]`` (beam search gains nothing from
+    more, and each beam costs a decoding).
+
+    Args:
+        text: the command-line value.
+
+    Returns:
+        The value as an ``int``.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, below 1 or above :data:`MAX_BEAMS`;
+            argparse prints it as a one-line usage error.
+    """
+    what = f"a positive int at most {MAX_BEAMS} (more beams only cost time)"
+    return _parse(text, int, what, lambda v: 1 <= v <= MAX_BEAMS)
 
 
 def positive_float(text: str) -> float:

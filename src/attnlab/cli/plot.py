@@ -28,6 +28,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
+from attnlab.cli.options import seed
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ActivationCache
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=20000, help="noam steps to draw")
     p.add_argument("--max-len", type=int, default=100, help="positional: positions")
     p.add_argument("--max-tokens", type=int, default=64, help="longer sides are block-averaged")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", type=device, default="cpu")
     p.set_defaults(func=run)
 

@@ -15,6 +15,7 @@ from typing import Any
 from attnlab.cli.options import (
     add_attention_arguments,
     add_transformer_arguments,
+    beams,
     non_negative_float,
     positive_float,
     positive_int,
@@ -106,7 +107,7 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens", type=positive_int, default=4096,
         help="padded tokens per batch (default 4096)",
     )  # fmt: skip
-    g.add_argument("--beams", type=positive_int, default=4, help="beam size at the end (default 4)")
+    g.add_argument("--beams", type=beams, default=4, help="beam size at the end (default 4)")
     g.add_argument(
         "--bleu-tokenize", default="13a", choices=BLEU_TOKENIZERS,
         help="sacrebleu tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)",

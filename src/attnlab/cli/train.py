@@ -29,7 +29,7 @@ from rich.console import Console
 
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import attention_spec, non_negative_int, positive_int
+from attnlab.cli.options import attention_spec, non_negative_int, positive_int, seed
 from attnlab.cli.task_arguments import add_task_arguments
 from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.tasks.driver import train
@@ -61,7 +61,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="total number of optimizer steps (a resumed run continues up to it)",
     )
-    g.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
+    g.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     g.add_argument(
         "--grad-accum",

@@ -18,7 +18,7 @@ import sys
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import positive_int
+from attnlab.cli.options import beams
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
 
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--beams",
-        type=positive_int,
+        type=beams,
         default=None,
         help="beam size; 1 is greedy (default: the run's own evaluation)",
     )

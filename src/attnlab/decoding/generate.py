@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from attnlab._budget import check_fits
 from attnlab._checks import (
     check_choice,
     check_finite_weights,
@@ -101,10 +102,11 @@ def generate(
 
     Raises:
         ValueError: the prompt plus ``max_new_tokens`` would not fit the model's position table
-            (the message names the limit), a token id is outside the vocabulary, or an argument
-            is out of range (the message names it), or the model's weights hold NaN or
-            infinities (the message names the first such parameter). TypeError: wrong argument
-            types.
+            (the message names the limit), a token id is outside the vocabulary, an argument
+            is out of range (the message names it), the KV cache and logits of the
+            ``B · num_beams`` rows would exceed the memory of the device (checked before any
+            allocation), or the model's weights hold NaN or infinities (the message names the
+            first such parameter). TypeError: wrong argument types.
 
     Shape:
         - input_ids, attention_mask: ``(B, T)``
@@ -159,6 +161,9 @@ def generate(
 
     # NaN weights give NaN logits: greedy decoding would return token 0 over and over
     check_finite_weights(model)
+    _check_decoding_memory(
+        model, ids, max_new_tokens, num_beams if strategy == "beam" else 1, out_vocab, seq2seq
+    )
     lay_out_for_decoding(model)  # the weights' strides for fast matrix-vector steps
     was_training = model.training
     model.eval()
@@ -254,6 +259,34 @@ def _make_stepper(
 
 
 # -- argument checks --
+
+
+def _check_decoding_memory(
+    model: Any, ids: torch.Tensor, max_new_tokens: int, beams: int, vocab: int, seq2seq: bool
+) -> None:
+    """Refuse a call whose KV cache and logits exceed the memory of the input's device.
+
+    Per decoded row (``B · num_beams`` rows): the cache the model makes (its layers' own, sized
+    on the ``meta`` device, nothing allocated), the prompt's logits ``T · V`` (a decoder-only
+    model's forward scores every prompt position) and a step's logits, their log-softmax and
+    the beam scores ``3 · V``, in float32.
+    """
+    rows, t = ids.shape[0] * beams, ids.shape[1]
+    # the parameters' dtype (autocast's would be narrower: this counts at most twice too much)
+    where = {"device": torch.device("meta"), "dtype": next(model.parameters()).dtype}
+    if seq2seq:
+        cache = model.new_cache(1, 1 + max_new_tokens, src_len=t, **where)
+    else:
+        cache = model.new_cache(1, t + max_new_tokens, **where)
+    prompt = 1 if seq2seq else t
+    needed = rows * (cache.nbytes() + 4 * vocab * (prompt + 3))
+    option = f"num_beams {beams}" if beams > 1 else f"a batch of {rows} rows"
+    check_fits(
+        option,
+        needed,
+        what=f"the KV cache and logits of {rows} decoded rows",
+        device=ids.device,
+    )
 
 
 def _check_input_ids(input_ids: object) -> torch.Tensor:

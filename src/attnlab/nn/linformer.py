@@ -27,13 +27,12 @@ Two consequences of mixing positions before the softmax:
 :func:`linformer_attention` is the functional core; :class:`LinformerAttention` the layer, a
 :class:`~attnlab.nn.multihead.MultiHeadAttention` with the same projections (``in_proj_weight``,
 ``out_proj``) and hook points; :func:`random_projection` draws the Gaussian Johnson–Lindenstrauss
-matrix of the paper's Theorem 1 and :func:`linformer_errors` measures the error against exact
+matrix of the paper's Theorem 1 and :func:`~attnlab.nn.approximation_errors.linformer_errors` measures the error against exact
 attention as ``k`` grows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -59,7 +58,6 @@ __all__ = [
     "LinformerAttention",
     "Sharing",
     "linformer_attention",
-    "linformer_errors",
     "random_projection",
     "relative_error",
 ]
@@ -411,106 +409,3 @@ class LinformerAttention(MultiHeadAttention):
         raise ArgumentError(
             "LinformerAttention has no decoding cache: it cannot be causal (use it in an encoder)"
         )
-
-
-# ------------------------------------------------------------------------------ measured errors
-
-
-def linformer_errors(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    ks: Sequence[int],
-    *,
-    projections: Literal["jl", "random", "fitted"] = "jl",
-    trials: int = 4,
-    steps: int = 300,
-    lr: float = 0.05,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """The relative error ``‖Ã − A‖_F / ‖A‖_F`` of Linformer-style attention against exact
-    softmax attention ``A = softmax(Q Kᵀ / √D) V``, for each projected length ``k``, in float64.
-
-    Three kinds of projection:
-
-    * ``"jl"`` — Theorem 1 of Wang et al. (2020): ``Ã = P Rᵀ R V`` with the exact context mapping
-      ``P`` and a Gaussian :func:`random_projection` ``R`` (``E[Rᵀ R] = I``, error ``O(1/√k)``);
-    * ``"random"`` — the layer with untrained projections ``E = F = R``
-      (:func:`linformer_attention`): what an untrained Linformer computes;
-    * ``"fitted"`` — the layer with ``E`` and ``F`` fitted to these inputs by ``steps`` of Adam
-      from a random start (Theorem 2 says good ones exist for ``k = O(d log d)``).
-
-    Args:
-        query: ``(B, H, T, D)``.
-        key: ``(B, H, T, D)``.
-        value: ``(B, H, T, D_v)``.
-        ks: projected lengths ``k``.
-        projections: ``"jl"`` (default), ``"random"`` or ``"fitted"``.
-        trials: independent draws of ``R`` (or starts of the fit) per ``k``. Default 4.
-        steps: Adam steps of the ``"fitted"`` projections. Default 300.
-        lr: Adam's learning rate for ``"fitted"``. Default 0.05.
-        generator: the random generator of the draws; default the global one.
-
-    Returns:
-        The errors, float64.
-
-    Shape:
-        query/key/value ``(B, H, T, D)`` → errors ``(len(ks), trials)``.
-
-    Examples:
-        >>> q, k, v = torch.randn(3, 1, 2, 64, 16).unbind(0)
-        >>> linformer_errors(q, k, v, [8, 64], trials=2).shape
-        torch.Size([2, 2])
-    """
-    check_qkv(query, key, value)
-    check_choice("projections", projections, ("jl", "random", "fitted"))
-    check_positive_int("trials", trials)
-    check_positive_int("steps", steps)
-    sizes = [check_positive_int("every entry of ks", k) for k in ks]
-    q, k, v = query.detach().double(), key.detach().double(), value.detach().double()
-    t = k.shape[-2]
-    scale = q.shape[-1] ** -0.5
-    exact, p = scaled_dot_product_attention(q, k, v, backend="math", need_weights=True)
-    errors = torch.zeros(len(sizes), trials, dtype=torch.float64)
-    for i, size in enumerate(sizes):
-        for j in range(trials):
-            r = random_projection(size, t, generator=generator, dtype=torch.float64)
-            if projections == "jl":
-                approx = p @ r.T @ (r @ v)  # P Rᵀ R V
-            elif projections == "random":
-                out = linformer_attention(q, k, v, r, scale=scale, backend="math")
-                approx = out if isinstance(out, torch.Tensor) else out[0]
-            else:
-                approx = _fit(q, k, v, r, exact, scale, steps, lr, generator)
-            errors[i, j] = relative_error(approx, exact)
-    return errors
-
-
-def _fit(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    start: torch.Tensor,
-    exact: torch.Tensor,
-    scale: float,
-    steps: int,
-    lr: float,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Fit ``E`` and ``F`` (from ``E = start``, ``F`` a fresh draw) to ``exact`` by Adam."""
-    e = start.clone().requires_grad_(True)
-    f = random_projection(*start.shape, generator=generator, dtype=start.dtype)
-    f.requires_grad_(True)
-    opt = torch.optim.Adam([e, f], lr=lr)
-    norm = exact.square().sum()
-    with torch.enable_grad():
-        for _ in range(steps):
-            opt.zero_grad()
-            # eq. 7 written out (the checks of linformer_attention cost more than the maths here)
-            w = torch.softmax((q @ (e @ k).transpose(-2, -1)) * scale, dim=-1)
-            loss = (w @ (f @ v) - exact).square().sum() / norm
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        out = linformer_attention(q, k, v, e, f, scale=scale, backend="math")
-    return out if isinstance(out, torch.Tensor) else out[0]

@@ -43,14 +43,13 @@ maximum and rescales its sums when it grows (:meth:`PerformerState.append
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 
+from attnlab._budget import check_fits
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.approximation import key_mask, relative_error
-from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.nn.approximation import key_mask
 from attnlab.nn.backends.common import repeat_kv
 from attnlab.nn.kv_cache import PerformerState
 from attnlab.nn.mask_spec import Masking
@@ -61,7 +60,6 @@ from attnlab.nn.nonfinite import guard_nonfinite, poison_rows
 __all__ = [
     "PerformerAttention",
     "favor_attention",
-    "favor_errors",
     "orthogonal_random_features",
     "softmax_features",
 ]
@@ -515,6 +513,8 @@ class PerformerAttention(MultiHeadAttention):
         if not isinstance(causal, bool):
             raise ArgumentTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
+        m, what = self.num_features, "a Performer layer's random features (drawn in float64)"
+        check_fits(f"num_features {m}", 8 * m * d, what=what, device=device)
         self.register_buffer(
             "features",
             orthogonal_random_features(self.num_features, d, dtype=dtype, device=device),
@@ -696,55 +696,3 @@ class PerformerAttention(MultiHeadAttention):
                 f"{shape_str((cache.batch, self.num_heads, 1, total))}"
             )
         return cache, mask
-
-
-def favor_errors(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    num_features: Sequence[int],
-    *,
-    trials: int = 8,
-    is_causal: bool = False,
-    orthogonal: bool = True,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """The relative error ``‖Ã − A‖_F / ‖A‖_F`` of FAVOR+ against exact softmax attention
-    ``A = softmax(Q Kᵀ / √D) V``, for each number of random features ``m``, in float64.
-
-    Args:
-        query: ``(B, H, T_q, D)``.
-        key: ``(B, H, T_k, D)``.
-        value: ``(B, H, T_k, D_v)``.
-        num_features: the numbers of features ``m``.
-        trials: independent draws of the features per ``m``. Default 8.
-        is_causal: compare causal attention. Default ``False``.
-        orthogonal: orthogonal random features (default) or i.i.d. Gaussian ones.
-        generator: the random generator of the draws; default the global one.
-
-    Returns:
-        The errors, float64.
-
-    Shape:
-        query/key/value ``(B, H, T, D)`` → errors ``(len(num_features), trials)``.
-
-    Examples:
-        >>> q, k, v = torch.randn(3, 1, 2, 64, 16).unbind(0)
-        >>> favor_errors(q, k, v, [16, 256], trials=2).shape
-        torch.Size([2, 2])
-    """
-    check_positive_int("trials", trials)
-    sizes = [check_positive_int("every entry of num_features", m) for m in num_features]
-    q, k, v = (check_tensor(n, x).detach().double() for n, x in
-               (("query", query), ("key", key), ("value", value)))  # fmt: skip
-    exact = scaled_dot_product_attention(q, k, v, is_causal=is_causal, backend="math")
-    errors = torch.zeros(len(sizes), trials, dtype=torch.float64)
-    for i, m in enumerate(sizes):
-        for j in range(trials):
-            w = orthogonal_random_features(
-                m, q.shape[-1], generator=generator, orthogonal=orthogonal, dtype=torch.float64
-            )
-            out = favor_attention(q, k, v, w, is_causal)
-            approx = out if isinstance(out, torch.Tensor) else out[0]
-            errors[i, j] = relative_error(approx, exact)
-    return errors

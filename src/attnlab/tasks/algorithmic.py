@@ -32,6 +32,7 @@ from attnlab.errors import ArgumentError
 from attnlab.models.config import TransformerConfig, config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
+from attnlab.tasks.budget import check_training_memory, option_sizes
 from attnlab.tasks.figures import save_attention_figures
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import (
@@ -255,9 +256,21 @@ class AlgorithmicTask:
 
         Returns:
             The trainer's set-up; evaluation is exact-match accuracy on the held-out strings.
+
+        Raises:
+            ValueError: options that do not fit together, or sizes whose memory exceeds the
+                machine's (:func:`attnlab.tasks.budget.check_training_memory`).
         """
         task = self.make_task(args)
         config = task_model_config(task, args)
+        check_training_memory(
+            config,
+            seq_len=config.max_len,
+            batch=args.batch_size,
+            device=device,
+            model_sizes=option_sizes(args, "d_model", "layers", "d_ff", "max_len"),
+            step_sizes=option_sizes(args, "batch_size", "max_len", "d_model", "layers", "d_ff"),
+        )
         model = Transformer(config)
         batch_size = args.batch_size
 

@@ -22,6 +22,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab._budget import bpe_training_bytes, check_fits
 from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
@@ -36,6 +37,7 @@ from attnlab.tasks.base import (
     check_finite_weights,
     token_labels,
 )
+from attnlab.tasks.budget import check_training_memory, option_sizes
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.train_options import LMOptions, attention_options
 from attnlab.training.losses import TokenLoss, token_loss
@@ -441,7 +443,8 @@ class LanguageModelTask:
 
         Raises:
             ValueError: inconsistent options (``--warmup`` not below the decay's length,
-                ``--min-lr`` above ``--lr``, attention options that do not fit together) or a split shorter than ``--block-size``.
+                ``--min-lr`` above ``--lr``, attention options that do not fit together), a split shorter than ``--block-size``, or sizes whose memory exceeds the machine's
+                (:func:`attnlab.tasks.budget.check_training_memory`), all before any allocation.
         """
         decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
         if args.warmup >= decay_steps:
@@ -453,6 +456,12 @@ class LanguageModelTask:
         if args.min_lr > args.lr:
             raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
         attention = attention_options(args.attention, causal_only=True)
+        if args.bpe:  # the BPE trainer reserves its whole vocabulary up front
+            check_fits(
+                f"--bpe-vocab {args.bpe_vocab}",
+                bpe_training_bytes(args.bpe_vocab),
+                what="training a BPE vocabulary",
+            )
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:
@@ -470,6 +479,16 @@ class LanguageModelTask:
             dropout=args.dropout,
             bias=args.bias,
             **attention,
+        )
+        check_training_memory(
+            config,
+            seq_len=args.block_size,
+            batch=args.batch_size,
+            device=device,
+            model_sizes=option_sizes(
+                args, "n_embd", "n_layer", "block_size", *(["bpe_vocab"] if args.bpe else [])
+            ),
+            step_sizes=option_sizes(args, "batch_size", "block_size", "n_embd", "n_layer"),
         )
         model = GPT(config)
         train = LMBatchSource(

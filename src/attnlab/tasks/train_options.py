@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from attnlab._budget import check_at_most
 from attnlab.data import corpora
 from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.errors import ArgumentError, ArgumentTypeError
@@ -38,6 +39,7 @@ from attnlab.nn.kinds import AttentionSpec, FullSpec, spec_from_dict, spec_to_cl
 
 __all__ = [
     "BLEU_TOKENIZERS",
+    "CAPS",
     "PARALLEL",
     "AlgorithmicOptions",
     "AttentionFields",
@@ -89,6 +91,17 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+#: bounds of the counts that only cost time (or that no generator takes): the largest value a
+#: sane run needs, and why (``--eval-iters 1000000000`` would evaluate for days)
+CAPS: dict[str, tuple[int, str]] = {
+    "seed": (2**32 - 1, "the generators take 32-bit seeds"),
+    "eval_iters": (100_000, "batches per loss estimate; more only costs time"),
+    "n_layer": (1000, "layers; deeper models take hours to build and never train here"),
+    "layers": (1000, "layers each; deeper models take hours to build and never train here"),
+    "beams": (1000, "beam search gains nothing from more; each costs a decoding"),
+}
+
+
 def _opt(default: Any, check: str | tuple[str, ...], *, optional: bool = False) -> Any:
     """A field: its default and its check (a name of ``_CHECKS`` or the allowed values);
     ``optional`` (or a ``None`` default) also accepts ``None``."""
@@ -116,6 +129,8 @@ def _check_field(name: str, value: Any, check: str | tuple[str, ...], optional: 
     test, what = _CHECKS[check]
     if not test(value):
         raise ArgumentError(f"{name} must be {what}, got {value!r}")
+    if name in CAPS and isinstance(value, int):
+        check_at_most("--" + name.replace("_", "-"), value, *CAPS[name])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from attnlab._budget import bpe_training_bytes, check_fits
 from attnlab.data import corpora
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
@@ -31,6 +32,7 @@ from attnlab.errors import ArgumentError
 from attnlab.models.config import config_to_dict
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import EvaluationSet, TaskSetup
+from attnlab.tasks.budget import check_training_memory, option_sizes
 from attnlab.tasks.registry import register_task
 from attnlab.tasks.seq2seq import Seq2SeqIO, noam_adam_from_args, seq2seq_loss, transformer_config
 from attnlab.tasks.train_options import BLEU_TOKENIZERS, TranslateOptions
@@ -179,8 +181,8 @@ def load_translate_data(args: Any) -> TranslateData:
         The tokenizers and the splits.
 
     Raises:
-        ValueError: the data options do not fit together (:func:`check_data_options`) or a
-            file cannot be read.
+        ValueError: the data options do not fit together (:func:`check_data_options`), a
+            file cannot be read, or a BPE vocabulary too large to train on this machine.
     """
     check_data_options(args)
     train = _pair(args, "train")
@@ -189,7 +191,9 @@ def load_translate_data(args: Any) -> TranslateData:
     if args.tokenizer == "word":
         src_tok = train_word_level(train.src, args.src_vocab)
         tgt_tok = train_word_level(train.tgt, args.tgt_vocab)
-    else:
+    else:  # the BPE trainer reserves its whole vocabulary up front
+        for flag, size in (("--src-vocab", args.src_vocab), ("--tgt-vocab", args.tgt_vocab)):
+            check_fits(f"{flag} {size}", bpe_training_bytes(size), what="training a BPE vocabulary")
         src_tok = train_bpe(train.src, args.src_vocab)
         tgt_tok = train_bpe(train.tgt, args.tgt_vocab)
     return TranslateData(src_tok, tgt_tok, train, dev, test)
@@ -251,12 +255,25 @@ class TranslationTask:
 
         Returns:
             The trainer's set-up; its report writes the test (else dev) BLEU with beam search.
+
+        Raises:
+            ValueError: options that do not fit together, unreadable data, or sizes whose memory
+                exceeds the machine's (:func:`attnlab.tasks.budget.check_training_memory`).
         """
         check_bleu_tokenizer(args.bleu_tokenize)
         data = load_translate_data(args)
         src_tok, tgt_tok = data.src_tok, data.tgt_tok
         max_len = MAX_LEN
         config = transformer_config(args, src_tok, tgt_tok, max_len=max_len)
+        seq_len = min(args.max_tokens, max_len)  # a batch holds about --max-tokens tokens
+        check_training_memory(
+            config,
+            seq_len=seq_len,
+            batch=-(-args.max_tokens // seq_len),
+            device=device,
+            model_sizes=option_sizes(args, "d_model", "layers", "d_ff", "src_vocab", "tgt_vocab"),
+            step_sizes=option_sizes(args, "max_tokens", "d_model", "layers", "d_ff"),
+        )
         model = Transformer(config)
         io = translation_io(src_tok, tgt_tok, args.beams, max_len)
         limit = max_len - 2

@@ -9,8 +9,8 @@ attention ``A = softmax(Q Kᵀ / √d) V`` on log–log axes:
 - right, Performer / FAVOR+ (Choromanski et al. 2021) against the number of random features
   ``m``: orthogonal and i.i.d. Gaussian features, bidirectional and causal.
 
-The errors come from :func:`attnlab.nn.linformer.linformer_errors` and
-:func:`attnlab.nn.performer.favor_errors`; the figure is a :class:`~attnlab.viz.Plot` holding them.
+The errors come from :func:`attnlab.nn.approximation_errors.linformer_errors` and
+:func:`attnlab.nn.approximation_errors.favor_errors`; the figure is a :class:`~attnlab.viz.Plot` holding them.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from matplotlib.ticker import NullLocator
 
 from attnlab._checks import check_positive_int, shape_str
 from attnlab.errors import ArgumentError
-from attnlab.nn.linformer import linformer_errors
-from attnlab.nn.performer import favor_errors
+from attnlab.nn.approximation_errors import favor_errors, linformer_errors
 from attnlab.viz._draw import Plot, _new_figure
 
 __all__ = ["approximation_error_figure", "approximation_inputs"]

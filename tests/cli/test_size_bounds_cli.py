@@ -1,0 +1,121 @@
+"""Issue 21, defects 2 and 3 on the command line: sizes beyond the machine and counts no run
+needs are refused in one line (exit 2) naming the option and the bytes needed and available (or
+the cap), at once — before the fix they ended in the allocator's error shown as a bug, an abort
+inside the tokenizers library (exit 134), or ran until killed.
+
+Each command runs in a child process whose address space is capped (so that a regression fails
+here instead of taking the machine's memory) and which is killed after ``TIMEOUT`` seconds.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+TIMEOUT = 60
+ADDRESS_SPACE = 4 * 2**30
+
+TEXT = "to be, or not to be, that is the question:\n" * 40
+
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _attnlab(*args: str) -> tuple[int, list[str], float]:
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "attnlab", *args],
+            capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_limit,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"attnlab {' '.join(args)} ran past {TIMEOUT} s")
+    return done.returncode, done.stderr.splitlines(), time.perf_counter() - start
+
+
+@pytest.fixture
+def lm(tmp_path):
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    return ["train", "lm", "--data", str(data), "--out", str(tmp_path / "run"),
+            "--steps", "2", "--warmup", "1"]  # fmt: skip
+
+
+@pytest.fixture
+def translate(tmp_path):
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("a b c d\n" * 10, encoding="utf-8")
+    tgt.write_text("w x y z\n" * 10, encoding="utf-8")
+    return ["train", "translate", "--src", str(src), "--tgt", str(tgt),
+            "--out", str(tmp_path / "run"), "--steps", "2", "--warmup", "1"]  # fmt: skip
+
+
+def _refused(args: list[str], *fragments: str) -> str:
+    code, lines, _ = _attnlab(*args)
+    assert code == 2, lines[-5:]
+    assert len(lines) == 1, lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+MEMORY = ("needs about ", " bytes) for ", "but the machine has ", " bytes) of memory")
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [(["--batch-size", "1000000000"], "--batch-size 1000000000"),
+     (["--n-embd", "1000000"], "--n-embd 1000000"),
+     (["--attention", "performer", "--num-features", "1000000000"], "--num-features 1000000000")],
+)  # fmt: skip
+def test_lm_sizes_beyond_the_machine(lm, extra, option) -> None:
+    line = _refused([*lm, *extra], *MEMORY)
+    assert line.startswith(f"attnlab: error: {option} ")
+
+
+def test_translate_vocabulary_beyond_the_machine(translate) -> None:
+    line = _refused([*translate, "--src-vocab", "1000000000"], *MEMORY)
+    assert line.startswith("attnlab: error: --src-vocab 1000000000 needs about ")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--n-layer", "100000"], "--n-layer must be at most 1000 "),
+     (["--eval-iters", "1000000000"], "--eval-iters must be at most 100000 ")],
+)  # fmt: skip
+def test_lm_counts_are_capped(lm, extra, message) -> None:
+    _refused([*lm, *extra], message)
+
+
+def test_generate_beams_are_capped(tmp_path) -> None:
+    # argparse refuses the value before the run is read
+    _refused(
+        ["generate", str(tmp_path), "--prompt", "to", "--strategy", "beam", "--beams", "1000000"],
+        "--beams",
+        "at most 1000",
+        "1000000",
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--attention", "bigbird", "--bigbird-block", "4", "--bigbird-seed", str(2**70)],
+     ["--seed", str(2**70)]],
+)  # fmt: skip
+def test_seeds_are_bounded(lm, extra) -> None:
+    _refused([*lm, *extra], extra[-2], str(2**70))
+
+
+def test_generate_seed_is_bounded(tmp_path) -> None:
+    _refused(["generate", str(tmp_path), "--prompt", "to", "--seed", str(2**70)], "--seed")
+
+
+def test_a_run_that_fits_still_trains(lm) -> None:
+    code, lines, _ = _attnlab(*lm, "--block-size", "16", "--n-embd", "16", "--n-layer", "1",
+                              "--n-head", "2", "--batch-size", "2", "--eval-iters", "1")  # fmt: skip
+    assert code == 0, lines[-5:]
