@@ -84,6 +84,33 @@ def ratio(t: int, runs: int) -> tuple[float, float, float]:
     return w, s, w / s
 
 
+def guard_cost(t: int, runs: int) -> tuple[float, float]:
+    """``(seconds with, seconds without)`` the non-finite guard (:mod:`attnlab.nn.nonfinite`,
+    its check of the inputs on the CPU) around one window call, medians, taking turns: what the
+    NaN rule costs when every input is finite."""
+    import attnlab.nn.attention as attention
+
+    guarded = attention.guard_nonfinite
+
+    def unguarded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masking: object) -> tuple:
+        return q, k, v, None
+
+    q, k, v = _inputs(t)
+    times: dict[str, list[float]] = {"with": [], "without": []}
+    try:
+        with torch.no_grad():
+            _window(q, k, v)
+            for _ in range(runs):
+                for name, guard in (("with", guarded), ("without", unguarded)):
+                    attention.guard_nonfinite = guard  # type: ignore[assignment]
+                    start = time.perf_counter()
+                    _window(q, k, v)
+                    times[name].append(time.perf_counter() - start)
+    finally:
+        attention.guard_nonfinite = guarded
+    return statistics.median(times["with"]), statistics.median(times["without"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -96,6 +123,8 @@ def main() -> None:
     for t in (2048, args.long):
         w, s, r = ratio(t, args.runs)
         print(f"T={t}: window {1e3 * w:.1f} ms, causal sdpa {1e3 * s:.1f} ms, ratio {r:.3f}x")
+    g, n = guard_cost(2048, args.runs)
+    print(f"T=2048: the non-finite guard, {1e3 * g:.1f} ms with, {1e3 * n:.1f} ms without")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
