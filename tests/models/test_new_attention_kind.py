@@ -238,3 +238,25 @@ def test_it_trains_and_generates_from_the_command_line(
            "--steps", "1", "--attention", "toy_sharpened", "--toy-sharpen", "0"]  # fmt: skip
     assert main(bad) == 2  # the spec's own check, named by its option
     assert "--toy-sharpen must be > 0" in capsys.readouterr().err
+
+
+def test_registering_refuses_what_is_not_a_kind() -> None:
+    with pytest.raises(TypeError, match="kind must be an AttentionSpec subclass"):
+        register_attention(int)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="already registered"):
+
+        @dataclasses.dataclass(frozen=True)
+        class Other(AttentionSpec):
+            name = "sliding"
+
+        register_attention(Other)
+    with pytest.raises(ValueError, match="reuses window of attention kind 'sliding'"):
+
+        @dataclasses.dataclass(frozen=True)
+        class Borrower(AttentionSpec):
+            name = "toy_borrower"
+            cli_options: ClassVar[tuple[CliOption, ...]] = (CliOption("--window", "w"),)
+
+        register_attention(Borrower)
+    with pytest.raises(ValueError, match="built in"):
+        unregister_attention("full")

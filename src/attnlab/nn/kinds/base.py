@@ -393,7 +393,7 @@ def register_attention(kind: S, /) -> S:
     """
     cls = kind
     if not (isinstance(cls, type) and issubclass(cls, AttentionSpec)):
-        raise ArgumentTypeError(f"cls must be an AttentionSpec subclass, got {cls!r}")
+        raise ArgumentTypeError(f"kind must be an AttentionSpec subclass, got {cls!r}")
     if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         raise ArgumentTypeError(f"{cls.__name__} must be a frozen dataclass")
     name = cls.name
