@@ -62,8 +62,8 @@ from attnlab.training.checkpoint import (
     read_config,
     read_manifest,
     save_checkpoint,
-    verify_checkpoint,
 )
+from attnlab.training.checkpoint_hold import hold_checkpoint
 from attnlab.training.manifest import MANIFEST
 from attnlab.training.processes import is_initialized
 
@@ -268,12 +268,12 @@ def read_sharded_tensors(
     """
     if prefix not in (MODEL_KEY, OPTIM_KEY):
         raise ArgumentError(f"prefix must be {MODEL_KEY!r} or {OPTIM_KEY!r}, got {prefix!r}")
-    return _read_tensors(_verified_sharded(path), prefix)
+    with hold_checkpoint(path, allow_sharded=True) as ckpt:  # not rotated away while read
+        return _read_tensors(_sharded(ckpt), prefix)
 
 
-def _verified_sharded(path: str | os.PathLike[str]) -> Path:
-    """The sharded checkpoint directory of ``path``, verified against its manifest."""
-    ckpt = verify_checkpoint(path, allow_sharded=True)
+def _sharded(ckpt: Path) -> Path:
+    """``ckpt`` (a verified checkpoint directory) when it is sharded."""
     if not is_sharded(ckpt):
         raise CheckpointError(
             f"checkpoint {ckpt} is not sharded: it holds {MODEL} and every command reads it as it is"
@@ -333,15 +333,17 @@ def consolidate(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ArgumentError(f"out must be a new or empty folder, got {target}, which holds files")
-    ckpt = _verified_sharded(path)  # resolved once: everything below reads this directory
-    weights = _read_tensors(ckpt, MODEL_KEY)
-    manifest = read_manifest(ckpt)
-    internal = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST}
-    files = {
-        name: ckpt / name
-        for name in manifest.files
-        if name not in internal and not name.startswith(SHARDED + "/")
-    }
-    return save_checkpoint(
-        target, step=manifest.step, model=weights, config=read_config(ckpt), files=files
-    )
+    # resolved once and held while read (a training rotating the run does not delete it)
+    with hold_checkpoint(path, allow_sharded=True) as held:
+        ckpt = _sharded(held)
+        weights = _read_tensors(ckpt, MODEL_KEY)
+        manifest = read_manifest(ckpt)
+        internal = {CONFIG, MODEL, STATE_JSON, STATE_TENSORS, MANIFEST}
+        files = {
+            name: ckpt / name
+            for name in manifest.files
+            if name not in internal and not name.startswith(SHARDED + "/")
+        }
+        return save_checkpoint(
+            target, step=manifest.step, model=weights, config=read_config(ckpt), files=files
+        )
