@@ -31,6 +31,7 @@ __all__ = [
     "available_memory",
     "bpe_training_bytes",
     "check_at_most",
+    "check_bpe_vocab",
     "check_fits",
     "format_bytes",
 ]
@@ -150,3 +151,19 @@ def bpe_training_bytes(vocab_size: int) -> int:
         The bytes.
     """
     return vocab_size * BPE_TRAINING_BYTES_PER_TOKEN
+
+
+def check_bpe_vocab(option: str, vocab_size: int) -> None:
+    """Refuse a BPE vocabulary whose up-front reservation (:func:`bpe_training_bytes`) exceeds
+    the machine's memory, before the trainer aborts the process.
+
+    Args:
+        option: how the caller names the size (``"vocab_size"``, ``"--src-vocab"``).
+        vocab_size: the vocabulary size asked for.
+
+    Raises:
+        ArgumentError: it does not fit (one line naming ``option``).
+    """
+    check_fits(
+        f"{option} {vocab_size}", bpe_training_bytes(vocab_size), what="training a BPE vocabulary"
+    )

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from attnlab._budget import bpe_training_bytes, check_fits
+from attnlab._budget import check_bpe_vocab
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
@@ -403,11 +403,11 @@ def train_bpe(
 
     Raises:
         ValueError: ``vocab_size`` or ``min_frequency`` out of range, or a vocabulary whose
-            reservation exceeds the machine's memory (:func:`attnlab._budget.check_fits`).
+            reservation exceeds the machine's memory (:func:`attnlab._budget.check_bpe_vocab`).
     """
     _check_training_args(vocab_size, min_frequency)
     # the trainer reserves the whole vocabulary up front, and aborts the process when it cannot
-    check_fits(f"vocab_size {vocab_size}", bpe_training_bytes(vocab_size), what="BPE training")
+    check_bpe_vocab("vocab_size", vocab_size)
     tk = _hf()
     if byte_level:
         tok = tk.Tokenizer(tk.models.BPE())

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab._budget import bpe_training_bytes, check_fits
+from attnlab._budget import check_bpe_vocab
 from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
@@ -457,11 +457,7 @@ class LanguageModelTask:
             raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
         attention = attention_options(args.attention, causal_only=True)
         if args.bpe:  # the BPE trainer reserves its whole vocabulary up front
-            check_fits(
-                f"--bpe-vocab {args.bpe_vocab}",
-                bpe_training_bytes(args.bpe_vocab),
-                what="training a BPE vocabulary",
-            )
+            check_bpe_vocab("--bpe-vocab", args.bpe_vocab)
         corpus = load_corpus(args.data, bpe=args.bpe, bpe_vocab=args.bpe_vocab)
         for split, ids in (("training", corpus.train), ("validation", corpus.val)):
             if len(ids) <= args.block_size:

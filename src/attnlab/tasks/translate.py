@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab._budget import bpe_training_bytes, check_fits
+from attnlab._budget import check_bpe_vocab
 from attnlab.data import corpora
 from attnlab.data.batching import BucketedBatchSource, make_seq2seq_batch
 from attnlab.data.parallel import ParallelCorpus, read_parallel
@@ -186,14 +186,15 @@ def load_translate_data(args: Any) -> TranslateData:
     """
     check_data_options(args)
     train = _pair(args, "train")
-    assert train is not None  # checked: --corpus, or --src and --tgt
+    if train is None:  # check_data_options refuses this first: kept for callers that skip it
+        raise ArgumentError("translation needs training data: --corpus NAME, or --src and --tgt")
     dev, test = _pair(args, "dev"), _pair(args, "test")
     if args.tokenizer == "word":
         src_tok = train_word_level(train.src, args.src_vocab)
         tgt_tok = train_word_level(train.tgt, args.tgt_vocab)
     else:  # the BPE trainer reserves its whole vocabulary up front
         for flag, size in (("--src-vocab", args.src_vocab), ("--tgt-vocab", args.tgt_vocab)):
-            check_fits(f"{flag} {size}", bpe_training_bytes(size), what="training a BPE vocabulary")
+            check_bpe_vocab(flag, size)  # both before either is trained
         src_tok = train_bpe(train.src, args.src_vocab)
         tgt_tok = train_bpe(train.tgt, args.tgt_vocab)
     return TranslateData(src_tok, tgt_tok, train, dev, test)
