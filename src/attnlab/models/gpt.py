@@ -117,6 +117,9 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise ArgumentTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
+        self._site = attention_site(
+            config
+        )  # where the blocks' attention sits (causal, n_positions)
         self.gradient_checkpointing = config.gradient_checkpointing
         rotary = (
             RotaryEmbedding(config.d_head, max_len=config.n_positions, base=config.rope_base)
@@ -311,9 +314,7 @@ class GPT(nn.Module):
             # a pattern read at absolute positions (BigBird's blocks) under left padding: read
             # at each row's token positions (as the position ids), not at the slots, and the
             # layers' own pattern off for this call
-            where = (keep.long().cumsum(-1) - 1).clamp(min=0)  # (B, T_past + T)
-            site = attention_site(cfg)
-            pattern = cfg.attention.padded_mask(site, where[:, past:], where)
+            pattern = cfg.attention.padded_mask(self._site, keep, past)
             if pattern is not None:
                 padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
                 block_mask = False

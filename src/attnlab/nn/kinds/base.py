@@ -233,24 +233,25 @@ class AttentionSpec:
         return site.layer(MultiHeadAttention, backend=site.backend, rotary=site.rotary)
 
     def padded_mask(
-        self, site: AttentionSite, where_q: torch.Tensor, where_k: torch.Tensor
+        self, site: AttentionSite, keep: torch.Tensor, past: int
     ) -> torch.Tensor | None:
         """The kind's own pattern read at each row's token positions, for left-padded rows.
 
         A kind whose pattern depends on absolute positions (BigBird's blocks) gives the
-        ``(B, T_q, T_k)`` boolean pattern at the tokens' positions, and the model turns the
-        layer's own pattern off for that call; others return ``None``.
+        boolean pattern at the tokens' positions (a token's position counts the real tokens
+        before it), and the model turns the layer's own pattern off for that call; others
+        return ``None`` and cost nothing.
 
         Args:
             site: the layer's site.
-            where_q: the queries' positions ``(B, T_q)``.
-            where_k: the keys' positions ``(B, T_k)``.
+            keep: ``True`` for the real tokens of every position so far (left padding).
+            past: positions before this call's queries.
 
         Returns:
             ``None``, or the pattern (``True`` = may attend).
 
         Shape:
-            where_q ``(B, T_q)``, where_k ``(B, T_k)`` → ``(B, T_q, T_k)``.
+            keep ``(B, T_past + T)`` → ``(B, T, T_past + T)``.
         """
         return None
 

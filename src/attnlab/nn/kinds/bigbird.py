@@ -189,7 +189,7 @@ class BigBirdSpec(AttentionSpec):
         )
 
     def padded_mask(
-        self, site: AttentionSite, where_q: torch.Tensor, where_k: torch.Tensor
+        self, site: AttentionSite, keep: torch.Tensor, past: int
     ) -> torch.Tensor | None:
         """The layout read at each row's token positions
         (:meth:`~attnlab.nn.masks.BlockLayout.mask_at`): a left-padded row sees the blocks an
@@ -197,16 +197,17 @@ class BigBirdSpec(AttentionSpec):
 
         Args:
             site: the layer's site.
-            where_q: the queries' positions ``(B, T_q)``.
-            where_k: the keys' positions ``(B, T_k)``.
+            keep: ``True`` for the real tokens of every position so far.
+            past: positions before this call's queries.
 
         Returns:
             The pattern, ``True`` = may attend.
 
         Shape:
-            where_q ``(B, T_q)``, where_k ``(B, T_k)`` → ``(B, T_q, T_k)``.
+            keep ``(B, T_past + T)`` → ``(B, T, T_past + T)``.
         """
-        return self.layout(site.max_len, causal=site.causal).mask_at(where_q, where_k)
+        where = (keep.long().cumsum(-1) - 1).clamp(min=0)  # each token's position, (B, T_past + T)
+        return self.layout(site.max_len, causal=site.causal).mask_at(where[:, past:], where)
 
     def core_flops(
         self, t_q: int, t_k: int, *, d_head: int, heads: int, kv_heads: int, site: AttentionSite
