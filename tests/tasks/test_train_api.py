@@ -10,7 +10,7 @@ import pytest
 
 from attnlab import tasks
 from attnlab.cli import build_parser, main
-from attnlab.cli.options import attention_dests
+from attnlab.nn.kinds import cli_dests
 from attnlab.tasks.train_options import run_args, task_fields
 
 TINY = dict(num_symbols=5, max_len=5, num_heldout=20, d_model=16, layers=1, heads=2, d_ff=32,
@@ -29,7 +29,7 @@ def test_each_task_options_are_its_command_line_options_with_the_same_defaults(n
     parser = _task_parser(name)
     cls = tasks.get_task(name).options
     # the attention kind's options (--attention, --window, …) are one field, its spec
-    kinds = set(attention_dests()) - {"attention"}
+    kinds = set(cli_dests()) - {"attention"}
     actions = {a.dest: a.default for a in parser._actions if a.dest not in {"help", *kinds}}
     assert set(task_fields(cls)) == set(parser.get_default("_task_dests")) - kinds
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}

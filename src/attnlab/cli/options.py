@@ -15,7 +15,6 @@ Number = TypeVar("Number", int, float)
 __all__ = [
     "add_attention_arguments",
     "add_transformer_arguments",
-    "attention_dests",
     "attention_spec",
     "beams",
     "non_negative_float",
@@ -239,16 +238,6 @@ def add_transformer_arguments(
     )
 
 
-def attention_dests() -> tuple[str, ...]:
-    """The attention options' argparse dests: ``attention`` and every registered kind's options
-    (:func:`~attnlab.nn.kinds.cli_dests`).
-
-    Returns:
-        The dests.
-    """
-    return cli_dests()
-
-
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "positive_int": positive_int,
     "non_negative_int": non_negative_int,
@@ -301,7 +290,7 @@ def attention_spec(args: argparse.Namespace) -> AttentionSpec | None:
         ValueError: an option of another kind, a required one missing, or a value the spec
             refuses (:func:`~attnlab.nn.kinds.spec_from_cli`).
     """
-    given = {dest: getattr(args, dest, None) for dest in attention_dests()[1:]}
+    given = {dest: getattr(args, dest, None) for dest in cli_dests()[1:]}
     name = getattr(args, "attention", None)
     if name is None and all(v is None for v in given.values()):
         return None
