@@ -312,7 +312,7 @@ class AttentionSpec:
         Returns:
             The size in bytes.
         """
-        return 2 * batch * kv_heads * seq_len * d_head * _itemsize(dtype)
+        return 2 * batch * kv_heads * seq_len * d_head * dtype.itemsize
 
     def extra_parameters(self, site: AttentionSite) -> int:
         """Parameters the kind adds to a layer beyond the four projections (0 here).
@@ -344,10 +344,6 @@ class AttentionSpec:
         """
         params = " ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items())
         return f"{self.name} {params}".strip()
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def check_int_field(spec: AttentionSpec, name: str, *, minimum: int = 1) -> None:

@@ -14,7 +14,6 @@ from attnlab.nn.kinds.base import (
     AttentionSite,
     AttentionSpec,
     CliOption,
-    _itemsize,
     check_int_field,
     register_attention,
 )
@@ -204,4 +203,4 @@ class PerformerSpec(AttentionSpec):
         """
         m = self.features(d_head)
         sums = torch.promote_types(dtype, torch.float32)
-        return batch * kv_heads * (m * (d_head + 1) + 1) * _itemsize(sums)
+        return batch * kv_heads * (m * (d_head + 1) + 1) * sums.itemsize
