@@ -135,7 +135,7 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="not a directory; attnlab never downloads"):
         al.GPT.from_hf("gpt2")
     with pytest.raises(
-        TypeError, match=r"must be a transformers\.GPT2LMHeadModel or a directory path, got int"
+        TypeError, match=r"must be a transformers model .* or a directory path, got int"
     ):
         al.GPT.from_hf(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="activation_function must be one of"):

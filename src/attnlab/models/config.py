@@ -13,6 +13,7 @@ from attnlab.nn.backends import check_backend
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kinds import AttentionSpec, BigBirdSpec, FullSpec, spec_from_dict, spec_from_legacy
 from attnlab.nn.kinds.base import legacy_field_names
+from attnlab.nn.rope import PAIRINGS, RopeScaling
 
 __all__ = [
     "GPTConfig",
@@ -23,6 +24,11 @@ __all__ = [
 ]
 
 C = TypeVar("C")
+
+#: the normalisations, MLP activations and model families a :class:`GPTConfig` can name
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox")
 
 
 def _accepts_legacy_attention(cls: type[C]) -> type[C]:
@@ -95,6 +101,12 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         in configs saved before other kinds existed.
     """
     data = dataclasses.asdict(config)
+    if isinstance(config, GPTConfig):  # GPT-2's parts: written as before families existed
+        for f in dataclasses.fields(GPTConfig):
+            if f.name in _PART_FIELDS and getattr(config, f.name) == f.default:
+                data.pop(f.name)
+        if config.rope_scaling is not None:
+            data["rope_scaling"] = config.rope_scaling.to_dict()
     spec = getattr(config, "attention", None)
     if isinstance(spec, AttentionSpec):
         # a run saved with full attention compares equal when resumed, whatever the release
@@ -306,7 +318,37 @@ class GPTConfig:
             layout at its tokens' positions); :class:`~attnlab.nn.kinds.LinformerSpec` is
             refused (it cannot be causal). A kind's name or its dict is accepted, and so are
             the flat fields of configs saved before specs (``attention="sliding", window=256``).
-            Hugging Face interop (``to_hf``) needs full attention.
+            Hugging Face interop (``to_hf``) needs full attention, or a sliding window for
+            Mistral.
+
+    The parts of the block are chosen by the fields below, so that one decoder is GPT-2, Llama,
+    Mistral, Qwen2 or GPT-NeoX (:mod:`attnlab.models.families` converts their Hugging Face
+    configs); their defaults are GPT-2's, and a config saved with them writes none of them.
+
+    Args:
+        norm: ``"layernorm"`` (GPT-2, NeoX) or ``"rmsnorm"`` (Llama, Mistral, Qwen2), with
+            ``layer_norm_epsilon``.
+        activation: the MLP's nonlinearity: ``"gelu_tanh"`` (GPT-2's ``gelu_new``),
+            ``"gelu"`` (exact, NeoX), ``"silu"`` (Llama) or ``"relu"``.
+        mlp: ``"standard"`` (``act(x W_fc) W_proj``) or ``"gated"`` (``(act(x W_gate) ⊙
+            x W_fc) W_proj``, SwiGLU with ``"silu"``; Shazeer 2020).
+        d_ff: the MLP's hidden width; ``None`` means ``4 · n_embd``.
+        rotary_dim: rotated dimensions of each head (``positions="rope"``); ``None`` means
+            ``d_head``; fewer is GPT-NeoX's partial rotary.
+        rope_pairing: ``"interleaved"`` (attnlab's own, RoFormer) or ``"halves"`` (Hugging
+            Face's ``rotate_half``); see :class:`~attnlab.nn.positional.RotaryEmbedding`.
+        rope_scaling: a :class:`~attnlab.nn.rope.RopeScaling` (``linear``, ``llama3``) or its
+            dict, or ``None``.
+        qkv_bias: biases on the query, key and value projections (Qwen2); ``None`` means ``bias``.
+        proj_bias: a bias on the attention's output projection; ``None`` means ``bias``.
+        mlp_bias: biases in the MLP; ``None`` means ``bias``. (``bias`` itself also gives the
+            LayerNorms their biases.)
+        tie_embeddings: the output projection is the token embedding (GPT-2, SmolLM2);
+            ``False`` gives ``lm_head`` its own weight (Llama 2, NeoX).
+        parallel_residual: ``x + Attention(LN_1(x)) + MLP(LN_2(x))`` (GPT-J, GPT-NeoX) instead
+            of the sequential ``x + Attention(LN_1(x))`` then ``+ MLP(LN_2(·))``.
+        family: the model family the config follows, ``"gpt2"``, ``"llama"``, ``"mistral"``,
+            ``"qwen2"`` or ``"neox"``: the Hugging Face class it exports to.
     """
 
     vocab_size: int = 50257
@@ -323,6 +365,19 @@ class GPTConfig:
     backend: str = "auto"
     rope_base: float = 10000.0
     attention: AttentionSpec = dataclasses.field(default_factory=FullSpec)
+    norm: str = "layernorm"
+    activation: str = "gelu_tanh"
+    mlp: str = "standard"
+    d_ff: int | None = None
+    rotary_dim: int | None = None
+    rope_pairing: str = "interleaved"
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool | None = None
+    proj_bias: bool | None = None
+    mlp_bias: bool | None = None
+    tie_embeddings: bool = True
+    parallel_residual: bool = False
+    family: str = "gpt2"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -355,6 +410,41 @@ class GPTConfig:
                 raise ArgumentError(f"{name} must be a positive float, got {value!r}")
         check_backend(self.backend)
         _check_attention_field(self, causal_only=True, positions=self.positions)
+        self._check_parts()
+
+    def _check_parts(self) -> None:
+        """The family fields: choices, widths, rotary options only with ``positions="rope"``."""
+        check_choice("norm", self.norm, NORMS)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_choice("mlp", self.mlp, ("standard", "gated"))
+        check_choice("rope_pairing", self.rope_pairing, PAIRINGS)
+        check_choice("family", self.family, FAMILIES)
+        if self.d_ff is not None:
+            check_positive_int("d_ff", self.d_ff)
+        for name in ("qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or (value is None and name.endswith("_bias"))):
+                raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
+        elif self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ArgumentTypeError(
+                f"rope_scaling must be a RopeScaling, a dict or None, got "
+                f"{type(self.rope_scaling).__name__}"
+            )
+        if self.rotary_dim is not None:
+            check_positive_int("rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2 or self.rotary_dim > self.d_head:
+                raise ArgumentError(
+                    f"rotary_dim must be even and at most d_head = {self.d_head}, got "
+                    f"{self.rotary_dim}"
+                )
+        if self.positions != "rope":
+            for name, default in (("rotary_dim", None), ("rope_scaling", None)):
+                if getattr(self, name) != default:
+                    raise ArgumentError(
+                        f"{name} is for positions='rope', got it with positions={self.positions!r}"
+                    )
 
     @property
     def d_head(self) -> int:
@@ -362,6 +452,38 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def ff_width(self) -> int:
+        """The MLP's hidden width: ``d_ff``, or ``4 · n_embd``."""
+        return 4 * self.n_embd if self.d_ff is None else self.d_ff
+
+    @property
+    def rotary_width(self) -> int:
+        """Rotated dimensions per head: ``rotary_dim``, or ``d_head``."""
+        return self.d_head if self.rotary_dim is None else self.rotary_dim
+
+    def bias_of(self, part: str) -> bool:
+        """Whether a part has biases: ``"qkv"``, ``"proj"`` or ``"mlp"`` (its own field, else
+        ``bias``), or ``"norm"`` (``bias``; an RMSNorm has none).
+
+        Args:
+            part: ``"qkv"``, ``"proj"``, ``"mlp"`` or ``"norm"``.
+
+        Returns:
+            Whether it has biases.
+        """
+        if part == "norm":
+            return self.bias and self.norm == "layernorm"
+        own = getattr(self, f"{part}_bias")
+        return self.bias if own is None else bool(own)
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads actually used (``num_kv_heads`` or ``n_head``)."""
         return self.n_head if self.num_kv_heads is None else self.num_kv_heads
+
+
+#: the fields that choose a GPT's parts (left out of a saved config when they are GPT-2's)
+_PART_FIELDS = frozenset(
+    ("norm", "activation", "mlp", "d_ff", "rotary_dim", "rope_pairing", "rope_scaling",
+     "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "family")
+)  # fmt: skip

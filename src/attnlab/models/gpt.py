@@ -32,7 +32,7 @@ from attnlab.models.gpt_layers import (
     GPTSelfAttention,
     RecomputeCache,
     attention_site,
-    gpt2_parts,
+    block_parts,
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
@@ -75,7 +75,7 @@ class GPTTrunk(nn.Module):
             else None
         )
         self.drop = nn.Dropout(config.dropout)
-        parts = gpt2_parts(config, rotary)
+        parts = block_parts(config, rotary)
         self.h = nn.ModuleList(GPTBlock(parts) for _ in range(config.n_layer))
         self.ln_f = parts.norm()
 
@@ -121,14 +121,20 @@ class GPT(nn.Module):
             config
         )  # where the blocks' attention sits (causal, n_positions)
         self.gradient_checkpointing = config.gradient_checkpointing
-        rotary = (
-            RotaryEmbedding(config.d_head, max_len=config.n_positions, base=config.rope_base)
-            if config.positions == "rope"
-            else None
-        )
+        rotary = None
+        if config.positions == "rope":
+            rotary = RotaryEmbedding(
+                config.d_head,
+                max_len=config.n_positions,
+                base=config.rope_base,
+                rotary_dim=config.rotary_dim,
+                pairing=config.rope_pairing,
+                scaling=config.rope_scaling,
+            )
         self.transformer = GPTTrunk(config, rotary)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
         self.apply(self._init_weights)
         residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for name, p in self.named_parameters():

@@ -23,6 +23,7 @@ from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.norms import RMSNorm
 from attnlab.nn.performer import PerformerAttention
 from attnlab.nn.positional import RotaryEmbedding
 
@@ -35,7 +36,7 @@ __all__ = [
     "GPTSelfAttention",
     "RecomputeCache",
     "attention_site",
-    "gpt2_parts",
+    "block_parts",
     "gpt_layer_class",
 ]
 
@@ -48,6 +49,8 @@ class GPTProjections:
     Args:
         *args: the base class's positional arguments.
         resid_dropout: dropout on what the layer adds to the residual stream. Default 0.
+        proj_bias: a bias on ``c_proj``; ``None`` (default) means the layer's ``bias`` (which
+            ``c_attn`` has): Qwen2 has query/key/value biases and none on the output.
         **kwargs: the base class's keyword arguments.
     """
 
@@ -58,15 +61,19 @@ class GPTProjections:
     c_proj: nn.Linear
     resid_dropout: nn.Dropout
 
-    def __init__(self, *args: Any, resid_dropout: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, resid_dropout: float = 0.0, proj_bias: bool | None = None, **kwargs: Any
+    ) -> None:
+        object.__setattr__(self, "_proj_bias", proj_bias)  # read by _build_projections
         super().__init__(*args, **kwargs)
         self.resid_dropout = nn.Dropout(resid_dropout)
 
     def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
         kv = self.num_kv_heads * self.d_head
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        proj_bias = bias if self.__dict__["_proj_bias"] is None else self.__dict__["_proj_bias"]
         self.c_attn = nn.Linear(self.d_model, self.d_model + 2 * kv, bias=bias, **factory)
-        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=bias, **factory)
+        self.c_proj = nn.Linear(self.d_model, self.d_model, bias=proj_bias, **factory)
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused projection's weight and bias, ``c_attn``'s.
@@ -198,12 +205,12 @@ def attention_site(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> 
         causal=True,
         max_len=config.n_positions,
         dropout=config.dropout,
-        bias=config.bias,
+        bias=config.bias_of("qkv"),
         backend=config.backend,
         positions=config.positions,
         rotary=rotary,
         layer_class=gpt_layer_class,
-        layer_kwargs={"resid_dropout": config.dropout},
+        layer_kwargs={"resid_dropout": config.dropout, "proj_bias": config.bias_of("proj")},
     )
 
 
@@ -295,13 +302,28 @@ class RecomputeCache(ModelCache):
         return self.tokens.nbytes
 
 
+#: the MLP nonlinearities by the config's ``activation`` name
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³))), GPT-2's gelu_new
+    "gelu_tanh": lambda u: F.gelu(u, approximate="tanh"),
+    "gelu": F.gelu,  # GELU(u) = u Φ(u), exact (GPT-NeoX)
+    "silu": F.silu,  # SiLU(u) = u σ(u) (Llama's SwiGLU gate)
+    "relu": F.relu,
+}
+
+
 class GPTMLP(nn.Module):
-    """The position-wise feed-forward network of GPT-2, with the tanh approximation of GELU
-    (Hendrycks & Gimpel 2016), GPT-2's ``gelu_new``.
+    """The position-wise feed-forward network of a decoder block: GPT-2's (Radford et al. 2019;
+    GELU, Hendrycks & Gimpel 2016) or a gated one (Shazeer 2020; SwiGLU in Llama, Mistral,
+    Qwen2), as the config says:
+
+        standard:  MLP(x) = act(x W_fc + b_fc) W_proj + b_proj
+        gated:     MLP(x) = (act(x W_gate) ⊙ (x W_fc)) W_proj
 
     Args:
-        config: the model's :class:`~attnlab.models.config.GPTConfig`; the hidden width is
-            ``4 · n_embd``.
+        config: the model's :class:`~attnlab.models.config.GPTConfig`: the hidden width
+            ``ff_width``, ``activation``, ``mlp`` (``"standard"`` or ``"gated"``), biases
+            ``bias_of("mlp")``, dropout.
 
     Shape:
         ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
@@ -309,12 +331,15 @@ class GPTMLP(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        d, d_ff, bias = config.n_embd, config.ff_width, config.bias_of("mlp")
+        self.act = _ACTIVATIONS[config.activation]
+        self.c_gate = nn.Linear(d, d_ff, bias=bias) if config.mlp == "gated" else None
+        self.c_fc = nn.Linear(d, d_ff, bias=bias)
+        self.c_proj = nn.Linear(d_ff, d, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``GELU(x W_fc + b_fc) W_proj + b_proj``, then dropout.
+        """The MLP, then dropout.
 
         Args:
             x: the block's input after ``ln_2``.
@@ -325,34 +350,39 @@ class GPTMLP(nn.Module):
         Shape:
             ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
         """
-        # MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj,
-        # GELU(u) ≈ ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))
-        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4 · n_embd)
+        if self.c_gate is None:
+            h = self.act(self.c_fc(x))  # act(x W_fc + b_fc): (B, T, d_ff)
+        else:
+            h = self.act(self.c_gate(x)) * self.c_fc(x)  # act(x W_gate) ⊙ x W_fc: (B, T, d_ff)
         return self.dropout(self.c_proj(h))
 
 
 @dataclass(frozen=True)
 class BlockParts:
     """What a decoder block is made of: one factory per part. The model-family dimension lives
-    here, as the attention kind lives in the spec: a family (GPT-2 today; Llama's RMSNorm and
-    SwiGLU, NeoX's parallel residual next) is a function from a config to its parts, and the
-    block, its hook points and its forward stay one.
+    here, as the attention kind lives in the spec: the config chooses the parts
+    (:func:`block_parts`: GPT-2's LayerNorm and GELU MLP, Llama's RMSNorm and SwiGLU, NeoX's
+    parallel residual), and the block, its hook points and its forward stay one.
 
     Attributes:
         norm: makes a normalisation layer over ``d_model`` (``ln_1``, ``ln_2``).
         attention: makes the self-attention layer (the config's attention spec at the model's
             site).
         mlp: makes the position-wise feed-forward network.
+        parallel_residual: the attention and the MLP read the same residual stream and both
+            add to it (GPT-NeoX), instead of one after the other.
     """
 
     norm: Callable[[], nn.Module]
     attention: Callable[[], MultiHeadAttention]
     mlp: Callable[[], nn.Module]
+    parallel_residual: bool = False
 
 
-def gpt2_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> BlockParts:
-    """GPT-2's parts: LayerNorm (``layer_norm_epsilon``, biases as ``bias``), the config's
-    attention at :func:`attention_site`, and :class:`GPTMLP`.
+def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> BlockParts:
+    """The parts the config chooses: LayerNorm (biases as ``bias``) or
+    :class:`~attnlab.nn.norms.RMSNorm`, with ``layer_norm_epsilon``; the config's attention at
+    :func:`attention_site`; and :class:`GPTMLP`. GPT-2's by default.
 
     Args:
         config: the model's :class:`~attnlab.models.config.GPTConfig`.
@@ -362,10 +392,18 @@ def gpt2_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> Bloc
         The :class:`BlockParts`.
     """
     site = attention_site(config, rotary)
+    eps = config.layer_norm_epsilon
+
+    def norm() -> nn.Module:
+        if config.norm == "rmsnorm":
+            return RMSNorm(config.n_embd, eps=eps)
+        return nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias_of("norm"))
+
     return BlockParts(
-        norm=lambda: nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
+        norm=norm,
         attention=lambda: config.attention.build(site),
         mlp=lambda: GPTMLP(config),
+        parallel_residual=config.parallel_residual,
     )
 
 
@@ -375,11 +413,13 @@ class GPTBlock(nn.Module):
         x = x + Attention(LN_1(x))
         x = x + MLP(LN_2(x))
 
+    or, with a parallel residual (GPT-J, GPT-NeoX), ``x = x + Attention(LN_1(x)) + MLP(LN_2(x))``.
+
     Hook points: ``hook_resid_pre``, ``hook_attn_out``, ``hook_mlp_out``, ``hook_resid_post``
     (and those of ``attn``: ``hook_q``, ``hook_k``, ``hook_v``, ``hook_weights``, ``hook_z``).
 
     Args:
-        parts: the factories of its parts (:func:`gpt2_parts` for GPT-2).
+        parts: the factories of its parts (:func:`block_parts`).
 
     Shape:
         x ``(B, T, n_embd)`` → ``(B, T, n_embd)``; mask broadcastable to ``(B, H, T, T_past + T)``;
@@ -392,6 +432,7 @@ class GPTBlock(nn.Module):
         self.attn = parts.attention()
         self.ln_2 = parts.norm()
         self.mlp = parts.mlp()
+        self.parallel_residual = parts.parallel_residual
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()
@@ -440,6 +481,10 @@ class GPTBlock(nn.Module):
             check_positions=False,  # GPT.forward checked them once for every block
             block_mask=block_mask,
         )
-        x = x + self.hook_attn_out(a)
-        x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
+        if self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
+            m = self.hook_mlp_out(self.mlp(self.ln_2(x)))
+            x = x + self.hook_attn_out(a) + m
+        else:
+            x = x + self.hook_attn_out(a)
+            x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
         return self.hook_resid_post(x)

@@ -1,182 +1,265 @@
-"""Hugging Face GPT-2 interop: weights in and out of ``transformers.GPT2LMHeadModel``.
+"""Hugging Face interop for every model family: weights in and out of ``transformers`` models and
+of Hugging Face folders (``config.json`` + safetensors).
 
-The parameter names are the same on both sides; only the layout of the linear layers differs.
-Hugging Face's GPT-2 uses ``Conv1D`` (``y = x W + b`` with ``W`` of shape ``(in, out)``) where
-attnlab uses ``nn.Linear`` (``y = x Wᵀ + b``, ``W`` of shape ``(out, in)``), so the weights of
-``c_attn``, ``c_proj`` and ``c_fc`` are transposed on the way in and out.
+The family of a config (its ``model_type``: GPT-2, Llama, Mistral, Qwen2, GPT-NeoX) converts the
+config and renames the weights (:mod:`attnlab.models.families`); attnlab's one decoder
+(:class:`~attnlab.GPT`) runs them all.
 
-``transformers`` is imported only when these functions are called; nothing is ever downloaded.
-A directory is read only from ``safetensors`` weights (``model.safetensors``, or the shards an
-``model.safetensors.index.json`` names), never from a pickle (``pytorch_model.bin``), and its
-``config.json`` sizes are checked against the shapes the weights' headers record before anything is
-allocated (:func:`check_directory`).
+``transformers`` is imported only to build or read a ``transformers`` model; reading a folder needs
+only ``safetensors``. Nothing is ever downloaded here. A folder is read only from safetensors weights
+(``model.safetensors``, or the shards a ``model.safetensors.index.json`` names), never from a
+pickle (``pytorch_model.bin``), and its ``config.json`` sizes are checked against the shapes the
+weights' headers record before anything is allocated (:func:`check_directory`).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
+from attnlab.models.families import family_named, family_of
 
 if TYPE_CHECKING:
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
     from attnlab.models.gpt import GPT
 
-__all__ = ["check_directory", "config_from_hf", "config_to_hf", "from_hf", "to_hf"]
+__all__ = [
+    "check_directory",
+    "config_from_hf",
+    "config_to_hf",
+    "from_hf",
+    "model_from_state",
+    "read_directory",
+    "save_hf",
+    "to_hf",
+]
 
 _WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
-
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 
 
-def config_from_hf(hf_config: GPT2Config) -> GPTConfig:
-    """The :class:`~attnlab.models.config.GPTConfig` of a ``transformers.GPT2Config``.
+def _as_dict(hf_config: PretrainedConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(hf_config, Mapping):
+        return dict(hf_config)
+    to_dict = getattr(hf_config, "to_dict", None)
+    if to_dict is None:
+        raise ArgumentTypeError(
+            f"hf_config must be a transformers config or a dict, got {type(hf_config).__name__}"
+        )
+    return dict(to_dict())
+
+
+def config_from_hf(hf_config: PretrainedConfig | Mapping[str, Any]) -> GPTConfig:
+    """The :class:`~attnlab.models.config.GPTConfig` of a Hugging Face config.
 
     Args:
-        hf_config: the Hugging Face configuration, e.g. ``GPT2LMHeadModel.config``.
+        hf_config: a ``transformers`` config (``model.config``) or a ``config.json`` dict of a
+            supported ``model_type`` (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``gpt_neox``).
 
     Returns:
-        The equivalent attnlab configuration (sizes, dropout, layer-norm epsilon).
+        The equivalent attnlab configuration.
 
     Raises:
-        ValueError: for GPT-2 options attnlab does not implement (another activation, ``n_inner``
-            other than ``4 · n_embd``, unscaled or layer-scaled attention, cross-attention).
+        ValueError: another ``model_type``, or an option attnlab does not implement (named).
     """
-    act = hf_config.activation_function
-    if act not in _GELU_TANH:
-        raise ArgumentError(
-            f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}"
-        )
-    n_inner = getattr(hf_config, "n_inner", None)
-    if n_inner is not None and n_inner != 4 * hf_config.n_embd:
-        raise ArgumentError(
-            f"n_inner must be None or 4 * n_embd = {4 * hf_config.n_embd}, got {n_inner}"
-        )
-    if not hf_config.scale_attn_weights or hf_config.scale_attn_by_inverse_layer_idx:
-        raise ArgumentError(
-            "scale_attn_weights must be True and scale_attn_by_inverse_layer_idx False "
-            f"(scores scaled by 1/sqrt(d_head)), got {hf_config.scale_attn_weights} and "
-            f"{hf_config.scale_attn_by_inverse_layer_idx}"
-        )
-    if getattr(hf_config, "add_cross_attention", False):
-        raise ArgumentError("add_cross_attention must be False: attnlab's GPT is decoder-only")
-    return GPTConfig(
-        vocab_size=hf_config.vocab_size,
-        n_positions=hf_config.n_positions,
-        n_embd=hf_config.n_embd,
-        n_layer=hf_config.n_layer,
-        n_head=hf_config.n_head,
-        dropout=float(hf_config.resid_pdrop),
-        layer_norm_epsilon=float(hf_config.layer_norm_epsilon),
-    )
+    data = _as_dict(hf_config)
+    return family_of(data).config_from_hf(data)
 
 
-def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> GPT2Config:
-    """A ``transformers.GPT2Config`` for a :class:`~attnlab.models.config.GPTConfig`.
+def config_to_hf(config: GPTConfig, *, attn_implementation: str = "sdpa") -> PretrainedConfig:
+    """The ``transformers`` config of a :class:`~attnlab.models.config.GPTConfig`, of the class
+    of its ``family``.
 
     Args:
         config: the attnlab configuration.
-        attn_implementation: the Hugging Face attention implementation to record in the config
-            (``"sdpa"``, the default, or ``"eager"``).
+        attn_implementation: the Hugging Face attention implementation to record (``"sdpa"``,
+            the default, or ``"eager"``).
 
     Returns:
-        The equivalent ``transformers.GPT2Config``.
+        The ``transformers`` config (``GPT2Config``, ``LlamaConfig``, …).
 
     Raises:
-        ValueError: for options GPT-2 does not have (an attention other than ``"full"``,
-            grouped-query heads, rope/alibi, no biases).
+        ValueError: for options the family's Hugging Face class does not have.
     """
-    if config.attention.name != "full":
-        name = config.attention.name
-        raise ArgumentError(
-            f"attention must be 'full' for GPT-2 (Hugging Face's GPT2LMHeadModel has no "
-            f"{name!r} attention), got {name!r}"
-        )
-    from transformers import GPT2Config
+    from transformers import AutoConfig
 
-    if config.kv_heads != config.n_head:
-        raise ArgumentError(
-            f"num_kv_heads must be None or n_head = {config.n_head} for GPT-2, got {config.num_kv_heads}"
-        )
-    if config.positions != "learned":
-        raise ArgumentError(f"positions must be 'learned' for GPT-2, got {config.positions!r}")
-    if not config.bias:
-        raise ArgumentError("bias must be True for GPT-2, got False")
-    special = min(50256, config.vocab_size - 1)  # GPT-2's <|endoftext|>, inside a small vocabulary
-    return GPT2Config(  # type: ignore[call-arg]
-        vocab_size=config.vocab_size,
-        n_positions=config.n_positions,
-        n_embd=config.n_embd,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        activation_function="gelu_new",
-        resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        bos_token_id=special,
-        eos_token_id=special,
-        attn_implementation=attn_implementation,
-    )
+    data = family_named(config.family).config_to_hf(config)
+    model_type = data.pop("model_type")
+    out = AutoConfig.for_model(model_type, **data)
+    out._attn_implementation = attn_implementation  # as from_pretrained(attn_implementation=…)
+    return out
 
 
-def from_hf(model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
-    """A :class:`~attnlab.GPT` with the weights of a Hugging Face GPT-2.
+def model_from_state(
+    hf_config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+) -> GPT:
+    """A :class:`~attnlab.GPT` from a Hugging Face config and state dict (Hugging Face names).
+
+    The model is built on the ``meta`` device (no random initialisation, no memory) and given
+    the tensors as they are (converted to ``dtype`` when given); the rotary tables are computed
+    where the weights are.
 
     Args:
-        model_or_directory: a ``transformers.GPT2LMHeadModel``, or a local directory written by
-            its ``save_pretrained`` (loaded with ``local_files_only=True``; never the Hub).
+        hf_config: the ``config.json`` dict.
+        state: the weights under Hugging Face's names.
+        dtype: convert the weights to this dtype; default: keep theirs.
 
     Returns:
-        the model on the same device, in the same dtype, in eval mode (like ``from_pretrained``).
+        The model, in eval mode.
+
+    Raises:
+        ValueError: a tensor is missing, unused, or of the wrong shape (named).
+    """
+    from attnlab.models.gpt import GPT
+
+    family = family_of(hf_config)
+    config = family.config_from_hf(hf_config)
+    with torch.device("meta"):  # no random init: every parameter is replaced below
+        gpt = GPT(config)
+    ours = family.state_from_hf(state, config)
+    expected = gpt.state_dict()
+    for name, t in ours.items():
+        want = expected.get(name)
+        if want is None or tuple(want.shape) != tuple(t.shape):
+            shape = "no such tensor" if want is None else f"shape {tuple(want.shape)}"
+            raise ArgumentError(
+                f"weight {name} has shape {tuple(t.shape)}, the config gives the model {shape}"
+            )
+    ours = {
+        n: (t if dtype is None else t.to(dtype)).contiguous() for n, t in ours.items()
+    }  # fmt: skip
+    if config.tie_embeddings:
+        ours["lm_head.weight"] = ours["transformer.wte.weight"]
+    gpt.load_state_dict(ours, strict=True, assign=True)
+    if config.tie_embeddings:  # assign=True made two Parameters: tie again
+        gpt.lm_head.weight = gpt.transformer.wte.weight
+    weights = gpt.transformer.wte.weight
+    for module in gpt.modules():
+        reset = getattr(module, "reset_tables", None)
+        if reset is not None:
+            reset(weights.device)
+    return gpt.eval()
+
+
+def from_hf(
+    model_or_directory: PreTrainedModel | str | Path, *, dtype: torch.dtype | None = None
+) -> GPT:
+    """A :class:`~attnlab.GPT` with the weights of a Hugging Face causal language model.
+
+    Args:
+        model_or_directory: a ``transformers`` model of a supported family
+            (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``,
+            ``Qwen2ForCausalLM``, ``GPTNeoXForCausalLM``), or a local folder as its
+            ``save_pretrained`` writes it (never the Hub).
+        dtype: convert the weights; default: keep theirs.
+
+    Returns:
+        The model on the same device, in the same dtype, in the model's train/eval mode (eval
+        for a folder).
 
     Examples:
         >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4))
         >>> gpt = GPT.from_hf(hf)
     """
-    from transformers import GPT2LMHeadModel
-
-    from attnlab.models.gpt import GPT
-
     if isinstance(model_or_directory, (str, Path)):
         path = Path(model_or_directory)
         if not path.is_dir():
             raise ArgumentError(
-                f"model_or_directory must be a GPT2LMHeadModel or a local directory, got {str(path)!r} "
-                "(not a directory; attnlab never downloads from the Hub)"
+                f"model_or_directory must be a transformers model or a local directory, got "
+                f"{str(path)!r} (not a directory; attnlab never downloads from the Hub)"
             )
-        check_directory(path)
-        model_or_directory = GPT2LMHeadModel.from_pretrained(
-            path, local_files_only=True, use_safetensors=True
-        )
-    if not isinstance(model_or_directory, GPT2LMHeadModel):
+        config, state = read_directory(path)
+        return model_from_state(config, state, dtype=dtype)
+    state_dict = getattr(model_or_directory, "state_dict", None)
+    hf_config = getattr(model_or_directory, "config", None)
+    if state_dict is None or hf_config is None or not hasattr(hf_config, "to_dict"):
         raise ArgumentTypeError(
-            "model_or_directory must be a transformers.GPT2LMHeadModel or a directory path, "
-            f"got {type(model_or_directory).__name__}"
+            "model_or_directory must be a transformers model (e.g. GPT2LMHeadModel, "
+            f"LlamaForCausalLM) or a directory path, got {type(model_or_directory).__name__}"
         )
-    hf = model_or_directory
-    config = config_from_hf(hf.config)
-    with torch.device("meta"):  # no random init: every parameter is replaced below
-        gpt = GPT(config)
-    state = {}
     with torch.no_grad():
-        for name, tensor in hf.state_dict().items():
-            if name.endswith((".attn.bias", ".attn.masked_bias")):
-                continue  # causal-mask buffers of older transformers versions
-            t = tensor.t() if name.endswith(_CONV1D) else tensor
-            state[name] = t.clone(memory_format=torch.contiguous_format)
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    gpt.load_state_dict(state, strict=True, assign=True)
-    gpt.lm_head.weight = gpt.transformer.wte.weight  # assign=True made two Parameters: tie again
-    return gpt.train(hf.training)
+        state = {n: t.detach().clone() for n, t in state_dict().items()}
+    gpt = model_from_state(hf_config.to_dict(), state, dtype=dtype)
+    return gpt.train(bool(getattr(model_or_directory, "training", False)))
+
+
+def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """The ``transformers`` model of a :class:`~attnlab.GPT`'s family, with its weights.
+
+    Args:
+        gpt: the model.
+        attn_implementation: Hugging Face's attention (``"sdpa"`` or ``"eager"``).
+
+    Returns:
+        The Hugging Face model on the same device and dtype, in the same train/eval mode.
+
+    Raises:
+        ValueError: the config has options its family's Hugging Face class cannot hold.
+    """
+    import transformers
+
+    family = family_named(gpt.config.family)
+    hf_config = config_to_hf(gpt.config, attn_implementation=attn_implementation)
+    ref = gpt.transformer.wte.weight
+    cls = getattr(transformers, family.hf_class)
+    hf = cls(hf_config).to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        state = family.state_to_hf(gpt.state_dict(), gpt.config)
+        if "embed_out.weight" in state and "embed_out.weight" not in hf.state_dict():
+            state["lm_head.weight"] = state.pop("embed_out.weight")  # NeoX in transformers 5
+        missing, unexpected = hf.load_state_dict(
+            {n: t.contiguous() for n, t in state.items()}, strict=False
+        )
+    missing = [m for m in missing if not m.endswith((".attn.bias", ".attn.masked_bias"))]
+    if gpt.config.tie_embeddings:
+        missing = [m for m in missing if m not in ("lm_head.weight", "embed_out.weight")]
+    if missing or unexpected:
+        raise ArgumentError(
+            f"weights do not map onto {family.hf_class}: missing {missing}, unexpected {unexpected}"
+        )
+    hf.tie_weights()
+    return hf.train(gpt.training)  # type: ignore[no-any-return]
+
+
+def save_hf(gpt: GPT, directory: str | Path) -> Path:
+    """Write a :class:`~attnlab.GPT` as a Hugging Face folder: ``config.json`` (its family's)
+    and ``model.safetensors`` (Hugging Face's names), which ``transformers``'
+    ``AutoModelForCausalLM.from_pretrained`` loads with the same logits.
+
+    Args:
+        gpt: the model.
+        directory: the folder (made when missing).
+
+    Returns:
+        The folder.
+    """
+    family = family_named(gpt.config.family)
+    data = family.config_to_hf(gpt.config)
+    data["torch_dtype"] = str(gpt.transformer.wte.weight.dtype).removeprefix("torch.")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    state = family.state_to_hf(gpt.state_dict(), gpt.config)
+    if gpt.config.tie_embeddings:  # one copy of a tied tensor, as save_pretrained writes it
+        state.pop("lm_head.weight", None)
+        if family.name == "neox":
+            state.pop("embed_out.weight", None)
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in state.items()}
+    save_file(tensors, str(out / _WEIGHTS), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return out
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -206,24 +289,35 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def _stored_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Tensor names (without a ``transformer.`` prefix) and shapes, from the files' headers."""
+    """Tensor names and shapes, from the files' headers."""
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:  # type: ignore[no-untyped-call]
                 for k in st.keys():
-                    shapes[k.removeprefix("transformer.")] = tuple(st.get_slice(k).get_shape())
+                    shapes[k] = tuple(st.get_slice(k).get_shape())
         except (SafetensorError, OSError) as exc:
             raise ArgumentError(f"{f} is not a readable safetensors file ({exc})") from None
     return shapes
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ArgumentError(f"{path / 'config.json'} is not a readable JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ArgumentError(f"{path / 'config.json'} must hold a JSON object")
+    return data
+
+
 def check_directory(path: str | Path) -> GPTConfig:
-    """Check a Hugging Face GPT-2 directory before anything is allocated from it.
+    """Check a Hugging Face folder before anything is allocated from it.
 
     Its weights must be safetensors (never a pickle), and the sizes of its ``config.json`` —
-    vocabulary, positions, width, layers — must be the shapes the weights' headers record, so
-    that a crafted config cannot make the process allocate a model of any size.
+    vocabulary, positions, widths, layers — must be the shapes the weights' headers record
+    (compared tensor by tensor with the model built on the ``meta`` device), so that a crafted
+    config cannot make the process allocate a model of any size.
 
     Args:
         path: a directory with ``config.json`` and ``model.safetensors`` (or sharded safetensors).
@@ -234,62 +328,64 @@ def check_directory(path: str | Path) -> GPTConfig:
     Raises:
         ValueError: one line naming the file, the size and what the weights hold.
     """
-    from transformers import GPT2Config
+    from attnlab.models.gpt import GPT
 
     path = Path(path)
     files = _weight_files(path)
+    data = _read_config(path)
+    family = family_of(data)
     try:
-        hf_config = GPT2Config.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, TypeError, RecursionError) as exc:
-        raise ArgumentError(f"{path / 'config.json'} is not a GPT-2 config ({exc})") from None
-    config = config_from_hf(hf_config)
+        config = family.config_from_hf(data)
+    except (ValueError, TypeError) as exc:
+        raise ArgumentError(f"{path / 'config.json'} is not a {family.name} config ({exc})") from None
     shapes = _stored_shapes(files)
-    expected = {
-        "wte.weight": (config.vocab_size, config.n_embd),
-        "wpe.weight": (config.n_positions, config.n_embd),
-        "ln_f.weight": (config.n_embd,),
-    }
-    for name, shape in expected.items():
-        if shapes.get(name) != shape:
-            raise ArgumentError(
-                f"{path / 'config.json'} gives {name} the shape {shape} (vocab_size, n_positions, "
-                f"n_embd) but the weights store {shapes.get(name, 'no such tensor')}"
-            )
-    layers = {n.split(".", 2)[1] for n in shapes if n.startswith("h.")}
+    layers = {m.group(1) for n in shapes if (m := _LAYER.search(n))}
     if len(layers) != config.n_layer:
+        key = "n_layer" if "n_layer" in data else "num_hidden_layers"
         raise ArgumentError(
-            f"{path / 'config.json'} gives n_layer = {config.n_layer} but the weights store "
+            f"{path / 'config.json'} gives {key} = {config.n_layer} but the weights store "
             f"{len(layers)} layers"
         )
+    stored = {n: torch.empty(s, device="meta") for n, s in shapes.items()}
+    try:
+        ours = family.state_from_hf(stored, config)
+    except (ValueError, RuntimeError) as exc:
+        raise ArgumentError(f"{path}: {exc}") from None
+    with torch.device("meta"):
+        expected = GPT(config).state_dict()
+    for name, want in expected.items():
+        got = ours.get(name)
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        if got is None or tuple(got.shape) != tuple(want.shape):
+            shown = name.removeprefix("transformer.")
+            held = "no such tensor" if got is None else tuple(got.shape)
+            raise ArgumentError(
+                f"{path / 'config.json'} gives {shown} the shape {tuple(want.shape)} but the "
+                f"weights store {held}"
+            )
     return config
 
 
-def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
-    """A ``transformers.GPT2LMHeadModel`` with the weights of a :class:`~attnlab.GPT`.
+def read_directory(
+    path: str | Path, *, dtype: torch.dtype | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The ``config.json`` and the weights (Hugging Face's names) of a checked folder
+    (:func:`check_directory` first).
 
     Args:
-        gpt: the model; it must be GPT-2 shaped (learned positions, biases, ``num_kv_heads``
-            equal to ``n_head``).
-        attn_implementation: Hugging Face's attention (``"sdpa"`` or ``"eager"``).
+        path: the folder.
+        dtype: convert each tensor as it is read; default: the stored dtype.
 
     Returns:
-        the Hugging Face model on the same device and dtype, in the same train/eval mode.
+        ``(config dict, state dict)``.
     """
-    from transformers import GPT2LMHeadModel
-
-    hf_config = config_to_hf(gpt.config, attn_implementation=attn_implementation)
-    ref = gpt.transformer.wte.weight
-    hf = GPT2LMHeadModel(hf_config).to(device=ref.device, dtype=ref.dtype)  # type: ignore[call-arg]
-    with torch.no_grad():
-        state = {
-            name: (t.t() if name.endswith(_CONV1D) else t).contiguous()
-            for name, t in gpt.state_dict().items()
-        }
-        missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith((".attn.bias", ".attn.masked_bias"))]
-    if missing or unexpected:
-        raise ArgumentError(
-            f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}"
-        )
-    hf.tie_weights()
-    return hf.train(gpt.training)
+    path = Path(path)
+    check_directory(path)
+    state: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        with safe_open(str(f), framework="pt") as st:  # type: ignore[no-untyped-call]
+            for k in st.keys():
+                t = st.get_tensor(k)
+                state[k] = t if dtype is None else t.to(dtype)
+    return _read_config(path), state

@@ -12,6 +12,7 @@ from torch import nn
 
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.nn.rope import PAIRINGS, RopeScaling, rope_frequencies
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -137,37 +138,86 @@ class LearnedPositionalEmbedding(nn.Embedding):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al. 2021, RoFormer §3.4).
 
-    Pairs of dimensions ``(x_{2i}, x_{2i+1})`` of each query and key are rotated by the angle
-    ``pos · θ_i`` with ``θ_i = base^{-2i/d}``:
+    Pairs of dimensions of each query and key are rotated by the angle ``pos · θ_i``:
 
-        (x'_{2i}, x'_{2i+1}) = (x_{2i} cos pos·θ_i − x_{2i+1} sin pos·θ_i,
-                                x_{2i} sin pos·θ_i + x_{2i+1} cos pos·θ_i)
+        (x'_a, x'_b) = (x_a cos pos·θ_i − x_b sin pos·θ_i,  x_a sin pos·θ_i + x_b cos pos·θ_i)
 
-    so ``q_m · k_n`` depends on positions only through ``m − n``.
+    so ``q_m · k_n`` depends on positions only through ``m − n``. Two pairings are in use:
+
+    * ``"interleaved"`` (RoFormer, GPT-J, llama.cpp): pair ``i`` is ``(x_{2i}, x_{2i+1})``;
+    * ``"halves"`` (GPT-NeoX, Llama, Mistral, Qwen2 in Hugging Face): pair ``i`` is
+      ``(x_i, x_{i + r/2})``, Hugging Face's ``x · cos + rotate_half(x) · sin``.
+
+    Only the first ``rotary_dim = r`` dimensions of a head turn (GPT-NeoX's partial rotary,
+    ``rotary_pct``); the others pass unchanged. The frequencies are ``θ_i = base^{-2i/r}``
+    (:func:`~attnlab.nn.rope.rope_frequencies`, which also applies a ``linear`` or ``llama3``
+    scaling): computed in float64 for the interleaved pairing (attnlab's own models), and as
+    Hugging Face computes them for the halves pairing (float32 frequencies, float32 angles
+    ``pos · θ_i``), so that a converted model's tables are the same numbers.
 
     Args:
-        d_head: head dimension (even).
+        d_head: head dimension.
         max_len: longest sequence; positions must be below it. Default 4096.
         base: ``θ`` base. Default 10000.
+        rotary_dim: the rotated dimensions ``r`` (even, at most ``d_head``); default ``d_head``.
+        pairing: ``"interleaved"`` (default) or ``"halves"``.
+        scaling: a :class:`~attnlab.nn.rope.RopeScaling` of the frequencies, or ``None``.
 
     Shape:
         x ``(B, H, T, d_head)``; positions ``(T,)`` or ``(B, T)`` → ``(B, H, T, d_head)``.
     """
 
-    cos: torch.Tensor  # (max_len, d_head / 2), a buffer
+    cos: torch.Tensor  # (max_len, rotary_dim / 2), a buffer
     sin: torch.Tensor
 
-    def __init__(self, d_head: int, max_len: int = 4096, base: float = 10000.0) -> None:
+    def __init__(
+        self,
+        d_head: int,
+        max_len: int = 4096,
+        base: float = 10000.0,
+        *,
+        rotary_dim: int | None = None,
+        pairing: str = "interleaved",
+        scaling: RopeScaling | None = None,
+    ) -> None:
         super().__init__()
         check_positive_int("d_head", d_head)
-        if d_head % 2:
-            raise ArgumentError(f"d_head must be even for rotary embeddings, got {d_head}")
-        self.d_head = d_head
+        r = d_head if rotary_dim is None else check_positive_int("rotary_dim", rotary_dim)
+        if r % 2 or r > d_head:
+            raise ArgumentError(
+                f"rotary_dim must be even and at most d_head = {d_head} for rotary embeddings, "
+                f"got {r}"
+            )
+        if pairing not in PAIRINGS:
+            raise ArgumentError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+        self.d_head, self.rotary_dim, self.pairing = d_head, r, pairing
         self.max_len = check_positive_int("max_len", max_len)
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-        angle = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d/2)
-        self.register_buffer("cos", angle.cos().float(), persistent=False)
-        self.register_buffer("sin", angle.sin().float(), persistent=False)
+        self.base, self.scaling = base, scaling
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.reset_tables()
+
+    def reset_tables(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the ``cos``/``sin`` tables, on ``device`` (default: where they are; a
+        model built on the ``meta`` device and then given its weights calls this with its
+        weights' device, as the tables are no weights).
+
+        Args:
+            device: where to put the tables.
+        """
+        where = self.cos.device if device is None else torch.device(device)
+        r, n = self.rotary_dim, self.max_len
+        with torch.device("cpu"):  # the same numbers wherever the model runs
+            if self.pairing == "interleaved" and self.scaling is None:
+                # attnlab's own rotary models: θ_i and the angles in float64, tables in float32
+                inv_freq = self.base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+                angle = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq  # (max_len, r/2)
+            else:
+                # as Hugging Face computes them: float32 θ_i, float32 pos · θ_i
+                inv_freq = rope_frequencies(r, self.base, self.scaling)  # (r/2,) float32
+                angle = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq
+            self.cos = angle.cos().float().to(where)
+            self.sin = angle.sin().float().to(where)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, *, check: bool = True
@@ -181,7 +231,8 @@ class RotaryEmbedding(nn.Module):
                 which reads their largest value back to the host (for callers that have proven it).
 
         Returns:
-            The rotated tensor, in ``x``'s dtype (computed in float32).
+            The rotated tensor, in ``x``'s dtype (computed in float32, or in float64 for a
+            float64 ``x``).
 
         Raises:
             ValueError: ``x``'s last dimension is not ``d_head``, or (with ``check``) a position
@@ -195,12 +246,20 @@ class RotaryEmbedding(nn.Module):
             raise ArgumentError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
         if check:
             _check_range(positions, self.max_len)
-        cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
+        work = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self.cos[positions].to(work), self.sin[positions].to(work)  # (.., T, r/2)
         if positions.dim() == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): broadcast over heads
-        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., d/2, 2)
-        return out.flatten(-2).to(x.dtype)
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r/2): broadcast over heads
+        r = self.rotary_dim
+        turned, rest = x[..., :r].to(work), x[..., r:]
+        if self.pairing == "interleaved":
+            x1, x2 = turned[..., 0::2], turned[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        else:  # halves: x · cos + rotate_half(x) · sin, rotate_half(x) = (−x_2, x_1)
+            x1, x2 = turned[..., : r // 2], turned[..., r // 2 :]
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        out = out.to(x.dtype)
+        return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

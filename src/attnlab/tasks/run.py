@@ -119,7 +119,7 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such run or checkpoint folder: {p} (the path does not exist)")
-    hf = _hf_gpt2_dir(p)
+    hf = _hf_dir(p)
     if hf is not None:
         gpt = GPT.from_hf(hf)
         files = {}
@@ -236,7 +236,7 @@ def _config_of(data: dict[str, Any], ckpt: Path) -> GPTConfig | TransformerConfi
         ) from None
 
 
-def _hf_gpt2_dir(p: Path) -> Path | None:
+def _hf_dir(p: Path) -> Path | None:
     cfg = p / "config.json"
     if not p.is_dir() or not cfg.is_file() or (p / "manifest.json").exists():
         return None
@@ -244,4 +244,7 @@ def _hf_gpt2_dir(p: Path) -> Path | None:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return p if isinstance(data, dict) and data.get("model_type") == "gpt2" else None
+    from attnlab.models.families import supported_model_types
+
+    known = isinstance(data, dict) and data.get("model_type") in supported_model_types()
+    return p if known else None

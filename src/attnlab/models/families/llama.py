@@ -1,0 +1,239 @@
+"""Llama, Mistral and Qwen2: one layout of weights, three configs.
+
+    x = x + o_proj(Attention(RoPE(q_proj(RMS(x))), RoPE(k_proj(RMS(x))), v_proj(RMS(x))))
+    x = x + down_proj(SiLU(gate_proj(RMS(x))) ⊙ up_proj(RMS(x)))
+
+Hugging Face names → attnlab's (``i`` a layer):
+
+    model.embed_tokens                         transformer.wte
+    model.layers.i.input_layernorm             transformer.h.i.ln_1
+    model.layers.i.self_attn.{q,k,v}_proj      transformer.h.i.attn.c_attn   (rows [q; k; v])
+    model.layers.i.self_attn.o_proj            transformer.h.i.attn.c_proj
+    model.layers.i.post_attention_layernorm    transformer.h.i.ln_2
+    model.layers.i.mlp.gate_proj               transformer.h.i.mlp.c_gate
+    model.layers.i.mlp.up_proj                 transformer.h.i.mlp.c_fc
+    model.layers.i.mlp.down_proj               transformer.h.i.mlp.c_proj
+    model.norm                                 transformer.ln_f
+    lm_head                                    lm_head (its own weight only when untied)
+
+Mistral's ``sliding_window = w`` lets a token see the ``w`` positions ending at itself
+(``i − j < w``): attnlab's :class:`~attnlab.nn.kinds.SlidingSpec` of ``window = w − 1`` (itself
+and the ``w − 1`` before it). Qwen2 has biases on ``q_proj``, ``k_proj`` and ``v_proj`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from attnlab.errors import ArgumentError
+from attnlab.models.config import GPTConfig
+from attnlab.models.families import Family, State, register_family
+from attnlab.models.families._common import (
+    TensorTaker,
+    activation_of,
+    hf_activation,
+    hf_rope,
+    positive,
+    rope_fields,
+)
+from attnlab.nn.kinds import FullSpec, SlidingSpec
+
+__all__ = ["LLAMA", "MISTRAL", "QWEN2"]
+
+_IGNORED = (".rotary_emb.inv_freq",)
+
+
+def _config_from_hf(config: Mapping[str, Any], family: str) -> GPTConfig:
+    d = int(positive(config, "hidden_size"))
+    heads = int(positive(config, "num_attention_heads"))
+    kv = int(positive(config, "num_key_value_heads", heads))
+    head_dim = config.get("head_dim") or d // heads
+    if head_dim * heads != d:
+        raise ArgumentError(
+            f"config.json's head_dim = {head_dim} times num_attention_heads = {heads} must be "
+            f"hidden_size = {d} (attnlab's heads split the model width)"
+        )
+    attention: Any = FullSpec()
+    if family == "mistral" and config.get("sliding_window") is not None:
+        w = int(positive(config, "sliding_window"))
+        if w < 2:
+            raise ArgumentError(f"sliding_window must be at least 2, got {w}")
+        attention = SlidingSpec(w - 1)  # i − j < w: itself and w − 1 before it
+    if family == "qwen2" and config.get("use_sliding_window"):
+        raise ArgumentError(
+            "use_sliding_window must be False for Qwen2 (attnlab does not mix full and "
+            "windowed layers), got True"
+        )
+    bias = bool(config.get("attention_bias", False))
+    return GPTConfig(
+        vocab_size=int(positive(config, "vocab_size")),
+        n_positions=int(positive(config, "max_position_embeddings")),
+        n_embd=d,
+        n_layer=int(positive(config, "num_hidden_layers")),
+        n_head=heads,
+        num_kv_heads=None if kv == heads else kv,
+        positions="rope",
+        layer_norm_epsilon=float(positive(config, "rms_norm_eps", 1e-6)),
+        bias=False,
+        attention=attention,
+        norm="rmsnorm",
+        activation=activation_of(config.get("hidden_act", "silu")),
+        mlp="gated",
+        d_ff=int(positive(config, "intermediate_size")),
+        qkv_bias=True if family == "qwen2" else bias,
+        proj_bias=False if family == "qwen2" else bias,
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        family=family,
+        **rope_fields(config, d // heads),
+    )
+
+
+def _config_to_hf(config: GPTConfig, family: str, hf_class: str) -> dict[str, Any]:
+    _check_exportable(config, family)
+    out: dict[str, Any] = {
+        "model_type": {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}[family],
+        "architectures": [hf_class],
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.n_positions,
+        "hidden_size": config.n_embd,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.d_head,
+        "intermediate_size": config.ff_width,
+        "hidden_act": hf_activation(config.activation),
+        "rms_norm_eps": config.layer_norm_epsilon,
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_dropout": 0.0,
+        **hf_rope(config),
+    }
+    if family == "llama":
+        out["attention_bias"] = config.bias_of("qkv")
+        out["mlp_bias"] = config.bias_of("mlp")
+    if family == "mistral":
+        spec = config.attention
+        out["sliding_window"] = spec.window + 1 if isinstance(spec, SlidingSpec) else None
+    if family == "qwen2":
+        out["use_sliding_window"] = False
+    return out
+
+
+def _check_exportable(config: GPTConfig, family: str) -> None:
+    """Refuse a config the family's Hugging Face class cannot hold."""
+    wants = {
+        "positions": "rope", "norm": "rmsnorm", "mlp": "gated", "rope_pairing": "halves",
+        "parallel_residual": False,
+    }  # fmt: skip
+    biases = {"llama": None, "mistral": (False, False, False), "qwen2": (True, False, False)}
+    for name, value in wants.items():
+        if getattr(config, name) != value:
+            raise ArgumentError(
+                f"{name} must be {value!r} for {family}, got {getattr(config, name)!r}"
+            )
+    got = (config.bias_of("qkv"), config.bias_of("proj"), config.bias_of("mlp"))
+    want = biases[family]
+    if want is None:
+        if got[0] != got[1]:
+            raise ArgumentError(
+                "qkv_bias and proj_bias must agree for llama (attention_bias), got "
+                f"{got[0]} and {got[1]}"
+            )
+    elif got != want:
+        raise ArgumentError(
+            f"(qkv_bias, proj_bias, mlp_bias) must be {want} for {family}, got {got}"
+        )
+    allowed = (FullSpec, SlidingSpec) if family == "mistral" else (FullSpec,)
+    if not isinstance(config.attention, allowed):
+        raise ArgumentError(
+            f"attention must be {' or '.join(c.name for c in allowed)} for {family}, got "
+            f"{config.attention.name!r}"
+        )
+
+
+_NORMS = (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2"))
+_MLP = (("gate_proj", "c_gate"), ("up_proj", "c_fc"), ("down_proj", "c_proj"))
+
+
+def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
+    src = TensorTaker(state, "the weights", ignore=_IGNORED)
+    out = {
+        "transformer.wte.weight": src.take("model.embed_tokens.weight"),
+        "transformer.ln_f.weight": src.take("model.norm.weight"),
+    }
+    head = src.maybe("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = src.take("lm_head.weight") if head is None else head
+    for i in range(config.n_layer):
+        hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
+        for theirs, ours in _NORMS:
+            out[f"{at}{ours}.weight"] = src.take(f"{hf}{theirs}.weight")
+        # c_attn = [q_proj; k_proj; v_proj]: (H + 2 · H_kv) · d_head rows
+        for kind in ("weight", "bias"):
+            parts = [src.maybe(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            if all(t is not None for t in parts):
+                out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
+            elif any(t is not None for t in parts) or kind == "weight":
+                raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
+        for kind in ("weight", "bias"):
+            t = src.maybe(f"{hf}self_attn.o_proj.{kind}")
+            if t is not None:
+                out[f"{at}attn.c_proj.{kind}"] = t
+            for theirs, ours in _MLP:
+                t = src.maybe(f"{hf}mlp.{theirs}.{kind}")
+                if t is not None:
+                    out[f"{at}mlp.{ours}.{kind}"] = t
+    src.done()
+    return out
+
+
+def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
+    src = TensorTaker(state, "the model")
+    out = {
+        "model.embed_tokens.weight": src.take("transformer.wte.weight"),
+        "model.norm.weight": src.take("transformer.ln_f.weight"),
+    }
+    head = src.take("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = head
+    sizes = [config.n_embd, config.kv_heads * config.d_head, config.kv_heads * config.d_head]
+    for i in range(config.n_layer):
+        hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
+        for theirs, ours in _NORMS:
+            out[f"{hf}{theirs}.weight"] = src.take(f"{at}{ours}.weight")
+        for kind in ("weight", "bias"):
+            fused = src.maybe(f"{at}attn.c_attn.{kind}")
+            if fused is not None:
+                for p, t in zip("qkv", fused.split(sizes)):
+                    out[f"{hf}self_attn.{p}_proj.{kind}"] = t
+            t = src.maybe(f"{at}attn.c_proj.{kind}")
+            if t is not None:
+                out[f"{hf}self_attn.o_proj.{kind}"] = t
+            for theirs, ours in _MLP:
+                t = src.maybe(f"{at}mlp.{ours}.{kind}")
+                if t is not None:
+                    out[f"{hf}mlp.{theirs}.{kind}"] = t
+    src.done()
+    return out
+
+
+def _family(name: str, model_type: str, hf_class: str) -> Family:
+    return register_family(
+        Family(
+            name=name,
+            model_type=model_type,
+            hf_class=hf_class,
+            config_from_hf=lambda c: _config_from_hf(c, name),
+            config_to_hf=lambda c: _config_to_hf(c, name, hf_class),
+            state_from_hf=_state_from_hf,
+            state_to_hf=_state_to_hf,
+        )
+    )
+
+
+LLAMA = _family("llama", "llama", "LlamaForCausalLM")
+MISTRAL = _family("mistral", "mistral", "MistralForCausalLM")
+QWEN2 = _family("qwen2", "qwen2", "Qwen2ForCausalLM")

@@ -1,0 +1,51 @@
+"""Root-mean-square layer normalisation (Zhang & Sennrich 2019), Llama's ``RMSNorm``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab._checks import check_positive_int
+
+__all__ = ["RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    """``y = g ⊙ x / √(mean(x²) + ε)``: LayerNorm without the mean and the bias.
+
+    The normalisation is computed in float32 (float64 for a float64 input) and cast back to the
+    input's dtype before the gain, in the order Hugging Face's ``LlamaRMSNorm`` computes it, so a
+    converted model gives the same numbers in fp32 and bf16.
+
+    Args:
+        d_model: the normalised width.
+        eps: ``ε``. Default 1e-6.
+
+    Shape:
+        ``(..., d_model)`` → ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(check_positive_int("d_model", d_model)))
+        self.eps = float(eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            x: the input.
+
+        Returns:
+            The normalised input times the gain, in ``x``'s dtype.
+
+        Shape:
+            ``(..., d_model)`` → ``(..., d_model)``.
+        """
+        # y = g ⊙ x / √(mean(x²) + ε)
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
