@@ -28,10 +28,20 @@ SMALL = {"vocab_size": 97, "n_positions": 64, "n_embd": 64, "n_head": 4, "backen
 GPT_CONFIGS = [
     GPTConfig(n_layer=2, **SMALL),
     GPTConfig(n_layer=3, num_kv_heads=2, positions="rope", bias=False, **SMALL),
+    # Llama's parts (RMSNorm, SwiGLU of width 96, untied head, Qwen2's q/k/v biases)
+    GPTConfig(
+        n_layer=2, num_kv_heads=2, positions="rope", bias=False, norm="rmsnorm",
+        activation="silu", mlp="gated", d_ff=96, qkv_bias=True, tie_embeddings=False, **SMALL,
+    ),  # fmt: skip
+    # GPT-NeoX's (parallel residual, partial rotary, exact GELU, untied head)
+    GPTConfig(
+        n_layer=2, positions="rope", rotary_dim=4, rope_pairing="halves", activation="gelu",
+        parallel_residual=True, tie_embeddings=False, family="neox", **SMALL,
+    ),  # fmt: skip
 ]
 
 
-@pytest.mark.parametrize("config", GPT_CONFIGS, ids=["gpt", "gpt-gqa-rope"])
+@pytest.mark.parametrize("config", GPT_CONFIGS, ids=["gpt", "gpt-gqa-rope", "llama", "neox"])
 def test_gpt_agrees_with_flop_counter(config: GPTConfig) -> None:
     model = GPT(config)
     x = torch.randint(0, config.vocab_size, (2, 48))

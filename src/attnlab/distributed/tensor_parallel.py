@@ -145,9 +145,9 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
         transformer.h.*.attn                      HeadParallel        (c_attn rows re-laid out)
         transformer.h.*.attn.c_attn               ColwiseParallel     weight Shard(0), bias Shard(0)
         transformer.h.*.attn.c_proj               RowwiseParallel     weight Shard(1), bias Replicate
-        transformer.h.*.mlp.c_fc                  ColwiseParallel
+        transformer.h.*.mlp.c_fc, .c_gate         ColwiseParallel     (c_gate: a gated MLP)
         transformer.h.*.mlp.c_proj                RowwiseParallel
-        lm_head                                   ReplicateParallel
+        lm_head                                   ReplicateParallel   (tied or its own)
 
     Transformer (encoder self-attention; decoder self- and cross-attention)::
 
@@ -204,6 +204,8 @@ def _gpt_plan(model: GPT) -> dict[str, ParallelStyle]:
         "transformer.ln_f": ReplicateParallel(),
         "lm_head": ReplicateParallel(),
     }
+    if model.config.mlp == "gated":  # act(x W_gate) ⊙ x W_fc: both split by units
+        plan[f"{block}.mlp.c_gate"] = ColwiseParallel()
     return plan
 
 
@@ -299,7 +301,7 @@ def _check_divisible(model: nn.Module, n: int) -> None:
     if isinstance(model, GPT):
         cfg = model.config
         check_heads(cfg.n_head, cfg.kv_heads, n)
-        widths = {"4 · n_embd (the MLP width)": 4 * cfg.n_embd}
+        widths = {"the MLP width (d_ff, default 4 · n_embd)": cfg.ff_width}
     else:
         c = cast(Transformer, model).config
         check_heads(c.num_heads, c.kv_heads, n)

@@ -10,7 +10,7 @@ Per layer, for ``T`` query tokens attending over ``T_k`` keys (``d = d_model``, 
     QKᵀ (scores)        2 · H · T · T_k · d_h
     weights · V         2 · H · T · T_k · d_h
     output projection   2 · T · d · d
-    feed-forward        2 · T · d · d_ff  +  2 · T · d_ff · d
+    feed-forward        2 · T · d · d_ff  +  2 · T · d_ff · d   (+ 2 · T · d · d_ff gated: SwiGLU)
     lm head             2 · T · d · vocab_size          (once, after the last layer)
 
 Cross-attention projects the queries from the ``T`` target tokens and the keys/values from the
@@ -224,8 +224,11 @@ def _matrix_elements(t_q: int, t_k: int, pattern: tuple[AttentionSpec, Attention
     return spec.matrix_elements(t_q, t_k, d_head=site.d_head, site=site)
 
 
-def _ffn_terms(prefix: str, t: int, d: int, d_ff: int) -> dict[str, int]:
-    return {f"{prefix}/ffw1": 2 * t * d * d_ff, f"{prefix}/ffw2": 2 * t * d_ff * d}
+def _ffn_terms(prefix: str, t: int, d: int, d_ff: int, gated: bool = False) -> dict[str, int]:
+    terms = {f"{prefix}/ffw1": 2 * t * d * d_ff, f"{prefix}/ffw2": 2 * t * d_ff * d}
+    if gated:  # act(x W_gate) ⊙ x W_fc: one more d × d_ff matmul
+        terms[f"{prefix}/gate"] = 2 * t * d * d_ff
+    return terms
 
 
 def _scaled(terms: dict[str, int], factor: int) -> dict[str, int]:
@@ -237,13 +240,15 @@ def _add(total: dict[str, int], terms: dict[str, int]) -> None:
         total[k] = total.get(k, 0) + v
 
 
-def _attn_params(d: int, h: int, h_kv: int, bias: bool) -> int:
+def _attn_params(d: int, h: int, h_kv: int, bias: bool, proj_bias: bool | None = None) -> int:
     kv = h_kv * (d // h)
-    return d * (d + 2 * kv) + d * d + (d + 2 * kv + d if bias else 0)
+    proj_bias = bias if proj_bias is None else proj_bias
+    return d * (d + 2 * kv) + d * d + (d + 2 * kv if bias else 0) + (d if proj_bias else 0)
 
 
-def _ffn_params(d: int, d_ff: int, bias: bool) -> int:
-    return 2 * d * d_ff + (d_ff + d if bias else 0)
+def _ffn_params(d: int, d_ff: int, bias: bool, gated: bool = False) -> int:
+    matrices = 3 if gated else 2
+    return matrices * d * d_ff + ((matrices - 1) * d_ff + d if bias else 0)
 
 
 def _ln_params(d: int, bias: bool) -> int:
@@ -363,16 +368,20 @@ def flops(
             fwd,
             _scaled(_attention_terms("attention", t, t, d, h, h_kv, pattern=pats["gpt"]), layers),
         )
-        _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff), layers))
+        gated = cfg.mlp == "gated"
+        _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff, gated), layers))
         fwd["lm_head"] = 2 * t * d * cfg.vocab_size
         params["embedding/token"] = cfg.vocab_size * d
         if cfg.positions == "learned":
             params["embedding/position"] = cfg.n_positions * d
         own = pats["gpt"][0].extra_parameters(pats["gpt"][1])  # a kind's own parameters
-        params["attention"] = layers * (_attn_params(d, h, h_kv, bias) + own + _ln_params(d, bias))
-        params["mlp"] = layers * (_ffn_params(d, d_ff, bias) + _ln_params(d, bias))
-        params["ln_f"] = _ln_params(d, bias)
-        params["lm_head"] = 0  # tied to the token embedding
+        norm = _ln_params(d, cfg.bias_of("norm"))  # an RMSNorm: its gain only
+        qkv, proj = cfg.bias_of("qkv"), cfg.bias_of("proj")
+        params["attention"] = layers * (_attn_params(d, h, h_kv, qkv, proj) + own + norm)
+        params["mlp"] = layers * (_ffn_params(d, d_ff, cfg.bias_of("mlp"), gated) + norm)
+        params["ln_f"] = norm
+        # tied to the token embedding, or a matrix of its own
+        params["lm_head"] = 0 if cfg.tie_embeddings else cfg.vocab_size * d
         attn_matrix = batch * h * _matrix_elements(t, t, pats["gpt"]) * nbytes
     else:
         cfg = config
@@ -455,7 +464,7 @@ def _geometry(config: object, num_kv_heads: int | None) -> dict[str, Any]:
     if isinstance(config, GPTConfig):
         geo = {
             "kind": "gpt", "d": config.n_embd, "h": config.n_head, "kv_heads": config.kv_heads,
-            "d_ff": 4 * config.n_embd, "bias": config.bias, "layers_dec": config.n_layer,
+            "d_ff": config.ff_width, "bias": config.bias, "layers_dec": config.n_layer,
             "max_len": config.n_positions, "max_len_name": "config.n_positions",
         }  # fmt: skip
     elif isinstance(config, TransformerConfig):

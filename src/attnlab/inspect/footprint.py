@@ -79,7 +79,7 @@ def training_footprint(
     report = flops(config, seq_len, batch, src_len=src_len)
     memory = report.memory
     if isinstance(config, GPTConfig):
-        d, d_ff, vocab = config.n_embd, 4 * config.n_embd, config.vocab_size
+        d, d_ff, vocab = config.n_embd, config.ff_width, config.vocab_size
         layer_tokens = config.n_layer * seq_len
     else:
         d, d_ff, vocab = config.d_model, config.d_ff, config.tgt_vocab_size
