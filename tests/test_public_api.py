@@ -19,6 +19,7 @@ def test_contract_names_exist() -> None:
         "GPT",
         "GPTConfig",
         "generate",
+        "load_pretrained",
     ):
         assert hasattr(al, name), name
     for name in ("padding_mask", "causal_mask", "combine", "to_additive", "from_key_padding_mask"):

@@ -7,6 +7,7 @@ from attnlab import errors, inspect, training
 from attnlab.decoding.generate import generate
 from attnlab.models.config import GPTConfig, TransformerConfig
 from attnlab.models.gpt import GPT
+from attnlab.models.pretrained import load_pretrained
 from attnlab.models.transformer import Transformer
 from attnlab.nn import masks
 from attnlab.nn.attention import scaled_dot_product_attention
@@ -54,6 +55,7 @@ __all__ = [
     "alibi_slopes",
     "errors",
     "generate",
+    "load_pretrained",
     "inspect",
     "masks",
     "register_attention",

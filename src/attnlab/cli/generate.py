@@ -1,7 +1,10 @@
 """``attnlab generate RUN --prompt TEXT``: continue a prompt with a trained language model.
 
-RUN is a run folder of ``attnlab train lm`` (or a checkpoint in it, or a Hugging Face GPT-2
-folder with a ``tokenizer.json``). The prompt goes through the task's own text path
+RUN is a run folder of ``attnlab train lm`` (or a checkpoint in it), or a pretrained model: the
+bundled ``smollm2-135m``, a ``.gguf`` file, a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2,
+GPT-NeoX) or a Hub id (see :func:`attnlab.load_pretrained`). ``--chat TEXT`` puts the text in
+the model's chat template as a user's message and prints the assistant's answer (generation stops
+at the model's end token). The prompt goes through the task's own text path
 (:mod:`attnlab.tasks`); the text is sampled (or greedy / beam decoded) with the KV cache of
 :func:`attnlab.generate`; past the model's context length the oldest tokens are dropped, as
 nanoGPT's ``sample.py`` does. For an encoder-decoder run (copy, reverse, sort, translate) the
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.options import beams, positive_int, seed
@@ -29,8 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="continue a prompt with a trained language model",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    p.add_argument("run", metavar="RUN", help="run folder or checkpoint")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        help="run folder, checkpoint, smollm2-135m, a .gguf file, a Hugging Face folder or Hub id",
+    )
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", help="the text to continue")
+    text.add_argument(
+        "--chat", metavar="TEXT", help="a user's message, in the model's chat template"
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=200, help="default 200")
     p.add_argument("--strategy", choices=STRATEGIES, default="sample", help="default sample")
     p.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
@@ -55,10 +67,21 @@ def run(args: argparse.Namespace) -> int:
         for line in loaded.io.translate(loaded.model, [args.prompt], beams=k):  # type: ignore[attr-defined]
             console.print_text(line)
         return 0
+    prompt = args.prompt if args.chat is None else _chat_prompt(loaded.io, args.chat)
     ids = loaded.io.generate(
-        loaded.model, args.prompt, max_new_tokens=args.max_new_tokens, strategy=args.strategy,
+        loaded.model, prompt, max_new_tokens=args.max_new_tokens, strategy=args.strategy,
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         num_beams=args.beams,
     )  # fmt: skip
+    if args.chat is not None:  # the assistant's answer only
+        ids = ids[len(loaded.io.encode(prompt)) :]
     console.print_text(loaded.io.decode(ids))
     return 0
+
+
+def _chat_prompt(io: LMIO, text: str) -> str:
+    """The chat template's prompt for one user message, ending where the assistant answers."""
+    template = getattr(io.tokenizer, "apply_chat_template", None)
+    if template is None or getattr(io.tokenizer, "chat_template", None) is None:
+        raise CLIError("--chat needs a model with a chat template; use --prompt")
+    return str(template([{"role": "user", "content": text}], add_generation_prompt=True))

@@ -264,11 +264,14 @@ class LMIO:
         tokenizer: characters or BPE (``None`` for a run saved without one: ids only).
         n_positions: the model's context length.
         kind: always ``"lm"`` (the :class:`~attnlab.tasks.base.TaskIO` family).
+        eos_id: generation stops after this token (a pretrained model's end token), or
+            ``None`` (default: it runs for ``max_new_tokens``).
     """
 
     tokenizer: Any
     n_positions: int
     kind: Literal["lm"] = "lm"
+    eos_id: int | None = None
 
     def encode(self, text: str) -> list[int]:
         """The prompt's ids.
@@ -334,6 +337,8 @@ class LMIO:
             return ids
         check_finite_weights(model)
         kwargs: dict[str, Any] = {"strategy": strategy}
+        if self.eos_id is not None:
+            kwargs["eos_token_id"] = self.eos_id
         if strategy == "sample":
             device = next(model.parameters()).device
             kwargs["generator"] = torch.Generator(device=device).manual_seed(seed)

@@ -6,10 +6,12 @@ Accepted paths:
   written by :mod:`attnlab.training.checkpoint` — the model is built from ``config.json``'s
   ``"model"`` entry, and the task named by ``"task"`` rebuilds its
   :class:`~attnlab.tasks.base.TaskIO` from the saved options and tokenizers;
-* a Hugging Face GPT-2 directory (``config.json`` with ``"model_type": "gpt2"``), loaded with
-  :meth:`attnlab.GPT.from_hf`, its ``tokenizer.json`` read when there is one.
+* a pretrained model (:func:`attnlab.models.pretrained.load_pretrained`): a Hugging Face folder
+  (``config.json`` of a supported ``model_type``: GPT-2, Llama, Mistral, Qwen2, GPT-NeoX), a
+  ``.gguf`` file, the bundled name ``smollm2-135m``, or a Hub id when the network allows; its
+  tokenizer read when there is one, and generation stopping at its end token.
 
-A checkpoint without a task (saved by hand) or a GPT-2 directory gets the plain path of its model
+A checkpoint without a task (saved by hand) or a pretrained model gets the plain path of its model
 family: a language model reads the text's tokens; an encoder-decoder reads the text's tokens and
 decodes greedily.
 
@@ -42,6 +44,7 @@ from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
 from attnlab.models.gpt import GPT
+from attnlab.models.pretrained import is_pretrained_source, load_pretrained
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import ModelInputs, TaskIO
 from attnlab.tasks.lm import LMIO
@@ -116,17 +119,14 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
         FileNotFoundError: ``path`` does not exist.
         ValueError: the folder holds no loadable model or no tokenizer (one line naming why).
     """
+    if is_pretrained_source(path):  # a bundled name, a .gguf, a Hugging Face folder, a Hub id
+        model, tokenizer = load_pretrained(str(path), device=device)
+        eos = getattr(tokenizer, "eos_id", None)
+        io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)
+        return Run(model, model.config, io, None, {}, Path(path))
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such run or checkpoint folder: {p} (the path does not exist)")
-    hf = _hf_dir(p)
-    if hf is not None:
-        gpt = GPT.from_hf(hf)
-        files = {}
-        if (hf / "tokenizer.json").is_file():
-            files["tokenizer.json"] = (hf / "tokenizer.json").read_text(encoding="utf-8")
-        io = _plain_io(gpt.config, files, hf)
-        return Run(gpt.to(device).eval(), gpt.config, io, None, {}, hf)
     # resolved and verified once, and held: a training rotating its checkpoints leaves it be
     with hold_checkpoint(p) as ckpt:
         return _load_checkpoint(ckpt, device)
@@ -234,17 +234,3 @@ def _config_of(data: dict[str, Any], ckpt: Path) -> GPTConfig | TransformerConfi
         raise CheckpointError(
             f"checkpoint {ckpt}: config.json's model is invalid ({exc})"
         ) from None
-
-
-def _hf_dir(p: Path) -> Path | None:
-    cfg = p / "config.json"
-    if not p.is_dir() or not cfg.is_file() or (p / "manifest.json").exists():
-        return None
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    from attnlab.models.families import supported_model_types
-
-    known = isinstance(data, dict) and data.get("model_type") in supported_model_types()
-    return p if known else None

@@ -1,0 +1,187 @@
+"""Pretrained models from wherever they are: :func:`load_pretrained`.
+
+Sources, tried in this order:
+
+1. a ``transformers`` model object (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …): its weights;
+2. a bundled name, ``"smollm2-135m"``: the GGUF file an installed package ships
+   (:func:`attnlab.models.gguf.bundled_model_path`);
+3. a ``.gguf`` file: read with the ``gguf`` package, dequantised, its tokenizer and chat template
+   from its metadata (:mod:`attnlab.models.gguf`);
+4. a Hugging Face folder: ``config.json`` + safetensors (never a pickle), its tokenizer from
+   ``tokenizer.json`` / ``tokenizer_config.json`` (:mod:`attnlab.models.hf`);
+5. a Hub id (``"HuggingFaceTB/SmolLM2-135M"``): downloaded into the Hugging Face cache when the
+   network allows; offline, a one-line error.
+
+The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's parts, equal to the
+``transformers`` class of the same weights.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.models.gpt import GPT
+
+__all__ = ["Pretrained", "load_pretrained", "is_pretrained_source"]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class Pretrained(NamedTuple):
+    """What :func:`load_pretrained` returns: ``model, tokenizer = load_pretrained(...)``.
+
+    Attributes:
+        model: the :class:`~attnlab.GPT`, in eval mode.
+        tokenizer: its tokenizer (a :class:`~attnlab.data.pretrained_tokenizer.PretrainedTokenizer`
+            with the chat template, when the source has one), or ``None`` (a ``transformers``
+            model object, a folder without ``tokenizer.json``).
+    """
+
+    model: GPT
+    tokenizer: Any
+
+
+def is_pretrained_source(source: object) -> bool:
+    """Whether ``source`` names a pretrained model rather than an attnlab run: a bundled name,
+    a ``.gguf`` file, a Hugging Face folder (``config.json`` of a supported ``model_type``,
+    no attnlab ``manifest.json``) or a Hub id that is not a local path.
+
+    Args:
+        source: what the user gave.
+
+    Returns:
+        Whether :func:`load_pretrained` is the reader for it.
+    """
+    from attnlab.models.gguf import BUNDLED_MODELS
+
+    if not isinstance(source, (str, Path)):
+        return not isinstance(source, (bytes, int, float)) and hasattr(source, "state_dict")
+    text = str(source)
+    if text in BUNDLED_MODELS or text.lower().endswith(".gguf"):
+        return True
+    path = Path(text)
+    if path.exists():
+        return _hf_folder(path)
+    return _is_hub_id(text)
+
+
+def _is_hub_id(text: str) -> bool:
+    """``owner/name`` that is no local path (its ``owner`` is no folder here: a mistyped run
+    path ``runs/demo`` is not sent to the Hub)."""
+    return bool(_HUB_ID.match(text)) and not Path(text).parent.exists()
+
+
+def _hf_folder(path: Path) -> bool:
+    import json
+
+    from attnlab.models.families import supported_model_types
+
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file() or (path / "manifest.json").exists():
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("model_type") in supported_model_types()
+
+
+def load_pretrained(
+    source: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Pretrained:
+    """A pretrained decoder and its tokenizer (see the module docstring for the sources).
+
+    Args:
+        source: a ``transformers`` model, ``"smollm2-135m"``, a ``.gguf`` file, a Hugging Face
+            folder or a Hub id.
+        dtype: the weights' dtype. Default float32 (a GGUF's quantised weights dequantised).
+        device: where to put the model. Default ``"cpu"``.
+
+    Returns:
+        ``(model, tokenizer)``, a :class:`Pretrained`; the model in eval mode.
+
+    Raises:
+        FileNotFoundError: a path that does not exist and is no Hub id.
+        ValueError: a source of an unsupported family, a file that is not what it claims, a
+            Hub id that cannot be downloaded (one line each).
+
+    Examples:
+        >>> model, tokenizer = load_pretrained("smollm2-135m")
+        >>> ids = tokenizer.encode("The capital of France is")
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if not isinstance(source, (str, Path)):
+        from attnlab.models.hf import from_hf
+
+        return Pretrained(from_hf(source, dtype=dtype).to(device).eval(), None)
+    model, tokenizer = _from_path(str(source), dtype)
+    return Pretrained(model.to(device).eval(), tokenizer)
+
+
+def _from_path(text: str, dtype: torch.dtype) -> tuple[GPT, Any]:
+    from attnlab.models import gguf
+
+    if text in gguf.BUNDLED_MODELS:
+        return _from_gguf(gguf.bundled_model_path(text), dtype)
+    path = Path(text)
+    if text.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        return _from_gguf(path, dtype)
+    if path.is_dir():
+        return _from_folder(path, dtype)
+    if path.exists():
+        raise ArgumentError(
+            f"{path} is neither a Hugging Face folder (config.json + safetensors) nor a .gguf file"
+        )
+    if _is_hub_id(text):
+        return _from_folder(_download(text), dtype)
+    names = ", ".join(sorted(gguf.BUNDLED_MODELS))
+    raise FileNotFoundError(
+        f"no such model: {text!r} is not a file or folder, a bundled name ({names}) or a "
+        "Hugging Face Hub id (owner/name)"
+    )
+
+
+def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
+    from attnlab.models.gguf import read_gguf
+    from attnlab.models.hf import model_from_state
+
+    read = read_gguf(path)
+    return model_from_state(read.hf_config, read.state, dtype=dtype), read.tokenizer
+
+
+def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
+    from attnlab.data.pretrained_tokenizer import tokenizer_from_folder
+    from attnlab.models.hf import model_from_state, read_directory
+
+    config, state = read_directory(path, dtype=dtype)
+    model = model_from_state(config, state)
+    tokenizer = tokenizer_from_folder(path) if (path / "tokenizer.json").is_file() else None
+    return model, tokenizer
+
+
+def _download(repo: str) -> Path:
+    """A Hub model's config, safetensors and tokenizer files, into the Hugging Face cache."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
+        )
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated repo: one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AttnlabError(
+            f"{repo!r} is not a local file or folder, and it could not be downloaded from the "
+            f"Hugging Face Hub ({type(exc).__name__}: {reason[:160]})"
+        ) from None
+    return Path(folder)
