@@ -402,10 +402,14 @@ def capture(
                 mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
             ) -> None:
                 cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
+                causal = kwargs.get("is_causal")
                 calls[name] = {
                     "mask": kwargs.get("mask"),
-                    "causal": bool(kwargs.get("is_causal")),
+                    "causal": bool(getattr(mod, "causal", False) if causal is None else causal),
                     "t_k": _key_length(args, kwargs),
+                    # the window and block layout the call applies (the layer's own by default)
+                    "window": _call_option(mod, kwargs, "window"),
+                    "block_mask": _call_option(mod, kwargs, "block_mask"),
                 }
 
             def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
@@ -417,9 +421,12 @@ def capture(
                     )
                 if stats and "q" in call and "k" in call:
                     q = call.get("rot_q", call["q"])  # the queries the scores saw
-                    result = attention_stats(q, call["k"], call["mask"], is_causal=call["causal"])
+                    result = attention_stats(
+                        q, call["k"], call["mask"], is_causal=call["causal"],
+                        window=call.get("window"), block_mask=call.get("block_mask"),
+                    )  # fmt: skip
                     cache.stats[name] = AttentionStats(*(keep(t) for t in (
-                        result.entropy, result.max_weight, result.logsumexp
+                        result.entropy, result.max_weight, result.logsumexp, result.first_weight
                     )))  # fmt: skip
 
             def on_weights(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
@@ -457,6 +464,15 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _call_option(mod: nn.Module, kwargs: dict[str, Any], option: str) -> Any:
+    """A call's ``window`` / ``block_mask``: the keyword if given, else the layer's own
+    (``block_mask=False`` and ``window=(None, None)`` turn it off for the call)."""
+    value = kwargs.get(option)
+    if value is None:
+        value = getattr(mod, option, None)
+    return None if value is False else value
 
 
 def _key_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:

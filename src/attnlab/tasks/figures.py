@@ -130,7 +130,8 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
 
     Returns:
         The viewer's data, every captured layer labelled by its tokens (a layer with projected
-        keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``).
+        keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``); a
+        language model's generated tokens are marked as such (``prompt_length``).
     """
     if inputs.kind == "lm":
         return viewer_data(
@@ -139,6 +140,7 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
             kinds=cache.kinds,
             projected=cache.projected,
             title=title,
+            prompt_length=len(inputs.source_tokens) if inputs.target_tokens else None,
         )
     return viewer_data(
         cache.attentions,
