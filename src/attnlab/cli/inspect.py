@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
     # the first module (any module) whose output holds a NaN/inf is named, not only attention
     with watch_nonfinite(loaded.model) as watch:
         cache = capture_inputs(
-            loaded.model, inputs, names=names, weights=not streamed, stats=streamed
+            loaded.model,
+            inputs,
+            names=names,
+            weights=not streamed,
+            stats=streamed,
+            attention_only=streamed,  # no T × vocab logits either
         )
     report = diagnose(cache, atol=args.atol, origin=watch.origin)
     if args.json:

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab.inspect.capture import ActivationCache, capture
+from attnlab.inspect.capture import ActivationCache, capture, capture_attention
 from attnlab.tasks.base import ModelInputs
 from attnlab.viz.attention import attention_heatmap, head_grid
 from attnlab.viz.viewer import ViewerData, viewer_data
@@ -33,12 +33,16 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> ActivationCache:
+def capture_inputs(
+    model: nn.Module, inputs: ModelInputs, *, attention_only: bool = False, **options: Any
+) -> ActivationCache:
     """Run ``model`` once on ``inputs`` (eval mode) and capture its attention.
 
     Args:
         model: the run's model.
         inputs: from the task's :class:`~attnlab.tasks.base.TaskIO`.
+        attention_only: stop the forward once every captured attention layer has run
+            (:func:`attnlab.inspect.capture_attention`): no logits, for long inputs.
         **options: passed to :func:`attnlab.inspect.capture` (``names``, ``weights``, ``stats``).
 
     Returns:
@@ -47,6 +51,8 @@ def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> Act
     was_training = model.training
     model.eval()
     try:
+        if attention_only:
+            return capture_attention(model, lambda: inputs.forward(model), **options)
         with capture(model, **options) as cache:
             inputs.forward(model)
     finally:
