@@ -206,10 +206,10 @@
     const first = current(0);
     const nh = Math.max(...g.layers.map((L) => L.heads));
     const n = Math.max(first.tq, first.tk);
-    const left = 64, top = 34, gap = 10;
+    const left = 84, top = 34, gap = 10;
     const avail = Math.max(400, document.getElementById("stage").clientWidth - 40);
     // room for the token labels: right of the last column (queries), below the last row (keys)
-    const tile0 = Math.min(160, Math.floor((avail - left - 110) / nh) - gap);
+    const tile0 = Math.min(240, Math.floor((avail - left - 110) / nh) - gap);
     const cell = Math.max(1, tile0 / n);
     const tokenLabels = cell >= 5;
     const right = tokenLabels ? 110 : 10, bottom = tokenLabels ? 100 : 10;
@@ -226,7 +226,7 @@
       labels.heads.push(t);
     }
     ctx.textAlign = "right";
-    ctx.save(); ctx.translate(12, top + (nl * (ph + gap)) / 2); ctx.rotate(-Math.PI / 2);
+    ctx.save(); ctx.translate(10, top + (nl * (ph + gap)) / 2); ctx.rotate(-Math.PI / 2);
     ctx.textAlign = "center"; ctx.fillText("layer →", 0, 0); ctx.restore();
     for (let l = 0; l < nl; l++) {
       const c = current(l), y0 = top + l * (ph + gap);
