@@ -86,7 +86,9 @@ def test_generate_on_an_encoder_decoder_is_one_line(
         bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
     )  # fmt: skip
     run = _save(tmp_path / "s2s", Transformer(cfg))
-    rc = main(["view", str(run), "--text", "abc", "--generate", "2", "-o", str(tmp_path / "x.html")])
+    rc = main(
+        ["view", str(run), "--text", "abc", "--generate", "2", "-o", str(tmp_path / "x.html")]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--generate" in err and "language models" in err and "\n" not in err
 

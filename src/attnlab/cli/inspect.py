@@ -43,8 +43,8 @@ from attnlab.inspect.ablation import (
 from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
-from attnlab.tasks.figures import capture_inputs
 from attnlab.tasks.base import ModelInputs
+from attnlab.tasks.figures import capture_inputs
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.run import Run, load_run
 

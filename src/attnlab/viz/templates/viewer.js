@@ -424,11 +424,12 @@
     steps: STEPS,
     get renders() { return renders; },
     // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
-    get drawn() {
+    get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
+    // which layer and head are chosen, where the prompt ends, and the grid's axis labels
+    get chosen() {
       const c = current();
-      return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k,
-        layer: state.layer, head: state.head, layerName: c.L.name, promptLength: PROMPT,
-        labels: geom && geom.labels ? geom.labels : null };
+      return { view: geom ? geom.view : null, rows: c.tq, layer: state.layer, head: state.head,
+        layerName: c.L.name, promptLength: PROMPT, labels: geom && geom.labels ? geom.labels : null };
     },
     cellCenter(i, j, head) {
       if (!geom || geom.view !== "matrix") return null;
