@@ -31,15 +31,23 @@ def add_input_arguments(p: argparse.ArgumentParser, *, text_required: bool = Tru
         default=None,
         help="encoder-decoder: beam size of the decoded output (default: the run's evaluation)",
     )
+    # two options, one value: each names itself in its errors
     p.add_argument(
         "--generate",
-        "--max-new-tokens",
         dest="max_new_tokens",
         metavar="N",
         type=non_negative_int,
         default=0,
         help="language model: generate N tokens greedily after the text and show the attention "
         "of the whole sequence, prompt and generated tokens (default 0)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        dest="max_new_tokens",
+        metavar="N",
+        type=non_negative_int,
+        default=0,
+        help="the same as --generate",
     )
 
 
