@@ -17,7 +17,7 @@ __all__ = ["add_input_arguments", "model_inputs"]
 
 
 def add_input_arguments(p: argparse.ArgumentParser, *, text_required: bool = True) -> None:
-    """``--text | --ids``, ``--target``, ``--beams``, ``--max-new-tokens``."""
+    """``--text | --ids``, ``--target``, ``--beams``, ``--generate`` (``--max-new-tokens``)."""
     src = p.add_mutually_exclusive_group(required=text_required)
     src.add_argument("--text", help="the input text (the source for an encoder-decoder)")
     src.add_argument("--ids", help="token ids the model reads verbatim, e.g. '5 9 12'")
@@ -31,11 +31,23 @@ def add_input_arguments(p: argparse.ArgumentParser, *, text_required: bool = Tru
         default=None,
         help="encoder-decoder: beam size of the decoded output (default: the run's evaluation)",
     )
+    # two options, one value: each names itself in its errors
     p.add_argument(
-        "--max-new-tokens",
+        "--generate",
+        dest="max_new_tokens",
+        metavar="N",
         type=non_negative_int,
         default=0,
-        help="language model: greedy tokens to add after the text (default 0)",
+        help="language model: generate N tokens greedily after the text and show the attention "
+        "of the whole sequence, prompt and generated tokens (default 0)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        dest="max_new_tokens",
+        metavar="N",
+        type=non_negative_int,
+        default=0,
+        help="the same as --generate",
     )
 
 
@@ -55,8 +67,8 @@ def model_inputs(run: Run, args: argparse.Namespace) -> ModelInputs:
     if run.is_seq2seq:
         if args.max_new_tokens:
             raise CLIError(
-                "--max-new-tokens is for language models; an encoder-decoder decodes as its "
-                "task does (use --beams or --target)"
+                "--generate/--max-new-tokens is for language models; an encoder-decoder decodes "
+                "as its task does (use --beams or --target)"
             )
         return run.inputs(args.text, target=args.target, beams=args.beams, source_ids=source_ids)
     if args.target is not None or args.beams is not None:

@@ -3,9 +3,13 @@
 Loads a run folder (its latest checkpoint), a checkpoint directory or a Hugging Face GPT-2
 directory, turns the text into exactly what the model read (through the run's task, special
 tokens included), runs it while capturing the attention weights, and prints per
-layer and head: entropy, maximum weight, row-sum error, fully masked rows and non-finite weights,
-with the first NaN/inf located to layer, head and position (``--long``: from blockwise row
-statistics, without ever forming the ``T × T`` weights). For the encoder-decoder the text is
+layer and head (query heads, also for grouped-query models): ``entropy_mean`` (nats, mean over
+the query rows), ``max_weight_mean`` (mean of each row's largest weight), ``first_token_share``
+(mean weight on key 0), row-sum error, fully masked rows and non-finite weights, with the first
+NaN/inf located to layer, head and position. A long text (when every layer's ``T × T`` weights
+together would pass :data:`STREAM_BYTES`), or ``--long``, is measured from blockwise row
+statistics of each layer's rotated queries and keys instead, without ever forming the ``T × T``
+weights (no row-sum or uniformity check then); ``"streamed"`` in the JSON says which. For the encoder-decoder the text is
 the source; the target is the model's own decoded output (what ``attnlab translate`` prints) or
 ``--target``. ``--json`` prints one JSON object instead: ``source_tokens``, ``target_tokens``
 (what the decoder wrote, the labels of the figures), ``output`` and the per-head report. Exit
@@ -36,11 +40,16 @@ from attnlab.inspect.ablation import (
     pruning_curve,
     pruning_order,
 )
+from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
+from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import capture_inputs
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.run import Run, load_run
+
+#: the bytes of captured weights (all layers, fp32) above which ``inspect`` streams statistics
+STREAM_BYTES = 256 * 2**20
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--long",
         action="store_true",
-        help="for long texts: blockwise row statistics, never the T×T weights (no row-sum check)",
+        help="blockwise row statistics, never the T×T weights (no row-sum check); automatic "
+        "when all layers' weights would pass 256 MiB",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
@@ -96,15 +106,17 @@ def _fmt(v: float, spec: str) -> str:
 
 def _table(report: HealthReport) -> Table:
     t = Table(
-        title="attention health per head — entropy (nats): mean \\[min, max] over rows; max w: mean "
-        "largest weight; sum err: max |row sum − 1|; masked: rows that see no key",
+        title="attention health per query head — entropy_mean (nats): mean \\[min, max] over "
+        "rows; max_weight_mean: mean largest weight; first_token_share: mean weight on key 0; "
+        "sum err: max |row sum − 1|; masked: rows that see no key",
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
     t.add_column("layer", no_wrap=True)
     t.add_column("head", justify="right")
-    t.add_column("entropy", justify="right", no_wrap=True)
-    t.add_column("max w", justify="right")
+    t.add_column("entropy_mean [min, max]", justify="right", no_wrap=True)
+    t.add_column("max_weight_mean", justify="right")
+    t.add_column("first_token_share", justify="right")
     t.add_column("sum err", justify="right", no_wrap=True)
     t.add_column("masked", justify="right")
     t.add_column("NaN/inf", justify="right")
@@ -116,6 +128,7 @@ def _table(report: HealthReport) -> Table:
             str(h.head),
             f"{_fmt(h.entropy_mean, '.2f')} [{_fmt(h.entropy_min, '.2f')}, {_fmt(h.entropy_max, '.2f')}]",
             _fmt(h.max_weight_mean, ".2f"),
+            _fmt(h.first_token_share, ".2f"),
             _fmt(h.row_sum_error, ".0e"),
             f"{h.masked_rows}/{h.rows}",
             str(h.nonfinite),
@@ -137,10 +150,16 @@ def run(args: argparse.Namespace) -> int:
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
+    streamed = args.long or _weight_bytes(loaded, inputs) > STREAM_BYTES
     # the first module (any module) whose output holds a NaN/inf is named, not only attention
     with watch_nonfinite(loaded.model) as watch:
         cache = capture_inputs(
-            loaded.model, inputs, names=names, weights=not args.long, stats=args.long
+            loaded.model,
+            inputs,
+            names=names,
+            weights=not streamed,
+            stats=streamed,
+            attention_only=streamed,  # no T × vocab logits either
         )
     report = diagnose(cache, atol=args.atol, origin=watch.origin)
     if args.json:
@@ -148,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             "source_tokens": list(inputs.source_tokens),
             "target_tokens": list(inputs.target_tokens),
             "output": inputs.output,
+            "streamed": streamed,
             **report.to_dict(),
         }
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
@@ -159,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"input:  {' '.join(inputs.source_tokens)}", markup=False, highlight=False)
     if inputs.kind == "seq2seq":
         console.print(f"output: {' '.join(inputs.target_tokens)}", markup=False, highlight=False)
+    if streamed:
+        console.print("(blockwise statistics: no T×T weights formed, no row-sum check)")
     console.print(_table(report))
     if report.ok:
         console.print(f"[green]all {len(report.heads)} heads healthy[/]")
@@ -166,6 +188,14 @@ def run(args: argparse.Namespace) -> int:
         for line in report.problems():
             console.print(f"[red]{line}[/]")
     return 0 if report.ok else 1
+
+
+def _weight_bytes(loaded: Run, inputs: ModelInputs) -> int:
+    """The bytes every attention layer's fp32 weights ``(H, T_q, T_k)`` would take together."""
+    lengths = (len(inputs.source_tokens), len(inputs.target_tokens))
+    t = sum(lengths) if inputs.kind == "lm" else max(lengths)
+    heads = sum(m.num_heads for m in attention_modules(loaded.model).values())
+    return 4 * heads * t * t
 
 
 def _ablate(loaded: Run, args: argparse.Namespace) -> int:

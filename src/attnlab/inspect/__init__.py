@@ -1,13 +1,14 @@
 """Looking inside: attention capture, per-head diagnostics, long-sequence statistics, FLOPs.
 
 - :func:`capture` / :func:`run_with_cache`: record the attention weights of every layer, named by
-  module path, without changing what forward computes.
+  module path, without changing what forward computes; :func:`capture_attention` stops the
+  forward after the last attention layer (no logits).
 - :func:`diagnose`: per-head entropy, maximum weight, row sums, masked rows, uniform and
   one-token heads, and the first NaN/inf weight.
 - :func:`find_nonfinite` / :func:`watch_nonfinite`: the first module (any module) whose output
   holds a NaN/inf, with its layer, position and whether it made the value or inherited it.
-- :func:`attention_stats`: entropy, maximum weight and log-sum-exp per query row, blockwise —
-  never the ``T × T`` matrix.
+- :func:`attention_stats`: entropy, maximum weight, log-sum-exp and first-key weight per query
+  row, blockwise — never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
 - :func:`peak_memory`: the peak resident memory a call adds (CPU, Linux), measured.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
@@ -23,7 +24,13 @@ from attnlab.inspect.ablation import (
     pruning_curve,
     pruning_order,
 )
-from attnlab.inspect.capture import ActivationCache, attention_modules, capture, run_with_cache
+from attnlab.inspect.capture import (
+    ActivationCache,
+    attention_modules,
+    capture,
+    capture_attention,
+    run_with_cache,
+)
 from attnlab.inspect.diagnostics import (
     HeadHealth,
     HealthReport,
@@ -62,6 +69,7 @@ __all__ = [
     "attention_modules",
     "attention_stats",
     "capture",
+    "capture_attention",
     "diagnose",
     "diagnose_model",
     "find_nonfinite",

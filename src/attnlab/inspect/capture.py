@@ -45,7 +45,14 @@ from attnlab.nn.hooks import hook_points
 from attnlab.nn.linformer import LinformerAttention, key_mask
 from attnlab.nn.multihead import MultiHeadAttention
 
-__all__ = ["ActivationCache", "ProjectedKeys", "attention_modules", "capture", "run_with_cache"]
+__all__ = [
+    "ActivationCache",
+    "ProjectedKeys",
+    "attention_modules",
+    "capture",
+    "capture_attention",
+    "run_with_cache",
+]
 
 
 @dataclass(frozen=True)
@@ -402,10 +409,14 @@ def capture(
                 mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
             ) -> None:
                 cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
+                causal = kwargs.get("is_causal")
                 calls[name] = {
                     "mask": kwargs.get("mask"),
-                    "causal": bool(kwargs.get("is_causal")),
+                    "causal": bool(getattr(mod, "causal", False) if causal is None else causal),
                     "t_k": _key_length(args, kwargs),
+                    # the window and block layout the call applies (the layer's own by default)
+                    "window": _call_option(mod, kwargs, "window"),
+                    "block_mask": _call_option(mod, kwargs, "block_mask"),
                 }
 
             def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
@@ -417,9 +428,12 @@ def capture(
                     )
                 if stats and "q" in call and "k" in call:
                     q = call.get("rot_q", call["q"])  # the queries the scores saw
-                    result = attention_stats(q, call["k"], call["mask"], is_causal=call["causal"])
+                    result = attention_stats(
+                        q, call["k"], call["mask"], is_causal=call["causal"],
+                        window=call.get("window"), block_mask=call.get("block_mask"),
+                    )  # fmt: skip
                     cache.stats[name] = AttentionStats(*(keep(t) for t in (
-                        result.entropy, result.max_weight, result.logsumexp
+                        result.entropy, result.max_weight, result.logsumexp, result.first_weight
                     )))  # fmt: skip
 
             def on_weights(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
@@ -457,6 +471,15 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _call_option(mod: nn.Module, kwargs: dict[str, Any], option: str) -> Any:
+    """A call's ``window`` / ``block_mask``: the keyword if given, else the layer's own
+    (``block_mask=False`` and ``window=(None, None)`` turn it off for the call)."""
+    value = kwargs.get(option)
+    if value is None:
+        value = getattr(mod, option, None)
+    return None if value is False else value
 
 
 def _key_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -542,3 +565,65 @@ def run_with_cache(
     with capture(model, names=names, hooks=hooks) as cache:
         out = model(*args, **kwargs)
     return out, cache
+
+
+class _AttentionDone(Exception):
+    """Raised inside a forward once every selected attention layer has run (see
+    :func:`capture_attention`); never leaves this module."""
+
+
+@torch.no_grad()
+def capture_attention(
+    model: nn.Module, forward: Callable[[], Any], **options: Any
+) -> ActivationCache:
+    """Run ``forward()`` (a call of ``model``) while capturing, and stop it as soon as every
+    selected attention layer has run once.
+
+    What follows the last attention layer (its MLP, the final norm, a language model's
+    ``T × vocab_size`` logits — 1.6 GB at ``T = 8192`` with a 49k vocabulary) is never computed,
+    so with ``weights=False, stats=True`` the memory of the call is that of the residual stream
+    and one layer's queries and keys: ``O(T)``. The forward's output is not returned (it was
+    never finished). The way TransformerLens' ``stop_at_layer`` stops a model early.
+
+    Args:
+        model: as for :func:`capture`.
+        forward: runs ``model`` once, e.g. ``lambda: model(input_ids)``.
+        **options: :func:`capture`'s options (``names``, ``weights``, ``stats``, ``hooks``, …).
+
+    Returns:
+        The :class:`ActivationCache` of the call.
+
+    Shape:
+        as :func:`capture`: weights ``(B, H, T_q, T_k)``, statistics ``(B, H, T_q)``.
+
+    Examples:
+        >>> cache = capture_attention(model, lambda: model(ids), weights=False, stats=True)
+        >>> cache.stats["transformer.h.0.attn"].entropy.shape
+        torch.Size([1, 12, 8192])
+    """
+    if not callable(forward):
+        raise ArgumentTypeError(f"forward must be callable, got {type(forward).__name__}")
+    names = options.get("names")
+    selected = {n: m for n, m in attention_modules(model).items() if _selected(n, names)}
+    pending = set(selected)
+    handles = []
+
+    def done(mod: nn.Module, args: Any, out: Any, name: str = "") -> None:
+        pending.discard(name)
+        if not pending:
+            raise _AttentionDone
+
+    with capture(model, **options) as cache:
+        try:
+            # registered after capture's own hooks, so they run (and record) first
+            for name, module in selected.items():
+                handles.append(
+                    module.register_forward_hook(lambda m, a, o, name=name: done(m, a, o, name))
+                )
+            forward()
+        except _AttentionDone:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+    return cache

@@ -4,6 +4,7 @@ For each head, over every query row ``p = (p_1 … p_T_k)`` of every sequence in
 
     entropy      H(p) = −Σ_j p_j log p_j            (nats; 0 = all weight on one key)
     max weight   max_j p_j
+    first token  p_0, the weight on key 0 (an "attention sink", Xiao et al. 2024)
     row sum      |Σ_j p_j − 1|                      (should be ~0: softmax rows sum to one)
     masked row   p = 0                              (the query may see no key; attnlab's
                                                       convention gives a zero row, never NaN)
@@ -122,6 +123,8 @@ class HeadHealth:
         entropy_max: largest row entropy in nats, over the same rows.
         max_weight_mean: the largest weight of each row, averaged over the rows.
         max_weight_max: the largest weight of each row, maximised over the rows.
+        first_token_share: the weight on key 0 (the first token), averaged over the same rows
+            (``nan`` when there are none).
         row_sum_error: ``max |Σ_j p_j − 1|`` over unmasked finite rows (``nan``: not measured,
             for a report built from blockwise statistics).
         nonfinite: NaN/inf entries (rows, for a report from blockwise statistics).
@@ -146,6 +149,7 @@ class HeadHealth:
     entropy_max: float
     max_weight_mean: float
     max_weight_max: float
+    first_token_share: float
     row_sum_error: float
     nonfinite: int
     atol: float
@@ -415,6 +419,7 @@ def _layer_health(
     valid = finite_rows & ~masked
     entropy = attention_entropy(safe)
     max_w = safe.amax(dim=-1)
+    sink = safe[..., 0]  # the weight on key 0      (B, H, T_q)
     err = (sums - 1).abs()
     # uniform:  H(p) ≥ (1 − tol) · log n,  n = |{j : p_j > 0 in some head}|, rows with n ≥ 2
     # one token: max_j p_j ≥ one_token_weight, over the same rows
@@ -440,6 +445,7 @@ def _layer_health(
                 entropy_max=float(ent.max()) if n else math.nan,
                 max_weight_mean=float(mw.mean()) if n else math.nan,
                 max_weight_max=float(mw.max()) if n else math.nan,
+                first_token_share=float(sink[:, head][v].mean()) if n else math.nan,
                 row_sum_error=float(err[:, head][v].max()) if n else 0.0,
                 nonfinite=int(nonfinite[head]),
                 atol=atol,
@@ -473,6 +479,7 @@ def _from_stats(
             v = valid[:, head]
             n = int(v.sum())
             ent, mw = st.entropy[:, head][v], st.max_weight[:, head][v]
+            sink = st.first_weight[:, head][v]
             heads.append(
                 HeadHealth(
                     layer=name, kind=kinds.get(name, "self"), head=head, rows=b * t_q,
@@ -482,6 +489,7 @@ def _from_stats(
                     entropy_max=float(ent.max()) if n else math.nan,
                     max_weight_mean=float(mw.mean()) if n else math.nan,
                     max_weight_max=float(mw.max()) if n else math.nan,
+                    first_token_share=float(sink.mean()) if n else math.nan,
                     row_sum_error=math.nan, nonfinite=int(bad_rows[:, head].sum()), atol=math.nan,
                     one_token=_flag(one_row[:, head], informative[:, head]),
                 )

@@ -16,9 +16,14 @@ keys as values. Everything is accumulated over key blocks with the online-softma
     l' = α · l + Σ_b e^{s_j − m'}
     u' = α · u + Σ_b e^{s_j − m'} k_j        (one matmul with [K_b, 1] also yields Σ_b e^{s_j − m'})
 
-and at the end ``LSE = m + log l``, ``max weight = e^{m − LSE} = 1 / l`` and
+and at the end ``LSE = m + log l``, ``max weight = e^{m − LSE} = 1 / l``,
 ``entropy = log l − (scale · q·u / l + Σ p_j b_j − m)`` (taken relative to ``m``, which keeps
-the cancellation small).
+the cancellation small) and the weight on the first key ``p_0 = e^{s_0 − LSE}`` (``s_0`` is kept
+from the first key block; the attention sink of Xiao et al. 2024).
+
+The causal rule, a sliding window and a block-sparse layout are applied per tile from their
+structure (as the model's attention applies them), and key blocks they hide entirely are skipped,
+so a window of ``w`` keys costs ``O(T · w)`` time.
 
 Only a ``query chunk × key block`` tile of scores exists at any time, so memory grows as
 ``O(T)``, not ``O(T²)``: at ``T = 16384`` with 12 heads the tiles take a few tens of MiB.
@@ -33,7 +38,8 @@ import torch
 from attnlab._checks import check_floating, check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.common import compute_dtype
-from attnlab.nn.mask_spec import normalize_mask
+from attnlab.nn.block_layout import BlockLayout
+from attnlab.nn.mask_spec import Masking, normalize_mask
 
 __all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats"]
 
@@ -49,6 +55,8 @@ class AttentionStats:
         entropy: ``−Σ_j p_j log p_j`` in nats; ``0`` for a row that may see no key.
         max_weight: ``max_j p_j``; ``0`` for a row that may see no key.
         logsumexp: ``log Σ_j e^{s_j}`` over the visible keys; ``−inf`` for a row that may see no key.
+        first_weight: ``p_0``, the weight on key 0 (the first token); ``0`` when the row may not
+            see it (or sees no key).
 
     Shape:
         each ``(..., H, T_q)``, in fp32 for half-precision inputs (fp64 stays fp64).
@@ -57,6 +65,7 @@ class AttentionStats:
     entropy: torch.Tensor
     max_weight: torch.Tensor
     logsumexp: torch.Tensor
+    first_weight: torch.Tensor
 
     @property
     def effective_keys(self) -> torch.Tensor:
@@ -73,14 +82,18 @@ def attention_stats(
     is_causal: bool = False,
     scale: float | None = None,
     block_size: int = 512,
+    window: object = None,
+    block_mask: object = None,
 ) -> AttentionStats:
-    """Entropy, maximum weight and log-sum-exp of every attention row, computed blockwise.
+    """Entropy, maximum weight, log-sum-exp and first-key weight of every attention row,
+    computed blockwise.
 
     Equivalent to computing ``P = softmax(Q Kᵀ · scale + M)`` as
-    :func:`attnlab.scaled_dot_product_attention` does (same masks, same bottom-right causal rule,
-    grouped-query heads) and reducing each row — but ``P`` is never formed: keys are visited in
+    :func:`attnlab.scaled_dot_product_attention` does (same masks, same bottom-right causal rule, sliding window
+    and block layout, grouped-query heads) and reducing each row — but ``P`` is never formed: keys are visited in
     blocks of ``block_size`` and queries in chunks that keep one score tile near
-    :data:`TILE_ELEMENTS` values. Key blocks hidden by the causal mask are skipped. Not
+    :data:`TILE_ELEMENTS` values. Key blocks hidden by the causal rule or the window are
+    skipped. Not
     differentiable (runs under ``torch.no_grad``).
 
     Memory beyond the inputs: a scaled copy of the queries, the keys with a ones column, the
@@ -97,6 +110,9 @@ def attention_stats(
         is_causal: hide future keys, aligned bottom-right (query ``i`` sees ``j <= i + T_k − T_q``).
         scale: the score scale; default ``1 / √D``.
         block_size: keys per block. Default ``512``.
+        window: a sliding window, as in :func:`attnlab.scaled_dot_product_attention` (an int
+            ``w`` = ``(w, 0)``, or ``(left, right)``, aligned bottom-right); default none.
+        block_mask: a :class:`~attnlab.masks.BlockLayout` over the ``T_k`` keys; default none.
 
     Returns:
         An :class:`AttentionStats`.
@@ -120,7 +136,13 @@ def attention_stats(
         scale = query.shape[-1] ** -0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise ArgumentTypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    masking = normalize_mask(query, key, mask, is_causal)
+    if block_mask is not None and not isinstance(block_mask, BlockLayout):
+        raise ArgumentTypeError(
+            f"block_mask must be an attnlab.masks.BlockLayout or None, got {type(block_mask).__name__}"
+        )
+    if block_mask is not None:
+        block_mask = block_mask.crop(key.shape[-2])
+    masking = normalize_mask(query, key, mask, is_causal, window, block_mask)
 
     lead, h, t_q, d = query.shape[:-3], query.shape[-3], query.shape[-2], query.shape[-1]
     h_kv, t_k = key.shape[-3], key.shape[-2]
@@ -141,26 +163,29 @@ def attention_stats(
     shape = (*lead, h_kv, groups, t_q)
     m = torch.full(shape, float("-inf"), dtype=acc, device=query.device)
     u = torch.zeros((*shape, d + 1), dtype=acc, device=query.device)  # [Σ e k_j, l]
+    s0 = torch.full(shape, float("-inf"), dtype=acc, device=query.device)  # s_0 − (its shift)
     eb = torch.zeros(shape, dtype=acc, device=query.device) if bias is not None else None
+    lo, hi = masking.bounds(t_q, t_k)  # row i sees keys i + lo <= j <= i + hi
     for i0 in range(0, t_q, q_chunk):
         i1 = min(t_q, i0 + q_chunk)
         q_c = q[..., i0:i1, :]
-        # keys this chunk may see under the causal rule end before k_end
-        k_end = t_k if masking.causal_offset is None else min(t_k, i1 + masking.causal_offset)
-        for j0 in range(0, max(k_end, 0), block_size):
+        # the keys some row of this chunk may see under the causal rule and the window
+        k_start = 0 if lo is None else max(0, i0 + lo)
+        k_end = t_k if hi is None else min(t_k, i1 + hi)
+        for j0 in range(k_start, k_end, block_size):
             j1 = min(k_end, j0 + block_size)
             # S_b = (scale · Q_c) K_bᵀ + B_b, hidden entries at −∞     (..., H_kv, G, rows, keys)
             s = torch.matmul(q_c, k_acc[..., j0:j1, :].transpose(-2, -1))
             if bias is not None:
                 s = s + bias[..., i0:i1, j0:j1]
             vis = None if allowed is None else allowed[..., i0:i1, j0:j1]
-            if masking.causal_offset is not None and j1 - 1 > i0 + masking.causal_offset:
-                i = torch.arange(i0, i1, device=query.device)[:, None]
-                j = torch.arange(j0, j1, device=query.device)[None, :]
-                causal = j <= i + masking.causal_offset
-                vis = causal if vis is None else vis & causal
+            struct = _structure(masking, (lo, hi), (i0, i1), (j0, j1), t_q, t_k, query.device)
+            if struct is not None:
+                vis = struct if vis is None else vis & struct
             if vis is not None:
                 s = s.masked_fill_(~vis, float("-inf"))
+            if j0 == 0:
+                s0[..., i0:i1] = s[..., 0]
             m_old = m[..., i0:i1]
             m_new = torch.maximum(m_old, s.amax(dim=-1))
             m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows with no key yet
@@ -187,11 +212,48 @@ def attention_stats(
     max_weight = (1.0 / l_safe).masked_fill(empty, 0.0)
     entropy = torch.log(l_safe) - (moment / l_safe - m.masked_fill(empty, 0.0))
     entropy = entropy.masked_fill(empty, 0.0).clamp_min_(0.0)
+    # p_0 = e^{s_0 − m − log l}, both in the frame of the shifted mask (0 when key 0 is hidden)
+    first = torch.exp(s0 - m.masked_fill(empty, 0.0) - torch.log(l_safe)).masked_fill(empty, 0.0)
     return AttentionStats(
         entropy=entropy.flatten(-3, -2),
         max_weight=max_weight.flatten(-3, -2),
         logsumexp=lse.flatten(-3, -2),
+        first_weight=first.flatten(-3, -2),
     )
+
+
+def _structure(
+    masking: Masking,
+    bounds: tuple[int | None, int | None],
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    t_q: int,
+    t_k: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The causal rule, the window and the block layout on one tile, or ``None`` when they
+    hide nothing there.
+
+    Shape:
+        ``(rows, cols)`` boolean, ``True = may attend``.
+    """
+    (lo, hi), (i0, i1), (j0, j1) = bounds, rows, cols
+    hides_lo = lo is not None and j0 < i1 - 1 + lo
+    hides_hi = hi is not None and j1 - 1 > i0 + hi
+    if not (hides_lo or hides_hi or masking.blocks is not None):
+        return None
+    i = torch.arange(i0, i1, device=device)[:, None]
+    j = torch.arange(j0, j1, device=device)[None, :]
+    vis = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
+    if hides_lo and lo is not None:
+        vis &= j >= i + lo
+    if hides_hi and hi is not None:
+        vis &= j <= i + hi
+    if masking.blocks is not None:
+        b = masking.blocks.block_size
+        grid = masking.blocks.blocks.to(device)
+        vis &= grid[(i + t_k - t_q) // b, j // b]
+    return vis
 
 
 def _grouped(

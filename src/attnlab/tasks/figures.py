@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab.inspect.capture import ActivationCache, capture
+from attnlab.inspect.capture import ActivationCache, capture, capture_attention
 from attnlab.tasks.base import ModelInputs
 from attnlab.viz.attention import attention_heatmap, head_grid
 from attnlab.viz.viewer import ViewerData, viewer_data
@@ -33,12 +33,16 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> ActivationCache:
+def capture_inputs(
+    model: nn.Module, inputs: ModelInputs, *, attention_only: bool = False, **options: Any
+) -> ActivationCache:
     """Run ``model`` once on ``inputs`` (eval mode) and capture its attention.
 
     Args:
         model: the run's model.
         inputs: from the task's :class:`~attnlab.tasks.base.TaskIO`.
+        attention_only: stop the forward once every captured attention layer has run
+            (:func:`attnlab.inspect.capture_attention`): no logits, for long inputs.
         **options: passed to :func:`attnlab.inspect.capture` (``names``, ``weights``, ``stats``).
 
     Returns:
@@ -47,6 +51,8 @@ def capture_inputs(model: nn.Module, inputs: ModelInputs, **options: Any) -> Act
     was_training = model.training
     model.eval()
     try:
+        if attention_only:
+            return capture_attention(model, lambda: inputs.forward(model), **options)
         with capture(model, **options) as cache:
             inputs.forward(model)
     finally:
@@ -130,7 +136,8 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
 
     Returns:
         The viewer's data, every captured layer labelled by its tokens (a layer with projected
-        keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``).
+        keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``); a
+        language model's generated tokens are marked as such (``prompt_length``).
     """
     if inputs.kind == "lm":
         return viewer_data(
@@ -139,6 +146,7 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
             kinds=cache.kinds,
             projected=cache.projected,
             title=title,
+            prompt_length=len(inputs.source_tokens) if inputs.target_tokens else None,
         )
     return viewer_data(
         cache.attentions,

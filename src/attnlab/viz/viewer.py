@@ -115,12 +115,17 @@ class ViewerData:
             training; then every layer's weights are ``(S, H, T_q, T_k)`` with
             ``S = len(steps)`` and the page shows a step slider. ``None`` (default): one
             ``(H, T_q, T_k)`` per layer, no slider.
+        prompt_length: a language model's text followed by tokens it generated: the number of
+            prompt tokens at the start of ``sequences["tokens"]``; the page marks the tokens
+            after it as generated (their labels in another colour, a line at the boundary).
+            ``None`` (default): nothing was generated.
     """
 
     title: str
     sequences: dict[str, list[str]]
     groups: list[AttentionGroup]
     steps: list[int] | None = None
+    prompt_length: int | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -134,6 +139,15 @@ class ViewerData:
                     raise ArgumentTypeError(f"steps must hold ints, got {type(s).__name__}")
             if any(b <= a for a, b in itertools.pairwise(steps)):
                 raise ArgumentError(f"steps must be strictly ascending, got {steps[:8]}")
+        if self.prompt_length is not None:
+            n = self.prompt_length
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+                raise ArgumentTypeError(f"prompt_length must be an int, got {type(n).__name__}")
+            if "tokens" not in self.sequences or not 0 <= n <= len(self.sequences["tokens"]):
+                raise ArgumentError(
+                    f"prompt_length must lie in [0, len(sequences['tokens'])] (a language "
+                    f"model's tokens), got {n} with sequences {list(self.sequences)}"
+                )
         for g in self.groups:
             sides = (
                 (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
@@ -187,7 +201,7 @@ class ViewerData:
         Returns:
             A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
             shapes, weights, masks and effective weights, and the group's ``projected_from`` and
-            ``note``) and ``steps``.
+            ``note``), ``steps`` and ``prompt_length``.
         """
 
         def b64(a: np.ndarray) -> str:
@@ -196,6 +210,7 @@ class ViewerData:
         return {
             "title": self.title,
             "steps": None if self.steps is None else [int(s) for s in self.steps],
+            "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
             "sequences": self.sequences,
             "groups": [
                 {
@@ -243,6 +258,7 @@ def viewer_data(
     projected: Mapping[str, ProjectedKeys] | None = None,
     batch_index: int = 0,
     title: str = "attnlab attention viewer",
+    prompt_length: int | None = None,
 ) -> ViewerData:
     """Build :class:`ViewerData` from captured weights (``cache.attentions``).
 
@@ -267,6 +283,8 @@ def viewer_data(
             whose keys are projected (``cache.projected``); default none.
         batch_index: which sequence of the batch.
         title: page title.
+        prompt_length: a GPT's prompt length when ``tokens`` continue with generated ones (see
+            :attr:`ViewerData.prompt_length`); default ``None``.
 
     Returns:
         :class:`ViewerData`.
@@ -356,7 +374,7 @@ def viewer_data(
         (g for g in groups.values() if g.layers),
         key=lambda g: base_order.index(parents.get(g.name, g.name)),
     )
-    return ViewerData(title=title, sequences=seqs, groups=kept)
+    return ViewerData(title=title, sequences=seqs, groups=kept, prompt_length=prompt_length)
 
 
 def _projected_group(

@@ -20,6 +20,9 @@
   }
   const MASK_RGB = [230, 190, 190];
   const STEPS = Array.isArray(DATA.steps) && DATA.steps.length ? DATA.steps : null;
+  // a language model's prompt followed by generated tokens: positions >= PROMPT are generated
+  const PROMPT = typeof DATA.prompt_length === "number" ? DATA.prompt_length : null;
+  const GEN_COLOR = "#bc4c00", TEXT_COLOR = "#1f2328";
   // mode: for a layer with projected keys (Linformer), "weights" (T × k over the E·K rows) or
   // "effective" (A·F, T × T over the tokens the rows mix; signed)
   const state = { group: 0, layer: 0, head: 0, view: "matrix", mode: "weights", showMask: false, threshold: 0.02,
@@ -36,11 +39,12 @@
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     return new Type(bytes.buffer);
   }
-  function current() {
-    const g = DATA.groups[state.group], L = g.layers[state.layer];
+  function current(layer) {
+    if (layer === undefined) layer = state.layer;
+    const g = DATA.groups[state.group], L = g.layers[layer];
     const projected = !!g.projected_from;
     const signed = projected && state.mode === "effective" && !!L.effective;
-    const key = state.group + ":" + state.layer + (signed ? ":effective" : "");
+    const key = state.group + ":" + layer + (signed ? ":effective" : "");
     if (!cache.has(key)) {
       cache.set(key, signed ? { w: decode(L.effective, Float32Array), m: null }
         : { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
@@ -50,11 +54,16 @@
     const tq = DATA.sequences[g.query].length, tk = DATA.sequences[kname].length;
     // with steps the weights are (S, H, T_q, T_k): this step's block starts at step · H · T_q · T_k
     const offset = STEPS ? state.step * L.heads * tq * tk : 0;
-    return Object.assign({ g, L, tq, tk, offset, projected, signed, mode: signed ? "effective" : "weights",
-      q: DATA.sequences[g.query], k: DATA.sequences[kname] }, cache.get(key));
+    return Object.assign({ g, L, layer, tq, tk, offset, projected, signed, mode: signed ? "effective" : "weights",
+      q: DATA.sequences[g.query], k: DATA.sequences[kname], qname: g.query, kname }, cache.get(key));
   }
+  // generated tokens (after the prompt) of a sequence, and the position where they start
+  function generated(name, i) { return PROMPT !== null && name === "tokens" && i >= PROMPT; }
+  function boundary(name, n) { return PROMPT !== null && name === "tokens" && PROMPT > 0 && PROMPT < n ? PROMPT : -1; }
+  function labelColor(name, i) { return generated(name, i) ? GEN_COLOR : TEXT_COLOR; }
+  function label(name, t, i, n) { return (generated(name, i) ? "▸" : "") + truncate(t, n); }
   // a layer with projected keys has no token-to-token lines: its columns are not tokens
-  function viewOf(g) { return g.projected_from ? "matrix" : state.view; }
+  function viewOf(g) { return g.projected_from && state.view === "lines" ? "matrix" : state.view; }
   function weight(c, h, i, j) { return c.w[c.offset + (h * c.tq + i) * c.tk + j]; }
   function stepText() { return STEPS ? "training step " + STEPS[state.step] : ""; }
   function allowed(c, i, j) { return !c.m || c.m[i * c.tk + j] === 1; }
@@ -167,16 +176,95 @@
       if (labels) {
         ctx.font = Math.min(12, Math.max(8, cell - 2)) + "px system-ui, sans-serif";
         ctx.textAlign = "right"; ctx.textBaseline = "middle";
-        c.q.forEach((t, i) => ctx.fillText(truncate(t, 12), x0 - 4, y0 + (i + 0.5) * cell));
+        c.q.forEach((t, i) => { ctx.fillStyle = labelColor(c.qname, i); ctx.fillText(label(c.qname, t, i, 12), x0 - 4, y0 + (i + 0.5) * cell); });
         c.k.forEach((t, j) => {
           ctx.save(); ctx.translate(x0 + (j + 0.5) * cell, y0 - 4); ctx.rotate(-Math.PI / 2);
-          ctx.textAlign = "left"; ctx.fillText(truncate(t, 12), 0, 0); ctx.restore();
+          ctx.fillStyle = labelColor(c.kname, j);
+          ctx.textAlign = "left"; ctx.fillText(label(c.kname, t, j, 12), 0, 0); ctx.restore();
         });
-        ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
+        ctx.textAlign = "left"; ctx.textBaseline = "alphabetic"; ctx.fillStyle = TEXT_COLOR;
       }
+      promptLine(c, x0, y0, cell);
       panels.push({ h, x0, y0, pw, ph });
     });
     geom = { view: "matrix", cell, panels };
+  }
+  // a dashed line between the prompt and the generated tokens, on rows and on columns
+  function promptLine(c, x0, y0, cell) {
+    const bi = boundary(c.qname, c.tq), bj = boundary(c.kname, c.tk);
+    if (bi < 0 && bj < 0) return;
+    ctx.save(); ctx.strokeStyle = GEN_COLOR; ctx.lineWidth = 1.5; ctx.setLineDash([4, 3]);
+    ctx.beginPath();
+    if (bi >= 0) { ctx.moveTo(x0, y0 + bi * cell); ctx.lineTo(x0 + c.tk * cell, y0 + bi * cell); }
+    if (bj >= 0) { ctx.moveTo(x0 + bj * cell, y0); ctx.lineTo(x0 + bj * cell, y0 + c.tq * cell); }
+    ctx.stroke(); ctx.restore();
+  }
+
+  // ---------------------------------------------------------------- layers × heads grid
+  function drawGrid() {
+    const g = DATA.groups[state.group], nl = g.layers.length;
+    const first = current(0);
+    const nh = Math.max(...g.layers.map((L) => L.heads));
+    const n = Math.max(first.tq, first.tk);
+    const left = 84, top = 34, gap = 10;
+    const avail = Math.max(400, document.getElementById("stage").clientWidth - 40);
+    // room for the token labels: right of the last column (queries), below the last row (keys)
+    const tile0 = Math.min(240, Math.floor((avail - left - 110) / nh) - gap);
+    const cell = Math.max(1, tile0 / n);
+    const tokenLabels = cell >= 5;
+    const right = tokenLabels ? 110 : 10, bottom = tokenLabels ? 100 : 10;
+    const pw = cell * first.tk, ph = cell * first.tq;
+    setSize(left + nh * (pw + gap) + right, top + nl * (ph + gap) + bottom);
+    ctx.imageSmoothingEnabled = false;
+    const panels = [], labels = { layers: [], heads: [], queries: [], keys: [] };
+    ctx.fillStyle = TEXT_COLOR; ctx.font = "12px system-ui, sans-serif"; ctx.textBaseline = "middle";
+    ctx.textAlign = "center";
+    ctx.fillText("head →", left + (nh * (pw + gap)) / 2, 9);
+    for (let h = 0; h < nh; h++) {
+      const t = String(h);
+      ctx.fillText(t, left + h * (pw + gap) + pw / 2, top - 10);
+      labels.heads.push(t);
+    }
+    ctx.textAlign = "right";
+    ctx.save(); ctx.translate(10, top + (nl * (ph + gap)) / 2); ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "center"; ctx.fillText("layer →", 0, 0); ctx.restore();
+    for (let l = 0; l < nl; l++) {
+      const c = current(l), y0 = top + l * (ph + gap);
+      const t = "layer " + l;
+      ctx.fillStyle = l === state.layer ? "#0969da" : TEXT_COLOR; ctx.textAlign = "right";
+      ctx.fillText(t, left - 6, y0 + ph / 2);
+      labels.layers.push(t);
+      for (let h = 0; h < c.L.heads; h++) {
+        const x0 = left + h * (pw + gap);
+        const { off } = heatImage(c, h);
+        ctx.drawImage(off, x0, y0, pw, ph);
+        const chosen = l === state.layer && h === state.head;
+        ctx.strokeStyle = chosen ? "#0969da" : "#8c959f"; ctx.lineWidth = chosen ? 2 : 1;
+        ctx.strokeRect(x0 - 0.5, y0 - 0.5, pw + 1, ph + 1);
+        promptLine(c, x0, y0, cell);
+        panels.push({ layer: l, h, x0, y0, pw, ph });
+      }
+    }
+    if (tokenLabels) {
+      const fs = Math.min(11, Math.max(7, cell - 1));
+      ctx.font = fs + "px system-ui, sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "middle";
+      const xq = left + (nh - 1) * (pw + gap) + pw + 4, yk = top + (nl - 1) * (ph + gap) + ph + 4;
+      for (let l = 0; l < nl; l++) {
+        const y0 = top + l * (ph + gap);
+        first.q.forEach((t, i) => { ctx.fillStyle = labelColor(first.qname, i); ctx.fillText(label(first.qname, t, i, 14), xq, y0 + (i + 0.5) * cell); });
+      }
+      first.q.forEach((t, i) => labels.queries.push(t));
+      for (let h = 0; h < nh; h++) {
+        const x0 = left + h * (pw + gap);
+        first.k.forEach((t, j) => {
+          ctx.save(); ctx.translate(x0 + (j + 0.5) * cell, yk); ctx.rotate(Math.PI / 2);
+          ctx.fillStyle = labelColor(first.kname, j); ctx.fillText(label(first.kname, t, j, 14), 0, 0); ctx.restore();
+        });
+      }
+      first.k.forEach((t) => labels.keys.push(t));
+    }
+    ctx.textAlign = "left"; ctx.textBaseline = "alphabetic"; ctx.fillStyle = TEXT_COLOR;
+    geom = { view: "grid", cell, panels, labels };
   }
 
   // ---------------------------------------------------------------- lines view
@@ -203,11 +291,11 @@
     ctx.globalAlpha = 1;
     ctx.font = Math.min(13, rh - 2) + "px system-ui, sans-serif"; ctx.textBaseline = "middle";
     ctx.textAlign = "right";
-    c.q.forEach((t, i) => { ctx.fillStyle = i === state.focus ? "#0969da" : "#1f2328"; ctx.fillText(truncate(t, 18), xl, top + (i + 0.5) * rh); });
+    c.q.forEach((t, i) => { ctx.fillStyle = i === state.focus ? "#0969da" : labelColor(c.qname, i); ctx.fillText(label(c.qname, t, i, 18), xl, top + (i + 0.5) * rh); });
     ctx.textAlign = "left";
     c.k.forEach((t, j) => {
-      ctx.fillStyle = state.showMask && state.focus >= 0 && !allowed(c, state.focus, j) ? "#c0c0c0" : "#1f2328";
-      ctx.fillText(truncate(t, 18), xr, top + (j + 0.5) * rh);
+      ctx.fillStyle = state.showMask && state.focus >= 0 && !allowed(c, state.focus, j) ? "#c0c0c0" : labelColor(c.kname, j);
+      ctx.fillText(label(c.kname, t, j, 18), xr, top + (j + 0.5) * rh);
     });
     ctx.textBaseline = "alphabetic";
     geom = { view: "lines", rh, xl, xr, top };
@@ -216,14 +304,16 @@
   function draw() {
     const c = current();
     const view = viewOf(c.g);
-    if (view === "matrix") drawMatrix(c); else drawLines(c);
+    if (view === "grid") drawGrid(); else if (view === "matrix") drawMatrix(c); else drawLines(c);
     renders++;
     const shape = c.signed ? c.tq + " × " + c.tk + " effective A·F (queries × tokens)"
       : c.projected ? c.tq + " × " + c.tk + " (queries × projected E·K rows)" : c.tq + " × " + c.tk;
-    const colour = view !== "matrix" ? ""
+    const colour = view === "lines" ? ""
       : c.signed ? " · colour sign·√(|value| / max |value| of the head): blue < 0 < red"
       : " · colour √(weight / max of the head)";
-    document.getElementById("info").textContent = c.L.name + " · " + shape + (STEPS ? " · " + stepText() : "") + colour;
+    const gen = PROMPT !== null && c.g.query === "tokens" ? " · " + PROMPT + " prompt + " + (c.tq - PROMPT) + " generated tokens (▸, orange)" : "";
+    const where = view === "grid" ? c.g.name + ": " + c.g.layers.length + " layers × heads (click a tile to open it)" : c.L.name;
+    document.getElementById("info").textContent = where + " · " + shape + gen + (STEPS ? " · " + stepText() : "") + colour;
   }
 
   // ---------------------------------------------------------------- hover
@@ -231,6 +321,17 @@
     const r = canvas.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top;
     const c = current();
     if (!geom) return null;
+    if (geom.view === "grid") {
+      for (const p of geom.panels) {
+        if (x >= p.x0 && x < p.x0 + p.pw && y >= p.y0 && y < p.y0 + p.ph) {
+          const cl = current(p.layer);
+          const i = Math.min(cl.tq - 1, Math.floor((y - p.y0) / geom.cell));
+          const j = Math.min(cl.tk - 1, Math.floor((x - p.x0) / geom.cell));
+          return { c: cl, h: p.h, i, j, layer: p.layer };
+        }
+      }
+      return null;
+    }
     if (geom.view === "matrix") {
       for (const p of geom.panels) {
         if (x >= p.x0 && x < p.x0 + p.pw && y >= p.y0 && y < p.y0 + p.ph) {
@@ -264,7 +365,8 @@
     if (!t) { tip.hidden = true; return; }
     const v = weight(t.c, t.h, t.i, t.j);
     const masked = !allowed(t.c, t.i, t.j);
-    const who = (STEPS ? stepText() + "\n" : "") + "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]);
+    const who = (STEPS ? stepText() + "\n" : "") + (t.layer !== undefined ? "layer " + t.layer + "  " : "") +
+      "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) + (generated(t.c.qname, t.i) ? " (generated)" : "");
     let text;
     if (t.c.signed) {
       text = who + " → token " + t.j + " " + JSON.stringify(t.c.k[t.j]) + " through F" +
@@ -275,6 +377,13 @@
       text = who + " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : "");
     }
     showTip(ev, text, { v, ...t });
+  });
+  canvas.addEventListener("click", (ev) => {
+    if (!geom || geom.view !== "grid") return;
+    const t = hit(ev);
+    if (!t) return;
+    state.layer = t.layer; state.head = t.h; state.view = "matrix"; tip.hidden = true;
+    update();
   });
   canvas.addEventListener("mouseleave", () => {
     tip.hidden = true;
@@ -316,11 +425,25 @@
     get renders() { return renders; },
     // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
     get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
+    // which layer and head are chosen, where the prompt ends, and the grid's axis labels
+    get chosen() {
+      const c = current();
+      return { view: geom ? geom.view : null, rows: c.tq, layer: state.layer, head: state.head,
+        layerName: c.L.name, promptLength: PROMPT, labels: geom && geom.labels ? geom.labels : null };
+    },
     cellCenter(i, j, head) {
       if (!geom || geom.view !== "matrix") return null;
       const p = geom.panels.find((q) => head === undefined || q.h === head) || geom.panels[0];
       const r = canvas.getBoundingClientRect();
       return { x: r.left + p.x0 + (j + 0.5) * geom.cell, y: r.top + p.y0 + (i + 0.5) * geom.cell };
+    },
+    // the centre of one tile of the layers × heads grid
+    tileCenter(layer, head) {
+      if (!geom || geom.view !== "grid") return null;
+      const p = geom.panels.find((q) => q.layer === layer && q.h === head);
+      if (!p) return null;
+      const r = canvas.getBoundingClientRect();
+      return { x: r.left + p.x0 + p.pw / 2, y: r.top + p.y0 + p.ph / 2 };
     },
   };
   update();

@@ -1,0 +1,141 @@
+"""``attnlab view --generate N`` and ``attnlab inspect --json`` on a grouped-query rotary GPT:
+the page holds the prompt and the generated tokens, the report names every query head."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
+from attnlab.cli import main
+from attnlab.data.tokenizers import BOS, EOS, PAD, UNK, CharTokenizer
+from attnlab.inspect import capture
+from attnlab.models.config import config_to_dict
+from attnlab.training.checkpoint import save_checkpoint
+
+TOKENIZER = CharTokenizer(list("abcdefgh "), [PAD, UNK, BOS, EOS])
+PROMPT = "abc bad"
+
+
+def _save(run: Path, model: torch.nn.Module) -> Path:
+    save_checkpoint(
+        run, step=1, model=model, config={"model": config_to_dict(model.config)},
+        files={"tokenizer.json": TOKENIZER.to_json()},
+    )  # fmt: skip
+    return run
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=64, n_embd=32, n_layer=2,
+                    n_head=4, num_kv_heads=2, positions="rope")  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.weight.mul_(15.0)
+        model.transformer.h[1].attn.c_attn.weight.mul_(15.0)
+    return model
+
+
+@pytest.fixture
+def gpt_run(tmp_path: Path) -> Path:
+    return _save(tmp_path / "gpt", _gpt())
+
+
+def _embedded(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="attnlab-data">(.*?)</script>', html, re.S)
+    assert m
+    return json.loads(m.group(1))
+
+
+def test_view_generate_holds_the_prompt_and_the_generated_tokens(
+    gpt_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "v.html"
+    assert main(["view", str(gpt_run), "--text", PROMPT, "--generate", "3", "-o", str(out)]) == 0
+    data = _embedded(out.read_text())
+    tokens = data["sequences"]["tokens"]
+    n = len(TOKENIZER.encode(PROMPT))
+    assert len(tokens) == n + 3 and data["prompt_length"] == n
+    # the weights are those of the whole sequence, prompt and generated tokens: causal rows
+    layer = data["groups"][0]["layers"][1]
+    w = np.frombuffer(base64.b64decode(layer["weights"]), dtype="<f4").reshape(4, n + 3, n + 3)
+    assert np.allclose(w.sum(-1), 1, atol=1e-5) and np.all(np.triu(w, 1) == 0)
+    # --max-new-tokens is the same option
+    again = tmp_path / "w.html"
+    argv = ["view", str(gpt_run), "--text", PROMPT, "--max-new-tokens", "3", "-o", str(again)]
+    assert main(argv) == 0
+    assert _embedded(again.read_text())["sequences"] == data["sequences"]
+    # without generation nothing is marked
+    plain = tmp_path / "p.html"
+    assert main(["view", str(gpt_run), "--text", PROMPT, "-o", str(plain)]) == 0
+    assert _embedded(plain.read_text())["prompt_length"] is None
+
+
+def test_generate_on_an_encoder_decoder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TransformerConfig(
+        src_vocab_size=TOKENIZER.vocab_size, tgt_vocab_size=TOKENIZER.vocab_size, d_model=16,
+        num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=32,
+        bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
+    )  # fmt: skip
+    run = _save(tmp_path / "s2s", Transformer(cfg))
+    rc = main(
+        ["view", str(run), "--text", "abc", "--generate", "2", "-o", str(tmp_path / "x.html")]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--generate" in err and "language models" in err and "\n" not in err
+
+
+def test_inspect_json_reports_every_query_head(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(gpt_run), "--text", PROMPT, "--generate", "2", "--json"]) in (0, 1)
+    report = json.loads(capsys.readouterr().out)
+    assert report["streamed"] is False
+    ids = torch.tensor([TOKENIZER.encode(PROMPT)])
+    assert len(report["source_tokens"]) + len(report["target_tokens"]) == ids.shape[1] + 2
+    heads = report["heads"]
+    assert [(h["layer"], h["head"]) for h in heads] == [
+        (f"transformer.h.{i}.attn", h) for i in range(2) for h in range(4)
+    ]  # 4 query heads over 2 key/value heads
+    model = _gpt()
+    full = [TOKENIZER.token_to_id(t) for t in report["source_tokens"] + report["target_tokens"]]
+    with torch.no_grad(), capture(model) as cache:
+        model(torch.tensor([full]))
+    for h in heads:
+        w = cache.attentions[h["layer"]][0, h["head"]].double()
+        ent = -torch.special.xlogy(w, w).sum(-1)
+        assert h["entropy_mean"] == pytest.approx(float(ent.mean()), abs=1e-5)
+        assert h["max_weight_mean"] == pytest.approx(float(w.amax(-1).mean()), abs=1e-6)
+        assert h["first_token_share"] == pytest.approx(float(w[:, 0].mean()), abs=1e-6)
+    # the streamed path (no T × T weights) gives the same three numbers
+    main(["inspect", str(gpt_run), "--text", PROMPT, "--generate", "2", "--json", "--long"])
+    streamed = json.loads(capsys.readouterr().out)
+    assert streamed["streamed"] is True
+    for a, b in zip(heads, streamed["heads"]):
+        for key in ("entropy_mean", "max_weight_mean", "first_token_share"):
+            assert a[key] == pytest.approx(b[key], abs=2e-5)
+
+
+def test_inspect_table_uses_the_json_names(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["inspect", str(gpt_run), "--text", PROMPT])
+    out = capsys.readouterr().out
+    for name in ("entropy_mean", "max_weight_mean", "first_token_share"):
+        assert name in out
+
+
+def test_inspect_streams_a_long_text_by_itself(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("attnlab.cli.inspect.STREAM_BYTES", 1000)
+    main(["inspect", str(gpt_run), "--text", PROMPT, "--json"])
+    assert json.loads(capsys.readouterr().out)["streamed"] is True
