@@ -222,5 +222,6 @@ def _dequantize_with_gguf(
         )
     _, block_bytes = _block_layout(ggml_type, name)
     rows = raw.numpy().reshape(-1, shape[-1] // _block_layout(ggml_type, name)[0] * block_bytes)
-    values = quants.dequantize(rows, qtype)  # (rows, inner) float32
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN scales stay inf/NaN, silently
+        values = quants.dequantize(rows, qtype)  # (rows, inner) float32
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
