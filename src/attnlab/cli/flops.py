@@ -63,6 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the model could not run it; --n-positions sets a model with a longer context.",
     )
     p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="a run, checkpoint or pretrained model (smollm2-135m, a .gguf file, a Hugging Face "
+        "folder): its size instead of --preset's",
+    )
+    p.add_argument(
         "--preset", choices=sorted(PRESETS), default="gpt2", help="model size (default gpt2)"
     )
     p.add_argument(
@@ -89,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, default=None, help="layers (each of encoder and decoder)")
     p.add_argument("--d-model", type=int, default=None, help="model width")
     p.add_argument("--heads", type=int, default=None, help="query heads")
-    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (encoder-decoder)")
+    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="for the byte counts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -101,18 +109,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
-    """The preset with the size options applied."""
-    base = PRESETS[args.preset]
+    """The model's (or the preset's) config with the size options applied."""
+    base = PRESETS[args.preset] if args.model is None else _model_config(args.model)
     changes: dict[str, Any] = {}
     if isinstance(base, GPTConfig):
         names = {
             "layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size",
-            "n_positions": "n_positions",
+            "n_positions": "n_positions", "d_ff": "d_ff",
         }  # fmt: skip
-        if args.d_ff is not None:
-            raise CLIError(
-                "--d-ff applies to the encoder-decoder; GPT's feed-forward is 4 × d_model"
-            )
     else:
         names = {
             "d_model": "d_model",
@@ -135,6 +139,16 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
     if spec is not None:
         changes.update(attention_options(spec, causal_only=isinstance(base, GPTConfig)))
     return dataclasses.replace(base, **changes)
+
+
+def _model_config(model: str) -> GPTConfig | TransformerConfig:
+    """The config of a pretrained model (its metadata only) or of a run's checkpoint."""
+    from attnlab.models.pretrained import is_pretrained_source, pretrained_config
+    from attnlab.tasks.run import load_run
+
+    if is_pretrained_source(model):
+        return pretrained_config(model)
+    return load_run(model).config
 
 
 def _g(x: int) -> str:
@@ -213,13 +227,14 @@ def _check_length(
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
+    name = args.preset if args.model is None else args.model
     default = 1024 if isinstance(config, GPTConfig) else 128
     seq_len = args.seq_len if args.seq_len is not None else min(default, positions(config))
     if args.src_len is not None and isinstance(config, GPTConfig):
         raise CLIError("--src-len applies to the encoder-decoder presets (transformer-*)")
-    _check_length("--seq-len", seq_len, config, args.preset)
+    _check_length("--seq-len", seq_len, config, name)
     if args.src_len is not None:
-        _check_length("--src-len", args.src_len, config, args.preset)
+        _check_length("--src-len", args.src_len, config, name)
     report = flops(config, seq_len, args.batch, src_len=args.src_len, dtype=DTYPES[args.dtype])
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -231,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     label = config.attention.label()
     pattern = f", {label}" if label else ""
     console.print(
-        f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
+        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
         f"{pattern})"
     )
     console.print(_flop_table(report))

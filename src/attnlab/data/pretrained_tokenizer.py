@@ -167,6 +167,7 @@ class PretrainedTokenizer(HFTokenizer):
 def _compile(source: str) -> Any:
     """The chat template compiled in transformers' sandboxed jinja2 environment."""
     import jinja2
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:

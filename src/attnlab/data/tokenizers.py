@@ -331,6 +331,21 @@ class HFTokenizer(_SpecialIds):
             raise ArgumentError(f"index must be in [0, {self.vocab_size}), got {index}")
         return str(token)
 
+    def token_label(self, index: int) -> str:
+        """How figures and tables show one token: its text as the tokenizer decodes it alone
+        (a byte-level BPE's ``Ġcat`` is `` cat``), or the token itself when that is no whole
+        character (part of a UTF-8 sequence), empty, or a special token.
+
+        Args:
+            index: an id in ``[0, vocab_size)``.
+
+        Returns:
+            The label.
+        """
+        token = self.id_to_token(index)
+        text = str(self.tokenizer.decode([int(index)], skip_special_tokens=False))
+        return token if not text or "\ufffd" in text else text
+
     def encode(self, text: str) -> list[int]:
         """The ids of a text, without special tokens added.
 

@@ -45,6 +45,7 @@ from attnlab.errors import ArgumentError, AttnlabError
 from attnlab.models.gguf_quants import dequantize, ggml_type_name, tensor_nbytes
 
 __all__ = [
+    "read_gguf_config",
     "BUNDLED_MODELS",
     "SUPPORTED_ARCHITECTURES",
     "GGUFModel",
@@ -338,6 +339,25 @@ def _hf_name(gguf_name: str) -> str | None:
     if match and match.group(2) in _LAYER_NAMES:
         return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
     return None
+
+
+def read_gguf_config(path: str | Path) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of a GGUF file, from its metadata alone (no tensor is
+    read or dequantised).
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        The config dict, as :func:`read_gguf` gives it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ArgumentError: not a GGUF file, or an unsupported architecture.
+    """
+    path = Path(path)
+    reader = _open(path)
+    return _hf_config(_metadata(reader, path), {t.name for t in reader.tensors}, path)
 
 
 def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> GGUFModel:

@@ -25,9 +25,10 @@ from typing import Any, NamedTuple
 import torch
 
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
 
-__all__ = ["Pretrained", "load_pretrained", "is_pretrained_source"]
+__all__ = ["Pretrained", "is_pretrained_source", "load_pretrained", "pretrained_config"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -150,6 +151,34 @@ def _from_path(text: str, dtype: torch.dtype) -> tuple[GPT, Any]:
         f"no such model: {text!r} is not a file or folder, a bundled name ({names}) or a "
         "Hugging Face Hub id (owner/name)"
     )
+
+
+def pretrained_config(source: str | Path) -> GPTConfig:
+    """The :class:`~attnlab.models.config.GPTConfig` of a pretrained source, without reading
+    its weights (a GGUF's metadata, a folder's ``config.json`` checked against the weights'
+    headers): what ``attnlab flops MODEL`` needs.
+
+    Args:
+        source: a bundled name, a ``.gguf`` file, a Hugging Face folder or a Hub id.
+
+    Returns:
+        The config.
+    """
+    from attnlab.models import gguf
+    from attnlab.models.hf import check_directory, config_from_hf
+
+    text = str(source)
+    if text in gguf.BUNDLED_MODELS:
+        return config_from_hf(gguf.read_gguf_config(gguf.bundled_model_path(text)))
+    if text.lower().endswith(".gguf"):
+        if not Path(text).is_file():
+            raise FileNotFoundError(f"no such GGUF file: {text}")
+        return config_from_hf(gguf.read_gguf_config(text))
+    if Path(text).is_dir():
+        return check_directory(text)
+    if _is_hub_id(text):
+        return check_directory(_download(text))
+    raise FileNotFoundError(f"no such model: {text!r}")
 
 
 def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:

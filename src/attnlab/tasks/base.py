@@ -105,12 +105,14 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
         ids: token ids.
 
     Returns:
-        One label per id: the token's string (``<eos>`` stays visible), or the id itself
-        without a tokenizer.
+        One label per id: the token's text (the tokenizer's ``token_label`` where it has one:
+        a byte-level BPE token as the text it stands for; ``<eos>`` stays visible), or the id
+        itself without a tokenizer.
     """
     if tokenizer is None:
         return [str(int(i)) for i in ids]
-    return [str(tokenizer.id_to_token(int(i))) for i in ids]
+    label = getattr(tokenizer, "token_label", tokenizer.id_to_token)
+    return [str(label(int(i))) for i in ids]
 
 
 @dataclass(frozen=True)
