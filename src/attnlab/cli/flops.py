@@ -246,8 +246,7 @@ def run(args: argparse.Namespace) -> int:
     label = config.attention.label()
     pattern = f", {label}" if label else ""
     console.print(
-        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
-        f"{pattern})"
+        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}{pattern})"
     )
     console.print(_flop_table(report))
     console.print(_memory_table(report))

@@ -45,12 +45,12 @@ from attnlab.errors import ArgumentError, AttnlabError
 from attnlab.models.gguf_quants import dequantize, ggml_type_name, tensor_nbytes
 
 __all__ = [
-    "read_gguf_config",
     "BUNDLED_MODELS",
     "SUPPORTED_ARCHITECTURES",
     "GGUFModel",
     "bundled_model_path",
     "read_gguf",
+    "read_gguf_config",
     "unpermute_rotary_rows",
 ]
 

@@ -207,7 +207,7 @@ def _download(repo: str) -> Path:
         folder = snapshot_download(
             repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
         )
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated repo: one line
+    except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AttnlabError(
             f"{repo!r} is not a local file or folder, and it could not be downloaded from the "

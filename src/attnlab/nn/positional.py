@@ -182,6 +182,8 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         check_positive_int("d_head", d_head)
+        if rotary_dim is None and d_head % 2:
+            raise ArgumentError(f"d_head must be even for rotary embeddings, got {d_head}")
         r = d_head if rotary_dim is None else check_positive_int("rotary_dim", rotary_dim)
         if r % 2 or r > d_head:
             raise ArgumentError(

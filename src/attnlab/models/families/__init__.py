@@ -9,15 +9,13 @@ A family is data, not a model class: the config chooses the block's parts
 so that every attnlab tool (backends, head masks, hooks, capture, the KV cache, decoding, the FLOP
 calculator, ``torchrun`` training) works on every family with the same hook names.
 
-========  ==========================  =================================================
-family    Hugging Face ``model_type``  what differs from GPT-2
-========  ==========================  =================================================
-gpt2      ``gpt2``                    —
-llama     ``llama``                   RMSNorm, SwiGLU, RoPE (halves), GQA, untied or tied
-mistral   ``mistral``                 Llama + a sliding window
-qwen2     ``qwen2``                   Llama + query/key/value biases
-neox      ``gpt_neox``                parallel residual, partial rotary, exact GELU
-========  ==========================  =================================================
+| family | Hugging Face `model_type` | what differs from GPT-2 |
+|---|---|---|
+| gpt2 | `gpt2` | — |
+| llama | `llama` | RMSNorm, SwiGLU, RoPE (halves), GQA, untied or tied |
+| mistral | `mistral` | Llama + a sliding window |
+| qwen2 | `qwen2` | Llama + query/key/value biases |
+| neox | `gpt_neox` | parallel residual, partial rotary, exact GELU |
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import torch
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 
-__all__ = ["Family", "family_of", "family_named", "register_family", "supported_model_types"]
+__all__ = ["Family", "family_named", "family_of", "register_family", "supported_model_types"]
 
 State = dict[str, torch.Tensor]
 
