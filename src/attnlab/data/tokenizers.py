@@ -333,8 +333,8 @@ class HFTokenizer(_SpecialIds):
 
     def token_label(self, index: int) -> str:
         """How figures and tables show one token: its text as the tokenizer decodes it alone
-        (a byte-level BPE's ``Ġcat`` is `` cat``), or the token itself when that is no whole
-        character (part of a UTF-8 sequence), empty, or a special token.
+        (a byte-level BPE's ``Ġcat`` is `` cat``, a line break ``\\n``), or the token itself
+        when that is no whole character (part of a UTF-8 sequence) or empty.
 
         Args:
             index: an id in ``[0, vocab_size)``.
@@ -344,7 +344,9 @@ class HFTokenizer(_SpecialIds):
         """
         token = self.id_to_token(index)
         text = str(self.tokenizer.decode([int(index)], skip_special_tokens=False))
-        return token if not text or "\ufffd" in text else text
+        if not text or "\ufffd" in text:
+            return token
+        return text.replace("\n", "\\n").replace("\t", "\\t")  # line breaks stay visible
 
     def encode(self, text: str) -> list[int]:
         """The ids of a text, without special tokens added.
