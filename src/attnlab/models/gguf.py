@@ -105,6 +105,9 @@ class GGUFModel:
             file holds none.
         metadata: for display: ``name``, ``license``, ``architecture``, ``file_type``,
             ``quantization`` (tensor count per ggml type), ``tensors``, ``parameters``.
+
+    Shape:
+        ``state[name]``: the PyTorch shape, ``(out, in)`` for a linear weight.
     """
 
     path: Path

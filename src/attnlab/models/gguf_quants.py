@@ -61,7 +61,14 @@ NATIVE_TYPES = tuple(name for name, _, _ in _LAYOUTS.values())
 
 
 def ggml_type_name(ggml_type: int) -> str:
-    """The name of a ggml type id (``8`` → ``"Q8_0"``), or ``"type N"`` when unknown."""
+    """The name of a ggml type id (``8`` → ``"Q8_0"``), or ``"type N"`` when unknown.
+
+    Args:
+        ggml_type: the type id a GGUF tensor records.
+
+    Returns:
+        The type's name.
+    """
     try:
         import gguf
 

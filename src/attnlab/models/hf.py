@@ -122,6 +122,10 @@ def model_from_state(
 
     Raises:
         ValueError: a tensor is missing, unused, or of the wrong shape (named).
+
+    Shape:
+        ``state[name]``: the shape Hugging Face's model gives it (``(out, in)`` for a linear
+        weight; GPT-2's ``Conv1D`` weights ``(in, out)``).
     """
     from attnlab.models.gpt import GPT
 
@@ -383,6 +387,9 @@ def read_directory(
 
     Returns:
         ``(config dict, state dict)``.
+
+    Shape:
+        each tensor as the file stores it.
     """
     path = Path(path)
     check_directory(path)

@@ -48,4 +48,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
     def extra_repr(self) -> str:
+        """The width and ``ε``, as ``print(model)`` shows them.
+
+        Returns:
+            ``"(d_model,), eps=…"``.
+        """
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

@@ -47,6 +47,11 @@ class Family:
         config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
         state_from_hf: Hugging Face state dict → attnlab's (``lm_head.weight`` only when untied).
         state_to_hf: attnlab's state dict → Hugging Face's.
+
+    Shape:
+        the state dicts' tensors keep their shapes, except where a layout differs (GPT-2's
+        ``Conv1D`` weights are transposed; Llama's ``q/k/v_proj`` rows are concatenated into
+        ``c_attn``; NeoX's ``query_key_value`` rows are regrouped).
     """
 
     name: str
