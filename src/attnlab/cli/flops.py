@@ -10,6 +10,10 @@ A length must fit the model: ``--seq-len`` (and ``--src-len``) at most its posit
 every preset (GPT-2's ``n_positions``, the Transformer's ``max_len``). A longer length is refused
 in one line (exit 2), since the model cannot run it; ``--n-positions`` sets a model with a longer
 context (for GPT-2 it also adds position-embedding parameters).
+
+``--family llama`` (or ``neox``) gives a GPT preset that family's parts, as ``attnlab train lm
+--family`` does (:func:`attnlab.models.families.preset`); ``--run RUN`` counts a trained run's
+model (its saved config, any family), the size options applied on top.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnlab.cli import CLIError
 from attnlab.cli.options import add_attention_arguments, attention_spec, positive_int
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.models.families import PRESETS as FAMILIES
+from attnlab.models.families import preset
+from attnlab.tasks.run import load_run
 from attnlab.tasks.train_options import attention_options
 
 PRESETS: dict[str, GPTConfig | TransformerConfig] = {
@@ -66,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS), default="gpt2", help="model size (default gpt2)"
     )
     p.add_argument(
+        "--family", choices=FAMILIES, default=None,
+        help="a GPT preset with this family's parts (as attnlab train lm --family; default gpt2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--run", default=None, help="a trained run (or checkpoint) whose model to count, any family"
+    )
+    p.add_argument(
         "--seq-len",
         type=int,
         default=None,
@@ -89,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, default=None, help="layers (each of encoder and decoder)")
     p.add_argument("--d-model", type=int, default=None, help="model width")
     p.add_argument("--heads", type=int, default=None, help="query heads")
-    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (encoder-decoder)")
+    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="for the byte counts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -101,18 +116,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
-    """The preset with the size options applied."""
-    base = PRESETS[args.preset]
+    """The preset (or ``--run``'s model) with the family and the size options applied."""
+    base = load_run(args.run).config if args.run is not None else PRESETS[args.preset]
     changes: dict[str, Any] = {}
+    if args.family is not None and (args.run is not None or not isinstance(base, GPTConfig)):
+        raise CLIError("--family applies to the GPT presets (a --run keeps its own family)")
     if isinstance(base, GPTConfig):
         names = {
             "layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size",
-            "n_positions": "n_positions",
+            "n_positions": "n_positions", "d_ff": "d_ff",
         }  # fmt: skip
-        if args.d_ff is not None:
-            raise CLIError(
-                "--d-ff applies to the encoder-decoder; GPT's feed-forward is 4 × d_model"
-            )
+        if args.family is not None:
+            n_embd = base.n_embd if args.d_model is None else args.d_model
+            n_head = base.n_head if args.heads is None else args.heads
+            changes.update(preset(args.family, n_embd=n_embd, n_head=n_head))
     else:
         names = {
             "d_model": "d_model",
@@ -217,9 +234,10 @@ def run(args: argparse.Namespace) -> int:
     seq_len = args.seq_len if args.seq_len is not None else min(default, positions(config))
     if args.src_len is not None and isinstance(config, GPTConfig):
         raise CLIError("--src-len applies to the encoder-decoder presets (transformer-*)")
-    _check_length("--seq-len", seq_len, config, args.preset)
+    where = args.preset if args.run is None else str(args.run)
+    _check_length("--seq-len", seq_len, config, where)
     if args.src_len is not None:
-        _check_length("--src-len", args.src_len, config, args.preset)
+        _check_length("--src-len", args.src_len, config, where)
     report = flops(config, seq_len, args.batch, src_len=args.src_len, dtype=DTYPES[args.dtype])
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -230,8 +248,11 @@ def run(args: argparse.Namespace) -> int:
     )
     label = config.attention.label()
     pattern = f", {label}" if label else ""
+    name = escape(where)
+    if isinstance(config, GPTConfig) and config.family != "gpt2":
+        name = f"{name} · {config.family}"
     console.print(
-        f"[bold]{args.preset}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
+        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
         f"{pattern})"
     )
     console.print(_flop_table(report))
