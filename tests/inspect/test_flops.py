@@ -30,14 +30,30 @@ GPT_CONFIGS = [
     GPTConfig(n_layer=3, num_kv_heads=2, positions="rope", bias=False, **SMALL),
     # Llama's parts (RMSNorm, SwiGLU of width 96, untied head, Qwen2's q/k/v biases)
     GPTConfig(
-        n_layer=2, num_kv_heads=2, positions="rope", bias=False, norm="rmsnorm",
-        activation="silu", mlp="gated", d_ff=96, qkv_bias=True, tie_embeddings=False, **SMALL,
-    ),  # fmt: skip
+        n_layer=2,
+        num_kv_heads=2,
+        positions="rope",
+        bias=False,
+        norm="rmsnorm",
+        activation="silu",
+        mlp="gated",
+        d_ff=96,
+        qkv_bias=True,
+        tie_embeddings=False,
+        **SMALL,
+    ),
     # GPT-NeoX's (parallel residual, partial rotary, exact GELU, untied head)
     GPTConfig(
-        n_layer=2, positions="rope", rotary_dim=4, rope_pairing="halves", activation="gelu",
-        parallel_residual=True, tie_embeddings=False, family="neox", **SMALL,
-    ),  # fmt: skip
+        n_layer=2,
+        positions="rope",
+        rotary_dim=4,
+        rope_pairing="halves",
+        activation="gelu",
+        parallel_residual=True,
+        tie_embeddings=False,
+        family="neox",
+        **SMALL,
+    ),
 ]
 
 

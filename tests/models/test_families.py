@@ -60,11 +60,14 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             **LLAMA_LIKE,
             "rope_theta": 50.0,
             "rope_scaling": {
-                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
             },
         },
-    ),  # fmt: skip
+    ),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", {**LLAMA_LIKE, "sliding_window": 5}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {**LLAMA_LIKE, "num_key_value_heads": 3}),
     "neox": (
@@ -86,7 +89,7 @@ def hf_model(case: str, attn: str = "sdpa") -> Any:
     torch.manual_seed(sum(map(ord, case)))
     model = getattr(transformers, model_cls)._from_config(config, attn_implementation=attn)
     with torch.no_grad():  # norms and biases away from 1 and 0, weights large enough to matter
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.05))
     return model.eval()
 
@@ -133,7 +136,9 @@ def test_float64_logits_and_gradients_equal_transformers(case: str, float64_rmsn
     got = {n: p.grad for n, p in ours.items()}
     # the embedding's gradient is the same tensor on both sides (tied or not)
     theirs = {n: p.grad for n, p in hf.named_parameters()}
-    embed = next(g for n, g in theirs.items() if n.endswith(("embed_tokens.weight", "embed_in.weight")))
+    embed = next(
+        g for n, g in theirs.items() if n.endswith(("embed_tokens.weight", "embed_in.weight"))
+    )
     assert rel_err(got["transformer.wte.weight"], embed) < 1e-9
 
 

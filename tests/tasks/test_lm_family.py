@@ -16,7 +16,9 @@ from attnlab.tasks.lm import lm_config
 from attnlab.tasks.run import load_run
 from attnlab.tasks.train_options import LMOptions, run_args
 
-TEXT = "to be, or not to be, that is the question:\nwhether 'tis nobler in the mind to suffer\n" * 20
+TEXT = (
+    "to be, or not to be, that is the question:\nwhether 'tis nobler in the mind to suffer\n" * 20
+)
 TINY = ["--block-size", "16", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
         "--batch-size", "4", "--eval-iters", "1", "--warmup", "1", "--lr-decay-steps", "10"]  # fmt: skip
 

@@ -252,8 +252,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(config, GPTConfig) and config.family != "gpt2":
         name = f"{name} · {config.family}"
     console.print(
-        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}"
-        f"{pattern})"
+        f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}{pattern})"
     )
     console.print(_flop_table(report))
     console.print(_memory_table(report))

@@ -355,7 +355,7 @@ def flops(
                 "src_len is only for the encoder-decoder (TransformerConfig), got a GPTConfig"
             )
         _check_length(geo, "src_len", src_len)
-    d, h, h_kv, d_ff, bias = geo["d"], geo["h"], geo["kv_heads"], geo["d_ff"], geo["bias"]
+    d, h, h_kv, d_ff = geo["d"], geo["h"], geo["kv_heads"], geo["d_ff"]
     pats = _patterns(config)
     nbytes = _dtype_bytes(dtype)
     fwd: dict[str, int] = {}

@@ -305,7 +305,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
-        raise ArgumentError(f"{path / 'config.json'} is not a readable JSON config ({exc})") from None
+        raise ArgumentError(
+            f"{path / 'config.json'} is not a readable JSON config ({exc})"
+        ) from None
     if not isinstance(data, dict):
         raise ArgumentError(f"{path / 'config.json'} must hold a JSON object")
     return data
@@ -337,7 +339,9 @@ def check_directory(path: str | Path) -> GPTConfig:
     try:
         config = family.config_from_hf(data)
     except (ValueError, TypeError) as exc:
-        raise ArgumentError(f"{path / 'config.json'} is not a {family.name} config ({exc})") from None
+        raise ArgumentError(
+            f"{path / 'config.json'} is not a {family.name} config ({exc})"
+        ) from None
     shapes = _stored_shapes(files)
     layers = {m.group(1) for n in shapes if (m := _LAYER.search(n))}
     if len(layers) != config.n_layer:

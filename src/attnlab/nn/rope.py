@@ -132,7 +132,9 @@ def rope_frequencies(
         ``(rotary_dim / 2,)``.
     """
     # θ_i = 1 / base^{2i / r}, float32 as Hugging Face computes it
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
+    )
     if scaling is None:
         return inv_freq
     if scaling.rope_type == "linear":

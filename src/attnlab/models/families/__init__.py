@@ -34,8 +34,8 @@ from attnlab.models.config import GPTConfig
 __all__ = [
     "PRESETS",
     "Family",
-    "family_of",
     "family_named",
+    "family_of",
     "llama_ff_width",
     "preset",
     "register_family",

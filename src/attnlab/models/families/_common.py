@@ -42,9 +42,7 @@ def positive(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
 def activation_of(name: object) -> str:
     """attnlab's activation of Hugging Face's ``hidden_act``."""
     if name not in _ACTIVATIONS:
-        raise ArgumentError(
-            f"hidden_act must be one of {', '.join(_ACTIVATIONS)}, got {name!r}"
-        )
+        raise ArgumentError(f"hidden_act must be one of {', '.join(_ACTIVATIONS)}, got {name!r}")
     return _ACTIVATIONS[str(name)]
 
 

@@ -96,7 +96,9 @@ def config_to_hf(config: GPTConfig) -> dict[str, Any]:
                 f"{name} must be {getattr(gpt2, name)!r} for GPT-2, got {getattr(config, name)!r}"
             )
     if config.ff_width != 4 * config.n_embd:
-        raise ArgumentError(f"d_ff must be 4 * n_embd = {4 * config.n_embd} for GPT-2, got {config.d_ff}")
+        raise ArgumentError(
+            f"d_ff must be 4 * n_embd = {4 * config.n_embd} for GPT-2, got {config.d_ff}"
+        )
     special = min(50256, config.vocab_size - 1)  # GPT-2's <|endoftext|>, inside a small vocabulary
     return {
         "model_type": "gpt2",

@@ -88,9 +88,7 @@ def _config_to_hf(config: GPTConfig) -> dict[str, Any]:
     }  # fmt: skip
     for name, value in wants.items():
         if getattr(config, name) != value:
-            raise ArgumentError(
-                f"{name} must be {value!r} for neox, got {getattr(config, name)!r}"
-            )
+            raise ArgumentError(f"{name} must be {value!r} for neox, got {getattr(config, name)!r}")
     if config.bias_of("qkv") != config.bias_of("proj"):
         raise ArgumentError("qkv_bias and proj_bias must agree for neox (attention_bias)")
     if not isinstance(config.attention, FullSpec):
