@@ -151,7 +151,7 @@ def test_cached_decoding_equals_recomputing(name: str) -> None:
                 max_new_tokens=10,
                 generator=torch.Generator().manual_seed(3),
                 **kw,
-            )  # fmt: skip
+            )
             for m in (model, reference)
         )
         assert torch.equal(got, want), kw["strategy"]

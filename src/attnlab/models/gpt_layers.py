@@ -132,6 +132,7 @@ class GPTSelfAttention(GPTProjections, MultiHeadAttention):
     Args:
         *args: as :class:`~attnlab.nn.multihead.MultiHeadAttention` (``d_model``, ``num_heads``).
         resid_dropout: dropout on the output. Default 0.
+        proj_bias: a bias on ``c_proj``; ``None`` (default) the layer's ``bias``.
         **kwargs: as :class:`~attnlab.nn.multihead.MultiHeadAttention`.
 
     Shape:
@@ -153,6 +154,7 @@ class GPTPerformerAttention(GPTProjections, PerformerAttention):
     Args:
         *args: as :class:`~attnlab.nn.performer.PerformerAttention`.
         resid_dropout: dropout on the output. Default 0.
+        proj_bias: a bias on ``c_proj``; ``None`` (default) the layer's ``bias``.
         **kwargs: as :class:`~attnlab.nn.performer.PerformerAttention`.
 
     Shape:

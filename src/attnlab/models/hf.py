@@ -122,6 +122,10 @@ def model_from_state(
 
     Raises:
         ValueError: a tensor is missing, unused, or of the wrong shape (named).
+
+    Shape:
+        the tensors as Hugging Face stores them (``(out, in)`` linear weights; attnlab's
+        ``c_attn`` stacks the query, key and value rows).
     """
     from attnlab.models.gpt import GPT
 
@@ -383,6 +387,10 @@ def read_directory(
 
     Returns:
         ``(config dict, state dict)``.
+
+    Shape:
+        the tensors as Hugging Face stores them (``(out, in)`` linear weights; attnlab's
+        ``c_attn`` stacks the query, key and value rows).
     """
     path = Path(path)
     check_directory(path)

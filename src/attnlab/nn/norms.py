@@ -48,4 +48,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
     def extra_repr(self) -> str:
+        """What the module's ``repr`` shows.
+
+        Returns:
+            The gain's shape and ``eps``.
+        """
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

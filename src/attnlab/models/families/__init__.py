@@ -58,6 +58,11 @@ class Family:
         config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
         state_from_hf: Hugging Face state dict → attnlab's (``lm_head.weight`` only when untied).
         state_to_hf: attnlab's state dict → Hugging Face's.
+
+    Shape:
+        the state dicts' tensors keep their shapes but for the fused projections: NeoX's
+        ``query_key_value`` rows are regrouped, Llama's ``q_proj``/``k_proj``/``v_proj``
+        ``(H · d_head, d)``, ``(H_kv · d_head, d)`` ×2 are stacked into ``c_attn``.
     """
 
     name: str
