@@ -41,6 +41,7 @@ from attnlab.distributed.tensor_parallel import (
     tp_plan,
 )
 from attnlab.distributed.tensor_styles import TensorParallelAttention
+from attnlab.models.families import preset
 from tests.distributed._launch import launch
 from tests.reference import max_err
 
@@ -124,6 +125,9 @@ def test_gpt_plan() -> None:
     keys = list(plan)
     assert keys.index("transformer.h.*.attn") < keys.index("transformer.h.*.attn.c_attn")
     assert "transformer.wpe" not in tp_plan(al.GPT(_gpt_config(positions="rope")))
+    llama = tp_plan(al.GPT(_gpt_config(**preset("llama", n_embd=16, n_head=4))))
+    assert type(llama["transformer.h.*.mlp.c_gate"]) is ColwiseParallel
+    assert type(llama["lm_head"]) is ReplicateParallel and "transformer.wpe" not in llama
 
 
 def test_transformer_plan() -> None:
@@ -211,7 +215,8 @@ def _compare(
     # loads into a freshly sharded model and optimizer, and the next step matches
     torch.manual_seed(1)  # other initial weights, all overwritten
     fresh = parallelize(make().double(), mesh)
-    weights = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    tied = isinstance(ref, al.GPT) and ref.config.tie_embeddings  # an untied head: its own
+    weights = {k: v for k, v in ref.state_dict().items() if not (tied and k == "lm_head.weight")}
     load_full_state_dict(fresh, weights if isinstance(ref, al.GPT) else ref.state_dict())
     opt_fresh = torch.optim.AdamW(fresh.parameters(), lr=LR, eps=EPS, weight_decay=0.1)
     load_full_optimizer_state_dict(fresh, opt_fresh, saved)
@@ -260,6 +265,12 @@ def _worker(rank: int, world: int, every_case: bool) -> tuple[Errors, dict[str, 
 
     _compare(errors, "GPT GQA rope", gpt(num_kv_heads=h // 2, positions="rope"), lm, mesh)
     if every_case:
+        # the families' parts: RMSNorm, SwiGLU's c_gate, untied head; parallel residual, partial
+        # rotary (attnlab.models.families.preset, as `attnlab train lm --family`)
+        for family in ("llama", "neox"):
+            parts = preset(family, n_embd=d, n_head=h)
+            kv = {"num_kv_heads": h // 2} if family == "llama" else {}
+            _compare(errors, f"GPT {family} padding head_mask", gpt(**parts, **kv), lm_masked, mesh)
         _compare(errors, "GPT MHA ALiBi padding head_mask", gpt(positions="alibi"), lm_masked, mesh)
         _compare(
             errors, "GPT GQA checkpointed", gpt(num_kv_heads=h // 2, gradient_checkpointing=True),

@@ -10,6 +10,11 @@ A length must fit the model: ``--seq-len`` (and ``--src-len``) at most its posit
 every preset (GPT-2's ``n_positions``, the Transformer's ``max_len``). A longer length is refused
 in one line (exit 2), since the model cannot run it; ``--n-positions`` sets a model with a longer
 context (for GPT-2 it also adds position-embedding parameters).
+
+``--family llama`` (or ``neox``) gives a GPT preset that family's parts, as ``attnlab train lm
+--family`` does (:func:`attnlab.models.families.preset`); ``attnlab flops MODEL`` counts a
+trained run's model or a pretrained one (``smollm2-135m``, a ``.gguf`` file, a Hugging Face
+folder: its config only, no weights read), any family, the size options applied on top.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnlab.cli import CLIError
 from attnlab.cli.options import add_attention_arguments, attention_spec, positive_int
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.models.families import PRESETS as FAMILIES
+from attnlab.models.families import preset
+from attnlab.tasks.run import load_run
 from attnlab.tasks.train_options import attention_options
 
 PRESETS: dict[str, GPTConfig | TransformerConfig] = {
@@ -74,6 +83,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS), default="gpt2", help="model size (default gpt2)"
     )
     p.add_argument(
+        "--family", choices=FAMILIES, default=None,
+        help="a GPT preset with this family's parts (as attnlab train lm --family; default gpt2)",
+    )  # fmt: skip
+    p.add_argument(
         "--seq-len",
         type=int,
         default=None,
@@ -112,11 +125,17 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
     """The model's (or the preset's) config with the size options applied."""
     base = PRESETS[args.preset] if args.model is None else _model_config(args.model)
     changes: dict[str, Any] = {}
+    if args.family is not None and (args.model is not None or not isinstance(base, GPTConfig)):
+        raise CLIError("--family applies to the GPT presets (a MODEL keeps its own family)")
     if isinstance(base, GPTConfig):
         names = {
             "layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "vocab": "vocab_size",
             "n_positions": "n_positions", "d_ff": "d_ff",
         }  # fmt: skip
+        if args.family is not None:
+            n_embd = base.n_embd if args.d_model is None else args.d_model
+            n_head = base.n_head if args.heads is None else args.heads
+            changes.update(preset(args.family, n_embd=n_embd, n_head=n_head))
     else:
         names = {
             "d_model": "d_model",
@@ -144,7 +163,6 @@ def build_config(args: argparse.Namespace) -> GPTConfig | TransformerConfig:
 def _model_config(model: str) -> GPTConfig | TransformerConfig:
     """The config of a pretrained model (its metadata only) or of a run's checkpoint."""
     from attnlab.models.pretrained import is_pretrained_source, pretrained_config
-    from attnlab.tasks.run import load_run
 
     if is_pretrained_source(model):
         return pretrained_config(model)
@@ -227,14 +245,14 @@ def _check_length(
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    name = args.preset if args.model is None else args.model
     default = 1024 if isinstance(config, GPTConfig) else 128
     seq_len = args.seq_len if args.seq_len is not None else min(default, positions(config))
     if args.src_len is not None and isinstance(config, GPTConfig):
         raise CLIError("--src-len applies to the encoder-decoder presets (transformer-*)")
-    _check_length("--seq-len", seq_len, config, name)
+    where = args.preset if args.model is None else str(args.model)
+    _check_length("--seq-len", seq_len, config, where)
     if args.src_len is not None:
-        _check_length("--src-len", args.src_len, config, name)
+        _check_length("--src-len", args.src_len, config, where)
     report = flops(config, seq_len, args.batch, src_len=args.src_len, dtype=DTYPES[args.dtype])
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -245,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
     )
     label = config.attention.label()
     pattern = f", {label}" if label else ""
+    name = escape(where)
+    if isinstance(config, GPTConfig) and config.family != "gpt2":
+        name = f"{name} · {config.family}"
     console.print(
         f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}{pattern})"
     )

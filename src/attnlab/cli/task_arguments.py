@@ -22,6 +22,7 @@ from attnlab.cli.options import (
     probability,
 )
 from attnlab.data import corpora
+from attnlab.models.families import PRESETS
 from attnlab.tasks.train_options import BLEU_TOKENIZERS
 
 __all__ = ["add_task_arguments"]
@@ -53,12 +54,19 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--n-layer", type=positive_int, default=4, help="default 4")
     m.add_argument("--n-head", type=positive_int, default=4, help="default 4")
     m.add_argument("--n-embd", type=positive_int, default=128, help="default 128")
+    m.add_argument(
+        "--family", choices=PRESETS, default="gpt2",
+        help="the model's parts: gpt2 (LayerNorm, GELU, learned positions; the default), llama "
+        "(RMSNorm, SwiGLU, RoPE, no biases; with --attention sliding it is Mistral) or neox "
+        "(parallel residual, partial RoPE, exact GELU)",
+    )  # fmt: skip
     m.add_argument("--dropout", type=probability, default=0.0, help="default 0.0")
     m.add_argument(
         "--bias",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="biases in linear layers and LayerNorms (GPT-2; nanoGPT trains with --no-bias)",
+        default=None,
+        help="biases in linear layers and LayerNorms (default: the family's, yes for gpt2 and "
+        "neox, no for llama; nanoGPT trains with --no-bias)",
     )
     add_attention_arguments(parser, what="causal self-attention (sliding, performer or bigbird)")
     o = parser.add_argument_group("optimisation")

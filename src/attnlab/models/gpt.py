@@ -41,7 +41,7 @@ from attnlab.nn.kv_cache import ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
-    from transformers import GPT2LMHeadModel
+    from transformers import PreTrainedModel
 
 __all__ = [
     "GPT",
@@ -422,9 +422,10 @@ class GPT(nn.Module):
     # -- Hugging Face interop --
 
     @classmethod
-    def from_hf(cls, model_or_directory: GPT2LMHeadModel | str | Path) -> GPT:
-        """A GPT with the weights of a ``transformers.GPT2LMHeadModel``, or of one saved in a local
-        directory (never downloaded). See :func:`attnlab.models.hf.from_hf`.
+    def from_hf(cls, model_or_directory: PreTrainedModel | str | Path) -> GPT:
+        """A GPT with the weights of a ``transformers`` causal LM of a known family (GPT-2, Llama,
+        Mistral, Qwen2, NeoX), or of one saved in a local directory (never downloaded). See
+        :func:`attnlab.models.hf.from_hf`.
 
         Args:
             model_or_directory: a ``GPT2LMHeadModel``, or a directory holding ``config.json`` and
@@ -437,16 +438,16 @@ class GPT(nn.Module):
 
         return from_hf(model_or_directory)
 
-    def to_hf(self, *, attn_implementation: str = "sdpa") -> GPT2LMHeadModel:
-        """This model's weights in a ``transformers.GPT2LMHeadModel``. See
-        :func:`attnlab.models.hf.to_hf`.
+    def to_hf(self, *, attn_implementation: str = "sdpa") -> PreTrainedModel:
+        """This model's weights in its family's ``transformers`` class (``GPT2LMHeadModel``,
+        ``LlamaForCausalLM``, ...). See :func:`attnlab.models.hf.to_hf`.
 
         Args:
             attn_implementation: Hugging Face's attention implementation (``"sdpa"`` or
                 ``"eager"``). Default ``"sdpa"``.
 
         Returns:
-            A ``GPT2LMHeadModel`` with this model's configuration and weights.
+            The ``transformers`` model with this model's configuration and weights.
         """
         from attnlab.models.hf import to_hf
 

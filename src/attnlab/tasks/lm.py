@@ -29,7 +29,9 @@ from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_j
 from attnlab.decoding.generate import STRATEGIES, generate
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, config_to_dict
+from attnlab.models.families import preset
 from attnlab.models.gpt import GPT
+from attnlab.nn.kinds import AttentionSpec, SlidingSpec
 from attnlab.tasks.base import (
     EvaluationSet,
     ModelInputs,
@@ -49,6 +51,7 @@ __all__ = [
     "LMCorpus",
     "LanguageModelTask",
     "generate_text",
+    "lm_config",
     "lm_data_files",
     "lm_loss",
     "load_corpus",
@@ -429,6 +432,44 @@ class LMIO:
         )
 
 
+def lm_config(args: LMOptions, vocab_size: int, attention: AttentionSpec) -> GPTConfig:
+    """The model of ``attnlab train lm``: the family's parts
+    (:func:`attnlab.models.families.preset`), the options' sizes, biases and attention. A Llama
+    with a sliding window is Mistral (``family="mistral"``, the Hugging Face class it exports to).
+
+    Args:
+        args: the task's options.
+        vocab_size: the tokenizer's vocabulary.
+        attention: the attention kind.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ValueError: options that do not fit together (``--attention performer`` with a family
+            whose positions are rotary; a head width RoPE cannot rotate).
+    """
+    parts = preset(args.family, n_embd=args.n_embd, n_head=args.n_head)
+    parts["bias"] = bool(args.bias)
+    if args.family == "llama" and isinstance(attention, SlidingSpec):
+        parts["family"] = "mistral"
+    try:
+        return GPTConfig(
+            vocab_size=vocab_size,
+            n_positions=args.block_size,
+            n_embd=args.n_embd,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            dropout=args.dropout,
+            attention=attention,
+            **parts,
+        )
+    except ArgumentError as err:
+        if args.family == "gpt2":
+            raise
+        raise ArgumentError(f"--family {args.family}: {err}") from err
+
+
 class LanguageModelTask:
     """``attnlab train lm``."""
 
@@ -471,16 +512,7 @@ class LanguageModelTask:
                     f"{len(ids)} {split} tokens (the last 10% validate), --block-size is "
                     f"{args.block_size}; use a longer file or a smaller --block-size"
                 )
-        config = GPTConfig(
-            vocab_size=corpus.tokenizer.vocab_size,
-            n_positions=args.block_size,
-            n_embd=args.n_embd,
-            n_layer=args.n_layer,
-            n_head=args.n_head,
-            dropout=args.dropout,
-            bias=args.bias,
-            **attention,
-        )
+        config = lm_config(args, corpus.tokenizer.vocab_size, attention["attention"])
         check_training_memory(
             config,
             seq_len=args.block_size,

@@ -35,6 +35,7 @@ from attnlab._budget import check_at_most
 from attnlab.data import corpora
 from attnlab.distributed.ring_schedule import LAYOUTS
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.models.families import PRESETS
 from attnlab.nn.kinds import AttentionSpec, FullSpec, spec_from_dict, spec_to_cli
 
 __all__ = [
@@ -273,8 +274,11 @@ class LMOptions(AttentionFields, TrainOptions):
         n_layer: layers.
         n_head: heads.
         n_embd: the embedding width.
+        family: the model family's parts, ``"gpt2"``, ``"llama"`` or ``"neox"``
+            (:func:`attnlab.models.families.preset`).
         dropout: dropout probability.
-        bias: biases in the linear layers and LayerNorms.
+        bias: biases in the linear layers and LayerNorms; ``None`` (default) the family's
+            (GPT-2 and NeoX have them, Llama has none), set when the options are built.
         batch_size: sequences a step.
         lr: the peak learning rate.
         min_lr: the final learning rate.
@@ -296,8 +300,9 @@ class LMOptions(AttentionFields, TrainOptions):
     n_layer: int = _opt(4, "positive_int")
     n_head: int = _opt(4, "positive_int")
     n_embd: int = _opt(128, "positive_int")
+    family: str = _opt("gpt2", PRESETS)
     dropout: float = _opt(0.0, "probability")
-    bias: bool = _opt(True, "bool")
+    bias: bool | None = _opt(None, "bool")
     batch_size: int = _opt(12, "positive_int")
     lr: float = _opt(1e-3, "positive_float")
     min_lr: float = _opt(1e-4, "positive_float")
@@ -305,6 +310,11 @@ class LMOptions(AttentionFields, TrainOptions):
     lr_decay_steps: int | None = _opt(None, "positive_int")
     weight_decay: float = _opt(0.1, "non_negative_float")
     eval_iters: int = _opt(20, "positive_int")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bias is None:  # the family's: Llama has no biases
+            object.__setattr__(self, "bias", self.family != "llama")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -472,9 +482,9 @@ def task_fields(options: TrainOptions | type[TrainOptions]) -> list[str]:
     return [f.name for f in fields(options) if f.name not in _COMMON]
 
 
-#: options left out of a run's saved ``"args"`` while unset (``None``): a run saved before they
-#: existed compares equal when resumed
-_NEWER_FIELDS = frozenset({"corpus"})
+#: options left out of a run's saved ``"args"`` while they hold the value here (what a run saved
+#: before they existed meant): such a run compares equal when resumed
+_NEWER_FIELDS: dict[str, Any] = {"corpus": None, "family": "gpt2"}
 
 
 def _jsonable(value: Any) -> Any:
@@ -499,7 +509,7 @@ def run_args(options: TrainOptions) -> dict[str, Any]:
         if name == "attention" and (value is None or isinstance(value, AttentionSpec)):
             out.update(spec_to_cli(value))  # as the command line's options
             continue
-        if value is None and name in _NEWER_FIELDS:
+        if name in _NEWER_FIELDS and value == _NEWER_FIELDS[name]:
             continue
         out[name] = _jsonable(value)
     return out

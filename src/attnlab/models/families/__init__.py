@@ -29,7 +29,16 @@ import torch
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 
-__all__ = ["Family", "family_named", "family_of", "register_family", "supported_model_types"]
+__all__ = [
+    "PRESETS",
+    "Family",
+    "family_named",
+    "family_of",
+    "llama_ff_width",
+    "preset",
+    "register_family",
+    "supported_model_types",
+]
 
 State = dict[str, torch.Tensor]
 
@@ -49,9 +58,9 @@ class Family:
         state_to_hf: attnlab's state dict → Hugging Face's.
 
     Shape:
-        the state dicts' tensors keep their shapes, except where a layout differs (GPT-2's
-        ``Conv1D`` weights are transposed; Llama's ``q/k/v_proj`` rows are concatenated into
-        ``c_attn``; NeoX's ``query_key_value`` rows are regrouped).
+        the state dicts' tensors keep their shapes but for the fused projections: NeoX's
+        ``query_key_value`` rows are regrouped, Llama's ``q_proj``/``k_proj``/``v_proj``
+        ``(H · d_head, d)``, ``(H_kv · d_head, d)`` ×2 are stacked into ``c_attn``.
     """
 
     name: str
@@ -126,6 +135,71 @@ def family_of(config: Mapping[str, Any]) -> Family:
     raise ArgumentError(
         f"model_type must be one of {', '.join(supported_model_types())}, got {model_type!r}"
     )
+
+
+#: the families a model can be trained from scratch as (:func:`preset`)
+PRESETS = ("gpt2", "llama", "neox")
+
+
+def llama_ff_width(n_embd: int) -> int:
+    """Llama's MLP width for a model width: ``8/3 · n_embd`` rounded up to a multiple of 8.
+
+    A gated MLP has three matrices where GPT-2's has two: ``8/3 · n_embd`` keeps its parameters
+    and FLOPs those of a ``4 · n_embd`` standard MLP (``3 · 8/3 = 2 · 4``), as Llama does (Touvron
+    et al. 2023, §2.2, rounding up to a multiple of 256); a multiple of 8 splits evenly over 2,
+    4 or 8 tensor-parallel processes and fills tensor cores.
+
+    Args:
+        n_embd: the model width.
+
+    Returns:
+        The hidden width ``d_ff``.
+    """
+    return 8 * -(-8 * n_embd // 24)  # ceil(8/3 · n_embd / 8) · 8
+
+
+def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
+    """The :class:`~attnlab.models.config.GPTConfig` fields that make a model of one family, for
+    training from scratch (``attnlab train lm --family``); the one place a family's parts are
+    named. The sizes, the vocabulary and the attention kind are the caller's.
+
+    ========  ==================================================================================
+    family    fields
+    ========  ==================================================================================
+    gpt2      none (GPT-2's defaults: LayerNorm, tanh GELU, learned positions, biases, tied head)
+    llama     RMSNorm, SwiGLU (``mlp="gated"``, ``activation="silu"``, ``d_ff`` from
+              :func:`llama_ff_width`), RoPE paired by halves, no biases, untied head
+    neox      LayerNorm, exact GELU, parallel residual, partial RoPE paired by halves
+              (``rotary_dim`` = ``d_head / 4`` rounded to an even number, at least 2), biases,
+              untied head
+    ========  ==================================================================================
+
+    Args:
+        name: ``"gpt2"``, ``"llama"`` or ``"neox"``.
+        n_embd: the model width (``d_ff`` of Llama).
+        n_head: the query heads (``rotary_dim`` of NeoX).
+
+    Returns:
+        ``{field: value}`` to pass to :class:`~attnlab.models.config.GPTConfig`.
+
+    Raises:
+        ValueError: an unknown family.
+    """
+    if name not in PRESETS:
+        raise ArgumentError(f"family must be one of {', '.join(PRESETS)}, got {name!r}")
+    if name == "gpt2":
+        return {}
+    rope = {"positions": "rope", "rope_pairing": "halves", "tie_embeddings": False}
+    if name == "llama":
+        return {
+            **rope, "norm": "rmsnorm", "activation": "silu", "mlp": "gated",
+            "d_ff": llama_ff_width(n_embd), "bias": False, "family": "llama",
+        }  # fmt: skip
+    d_head = max(1, n_embd // n_head)
+    return {
+        **rope, "norm": "layernorm", "activation": "gelu", "parallel_residual": True,
+        "rotary_dim": min(d_head, max(2, 2 * round(d_head / 8))), "bias": True, "family": "neox",
+    }  # fmt: skip
 
 
 def _load() -> None:
