@@ -54,10 +54,14 @@ GPT_CONFIGS = [
         family="neox",
         **SMALL,
     ),
+    # attention-only (Olsson et al. 2022): no MLP
+    GPTConfig(n_layer=2, positions="rope", mlp="none", **SMALL),
 ]
 
 
-@pytest.mark.parametrize("config", GPT_CONFIGS, ids=["gpt", "gpt-gqa-rope", "llama", "neox"])
+@pytest.mark.parametrize(
+    "config", GPT_CONFIGS, ids=["gpt", "gpt-gqa-rope", "llama", "neox", "attention-only"]
+)
 def test_gpt_agrees_with_flop_counter(config: GPTConfig) -> None:
     model = GPT(config)
     x = torch.randint(0, config.vocab_size, (2, 48))

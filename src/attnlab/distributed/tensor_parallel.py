@@ -198,12 +198,15 @@ def _gpt_plan(model: GPT) -> dict[str, ParallelStyle]:
         f"{block}.attn": HeadParallel(),  # before c_attn: its rows are re-laid out first
         f"{block}.attn.c_attn": ColwiseParallel(),
         f"{block}.attn.c_proj": RowwiseParallel(),
-        f"{block}.ln_2": ReplicateParallel(),
-        f"{block}.mlp.c_fc": ColwiseParallel(),
-        f"{block}.mlp.c_proj": RowwiseParallel(),
         "transformer.ln_f": ReplicateParallel(),
         "lm_head": ReplicateParallel(),
     }
+    if model.config.mlp != "none":  # an attention-only model has no ln_2 and no MLP
+        plan |= {
+            f"{block}.ln_2": ReplicateParallel(),
+            f"{block}.mlp.c_fc": ColwiseParallel(),
+            f"{block}.mlp.c_proj": RowwiseParallel(),
+        }
     if model.config.mlp == "gated":  # act(x W_gate) ⊙ x W_fc: both split by units
         plan[f"{block}.mlp.c_gate"] = ColwiseParallel()
     return plan

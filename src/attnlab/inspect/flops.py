@@ -369,7 +369,8 @@ def flops(
             _scaled(_attention_terms("attention", t, t, d, h, h_kv, pattern=pats["gpt"]), layers),
         )
         gated = cfg.mlp == "gated"
-        _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff, gated), layers))
+        if cfg.mlp != "none":  # an attention-only model has no MLP
+            _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff, gated), layers))
         fwd["lm_head"] = 2 * t * d * cfg.vocab_size
         params["embedding/token"] = cfg.vocab_size * d
         if cfg.positions == "learned":
@@ -378,7 +379,8 @@ def flops(
         norm = _ln_params(d, cfg.bias_of("norm"))  # an RMSNorm: its gain only
         qkv, proj = cfg.bias_of("qkv"), cfg.bias_of("proj")
         params["attention"] = layers * (_attn_params(d, h, h_kv, qkv, proj) + own + norm)
-        params["mlp"] = layers * (_ffn_params(d, d_ff, cfg.bias_of("mlp"), gated) + norm)
+        if cfg.mlp != "none":
+            params["mlp"] = layers * (_ffn_params(d, d_ff, cfg.bias_of("mlp"), gated) + norm)
         params["ln_f"] = norm
         # tied to the token embedding, or a matrix of its own
         params["lm_head"] = 0 if cfg.tie_embeddings else cfg.vocab_size * d

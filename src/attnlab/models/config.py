@@ -330,8 +330,10 @@ class GPTConfig:
             ``layer_norm_epsilon``.
         activation: the MLP's nonlinearity: ``"gelu_tanh"`` (GPT-2's ``gelu_new``),
             ``"gelu"`` (exact, NeoX), ``"silu"`` (Llama) or ``"relu"``.
-        mlp: ``"standard"`` (``act(x W_fc) W_proj``) or ``"gated"`` (``(act(x W_gate) ⊙
-            x W_fc) W_proj``, SwiGLU with ``"silu"``; Shazeer 2020).
+        mlp: ``"standard"`` (``act(x W_fc) W_proj``), ``"gated"`` (``(act(x W_gate) ⊙
+            x W_fc) W_proj``, SwiGLU with ``"silu"``; Shazeer 2020), or ``"none"``: an
+            attention-only model (Elhage et al. 2021; Olsson et al. 2022), whose blocks have no
+            MLP and no ``ln_2``.
         d_ff: the MLP's hidden width; ``None`` means ``4 · n_embd``.
         rotary_dim: rotated dimensions of each head (``positions="rope"``); ``None`` means
             ``d_head``; fewer is GPT-NeoX's partial rotary.
@@ -416,7 +418,7 @@ class GPTConfig:
         """The family fields: choices, widths, rotary options only with ``positions="rope"``."""
         check_choice("norm", self.norm, NORMS)
         check_choice("activation", self.activation, ACTIVATIONS)
-        check_choice("mlp", self.mlp, ("standard", "gated"))
+        check_choice("mlp", self.mlp, ("standard", "gated", "none"))
         check_choice("rope_pairing", self.rope_pairing, PAIRINGS)
         check_choice("family", self.family, FAMILIES)
         if self.d_ff is not None:

@@ -370,14 +370,15 @@ class BlockParts:
         norm: makes a normalisation layer over ``d_model`` (``ln_1``, ``ln_2``).
         attention: makes the self-attention layer (the config's attention spec at the model's
             site).
-        mlp: makes the position-wise feed-forward network.
+        mlp: makes the position-wise feed-forward network, or ``None``: an attention-only
+            block (no MLP, no ``ln_2``; ``hook_mlp_out`` never fires).
         parallel_residual: the attention and the MLP read the same residual stream and both
             add to it (GPT-NeoX), instead of one after the other.
     """
 
     norm: Callable[[], nn.Module]
     attention: Callable[[], MultiHeadAttention]
-    mlp: Callable[[], nn.Module]
+    mlp: Callable[[], nn.Module] | None
     parallel_residual: bool = False
 
 
@@ -404,7 +405,7 @@ def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> Blo
     return BlockParts(
         norm=norm,
         attention=lambda: config.attention.build(site),
-        mlp=lambda: GPTMLP(config),
+        mlp=None if config.mlp == "none" else lambda: GPTMLP(config),
         parallel_residual=config.parallel_residual,
     )
 
@@ -432,8 +433,8 @@ class GPTBlock(nn.Module):
         super().__init__()
         self.ln_1 = parts.norm()
         self.attn = parts.attention()
-        self.ln_2 = parts.norm()
-        self.mlp = parts.mlp()
+        self.ln_2 = None if parts.mlp is None else parts.norm()
+        self.mlp = None if parts.mlp is None else parts.mlp()
         self.parallel_residual = parts.parallel_residual
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
@@ -483,7 +484,9 @@ class GPTBlock(nn.Module):
             check_positions=False,  # GPT.forward checked them once for every block
             block_mask=block_mask,
         )
-        if self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
+        if self.mlp is None or self.ln_2 is None:  # attention-only
+            x = x + self.hook_attn_out(a)
+        elif self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
             m = self.hook_mlp_out(self.mlp(self.ln_2(x)))
             x = x + self.hook_attn_out(a) + m
         else:
