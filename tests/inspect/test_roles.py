@@ -260,7 +260,7 @@ def test_role_scores_refuses_bad_shapes() -> None:
         role_scores(torch.zeros(1, 1, 3, 3), torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ArgumentTypeError, match="integer"):
         role_scores(torch.zeros(1, 1, 3, 3), torch.zeros(1, 3))
-    with pytest.raises(ArgumentTypeError, match="attnlab.GPT"):
+    with pytest.raises(ArgumentTypeError, match=r"attnlab\.GPT"):
         head_roles(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
 
 

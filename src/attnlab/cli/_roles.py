@@ -51,8 +51,7 @@ def measure_roles(loaded: Run, args: argparse.Namespace) -> HeadRoles:
     """:func:`~attnlab.inspect.roles.head_roles` of a loaded run with the command's options."""
     if not isinstance(loaded.model, GPT):
         raise CLIError(
-            f"role scores need a decoder-only language model; {loaded.path} is an "
-            f"encoder-decoder"
+            f"role scores need a decoder-only language model; {loaded.path} is an encoder-decoder"
         )
     tokenizer = getattr(loaded.io, "tokenizer", None)
     vocab = loaded.model.config.vocab_size

@@ -53,8 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_input_arguments(p, text_required=False)
     p.add_argument(
-        "--model", help="RUN_OR_CHECKPOINT (or a pretrained model) for steps / heatmap / heads / "
-        "layers / roles"
+        "--model",
+        help="RUN_OR_CHECKPOINT (or a pretrained model) for steps / heatmap / heads / "
+        "layers / roles",
     )
     p.add_argument(
         "--kind",

@@ -48,6 +48,7 @@ from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import capture_attention
 from attnlab.models.gpt import GPT
+from attnlab.nn.multihead import MultiHeadAttention
 
 __all__ = [
     "ROLES",
@@ -82,14 +83,11 @@ def _check_range(token_range: object, vocab_size: int, n: int) -> tuple[int, int
         or len(token_range) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in token_range)
     ):
-        raise ArgumentTypeError(
-            f"token_range must be a pair of ints (lo, hi), got {token_range!r}"
-        )
+        raise ArgumentTypeError(f"token_range must be a pair of ints (lo, hi), got {token_range!r}")
     lo, hi = int(token_range[0]), int(token_range[1])
     if not 0 <= lo < hi <= vocab_size:
         raise ArgumentError(
-            f"token_range must satisfy 0 <= lo < hi <= vocab_size = {vocab_size}, "
-            f"got ({lo}, {hi})"
+            f"token_range must satisfy 0 <= lo < hi <= vocab_size = {vocab_size}, got ({lo}, {hi})"
         )
     if hi - lo < n:
         raise ArgumentError(
@@ -337,7 +335,9 @@ def copying_scores(model: GPT, tokens: torch.Tensor, *, top_k: int = 5) -> torch
     cfg = model.config
     ids = torch.unique(tokens.detach().flatten().cpu())
     if ids.numel() < 2:
-        raise ArgumentError(f"the copying score needs at least 2 distinct tokens, got {ids.numel()}")
+        raise ArgumentError(
+            f"the copying score needs at least 2 distinct tokens, got {ids.numel()}"
+        )
     if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
         raise ArgumentError(f"tokens must lie in [0, vocab_size = {cfg.vocab_size})")
     device = model.transformer.wte.weight.device
@@ -347,9 +347,11 @@ def copying_scores(model: GPT, tokens: torch.Tensor, *, top_k: int = 5) -> torch
     ln_f = model.transformer.ln_f
     scores = torch.empty(cfg.n_layer, cfg.n_head, dtype=torch.float64)
     for i, block in enumerate(model.transformer.h):
-        attn = block.attn
+        attn, ln_1 = block.attn, block.ln_1
+        if not isinstance(attn, MultiHeadAttention) or not isinstance(ln_1, nn.Module):
+            raise ArgumentTypeError(f"block {i} has no attention layer with query/key/value heads")
         heads, kv_heads, d_head = attn.num_heads, attn.num_kv_heads, attn.d_head
-        x = _linear_part(block.ln_1, embed)  # N_1(W_E[x])                                 (N, d)
+        x = _linear_part(ln_1, embed)  # N_1(W_E[x])                                 (N, d)
         w_qkv, _ = attn.qkv_parameters()
         d, kv = heads * d_head, kv_heads * d_head  # [W_Q; W_K; W_V]: rows d, kv, kv
         w_v = w_qkv[d + kv : d + 2 * kv].double()  # W_V of every group       (H_kv · d_head, d)

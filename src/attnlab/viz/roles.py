@@ -61,11 +61,12 @@ def head_roles_figure(roles: HeadRoles, *, title: str | None = None) -> Plot:
     fig = _new_figure(len(ROLES) * panel_w + 1.6, max(3.0, 1.4 + 0.2 * n_layers))
     axes = fig.subplots(1, len(ROLES), sharey=True)
     annotate = n_layers <= 16 and n_heads <= 16
-    img = None
+    images = []
     for ax, name in zip(axes, ROLES):
         scores = data[name]
         img = ax.imshow(scores, cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto",
                         interpolation="nearest")  # fmt: skip
+        images.append(img)
         best = roles.top(name, 1)[0]
         ax.set_title(
             f"{_TITLES[name].format(k=roles.top_k)}\nbest: L{best[0]} H{best[2]} {best[3]:.2f}",
@@ -86,7 +87,7 @@ def head_roles_figure(roles: HeadRoles, *, title: str | None = None) -> Plot:
     axes[0].set_yticks(range(0, n_layers, step))
     axes[0].set_yticklabels([str(i) for i in range(0, n_layers, step)], fontsize=7)
     axes[0].set_ylabel("layer")
-    fig.colorbar(img, ax=list(axes), label="score (fraction)", shrink=0.8)
+    fig.colorbar(images[-1], ax=list(axes), label="score (fraction)", shrink=0.8)
     if title is None:
         bos = " after bos" if roles.bos is not None else ""
         title = (
