@@ -14,6 +14,12 @@ the source; the target is the model's own decoded output (what ``attnlab transla
 ``--target``. ``--json`` prints one JSON object instead: ``source_tokens``, ``target_tokens``
 (what the decoder wrote, the labels of the figures), ``output`` and the per-head report. Exit
 code 0 when every head is healthy, 1 otherwise.
+
+``--roles`` instead scores every head's role on random tokens repeated once (Olsson et al. 2022;
+:mod:`attnlab.inspect.roles`): previous-token, duplicate-token, induction (prefix matching) and
+the copying score of its OV circuit; a table of the best heads per score, or with ``--json`` the
+full ``layers × heads`` matrices. The tokens avoid the tokenizer's special ids
+(``--roles-seq-len``, ``--roles-batch``, ``--roles-seed`` set the input).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
+from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.options import positive_int
 from attnlab.inspect.ablation import (
@@ -43,6 +50,7 @@ from attnlab.inspect.ablation import (
 from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
+from attnlab.inspect.roles import ROLES, HeadRoles
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import capture_inputs
 from attnlab.tasks.registry import get_task
@@ -86,6 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="--ablate: order the pruning by one estimate on the full model, instead of "
         "estimating again after each head removed (Michel et al.'s and run_bertology's way)",
     )
+    p.add_argument(
+        "--roles",
+        action="store_true",
+        help="instead of a text: previous-token, duplicate-token, induction and copying scores "
+        "of every head on random tokens repeated once (Olsson et al. 2022)",
+    )
+    add_roles_arguments(p)
     p.add_argument("--figure", default="pruning.png", help="--ablate: the figure to write")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
     p.add_argument("--atol", type=float, default=None, help="row-sum tolerance")
@@ -141,7 +156,12 @@ def _table(report: HealthReport) -> Table:
 def run(args: argparse.Namespace) -> int:
     if args.ablate:
         checked_figure(args.figure, "--figure")  # before any work
+    if args.roles and (args.ablate or args.text is not None or args.ids is not None):
+        raise CLIError("--roles measures heads on random repeated tokens; it takes no "
+                       "--text/--ids/--ablate")  # fmt: skip
     loaded = load_run(args.run, device=args.device)
+    if args.roles:
+        return _roles(loaded, args)
     if args.ablate:
         return _ablate(loaded, args)
     if args.text is None and args.ids is None:
@@ -269,3 +289,39 @@ def _print_curve(console: Console, curve: Any, metric_name: str) -> None:
     for n in marks:
         metric = "" if curve.metric is None else f"  {metric_name} {100 * curve.metric[n]:.1f}%"
         console.print(f"  {curve.num_pruned[n]:>3} removed: loss {curve.loss[n]:.4f}{metric}")
+
+
+def _roles(loaded: Run, args: argparse.Namespace) -> int:
+    roles = measure_roles(loaded, args)
+    if args.json:
+        out = {"model": str(loaded.path), **roles.to_dict()}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return 0
+    console = TextConsole(width=None if sys.stdout.isatty() else 120)
+    console.print(_roles_table(roles, str(loaded.path)))
+    return 0
+
+
+def _roles_table(roles: HeadRoles, name: str, k: int = 8) -> Table:
+    bos = " after bos" if roles.bos is not None else ""
+    chance = roles.to_dict()["copying_chance"]
+    t = Table(
+        title=f"{name}: the best heads per role on {roles.seq_len} random tokens repeated once"
+        f"{bos} (batch {roles.tokens.shape[0]}, seed {roles.seed}) — previous: weight on t−1; "
+        "duplicate: on the earlier copy of the token; induction: on the token after it; "
+        f"copying: fraction of the tokens in their own OV top-{roles.top_k} "
+        f"(chance {chance:.3f})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    t.add_column("#", justify="right")
+    for role in ROLES:
+        t.add_column(role, justify="right", no_wrap=True)
+    tops = {role: roles.top(role, k) for role in ROLES}
+    for i in range(min(k, len(tops["previous"]))):
+        cells = []
+        for role in ROLES:
+            layer, _, head, value = tops[role][i]
+            cells.append(f"L{layer} H{head}  {_fmt(value, '.3f')}")
+        t.add_row(str(i + 1), *cells)
+    return t

@@ -7,7 +7,10 @@ real tokens). Figures of a trained model (``--model RUN --text TEXT``, through t
 the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (every head of one
 layer), ``layers`` (layers × heads), each for ``--kind self|cross|all`` layers. ``training RUN``:
 how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
-with the heads' entropy per step in ``FILE_entropy.png``.
+with the heads' entropy per step in ``FILE_entropy.png``. ``roles --model MODEL``: the
+previous-token, duplicate-token, induction and copying scores of every head as one layers × heads
+heatmap each (:func:`attnlab.viz.head_roles_figure`), measured on random tokens repeated once
+(no ``--text``; ``--roles-seq-len``, ``--roles-batch``, ``--roles-seed``).
 
 A Linformer layer (``--attention linformer``) is drawn as it computes: ``T × k`` weights whose
 columns are the projected rows ``E·K row j``, not tokens. ``heatmap``/``heads`` with
@@ -28,6 +31,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
+from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli.options import seed
 
 if TYPE_CHECKING:
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run"]
 
-KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training")
+KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training", "roles")
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
 
@@ -48,7 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-o", "--output", default=None, help="file to write (.png or .svg; default KIND.png)"
     )
     add_input_arguments(p, text_required=False)
-    p.add_argument("--model", help="RUN_OR_CHECKPOINT for steps / heatmap / heads / layers")
+    p.add_argument(
+        "--model",
+        help="RUN_OR_CHECKPOINT (or a pretrained model) for steps / heatmap / heads / "
+        "layers / roles",
+    )
     p.add_argument(
         "--kind",
         dest="attention",
@@ -64,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="heatmap / heads of a Linformer layer: the effective weights A·F over the key "
         "tokens (signed) instead of the T × k weights over the projected E·K rows",
     )
+    add_roles_arguments(p)
     p.add_argument("--d-model", type=int, default=512, help="noam / positional width")
     p.add_argument("--warmup", type=int, default=4000, help="noam warm-up steps")
     p.add_argument("--steps", type=int, default=20000, help="noam steps to draw")
@@ -207,6 +216,21 @@ def run(args: argparse.Namespace) -> int:
         entropy = out.with_name(f"{out.stem}_entropy{out.suffix}")
         head_entropy_curves(history).save(entropy)
         written.append(entropy)
+    elif args.kind == "roles":
+        from attnlab.tasks.run import load_run
+
+        if args.model is None:
+            raise CLIError("plot roles needs --model RUN_OR_PRETRAINED (e.g. smollm2-135m)")
+        if args.text is not None or args.ids is not None:
+            raise CLIError("plot roles measures heads on random repeated tokens; it takes no "
+                           "--text/--ids")  # fmt: skip
+        loaded = load_run(args.model, device=args.device)
+        roles = measure_roles(loaded, args)
+        plot = F.head_roles_figure(
+            roles,
+            title=f"{args.model}: head roles on {roles.seq_len} random tokens repeated once "
+            f"(batch {roles.tokens.shape[0]})",
+        )
     elif args.kind == "steps" and args.model is None:
         from attnlab.nn.multihead import MultiHeadAttention
 

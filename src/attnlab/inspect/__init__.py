@@ -11,6 +11,9 @@
   row, blockwise — never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
 - :func:`peak_memory`: the peak resident memory a call adds (CPU, Linux), measured.
+- :func:`head_roles` / :func:`role_scores` / :func:`copying_scores`: previous-token,
+  duplicate-token, induction and copying scores of every head on repeated random tokens
+  (Olsson et al. 2022), as a :class:`HeadRoles`.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -52,6 +55,14 @@ from attnlab.inspect.nonfinite import (
     find_nonfinite,
     watch_nonfinite,
 )
+from attnlab.inspect.roles import (
+    HeadRoles,
+    copying_scores,
+    head_roles,
+    ordinary_token_range,
+    repeated_tokens,
+    role_scores,
+)
 from attnlab.inspect.stats import AttentionStats, attention_stats
 
 __all__ = [
@@ -60,6 +71,7 @@ __all__ = [
     "FlopReport",
     "HeadHealth",
     "HeadImportance",
+    "HeadRoles",
     "HealthReport",
     "NonFiniteLocation",
     "NonFiniteOrigin",
@@ -70,18 +82,23 @@ __all__ = [
     "attention_stats",
     "capture",
     "capture_attention",
+    "copying_scores",
     "diagnose",
     "diagnose_model",
     "find_nonfinite",
     "flops",
     "head_importance",
+    "head_roles",
     "kv_cache_bytes",
     "masked_heads",
+    "ordinary_token_range",
     "peak_memory",
     "peak_memory_supported",
     "pruning_curve",
     "pruning_order",
+    "repeated_tokens",
     "resident_bytes",
+    "role_scores",
     "run_with_cache",
     "stabilize_allocator",
     "watch_nonfinite",

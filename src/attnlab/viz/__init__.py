@@ -16,7 +16,8 @@ attention viewer.
 - costs: :func:`flops_figure` (FLOPs and memory vs length), :func:`memory_figure` (measured peaks),
   :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
 - attention during training: :class:`ProbeHistory` (``probe_history``), its figures
-  (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
+  (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``); head roles
+  (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
 PNG or SVG.
@@ -38,6 +39,7 @@ from attnlab.viz.evolution_viewer import viewer_data_from_history
 from attnlab.viz.fonts import FontChoice, font_for
 from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
 from attnlab.viz.probe_history import ProbeHistory
+from attnlab.viz.roles import head_roles_figure
 from attnlab.viz.scaling import (
     SoftmaxScaling,
     softmax_jacobian_norm,
@@ -76,6 +78,7 @@ __all__ = [
     "font_for",
     "head_entropy_curves",
     "head_grid",
+    "head_roles_figure",
     "label_smoothing_figure",
     "layer_head_grid",
     "mask_panel",
