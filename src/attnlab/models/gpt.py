@@ -37,7 +37,7 @@ from attnlab.models.gpt_layers import (
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
 from attnlab.nn.head_mask import layer_head_masks
-from attnlab.nn.kv_cache import ModelCache
+from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
@@ -205,6 +205,12 @@ class GPT(nn.Module):
                 f"input_ids has {t} tokens after {past} cached ones ({past + t} positions), longer than "
                 f"the position table: n_positions = {cfg.n_positions}"
             )
+        streaming = cache is not None and any(getattr(c, "streaming", False) for c in cache.layers)
+        if streaming and attention_mask is not None:
+            raise ArgumentError(
+                "attention_mask must be None with a sink cache (KVCache(window, sinks)): it keeps "
+                "no padded rows"
+            )
         keep = self._check_attention_mask(attention_mask, b, past + t)
         if keep is not None and bool(keep.all()):
             keep = None  # nothing is padded: the plain causal path
@@ -253,9 +259,9 @@ class GPT(nn.Module):
         """
         if tokens.dim() != 2 or tokens.shape[1] != 1:
             raise ArgumentError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
-        if cache.length + 1 > self.config.n_positions:
+        if cache.next_position + 1 > self.config.n_positions:
             raise ArgumentError(
-                f"position {cache.length} is past the model's position table "
+                f"position {cache.next_position} is past the model's position table "
                 f"n_positions = {self.config.n_positions}"
             )
         heads: list[torch.Tensor | None] = [None] * self.config.n_layer
@@ -298,7 +304,7 @@ class GPT(nn.Module):
         """
         cfg = self.config
         t = input_ids.shape[1]
-        past = 0 if cache is None else cache.length
+        past = 0 if cache is None else cache.next_position  # a sink cache: its place
         padding = None
         if keep is not None:
             padding = keep[:, None, None, :]  # (B, 1, 1, T_past + T), True = attend
@@ -382,6 +388,8 @@ class GPT(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        sinks: int | None = None,
+        window: int | None = None,
     ) -> ModelCache:
         """An empty cache for decoding: one per block, made by the block's attention layer.
 
@@ -391,6 +399,11 @@ class GPT(nn.Module):
             dtype: default the autocast dtype when autocast is on for the model's device, else
                 the parameters' dtype.
             device: default the parameters' device.
+            sinks: with ``window``, a sink cache per block instead (StreamingLLM, Xiao et al.
+                2023; :class:`~attnlab.nn.kv_cache.KVCache` with ``sinks``): the first ``sinks``
+                positions and the last ``window``, positions within the cache, so a
+                full-attention model streams past ``n_positions``. ``0`` keeps no sink.
+            window: the recent positions a sink cache keeps (with ``sinks``).
 
         Returns:
             a :class:`~attnlab.nn.kv_cache.ModelCache` of the layers' own caches (each
@@ -410,6 +423,8 @@ class GPT(nn.Module):
             dtype = p.dtype
             if torch.is_autocast_enabled(where.type):
                 dtype = torch.get_autocast_dtype(where.type)
+        if sinks is not None or window is not None:
+            return self._sink_cache(batch, capacity, dtype, where, sinks, window)
         # each layer makes its own: a KV cache (rolling under a causal window), FAVOR+'s running
         # sums, or what a new kind keeps; a tensor-parallel rank's layer holds H_kv / N heads
         return ModelCache(
@@ -418,6 +433,41 @@ class GPT(nn.Module):
                 for block in self.transformer.h
             ]
         )
+
+    def _sink_cache(
+        self,
+        batch: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        sinks: int | None,
+        window: int | None,
+    ) -> ModelCache:
+        """:meth:`new_cache` with ``sinks``/``window``: a sink cache per block, for full
+        attention only (a window or a block layout already decides what a query sees)."""
+        if sinks is None or window is None:
+            raise ArgumentError(
+                f"a sink cache needs both sinks and window, got sinks={sinks!r}, window={window!r}"
+            )
+        if self.config.attention.name != "full":
+            raise ArgumentError(
+                f"a sink cache is for full attention, the model has {self.config.attention.name!r}"
+            )
+        if window + sinks >= self.config.n_positions and self.config.positions == "learned":
+            raise ArgumentError(
+                f"sinks + window = {sinks + window} must leave room in the position table "
+                f"(n_positions = {self.config.n_positions}) for the new tokens"
+            )
+        layers = []
+        for block in self.transformer.h:
+            attn = cast(GPTBlock, block).attn
+            cache = KVCache(
+                batch, attn.num_kv_heads, capacity, attn.d_head, dtype=dtype, device=device,
+                window=window, sinks=sinks,
+            )  # fmt: skip
+            attn.check_cache(cache)
+            layers.append(cache)
+        return ModelCache(layers)
 
     # -- Hugging Face interop --
 
@@ -513,7 +563,7 @@ class GPT(nn.Module):
             raise ArgumentError(
                 f"cache was made for batch {cache.layers[0].batch}, input_ids has batch {batch}"
             )
-        return cache.length
+        return cache.next_position
 
     @staticmethod
     def _check_attention_mask(mask: object, batch: int, total: int) -> torch.Tensor | None:

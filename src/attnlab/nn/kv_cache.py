@@ -10,6 +10,13 @@ query never reads a key more than ``left`` positions back, so a cache made with 
 keeps only the last ``left`` positions (a rolling buffer): ``O(left)`` memory whatever the length
 decoded.
 
+A **sink cache** (``window=w, sinks=s``; StreamingLLM, Xiao et al. 2023) streams a full-attention
+model past any length: it keeps the first ``s`` positions (the "attention sinks" that softmax
+attention leans on) and the last ``w``, so a new query sees ``s + w`` earlier keys and itself.
+Its positions are those *within the cache*, as StreamingLLM assigns them: the keys are stored
+before the rotary embedding and turned at every step by their place in the cache
+(``0 … s + w − 1``), the new token by the next place, so the positions never pass ``s + w``.
+
 Causal linear attention needs no keys at all: it is a recurrent network (Katharopoulos et al.
 2020, "Transformers are RNNs", §3.4) whose state is two running sums over the keys seen so far,
 
@@ -57,6 +64,11 @@ class KVCache:
         window: keep only the last ``window`` positions (a positive int), or ``None`` (default)
             to keep every position up to ``capacity``. The buffers then hold
             ``min(capacity, window)`` positions.
+        sinks: with ``window``, a sink cache (StreamingLLM): keep the first ``sinks`` positions
+            too (``0`` keeps none: a window that evicts the first tokens), store the keys
+            unrotated and give positions within the cache (see the module docstring). The
+            buffers hold ``min(capacity, sinks + window)`` positions. Default ``None``: the
+            positions are the tokens' own.
 
     Shape:
         ``keys``: ``(B, H_kv, held, d_head)``; ``values``: ``(B, H_kv, held, d_head_v)``, where
@@ -74,6 +86,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         window: int | None = None,
+        sinks: int | None = None,
     ) -> None:
         check_positive_int("batch", batch)
         check_positive_int("num_kv_heads", num_kv_heads)
@@ -81,7 +94,18 @@ class KVCache:
         check_positive_int("d_head", d_head)
         d_v = d_head if d_head_v is None else check_positive_int("d_head_v", d_head_v)
         self.window = None if window is None else check_positive_int("window", window)
-        if self.window is not None:
+        self.sinks = None
+        if sinks is not None:
+            if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+                raise ArgumentError(f"sinks must be a non-negative int, got {sinks!r}")
+            if self.window is None:
+                raise ArgumentError(
+                    "sinks needs a window: KVCache(window=w, sinks=s) keeps the first s "
+                    "positions and the last w"
+                )
+            self.sinks = sinks
+            capacity = min(capacity, sinks + self.window)
+        elif self.window is not None:
             capacity = min(capacity, self.window)
         self.k = torch.zeros(batch, num_kv_heads, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros(batch, num_kv_heads, capacity, d_v, dtype=dtype, device=device)
@@ -100,8 +124,20 @@ class KVCache:
 
     @property
     def held(self) -> int:
-        """The positions the buffers hold: ``length``, or at most ``window`` for a rolling cache."""
+        """The positions the buffers hold: ``length``, or at most ``window`` for a rolling cache
+        (``sinks + window`` for a sink cache)."""
         return self.length if self.window is None else min(self.length, self.k.shape[2])
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this is a sink cache: keys stored unrotated, positions within the cache."""
+        return self.sinks is not None
+
+    @property
+    def next_position(self) -> int:
+        """The position the next token gets: ``length``, or for a sink cache its place in the
+        cache, ``held`` (never more than ``sinks + window``)."""
+        return self.held if self.sinks is not None else self.length
 
     @property
     def keys(self) -> torch.Tensor:
@@ -139,6 +175,8 @@ class KVCache:
             raise ArgumentError("this is a cross-attention (static) cache; it cannot grow")
         self._check(k, v)
         n = k.shape[2]
+        if self.sinks is not None:
+            return self._stream(k, v)
         if self.window is not None:
             return self._roll(k, v)
         if self.length + n > self.capacity:
@@ -163,6 +201,26 @@ class KVCache:
         self.k[:, :, :keep] = k[:, :, k.shape[2] - keep :]
         self.v[:, :, :keep] = v[:, :, v.shape[2] - keep :]
         self.length += k.shape[2] - held
+        return k, v
+
+    def _stream(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`append` for a sink cache: the held positions and the new ones; then the first
+        ``sinks`` and the last ``window`` of them stay."""
+        held, s = self.held, int(self.sinks or 0)
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        if held:
+            k = torch.cat([self.k[:, :, :held], k], dim=2)
+            v = torch.cat([self.v[:, :, :held], v], dim=2)
+        total, room = k.shape[2], self.k.shape[2]
+        if total <= room:
+            self.k[:, :, :total], self.v[:, :, :total] = k, v
+        else:  # keep [0, s) and the last room − s
+            keep = torch.cat(
+                [torch.arange(s), torch.arange(total - (room - s), total)]
+            ).to(k.device)
+            self.k.copy_(k.index_select(2, keep))
+            self.v.copy_(v.index_select(2, keep))
+        self.length += total - held
         return k, v
 
     def set_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,6 +580,14 @@ class ModelCache:
     def length(self) -> int:
         """Positions processed so far (the next token's position); 0 without layers."""
         return self.layers[0].length if self.layers else 0
+
+    @property
+    def next_position(self) -> int:
+        """The position the next token gets: ``length``, or its place in a sink cache."""
+        if not self.layers:
+            return 0
+        first = self.layers[0]
+        return int(getattr(first, "next_position", first.length))
 
     @property
     def capacity(self) -> int:

@@ -21,7 +21,7 @@ the keys of that row in the full forward.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -395,8 +395,12 @@ class MultiHeadAttention(nn.Module):
         if k is not None and v is not None:
             k, v = self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
         if self.rotary is not None and not cross and k is not None:
-            past = cache.length if cache is not None and not cache.static else 0
-            q, k = self._rotate(q, k, call.positions, past, call.check_positions)
+            if cache is not None and getattr(cache, "streaming", False):
+                # a sink cache: places within the cache; its keys are turned after it
+                q = self._rotate_queries(q, cache.next_position)
+            else:
+                past = cache.length if cache is not None and not cache.static else 0
+                q, k = self._rotate(q, k, call.positions, past, call.check_positions)
         return q, k, v
 
     def attend_heads(
@@ -457,6 +461,12 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.keys, cache.values
             elif call.cross and k is not None and v is not None:
                 k, v = cache.set_static(k, v)
+            elif k is not None and v is not None and getattr(cache, "streaming", False):
+                self._check_sink_cache(cache, call.window, call.is_causal)
+                k, v = cache.append(k, v)  # unrotated: [sinks | last window | new]
+                if self.rotary is not None:  # turned by their places in the cache, 0 … K − 1
+                    places = torch.arange(k.shape[-2], device=k.device)
+                    k = self.hook_rot_k(self.rotary(k, places, check=False))
             elif k is not None and v is not None:
                 if cache.window is not None:
                     self._check_rolling_cache(cache, call.window, call.is_causal)
@@ -615,6 +625,29 @@ class MultiHeadAttention(nn.Module):
                 f"most (left, right) = ({cache.window}, 0), got window = {window} and "
                 f"is_causal = {is_causal}"
             )
+
+    @staticmethod
+    def _check_sink_cache(
+        cache: KVCache, window: tuple[int | None, int | None] | None, is_causal: bool
+    ) -> None:
+        """A sink cache's eviction is the window: the layer must attend causally to all it holds."""
+        if window is not None or not is_causal:
+            raise ArgumentError(
+                f"a sink cache (KVCache(window={cache.window}, sinks={cache.sinks})) is for causal "
+                f"full attention, got window = {window} and is_causal = {is_causal}"
+            )
+
+    def _rotate_queries(self, q: torch.Tensor, start: int) -> torch.Tensor:
+        """The new queries turned by their places ``start …`` in a sink cache."""
+        rotary = cast("RotaryEmbedding", self.rotary)
+        t_q = q.shape[-2]
+        if start + t_q > rotary.max_len:
+            raise ArgumentError(
+                f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
+                f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
+            )
+        places = torch.arange(start, start + t_q, device=q.device)
+        return self.hook_rot_q(rotary(q, places, check=False))
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""

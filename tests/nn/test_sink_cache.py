@@ -1,0 +1,110 @@
+"""The sink cache (``KVCache(window=w, sinks=s)``; StreamingLLM, Xiao et al. 2023): it equals full
+attention while nothing has been evicted, and an explicit reference afterwards — the first ``s``
+and the last ``w`` positions, turned by their places in the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.positional import RotaryEmbedding
+
+
+def llama_like(n_layer: int = 2, **extra: object) -> al.GPT:
+    torch.manual_seed(0)
+    config = al.GPTConfig(
+        vocab_size=53, n_positions=64, n_embd=24, n_layer=n_layer, n_head=6, num_kv_heads=2,
+        positions="rope", rope_pairing="halves", norm="rmsnorm", mlp="gated", activation="silu",
+        bias=False, **extra,
+    )  # fmt: skip
+    return al.GPT(config).double().eval()
+
+
+def stream(model: al.GPT, ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+    """Feed ``ids`` one token at a time; the logits after each."""
+    return torch.cat([model(ids[:, i : i + 1], cache=cache).logits for i in range(ids.shape[1])], 1)
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "alibi"])
+def test_before_any_eviction_it_is_full_attention(positions: str) -> None:
+    torch.manual_seed(1)
+    cfg = al.GPTConfig(vocab_size=53, n_positions=64, n_embd=24, n_layer=2, n_head=4,
+                       positions=positions)  # fmt: skip
+    model = al.GPT(cfg).double().eval()
+    ids = torch.randint(0, 53, (2, 12))
+    with torch.no_grad():
+        full = model(ids).logits
+        sink = stream(model, ids, model.new_cache(2, 64, sinks=4, window=8))  # holds 12: none out
+        assert torch.allclose(sink, full, atol=1e-12)
+
+
+def test_one_layer_after_eviction_equals_the_model_on_the_kept_tokens() -> None:
+    # one layer with rotary: a key depends on its token only (stored before the rotation), so
+    # the step's logits are the model's on [sinks, last window, new] at positions 0 … K − 1
+    model = llama_like(n_layer=1)
+    s, w = 2, 5
+    ids = torch.randint(0, 53, (1, 20))
+    with torch.no_grad():
+        got = stream(model, ids, model.new_cache(1, 64, sinks=s, window=w))
+        for t in range(ids.shape[1]):
+            kept = list(range(t)) if t <= s + w else [*range(s), *range(t - w, t)]
+            ref = model(ids[:, [*kept, t]]).logits[:, -1]
+            assert torch.allclose(got[:, t], ref, atol=1e-12), t
+
+
+def test_a_layer_after_eviction_equals_an_explicit_reference() -> None:
+    torch.manual_seed(2)
+    d, h, h_kv, s, w = 16, 4, 2, 3, 4
+    rotary = RotaryEmbedding(d // h, max_len=32, pairing="halves")
+    layer = MultiHeadAttention(d, h, num_kv_heads=h_kv, rotary=rotary).double().eval()
+    xs = torch.randn(1, 15, d, dtype=torch.float64)
+    cache = KVCache(1, h_kv, 32, d // h, dtype=torch.float64, window=w, sinks=s)
+    keys, values = [], []
+    for t in range(xs.shape[1]):
+        x = xs[:, t : t + 1]
+        with torch.no_grad():
+            got = layer(x, is_causal=True, cache=cache)
+            # the reference: K, V of every token, unrotated; keep [0, s) and the last w before t
+            q, k, v = (p.view(1, 1, -1, d // h).transpose(1, 2) for p in layer.project_qkv(x)[:3])
+            keys.append(k), values.append(v)
+            kept = list(range(t)) if t <= s + w else [*range(s), *range(t - w, t)]
+            kk = torch.cat([keys[i] for i in [*kept, t]], dim=2)
+            vv = torch.cat([values[i] for i in [*kept, t]], dim=2)
+            n = kk.shape[2]
+            kk = rotary(kk, torch.arange(n))  # places 0 … n − 1
+            q = rotary(q, torch.tensor([n - 1]))
+            kk, vv = kk.repeat_interleave(h // h_kv, 1), vv.repeat_interleave(h // h_kv, 1)
+            z = torch.softmax(q @ kk.transpose(-1, -2) / (d // h) ** 0.5, -1) @ vv
+            ref = layer.out_proj(z.transpose(1, 2).reshape(1, 1, d))
+        assert torch.allclose(got, ref, atol=1e-12), t
+    assert cache.held == s + w and cache.length == 15 and cache.next_position == s + w
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "blockwise"])
+def test_every_backend_and_generate_streams_past_the_position_table(backend: str) -> None:
+    model = llama_like()
+    for block in model.transformer.h:
+        block.attn.backend = backend
+    ids = torch.randint(0, 53, (1, 100))  # longer than n_positions = 64
+    with torch.no_grad():
+        logits = stream(model, ids, model.new_cache(1, 200, sinks=4, window=16))
+    assert logits.shape == (1, 100, 53) and torch.isfinite(logits).all()
+
+
+def test_bad_sink_caches_are_refused() -> None:
+    with pytest.raises(ValueError, match="sinks needs a window"):
+        KVCache(1, 2, 8, 4, sinks=2)
+    with pytest.raises(ValueError, match="sinks must be a non-negative int"):
+        KVCache(1, 2, 8, 4, window=4, sinks=-1)
+    model = llama_like(attention=al.SlidingSpec(3))
+    with pytest.raises(ValueError, match="a sink cache is for full attention"):
+        model.new_cache(1, 8, sinks=2, window=4)
+    model = llama_like()
+    cache = model.new_cache(1, 8, sinks=2, window=4)
+    with pytest.raises(ValueError, match="attention_mask must be None with a sink cache"):
+        model(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2), cache=cache)
+    with pytest.raises(ValueError, match="needs both sinks and window"):
+        model.new_cache(1, 8, sinks=2)
