@@ -11,6 +11,10 @@
   row, blockwise — never the ``T × T`` matrix.
 - :func:`flops`: FLOPs, parameters and memory term by term, and KV-cache bytes for MHA/GQA/MQA.
 - :func:`peak_memory`: the peak resident memory a call adds (CPU, Linux), measured.
+- :func:`patch_heads` / :func:`patch_residual` / :func:`run_with_patches`: activation patching,
+  a clean run's head outputs or residual stream put into a corrupted run, scored by a metric
+  such as :func:`logit_difference`; :func:`direct_logit_attribution`: each head's direct part
+  in a logit.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -24,6 +28,7 @@ from attnlab.inspect.ablation import (
     pruning_curve,
     pruning_order,
 )
+from attnlab.inspect.attribution import LogitAttribution, direct_logit_attribution
 from attnlab.inspect.capture import (
     ActivationCache,
     attention_modules,
@@ -52,6 +57,14 @@ from attnlab.inspect.nonfinite import (
     find_nonfinite,
     watch_nonfinite,
 )
+from attnlab.inspect.patching import (
+    Metric,
+    PatchResult,
+    logit_difference,
+    patch_heads,
+    patch_residual,
+    run_with_patches,
+)
 from attnlab.inspect.stats import AttentionStats, attention_stats
 
 __all__ = [
@@ -61,9 +74,12 @@ __all__ = [
     "HeadHealth",
     "HeadImportance",
     "HealthReport",
+    "LogitAttribution",
+    "Metric",
     "NonFiniteLocation",
     "NonFiniteOrigin",
     "NonFiniteWatch",
+    "PatchResult",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
@@ -72,17 +88,22 @@ __all__ = [
     "capture_attention",
     "diagnose",
     "diagnose_model",
+    "direct_logit_attribution",
     "find_nonfinite",
     "flops",
     "head_importance",
     "kv_cache_bytes",
+    "logit_difference",
     "masked_heads",
+    "patch_heads",
+    "patch_residual",
     "peak_memory",
     "peak_memory_supported",
     "pruning_curve",
     "pruning_order",
     "resident_bytes",
     "run_with_cache",
+    "run_with_patches",
     "stabilize_allocator",
     "watch_nonfinite",
 ]
