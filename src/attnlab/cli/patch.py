@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             f"--clean and --corrupted must tokenize to the same length: {len(clean)} tokens "
             f"({_shown(loaded, clean)}) and {len(corrupted)} tokens ({_shown(loaded, corrupted)})"
         )
-    n_pos = loaded.model.config.n_positions  # type: ignore[union-attr]
+    n_pos = int(loaded.config.n_positions)  # type: ignore[union-attr]
     if len(clean) > n_pos:
         raise CLIError(f"the prompts are {len(clean)} tokens, the model holds {n_pos}")
     answer = _one_token(loaded, args.answer, "--answer")

@@ -166,21 +166,22 @@ def direct_logit_attribution(
         >>> dla.top(5), dla.total, dla.logit
     """
     _check_model(model)
+    gpt: Any = model  # an attnlab.GPT: its parts by name
     ids = _prompt("input_ids", input_ids, model)
     t = _position("position", position, ids.shape[1])
-    blocks = model.transformer.h  # type: ignore[union-attr]
-    n_layer = len(blocks)  # type: ignore[arg-type]
-    w_u = model.lm_head.weight  # type: ignore[union-attr]
+    blocks = gpt.transformer.h
+    n_layer = len(blocks)
+    w_u = gpt.lm_head.weight
     vocab = w_u.shape[0]
     v = _token("token", token, vocab)
     w = None if against is None else _token("against", against, vocab)
     projections = []
     for layer in range(n_layer):
-        proj = getattr(blocks[layer].attn, "c_proj", None)  # type: ignore[index]
+        proj = getattr(blocks[layer].attn, "c_proj", None)
         if not isinstance(proj, nn.Linear):
             raise ArgumentTypeError(
                 f"layer {layer}'s attention has no linear output projection c_proj "
-                f"({type(blocks[layer].attn).__name__}), so its heads cannot be separated"  # type: ignore[index]
+                f"({type(blocks[layer].attn).__name__}), so its heads cannot be separated"
             )
         projections.append(proj)
     names = ["transformer.h.0.hook_resid_pre", f"transformer.h.{n_layer - 1}.hook_resid_post"]
@@ -195,10 +196,10 @@ def direct_logit_attribution(
     if w is not None:
         u = u - w_u[w].detach().to(f64)
         logit -= float(logits[0, t, w])
-    bias = model.lm_head.bias  # type: ignore[union-attr]
+    bias = gpt.lm_head.bias
     unembed_bias = 0.0 if bias is None else float(bias[v] - (0.0 if w is None else bias[w]))
 
-    ln_f = model.transformer.ln_f  # type: ignore[union-attr]
+    ln_f = gpt.transformer.ln_f
     rms = isinstance(ln_f, RMSNorm)
     if not rms and not isinstance(ln_f, nn.LayerNorm):
         raise ArgumentTypeError(

@@ -452,7 +452,7 @@ def patch_heads(
     chosen = _layers(model, layers)
     t = clean.shape[1]
     pos = None if position is None else _position("position", position, t)
-    blocks = model.transformer.h  # type: ignore[union-attr]
+    blocks: Any = model.transformer.h  # type: ignore[union-attr]
     names = [f"transformer.h.{layer}.attn.hook_z" for layer in chosen]
     with _evaluating(model):
         clean_logits, acts = _record(model, clean, names)
