@@ -77,10 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _tokens(loaded: Run, text: str, flag: str) -> list[int]:
-    try:
-        return list(loaded.io.encode(text))  # type: ignore[attr-defined]
-    except ValueError as exc:
-        raise CLIError(f"{flag}: {exc}") from None
+    if not text:
+        raise CLIError(f"{flag} is empty")
+    # a text of no token, or a run without a tokenizer: the task's own one-line error
+    return list(loaded.io.encode(text))  # type: ignore[attr-defined]
 
 
 def _shown(loaded: Run, ids: list[int]) -> str:
