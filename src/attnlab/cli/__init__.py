@@ -27,6 +27,7 @@ COMMANDS = (
     "translate",
     "view",
     "inspect",
+    "patch",
     "plot",
     "flops",
     "bench",

@@ -14,6 +14,10 @@
 - :func:`head_roles` / :func:`role_scores` / :func:`copying_scores`: previous-token,
   duplicate-token, induction and copying scores of every head on repeated random tokens
   (Olsson et al. 2022), as a :class:`HeadRoles`.
+- :func:`patch_heads` / :func:`patch_residual` / :func:`run_with_patches`: activation patching,
+  a clean run's head outputs or residual stream put into a corrupted run, scored by a metric
+  such as :func:`logit_difference`; :func:`direct_logit_attribution`: each head's direct part
+  in a logit.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -27,6 +31,7 @@ from attnlab.inspect.ablation import (
     pruning_curve,
     pruning_order,
 )
+from attnlab.inspect.attribution import LogitAttribution, direct_logit_attribution
 from attnlab.inspect.capture import (
     ActivationCache,
     attention_modules,
@@ -55,6 +60,14 @@ from attnlab.inspect.nonfinite import (
     find_nonfinite,
     watch_nonfinite,
 )
+from attnlab.inspect.patching import (
+    Metric,
+    PatchResult,
+    logit_difference,
+    patch_heads,
+    patch_residual,
+    run_with_patches,
+)
 from attnlab.inspect.roles import (
     HeadRoles,
     copying_scores,
@@ -73,9 +86,12 @@ __all__ = [
     "HeadImportance",
     "HeadRoles",
     "HealthReport",
+    "LogitAttribution",
+    "Metric",
     "NonFiniteLocation",
     "NonFiniteOrigin",
     "NonFiniteWatch",
+    "PatchResult",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
@@ -85,13 +101,17 @@ __all__ = [
     "copying_scores",
     "diagnose",
     "diagnose_model",
+    "direct_logit_attribution",
     "find_nonfinite",
     "flops",
     "head_importance",
     "head_roles",
     "kv_cache_bytes",
+    "logit_difference",
     "masked_heads",
     "ordinary_token_range",
+    "patch_heads",
+    "patch_residual",
     "peak_memory",
     "peak_memory_supported",
     "pruning_curve",
@@ -100,6 +120,7 @@ __all__ = [
     "resident_bytes",
     "role_scores",
     "run_with_cache",
+    "run_with_patches",
     "stabilize_allocator",
     "watch_nonfinite",
 ]

@@ -19,6 +19,10 @@ attention viewer.
   (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``); head roles
   (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
+- activation patching and direct logit attribution: :func:`patching_figure` (layers × heads or
+  layers × positions), :func:`attribution_figure` (the top heads' direct part in a logit)
+  (``patching``)
+
 Every figure is a :class:`Plot` (the figure and the arrays it drew); :func:`save_figure` writes
 PNG or SVG.
 """
@@ -38,6 +42,7 @@ from attnlab.viz.evolution import attention_evolution, head_entropy_curves, row_
 from attnlab.viz.evolution_viewer import viewer_data_from_history
 from attnlab.viz.fonts import FontChoice, font_for
 from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
+from attnlab.viz.patching import attribution_figure, patching_figure
 from attnlab.viz.probe_history import ProbeHistory
 from attnlab.viz.roles import head_roles_figure
 from attnlab.viz.scaling import (
@@ -74,6 +79,7 @@ __all__ = [
     "approximation_inputs",
     "attention_evolution",
     "attention_heatmap",
+    "attribution_figure",
     "flops_figure",
     "font_for",
     "head_entropy_curves",
@@ -84,6 +90,7 @@ __all__ = [
     "mask_panel",
     "memory_figure",
     "noam_curve",
+    "patching_figure",
     "positional_encoding_figure",
     "reduce_attention",
     "render_viewer",
