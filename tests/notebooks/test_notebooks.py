@@ -38,7 +38,8 @@ def _outputs(nb: nbformat.NotebookNode, mime: str) -> list[str]:
 
 def test_the_learning_path_is_complete():
     names = [s.stem for s in SOURCES]
-    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 9)], names
+    assert len(names) >= 8, names
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, len(names) + 1)], names
 
 
 @pytest.mark.slow
