@@ -1,9 +1,15 @@
 """Greedy generation: attnlab.generate against Hugging Face ``generate``, same weights, same run.
 
-GPT-2 small (124M, random weights from ``GPT2Config``), a 32-token prompt, 128 new tokens, greedy,
-batch 1 and 8, fp32 and bf16 (the whole model cast). Runs alternate between the two libraries so
-that a noisy, shared machine slows both alike; tokens/s come from the median of ``--repeats``
-runs. In fp32 the generated tokens must be identical. Also reported:
+Two models (``--model``, both by default): GPT-2 small (124M, random weights from ``GPT2Config``;
+a 32-token prompt, 128 new tokens, batch 1 and 8) and SmolLM2-135M-Instruct (the bundled GGUF,
+loaded by ``attnlab.load_pretrained`` and by ``transformers`` from the same file; a 32-token
+prompt, 64 new tokens, batch 1). Greedy, fp32 and bf16 (the whole model cast). Three runs
+alternate: Hugging Face, attnlab eager and attnlab ``compile=True`` (the static compiled step,
+:mod:`attnlab.decoding.compiled`), so that a noisy, shared machine slows all alike; tokens/s come
+from the median of ``--repeats`` runs and each ratio is the median of back-to-back run ratios.
+In fp32 the generated tokens must be identical (bf16: reported). The compile time is reported
+separately: the first ``compile=True`` call less a compiled call's median (inductor's on-disk
+caches are off, so it is a cold compile). Also reported:
 
 * the memory roofline: at batch 1 a step reads every weight once, so tokens/s can be at most
   (read bandwidth) / (bytes of weights). Two bandwidths are shown: docs/design.md's 22 GB/s (the
@@ -17,8 +23,9 @@ runs. In fp32 the generated tokens must be identical. Also reported:
 Targets (issue 9, one GPT forward): >= 90% of the roofline and >= 1.2x Hugging Face at batch 1
 fp32, identical tokens.
 
-    python benchmarks/generate.py               # GPT-2 small
-    python benchmarks/generate.py --quick       # a small config, seconds
+    python benchmarks/generate.py                   # GPT-2 small and SmolLM2-135M
+    python benchmarks/generate.py --model smollm2   # SmolLM2 only
+    python benchmarks/generate.py --quick           # a small GPT-2 config and fewer tokens
 """
 
 from __future__ import annotations
@@ -53,16 +60,24 @@ class Shape:
 
 FULL = Shape(50257, 1024, 768, 12, 12, prompt=32, new_tokens=128, far=1000)  # GPT-2 small
 QUICK = Shape(8192, 256, 256, 4, 4, prompt=16, new_tokens=24, far=220)
+# SmolLM2-135M (the sizes are the file's; prompt and new tokens are what the benchmark runs)
+SMOLLM2 = Shape(49152, 8192, 576, 30, 9, prompt=32, new_tokens=64, far=0)
+SMOLLM2_QUICK = Shape(49152, 8192, 576, 30, 9, prompt=16, new_tokens=16, far=0)
 
 
 @dataclass
 class Result:
+    model: str
     precision: str
     batch: int
     hf: float  # tokens/s (median run)
     attnlab: float
     ratio: float  # median of paired run ratios
     identical: float  # fraction of generated tokens equal to Hugging Face's
+    compiled: float  # tokens/s of generate(compile=True)
+    compiled_ratio: float  # against Hugging Face, median of paired run ratios
+    compiled_identical: float  # fraction equal to Hugging Face's
+    compile_s: float  # seconds of the first compile=True call beyond a compiled run
     roofline: float  # tokens/s if every step only read the weights at the measured bandwidth
     design_roofline: float  # the same at docs/design.md's 22 GB/s
 
@@ -84,6 +99,20 @@ def build_models(shape: Shape, seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
     )
     hf = GPT2LMHeadModel(cfg).eval()
     return hf, al.GPT.from_hf(hf).eval()
+
+
+def build_smollm2() -> tuple[torch.nn.Module, al.GPT]:
+    """SmolLM2-135M-Instruct from the bundled GGUF file: ``transformers``' model (SDPA) and
+    attnlab's, each loaded by its own reader from the same file, in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from attnlab.models.gguf import bundled_model_path
+
+    path = bundled_model_path("smollm2-135m")
+    hf = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    return hf, al.load_pretrained("smollm2-135m").model.eval()
 
 
 # docs/design.md, "The numbers the benchmarks stand on": streaming reads on two cores of the
@@ -127,6 +156,7 @@ def paired_ratio(base: list[float], other: list[float]) -> float:
 
 
 def compare(
+    label: str,
     hf: torch.nn.Module,
     gpt: al.GPT,
     shape: Shape,
@@ -157,18 +187,31 @@ def compare(
     def run_attnlab() -> torch.Tensor:
         return al.generate(gpt, ids, max_new_tokens=n)
 
+    def run_compiled() -> torch.Tensor:
+        return al.generate(gpt, ids, max_new_tokens=n, compile=True)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a[:, shape.prompt :] == b[:, shape.prompt :]).float().mean())
+
     with torch.inference_mode():
         want, got = run_hf(), run_attnlab()  # also the warm-up
-        identical = float((want[:, shape.prompt :] == got[:, shape.prompt :]).float().mean())
-        t = run_times({"hf": run_hf, "attnlab": run_attnlab}, repeats)
+        start = time.perf_counter()
+        got_compiled = run_compiled()  # compiles the step
+        first_compiled = time.perf_counter() - start
+        t = run_times({"hf": run_hf, "attnlab": run_attnlab, "compiled": run_compiled}, repeats)
     rate = {name: batch * n / statistics.median(ts) for name, ts in t.items()}
     return Result(
+        label,
         precision,
         batch,
         rate["hf"],
         rate["attnlab"],
         paired_ratio(t["hf"], t["attnlab"]),
-        identical,
+        same(want, got),
+        rate["compiled"],
+        paired_ratio(t["hf"], t["compiled"]),
+        same(want, got_compiled),
+        first_compiled - statistics.median(t["compiled"]),
         batch * bandwidth / weight_bytes(gpt),
         batch * DESIGN_BANDWIDTH / weight_bytes(gpt),
     )
@@ -195,83 +238,110 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small config (seconds)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per setting (median)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--model", nargs="+", default=["gpt2", "smollm2"], choices=["gpt2", "smollm2"]
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="(GPT-2)")
     parser.add_argument(
         "--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"]
     )
     args = parser.parse_args(argv)
+    import torch._inductor.config as inductor_config
     from rich.console import Console
     from rich.table import Table
 
+    # a cold compile every run: the reported compile time is not a cache hit
+    inductor_config.fx_graph_cache = False
+    inductor_config.autotune_local_cache = False
     if args.threads:
         torch.set_num_threads(args.threads)
-    shape = QUICK if args.quick else FULL
     repeats = args.repeats or (3 if args.quick else 5)
-    console = Console()
+    console = Console(width=200)
     bandwidth = read_bandwidth()
     console.print(
         f"read bandwidth (sum of a 1 GiB buffer, median of 7): {bandwidth / 1e9:.1f} GB/s"
     )
-    console.print(
-        f"[bold]generate[/bold]: GPT-2 {'(quick) ' if args.quick else ''}"
-        f"d={shape.n_embd} L={shape.n_layer} V={shape.vocab_size}, prompt {shape.prompt}, "
-        f"{shape.new_tokens} new tokens, greedy; {torch.get_num_threads()} threads, "
-        f"median of {repeats}"
-    )
+    settings: list[tuple[str, Shape, list[int]]] = []
+    if "gpt2" in args.model:
+        settings.append(
+            (
+                "GPT-2" + (" (quick)" if args.quick else ""),
+                QUICK if args.quick else FULL,
+                args.batches,
+            )
+        )
+    if "smollm2" in args.model:
+        settings.append(("SmolLM2-135M", SMOLLM2_QUICK if args.quick else SMOLLM2, [1]))
     results = []
     failed = False
-    for precision in args.precisions:
-        for batch in args.batches:
-            hf, gpt = build_models(shape)
-            r = compare(hf, gpt, shape, batch, precision, repeats, bandwidth)
-            results.append(r)
-            console.print(
-                f"  {precision} batch {batch}: HF {r.hf:.1f}, attnlab {r.attnlab:.1f} tok/s "
-                f"({r.ratio:.2f}x), {r.attnlab / r.design_roofline:.0%} of the 22 GB/s roofline, "
-                f"{r.attnlab / r.roofline:.0%} of the measured one, "
-                f"identical {r.identical:.0%}"
-            )
-            if precision == "fp32" and r.identical < 1.0:
-                failed = True
+    for label, shape, batches in settings:
+        console.print(
+            f"[bold]generate[/bold]: {label} d={shape.n_embd} L={shape.n_layer} "
+            f"V={shape.vocab_size}, prompt {shape.prompt}, {shape.new_tokens} new tokens, greedy; "
+            f"{torch.get_num_threads()} threads, median of {repeats}"
+        )
+        for precision in args.precisions:
+            for batch in batches:
+                hf, gpt = build_smollm2() if label.startswith("SmolLM2") else build_models(shape)
+                r = compare(label, hf, gpt, shape, batch, precision, repeats, bandwidth)
+                results.append(r)
+                console.print(
+                    f"  {precision} batch {batch}: HF {r.hf:.1f}, attnlab {r.attnlab:.1f} "
+                    f"({r.ratio:.2f}x), compiled {r.compiled:.1f} tok/s ({r.compiled_ratio:.2f}x, "
+                    f"{r.compiled / r.roofline:.0%} of the measured roofline, compile "
+                    f"{r.compile_s:.0f} s), identical {r.identical:.0%} / {r.compiled_identical:.0%}"
+                )
+                if precision == "fp32" and min(r.identical, r.compiled_identical) < 1.0:
+                    failed = True
 
     table = Table(
-        title="tokens/s (median run), attnlab.generate vs Hugging Face generate, same weights; "
-        "ratio = median of back-to-back run ratios"
+        title="tokens/s (median run), attnlab.generate (eager, compile=True) vs Hugging Face "
+        "generate, same weights; ratio = median of back-to-back run ratios"
     )
     for col in (
+        "model",
         "precision",
         "batch",
         "HF",
         "attnlab",
         "ratio",
+        "compiled",
+        "ratio",
+        "compile s",
         "of 22 GB/s roofline",
-        "of measured roofline",
-        "same tokens",
+        "of measured roofline (eager / compiled)",
+        "same tokens (eager / compiled)",
     ):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(
+            r.model,
             r.precision,
             str(r.batch),
             f"{r.hf:.1f}",
             f"{r.attnlab:.1f}",
             f"{r.ratio:.2f}x",
+            f"{r.compiled:.1f}",
+            f"{r.compiled_ratio:.2f}x",
+            f"{r.compile_s:.0f}",
             f"{r.attnlab / r.design_roofline:.0%}",
-            f"{r.attnlab / r.roofline:.0%}",
-            f"{r.identical:.0%}",
+            f"{r.attnlab / r.roofline:.0%} / {r.compiled / r.roofline:.0%}",
+            f"{r.identical:.0%} / {r.compiled_identical:.0%}",
         )
     console.print(table)
 
-    _, gpt = build_models(shape)
-    steps = 16
-    near = step_rate(gpt, 10, steps, repeats)
-    far = step_rate(gpt, shape.far, steps, repeats)
-    pos = Table(title="one-token steps, batch 1 fp32 (GPT.decode_step)")
-    for col in ("position", "tokens/s", "slowdown"):
-        pos.add_column(col, justify="right")
-    pos.add_row("10", f"{near:.1f}", "1.00x")
-    pos.add_row(str(shape.far), f"{far:.1f}", f"{near / far:.2f}x")
-    console.print(pos)
+    if "gpt2" in args.model:
+        shape = QUICK if args.quick else FULL
+        _, gpt = build_models(shape)
+        steps = 16
+        near = step_rate(gpt, 10, steps, repeats)
+        far = step_rate(gpt, shape.far, steps, repeats)
+        pos = Table(title="one-token steps, batch 1 fp32 (GPT.decode_step)")
+        for col in ("position", "tokens/s", "slowdown"):
+            pos.add_column(col, justify="right")
+        pos.add_row("10", f"{near:.1f}", "1.00x")
+        pos.add_row(str(shape.far), f"{far:.1f}", f"{near / far:.2f}x")
+        console.print(pos)
     if failed:
         console.print("[red]fp32 tokens differ from Hugging Face[/red]")
         return 1

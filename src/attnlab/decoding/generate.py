@@ -28,6 +28,7 @@ from attnlab._checks import (
     shape_str,
 )
 from attnlab.decoding.beam import beam_search
+from attnlab.decoding.compiled import CompiledStepper, static_unsupported
 from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
 from attnlab.decoding.strategies import greedy_choice, sample_choice
@@ -57,6 +58,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
+    compile: bool = False,
 ) -> torch.Tensor:
     """Generate tokens with a KV cache, from a decoder-only or an encoder-decoder model.
 
@@ -95,6 +97,12 @@ def generate(
             ``input_ids != pad_id``).
         pad_token_id: fills rows after they stop. Default ``config.pad_id`` for an encoder-decoder;
             for a decoder-only model the first EOS id, else 0.
+        compile: run each step after the prompt as one ``torch.compile``'d graph with static
+            shapes (:mod:`attnlab.decoding.compiled`: the KV cache at a fixed capacity, the new
+            position held in a tensor, compiled once per batch, capacity and dtype and kept on
+            the model). The same tokens as ``False``. A model it does not cover (an
+            encoder-decoder, Performer, BigBird, a kind with its own ``attend_heads``) decodes
+            eagerly. Default ``False``.
 
     Returns:
         token ids ``(B, T + n)`` for a decoder-only model, ``(B, 1 + n)`` for an encoder-decoder,
@@ -136,6 +144,8 @@ def generate(
         )
     if not math.isfinite(length_penalty):
         raise ArgumentError(f"length_penalty must be finite, got {length_penalty}")
+    if not isinstance(compile, bool):
+        raise ArgumentTypeError(f"compile must be a bool, got {type(compile).__name__}")
     if not isinstance(early_stopping, bool):
         raise ArgumentTypeError(
             f"early_stopping must be a bool, got {type(early_stopping).__name__}"
@@ -170,7 +180,7 @@ def generate(
     try:
         n_rows = ids.shape[0] * (num_beams if strategy == "beam" else 1)
         expand = num_beams if strategy == "beam" else 1
-        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq)
+        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, compile)
         if strategy == "beam":
             best = beam_search(
                 stepper,
@@ -249,12 +259,18 @@ def _make_stepper(
     max_new_tokens: int,
     expand: int,
     seq2seq: bool,
+    compile: bool = False,
 ) -> Stepper:
     if expand > 1:  # beam search: row b·K + k is beam k of prompt b
         ids = ids.repeat_interleave(expand, dim=0)
         mask = None if mask is None else mask.repeat_interleave(expand, dim=0)
     if seq2seq:
         return Seq2SeqStepper(model, ids, mask, 1 + max_new_tokens)
+    if compile:
+        reason = static_unsupported(model)
+        if reason is None:
+            return CompiledStepper(model, ids, mask, ids.shape[1] + max_new_tokens)
+        logger.info("generate(compile=True) decodes eagerly: %s", reason)
     return CausalStepper(model, ids, mask, ids.shape[1] + max_new_tokens)
 
 
