@@ -108,3 +108,34 @@ def test_bad_sink_caches_are_refused() -> None:
         model(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2), cache=cache)
     with pytest.raises(ValueError, match="needs both sinks and window"):
         model.new_cache(1, 8, sinks=2)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_generate_with_a_sink_cache_goes_past_the_position_table(strategy: str) -> None:
+    model = llama_like()
+    prompt = torch.randint(0, 53, (1, 10))
+    options: dict[str, object] = {"strategy": strategy}
+    if strategy == "sample":
+        options["generator"] = torch.Generator().manual_seed(0)
+    out = al.generate(
+        model, prompt, max_new_tokens=80, cache_sinks=4, cache_window=20, **options
+    )  # 90 positions, n_positions = 64
+    assert out.shape[1] == 90 and torch.equal(out[:, :10], prompt)
+    if strategy == "greedy":  # the same tokens as feeding them one by one
+        cache = model.new_cache(1, 128, sinks=4, window=20)
+        with torch.no_grad():
+            logits = model(prompt, cache=cache).logits[:, -1]
+            ids = [int(logits.argmax())]
+            for _ in range(79):
+                logits = model(torch.tensor([ids[-1:]]), cache=cache).logits[:, -1]
+                ids.append(int(logits.argmax()))
+        assert out[0, 10:].tolist() == ids
+
+
+def test_generate_refuses_a_sink_cache_it_cannot_use() -> None:
+    model = llama_like()
+    prompt = torch.randint(0, 53, (1, 10))
+    with pytest.raises(ValueError, match="needs both cache_sinks and cache_window"):
+        al.generate(model, prompt, max_new_tokens=4, cache_sinks=4)
+    with pytest.raises(ValueError, match="must fit the position table n_positions = 64"):
+        al.generate(model, prompt, max_new_tokens=4, cache_sinks=4, cache_window=60)

@@ -59,6 +59,8 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
     compile: bool = False,
+    cache_sinks: int | None = None,
+    cache_window: int | None = None,
 ) -> torch.Tensor:
     """Generate tokens with a KV cache, from a decoder-only or an encoder-decoder model.
 
@@ -103,6 +105,12 @@ def generate(
             the model). The same tokens as ``False``. A model it does not cover (an
             encoder-decoder, Performer, BigBird, a kind with its own ``attend_heads``) decodes
             eagerly. Default ``False``.
+        cache_sinks: with ``cache_window``, decode from a sink cache (StreamingLLM, Xiao et al.
+            2023; :meth:`attnlab.GPT.new_cache` with ``sinks``): the first ``cache_sinks``
+            positions and the last ``cache_window``, positions within the cache, so a
+            full-attention decoder generates past ``n_positions``. Decoder-only, no left padding;
+            steps run eagerly. Default ``None`` (every position kept).
+        cache_window: the recent positions a sink cache keeps (with ``cache_sinks``).
 
     Returns:
         token ids ``(B, T + n)`` for a decoder-only model, ``(B, 1 + n)`` for an encoder-decoder,
@@ -156,7 +164,11 @@ def generate(
         (cfg.src_vocab_size, "src_vocab_size") if seq2seq else (cfg.vocab_size, "vocab_size")
     )
     _check_range(ids, in_vocab, in_vocab_name)
-    _check_length(cfg, ids.shape[1], max_new_tokens, seq2seq)
+    streaming = cache_sinks is not None or cache_window is not None
+    if streaming:
+        _check_sink_cache(model, ids, attention_mask, cache_sinks, cache_window, seq2seq)
+    else:
+        _check_length(cfg, ids.shape[1], max_new_tokens, seq2seq)
     if eos_token_id is None and seq2seq:
         eos_token_id = cfg.eos_id
     eos = _check_token_list("eos_token_id", eos_token_id, out_vocab)
@@ -180,7 +192,8 @@ def generate(
     try:
         n_rows = ids.shape[0] * (num_beams if strategy == "beam" else 1)
         expand = num_beams if strategy == "beam" else 1
-        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, compile)
+        sink = (cache_sinks, cache_window) if streaming else None
+        stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, compile, sink)
         if strategy == "beam":
             best = beam_search(
                 stepper,
@@ -260,12 +273,18 @@ def _make_stepper(
     expand: int,
     seq2seq: bool,
     compile: bool = False,
+    sink: tuple[int | None, int | None] | None = None,
 ) -> Stepper:
     if expand > 1:  # beam search: row b·K + k is beam k of prompt b
         ids = ids.repeat_interleave(expand, dim=0)
         mask = None if mask is None else mask.repeat_interleave(expand, dim=0)
     if seq2seq:
         return Seq2SeqStepper(model, ids, mask, 1 + max_new_tokens)
+    if sink is not None:  # a sink cache: eager steps
+        sinks, window = sink
+        cache = model.new_cache(ids.shape[0], ids.shape[1] + max_new_tokens, device=ids.device,
+                                sinks=sinks, window=window)  # fmt: skip
+        return CausalStepper(model, ids, mask, ids.shape[1] + max_new_tokens, cache=cache)
     if compile:
         reason = static_unsupported(model)
         if reason is None:
@@ -321,6 +340,33 @@ def _check_range(ids: torch.Tensor, vocab: int, name: str) -> None:
     if lo < 0 or hi >= vocab:
         bad = hi if hi >= vocab else lo
         raise ArgumentError(f"input_ids must lie in [0, {name} = {vocab}), got token id {bad}")
+
+
+def _check_sink_cache(
+    model: Any,
+    ids: torch.Tensor,
+    attention_mask: object,
+    sinks: int | None,
+    window: int | None,
+    seq2seq: bool,
+) -> None:
+    """A sink cache: a decoder-only model, no padding, the prompt and ``sinks + window + 1``
+    places within the position table."""
+    if seq2seq:
+        raise ArgumentError("cache_sinks/cache_window are for decoder-only models")
+    if sinks is None or window is None:
+        raise ArgumentError(
+            f"a sink cache needs both cache_sinks and cache_window, got {sinks!r} and {window!r}"
+        )
+    if attention_mask is not None:
+        raise ArgumentError("attention_mask must be None with a sink cache (no left padding)")
+    limit = model.config.n_positions
+    longest = max(ids.shape[1], sinks + window + 1)
+    if longest > limit:
+        raise ArgumentError(
+            f"the prompt ({ids.shape[1]} tokens) and cache_sinks + cache_window + 1 = "
+            f"{sinks + window + 1} places must fit the position table n_positions = {limit}"
+        )
 
 
 def _check_length(cfg: Any, t: int, max_new_tokens: int, seq2seq: bool) -> None:

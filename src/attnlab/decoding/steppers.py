@@ -65,6 +65,7 @@ class CausalStepper:
         input_ids: prompt ``(N, T)``, left-padded when ``attention_mask`` has zeros.
         attention_mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
         capacity: cache size, ``T + max_new_tokens``.
+        cache: the cache to decode from (e.g. a sink cache); default ``model.new_cache``.
 
     Shape:
         input_ids and attention_mask ``(N, T)``; ``N`` rows (batch × beams), ``T`` prompt length.
@@ -80,11 +81,15 @@ class CausalStepper:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         capacity: int,
+        cache: Any = None,
     ) -> None:
         n, t = input_ids.shape
         self.model = model
         self.input_ids = input_ids
-        self.cache = model.new_cache(n, capacity, device=input_ids.device)
+        # the model's own cache, or one given (a sink cache)
+        self.cache = (
+            model.new_cache(n, capacity, device=input_ids.device) if cache is None else cache
+        )
         self.length = t
         self.mask: torch.Tensor | None = None
         if attention_mask is not None:
