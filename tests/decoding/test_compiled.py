@@ -25,6 +25,7 @@ CONFIGS = {
     "gpt2": {},
     "llama": LLAMA,
     "sliding": {"attention": SlidingSpec(window=4)},
+    "attention-only": {"positions": "rope", "mlp": "none"},
 }
 
 

@@ -152,7 +152,9 @@ def _decode_one_token(
         z = F.scaled_dot_product_attention(q, kc, vc, attn_mask=m, scale=d_head**-0.5)
         z = z.reshape(b, 1, h * d_head)  # (B, 1, n_embd): heads concatenated
         a = attn.project_out(z)
-        if block.parallel_residual:
+        if block.mlp is None or block.ln_2 is None:  # attention-only
+            x = x + a
+        elif block.parallel_residual:
             x = x + a + block.mlp(block.ln_2(x))
         else:
             x = x + a
