@@ -20,7 +20,7 @@ FULL = False  # True: longer sequences, a larger batch and more random draws (a 
 SEED = 0
 K = 6  # the heads ablated
 if FULL:
-    SEQ_LEN, BATCH, DRAWS, KS = 200, 16, 30, [1, 2, 3, 4, 6, 8, 12, 16]
+    SEQ_LEN, BATCH, DRAWS, KS = 200, 8, 20, [1, 2, 4, 6, 8, 12, 16]
 else:
     SEQ_LEN, BATCH, DRAWS, KS = 40, 8, 8, [2, 4, 6, 10]
 
