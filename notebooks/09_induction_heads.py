@@ -228,7 +228,9 @@ ax.errorbar([2], [random_gaps.mean()], yerr=[random_gaps.std()], color="black", 
 ax.scatter(np.full(DRAWS, 2) + np.linspace(-0.15, 0.15, DRAWS), random_gaps, color="black", s=8,
            zorder=3, label="each random draw")  # fmt: skip
 for x, v in enumerate(heights):
-    ax.text(x, 0.3, f"{v:.2f}", ha="center", va="bottom", fontsize=9, color="white")
+    low = v < 0.2 * max(heights)  # a short bar: the value above it, else inside its foot
+    ax.text(x, v + 0.1 if low else 0.3, f"{v:.2f}", ha="center", va="bottom", fontsize=9,
+            color="black" if low else "white")  # fmt: skip
 ax.set_ylabel("gap: first-copy − second-copy loss (nats)")
 ax.set_title(f"In-context learning gap with {K} heads removed", fontsize=10)
 ax.legend(fontsize=8, loc="upper left")
