@@ -8,6 +8,7 @@ with the cell and its traceback.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,16 @@ def _outputs(nb: nbformat.NotebookNode, mime: str) -> list[str]:
     ]
 
 
+def _printed(nb: nbformat.NotebookNode) -> str:
+    return "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "stream"
+    )
+
+
 def test_the_learning_path_is_complete():
     names = [s.stem for s in SOURCES]
     assert len(names) >= 8, names
@@ -55,6 +66,14 @@ def test_notebook_executes(source: Path):
         viewers = [h for h in _outputs(nb, "text/html") if 'class="attnlab-viewer"' in h]
         assert viewers, "notebook 07 must show the viewer inline"
         assert "srcdoc=" in viewers[0] and "attnlabViewer" in viewers[0]
+    if source.stem.startswith("09"):  # the induction heads carry the in-context copying
+        line = re.search(
+            r"gap closed: top-\d+ induction ([-\d.]+), random ([-\d.]+) \(max ([-\d.]+)\)",
+            _printed(nb),
+        )
+        assert line, "notebook 09 must print the gap closed by each ablation"
+        top, random_mean, random_max = map(float, line.groups())
+        assert top > 0.5 and top > random_max and random_mean < 0.25, line.group(0)
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
