@@ -8,6 +8,7 @@ with the cell and its traceback.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,21 @@ def test_notebook_executes(source: Path):
         viewers = [h for h in _outputs(nb, "text/html") if 'class="attnlab-viewer"' in h]
         assert viewers, "notebook 07 must show the viewer inline"
         assert "srcdoc=" in viewers[0] and "attnlabViewer" in viewers[0]
+    if source.stem.startswith("10"):
+        _check_induction_heads_formed(nb)
+
+
+def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
+    """Notebook 10's last line: the 2-layer model formed an induction head, the 1-layer did not."""
+    text = "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
+    m = re.search(r"induction score: 2-layer ([\d.]+) \(step 0: ([\d.]+)\), 1-layer ([\d.]+)", text)
+    assert m, "notebook 10 must print 'induction score: 2-layer X (step 0: Y), 1-layer Z'"
+    end2, start2, end1 = (float(v) for v in m.groups())
+    assert start2 < 0.1, f"2-layer induction score at step 0: {start2}"
+    assert end2 > 0.4, f"2-layer model formed no induction head: best layer-1 score {end2}"
+    assert end1 < 0.2, f"1-layer control scored {end1}"
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
