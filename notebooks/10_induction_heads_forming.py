@@ -10,15 +10,17 @@
 # a model with two can, by composing two heads.
 #
 # This notebook trains both from scratch on the CPU and records, while they train, the attention of
-# every head on a fixed probe of repeated random tokens (`attnlab.inspect.capture`,
-# `attnlab.inspect.roles.role_scores`, `attnlab.viz.probe_history.ProbeHistory`).
+# every head on fixed probes in which a random segment recurs at a random offset
+# (`attnlab.inspect.capture`, `attnlab.inspect.roles.role_scores`,
+# `attnlab.viz.probe_history.ProbeHistory`).
 #
 # You will learn:
 #
 # - the mechanism: a previous-token head in layer 0 and an induction head in layer 1 that reads it
 #   through its keys (K-composition);
-# - how to measure it during training: loss on the repeated half vs the first half, and the
-#   induction score of every head;
+# - how to measure it during training: the loss on the repeated tokens vs the others, and the
+#   induction score of every head, on probes whose repeat offset changes from row to row;
+# - why the data and the positions must not offer a positional shortcut;
 # - why a one-layer model is a control that never forms one.
 
 # %%
@@ -26,16 +28,14 @@ FULL = False  # True: a wider model trained longer (a few minutes on a laptop CP
 
 SEED = 0
 V, T = 64, 32  # vocabulary, sequence length
+D, HEADS, BATCH, LR, WARMUP = 64, 4, 32, 1e-3, 50
 if FULL:
-    D, HEADS, STEPS, BATCH, LR, EVERY = 128, 4, 1500, 64, 3e-3, 50
+    STEPS, EVERY = 2000, 25
 else:
-    D, HEADS, STEPS, BATCH, LR, EVERY = 128, 4, 500, 32, 3e-3, 25
-SKIP = 0.5  # share of the filler tokens that follow the skip rule x[t] = π(x[t − 2])
-N_PROBE = T // 2  # the probe: r + r with |r| = 16
+    STEPS, EVERY = 1000, 25
+N_PROBE = 64  # probe sequences
 
 # %%
-import math
-
 import matplotlib.figure
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 import attnlab as al
 from attnlab.inspect import capture
-from attnlab.inspect.roles import repeated_tokens, role_scores
+from attnlab.inspect.roles import role_scores
 from attnlab.viz import Plot
 from attnlab.viz.evolution import attention_evolution
 from attnlab.viz.probe_history import ProbeHistory
@@ -51,40 +51,35 @@ from attnlab.viz.probe_history import ProbeHistory
 torch.manual_seed(SEED)
 
 # %% [markdown]
-# ## 1 · Data where copying pays
+# ## 1 · Data where copying pays, and only by content
 #
-# Each training sequence of $T = 32$ tokens is filler with a repeated segment inside it: a segment
-# $r$ of random length $L \in [6, 16]$ starting at a random place $P$, then $r$ again,
+# Each training sequence is $T = 32$ uniformly random tokens (vocabulary $V = 64$) in which a
+# segment $r$ of random length $n \in [6, 16]$, starting at a random place $a$, recurs later at a
+# random place $c \ge a + n$:
 #
-# $$x = (\underbrace{x_0 \dots x_{P-1}}_{\text{filler}},\ r_1 \dots r_L,\ r_1 \dots r_L,\
-# \underbrace{\dots}_{\text{filler}}).$$
+# $$x = (\dots,\ \underbrace{r_1 \dots r_n}_{a},\ \dots,\ \underbrace{r_1 \dots r_n}_{c},\ \dots).$$
 #
-# Because $L$ and $P$ change from sequence to sequence, no fixed offset finds the earlier copy:
-# the only way to predict $r_{i+1}$ in the second copy is to find where the current token $r_i$
-# occurred before and read the token after it — an induction head. The filler is there so that
-# there is something else to learn: its tokens follow a skewed unigram distribution
-# ($p_k \propto 1/\sqrt{k}$) and, half of the time, a **skip rule** $x_t = \pi(x_{t-2})$ for a
-# fixed permutation $\pi$, which a head that reads the previous token can use.
+# Everything outside the second copy is unpredictable (about $\ln 64 = 4.16$ nats a token). In the
+# second copy $r_{i+1}$ is predictable, but only by finding where $r_i$ occurred before and reading
+# the token after it — an induction head. Two details keep the model from a cheaper trick:
+#
+# - the offset $c - a$ changes from sequence to sequence. With a fixed offset (e.g. $r + r$ with
+#   $|r| = 16$) a head can simply attend $15$ positions back, a purely positional rule that
+#   already scores as "induction" on an $r + r$ probe — even in layer 0, where content-based
+#   induction is impossible;
+# - the models use rotary positions (`positions="rope"`): attention depends on positions only
+#   through their difference, so there is no absolute position to key a shortcut on.
+
 
 # %%
-unigram = 1.0 / torch.arange(1, V + 1).double().sqrt()
-unigram /= unigram.sum()
-PERM = torch.randperm(V, generator=torch.Generator().manual_seed(7))
-
-
 def batch(n: int, g: torch.Generator) -> torch.Tensor:
-    """``n`` training sequences, shape ``(n, T)``: filler with one repeated segment."""
-    x = torch.multinomial(unigram.expand(n, V), T, replacement=True, generator=g)  # (n, T)
-    rule = torch.rand(n, T, generator=g) < SKIP
-    made = torch.zeros(n, T, dtype=torch.bool)
-    for t in range(2, T):  # x_t = π(x_{t−2}), never chained
-        use = rule[:, t] & ~made[:, t - 2]
-        x[:, t] = torch.where(use, PERM[x[:, t - 2]], x[:, t])
-        made[:, t] = use
+    """``n`` training sequences, shape ``(n, T)``: random tokens, one segment recurring later."""
+    x = torch.randint(0, V, (n, T), generator=g)
     for i in range(n):
         L = int(torch.randint(6, T // 2 + 1, (1,), generator=g))
-        P = int(torch.randint(0, T - 2 * L + 1, (1,), generator=g))
-        x[i, P + L : P + 2 * L] = x[i, P : P + L]  # the second copy of r
+        a = int(torch.randint(0, T - 2 * L + 1, (1,), generator=g))
+        c = int(torch.randint(a + L, T - L + 1, (1,), generator=g))
+        x[i, c : c + L] = x[i, a : a + L]
     return x
 
 
@@ -92,30 +87,50 @@ example = batch(1, torch.Generator().manual_seed(1))[0]
 print(" ".join(f"{int(v):2d}" for v in example))
 
 # %% [markdown]
-# Two fixed inputs are measured every `EVERY` steps:
+# The models are measured every `EVERY` steps on one fixed set of **probes**: $T$ *distinct*
+# random tokens in which a segment of random length $n \in [8, 16]$ recurs at a random offset (so a
+# token's earlier occurrence is unique). On them:
 #
-# - an **evaluation set** of sequences $r + r$ with $|r| = 16$ drawn from the unigram
-#   distribution: the mean loss on the first half (nothing to copy) and on the repeated half
-#   (everything can be copied). Their difference is Olsson et al.'s in-context learning score;
-# - the **probe** of `attnlab.inspect.roles.repeated_tokens`: 16 *distinct* random tokens, twice.
-#   On it `role_scores` gives each head's induction score
-#   $\mathrm{ind}(h) = \operatorname{mean}_{t \ge n} A_h[t,\ t - n + 1]$, the weight the second
-#   copy puts on the token after the earlier occurrence of the current token (1: a perfect
-#   induction head), and its previous-token score $\operatorname{mean}_t A_h[t, t-1]$.
+# - the mean loss on the **repeated** tokens (the targets $r_2 \dots r_n$ of the second copy, all
+#   copyable) and on the **other** tokens (nothing to copy);
+# - `role_scores` gives each head's induction score
+#   $\mathrm{ind}(h) = \operatorname{mean}_{t} \sum_{s + 1 < t,\ x_s = x_t} A_h[t,\ s + 1]$ over
+#   the positions $t$ whose token occurred before: the weight on the token *after* the earlier
+#   occurrence (1: a perfect induction head), and its previous-token score
+#   $\operatorname{mean}_t A_h[t, t-1]$.
+
 
 # %%
-g_eval = torch.Generator().manual_seed(999)
-r = torch.multinomial(unigram.expand(128, V), N_PROBE, replacement=True, generator=g_eval)
-evaluation = torch.cat([r, r], 1)  # (128, 32)
-probe = repeated_tokens(N_PROBE, batch=8, token_range=(0, V), seed=123)  # (8, 32)
-print("probe row 0:", probe[0].tolist())
+def make_probes(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """Distinct tokens with one recurring segment per row; mask of the copyable targets."""
+    g = torch.Generator().manual_seed(seed)
+    rows, masks, where = [], [], []
+    for _ in range(n):
+        x = torch.randperm(V, generator=g)[:T].clone()
+        L = int(torch.randint(8, T // 2 + 1, (1,), generator=g))
+        a = int(torch.randint(0, T - 2 * L + 1, (1,), generator=g))
+        c = int(torch.randint(a + L, T - L + 1, (1,), generator=g))
+        x[c : c + L] = x[a : a + L]
+        mask = torch.zeros(T - 1, dtype=torch.bool)  # target t + 1 predicted at position t
+        mask[c : c + L - 1] = True  # targets r_2 … r_L of the second copy
+        rows.append(x)
+        masks.append(mask)
+        where.append((a, c, L))
+    return torch.stack(rows), torch.stack(masks), where
+
+
+probe, copyable, where = make_probes(N_PROBE, seed=5)
+a0, c0, n0 = where[0]
+print(f"probe row 0 (segment of {n0} at {a0}, again at {c0}):", probe[0].tolist())
+print("repeat offsets c − a of the probes:", sorted({c - a for a, c, _ in where}))
 
 # %% [markdown]
 # ## 2 · Two attention-only models, trained the same way
 #
 # `GPTConfig(mlp="none")` builds blocks with attention only, so the residual stream is
 # $x_{l+1} = x_l + \sum_h \mathrm{head}_h(\mathrm{LN}(x_l))$ and everything the model computes is
-# attention. A plain AdamW loop (a warm-up of 50 steps, then a cosine decay) is all they need; every
+# attention. A plain AdamW loop (learning rate $10^{-3}$ after a warm-up of 50 steps) is all they
+# need; every
 # `EVERY` steps `log` captures the probe's attention, scores every head and keeps the weights in a
 # `ProbeHistory`.
 
@@ -124,7 +139,13 @@ print("probe row 0:", probe[0].tolist())
 def make_model(layers: int) -> al.GPT:
     torch.manual_seed(SEED)
     cfg = al.GPTConfig(
-        vocab_size=V, n_positions=T, n_embd=D, n_layer=layers, n_head=HEADS, mlp="none"
+        vocab_size=V,
+        n_positions=T,
+        n_embd=D,
+        n_layer=layers,
+        n_head=HEADS,
+        positions="rope",
+        mlp="none",
     )
     return al.GPT(cfg)
 
@@ -136,13 +157,13 @@ def measure(model: al.GPT, history: ProbeHistory, step: int) -> dict:
         model(probe)
     scores = {name: role_scores(w, probe) for name, w in cache.attentions.items()}
     history.record(step, cache.attentions, cache.kinds)
-    logits = model(evaluation).logits[:, :-1]  # (B, T − 1, V): token t predicts t + 1
-    ce = F.cross_entropy(logits.transpose(1, 2), evaluation[:, 1:], reduction="none")  # (B, T−1)
+    logits = model(probe).logits[:, :-1]  # (B, T − 1, V): token t predicts t + 1
+    ce = F.cross_entropy(logits.transpose(1, 2), probe[:, 1:], reduction="none")  # (B, T − 1)
     model.train()
     return {
         "step": step,
-        "first": float(ce[:, : N_PROBE - 1].mean()),  # targets 1 … n − 1: nothing to copy
-        "repeated": float(ce[:, N_PROBE:].mean()),  # targets n + 1 … 2n − 1: all copyable
+        "other": float(ce[~copyable].mean()),  # nothing to copy
+        "repeated": float(ce[copyable].mean()),  # the second copy: all copyable
         "induction": {n: s["induction"].numpy() for n, s in scores.items()},
         "previous": {n: s["previous"].numpy() for n, s in scores.items()},
     }
@@ -161,10 +182,8 @@ def train(layers: int) -> tuple[al.GPT, list[dict], ProbeHistory]:
             running = []
         if step == STEPS:
             break
-        warm = min(1.0, (step + 1) / 50)
-        cosine = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / STEPS))
         for group in opt.param_groups:
-            group["lr"] = LR * warm * cosine
+            group["lr"] = LR * min(1.0, (step + 1) / WARMUP)
         x = batch(BATCH, g)
         loss = model(x, labels=x).loss
         opt.zero_grad()
@@ -181,17 +200,24 @@ for name, logs in (("2-layer", logs2), ("1-layer", logs1)):
     last = "transformer.h.1.attn" if name == "2-layer" else "transformer.h.0.attn"
     for e in logs[:: max(1, len(logs) // 8)] + logs[-1:]:
         print(
-            f"{name} step {e['step']:5d}: train {e['train']:.3f}  first half {e['first']:.3f}  "
-            f"repeated half {e['repeated']:.3f}  induction (last layer, best head) "
-            f"{e['induction'][last].max():.2f}"
+            f"{name} step {e['step']:5d}: train {e['train']:.3f}  other {e['other']:.3f}  "
+            f"repeated {e['repeated']:.3f}  induction (best head per layer) "
+            f"{[round(float(v.max()), 2) for v in e['induction'].values()]}"
         )
 
 # %% [markdown]
 # ## 3 · The phase change
 #
-# Top: the induction score of the best head of the last layer. Bottom: the loss on the first half
-# and on the repeated half of the evaluation set. The dotted line marks the step where the
-# two-layer model's induction score rose most between two measurements.
+# Top: the induction score of the best head of each layer on the random-offset probes. Bottom: the
+# loss on the repeated tokens and on the others. The dotted line marks the step where the
+# two-layer model's layer-1 score rose most between two measurements.
+#
+# The two-layer model sits on a plateau for several hundred steps: the repeated-token loss creeps
+# down (like the one-layer model's, from raising tokens already seen) and its layer-1 score
+# settles near 0.2, the level the one-layer control also reaches with diffuse attention. Then, within about a hundred steps, the layer-1 score jumps towards 1 and the
+# repeated-token loss falls by several nats, while the loss on the other tokens, which cannot be
+# predicted, stays near $\ln 64$. Layer 0's induction score stays near zero throughout — it cannot
+# do content-based induction — and the one-layer control never jumps.
 
 
 # %%
@@ -203,18 +229,20 @@ def curve(logs: list[dict], key: str, layer: str | None = None) -> np.ndarray:
 
 steps = curve(logs2, "step")
 ind2, ind1 = curve(logs2, "induction", LAST2), curve(logs1, "induction", LAST1)
+ind0 = curve(logs2, "induction", LAST1)  # layer 0 of the 2-layer model
 jump = int(steps[1:][np.argmax(np.diff(ind2))])
 
 fig = matplotlib.figure.Figure(figsize=(8, 6.5), layout="constrained")
 top, bottom = fig.subplots(2, 1, sharex=True)
 top.plot(steps, ind2, "C0-o", ms=3, label="2-layer: best layer-1 head")
+top.plot(steps, ind0, "C0:", label="2-layer: best layer-0 head")
 top.plot(steps, ind1, "C3-o", ms=3, label="1-layer (control): best head")
 top.set_ylabel("induction score")
 top.set_ylim(0, 1)
 top.legend(loc="upper left")
 for model_logs, color, name in ((logs2, "C0", "2-layer"), (logs1, "C3", "1-layer")):
-    bottom.plot(steps, curve(model_logs, "first"), color + "--", label=f"{name}: first half")
-    bottom.plot(steps, curve(model_logs, "repeated"), color + "-", label=f"{name}: repeated half")
+    bottom.plot(steps, curve(model_logs, "other"), color + "--", label=f"{name}: other tokens")
+    bottom.plot(steps, curve(model_logs, "repeated"), color + "-", label=f"{name}: repeated")
 bottom.set_ylabel("loss (nats / token)")
 bottom.set_xlabel("training step")
 bottom.legend(loc="lower left", fontsize=8)
@@ -227,10 +255,11 @@ Plot(fig, {"steps": steps, "induction_2": ind2, "induction_1": ind1})
 # %% [markdown]
 # ## 4 · The heads before and after
 #
-# The probe's attention was recorded at every measurement. Layer 1 of the two-layer model, from
-# the first record to the last (queries down, keys across): the **induction stripe** appears — in
-# the second copy, position $t$ attends to $t - n + 1$, an off-diagonal line $n - 1 = 15$ below
-# the diagonal.
+# The attention on probe row 0 was recorded at every measurement (its segment and offset are
+# printed in section 1). Layer 1 of the two-layer model, from the first record to the last
+# (queries down, keys across): in the second copy an **induction stripe** appears — position $t$
+# attends to $t - (c - a) + 1$, a short off-diagonal line $c - a - 1$ below the diagonal, only
+# over the rows of the second copy.
 
 # %%
 attention_evolution(history2, layer=LAST2, max_steps=4, max_tokens=32)
@@ -244,8 +273,9 @@ attention_evolution(history2, layer="transformer.h.0.attn", max_steps=3, max_tok
 # %% [markdown]
 # ## 5 · The mechanism: K-composition
 #
-# Write the residual stream at position $s$ after layer 0 as $x_s^{(1)} = e_{x_s} + p_s +
-# \sum_h o_h(s)$. A previous-token head $h_0$ attends from $s$ to $s - 1$ and writes
+# Write the residual stream at position $s$ after layer 0 as $x_s^{(1)} = e_{x_s} +
+# \sum_h o_h(s)$ (with rotary positions nothing positional is added to the stream; queries and keys
+# are rotated by their position). A previous-token head $h_0$ attends from $s$ to $s - 1$ and writes
 # $o_{h_0}(s) \approx W_O^{h_0} W_V^{h_0} e_{x_{s-1}}$: position $s$ now carries the identity of
 # the token *before* it. An induction head $h_1$ of layer 1 scores key $s$ for query $t$ by
 #
@@ -255,8 +285,9 @@ attention_evolution(history2, layer="transformer.h.0.attn", max_steps=3, max_tok
 # large when $x_{s-1} = x_t$: its *keys* read the output of $h_0$ — **K-composition** (Elhage et al.
 # 2021, "A Mathematical Framework for Transformer Circuits"). Its OV circuit then copies
 # $x_s$, the token after the earlier occurrence, into the logits. With one layer the keys hold only
-# $e_{x_s} + p_s$, never $x_{s-1}$: the best a one-layer model can do is raise every token already
-# seen, which is why its repeated-half loss stays close to its first-half loss.
+# $e_{x_s}$ (rotated by its position), never $x_{s-1}$: the best a one-layer model can do is raise
+# the tokens already seen, which is why its repeated-token loss only falls to about the log of the
+# number of tokens seen so far, far above the two-layer model's.
 #
 # Which heads of a trained model matter can also be measured by removing them: the head-pruning
 # curve of [notebook 6](06_training.ipynb) shows what is lost as heads go.
@@ -267,10 +298,11 @@ prev0 = logs2[-1]["previous"]["transformer.h.0.attn"]
 print(f"layer-1 induction scores at the end: {np.round(logs2[-1]['induction'][LAST2], 2)}")
 print(f"layer-0 previous-token scores at the end: {np.round(prev0, 2)}")
 print(
-    f"in-context gain (first − repeated half): 2-layer "
-    f"{logs2[-1]['first'] - logs2[-1]['repeated']:.2f}, "
-    f"1-layer {logs1[-1]['first'] - logs1[-1]['repeated']:.2f} nats"
+    f"in-context gain (other − repeated tokens): 2-layer "
+    f"{logs2[-1]['other'] - logs2[-1]['repeated']:.2f}, "
+    f"1-layer {logs1[-1]['other'] - logs1[-1]['repeated']:.2f} nats"
 )
+print(f"layer-0 induction score of the 2-layer model at the end: {ind0[-1]:.2f}")
 print(f"induction score: 2-layer {ind2[-1]:.2f} (step 0: {ind2[0]:.2f}), 1-layer {ind1[-1]:.2f}")
 
 # %% [markdown]
