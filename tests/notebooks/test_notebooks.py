@@ -74,6 +74,20 @@ def test_notebook_executes(source: Path):
         assert line, "notebook 09 must print the gap closed by each ablation"
         top, random_mean, random_max = map(float, line.groups())
         assert top > 0.5 and top > random_max and random_mean < 0.25, line.group(0)
+    if source.stem.startswith("10"):
+        _check_induction_heads_formed(nb)
+
+
+def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
+    """Notebook 10's last line: the 2-layer model formed an induction head, the 1-layer did not."""
+    text = _printed(nb)
+    m = re.search(r"induction score: 2-layer ([\d.]+) \(step 0: ([\d.]+)\), 1-layer ([\d.]+)", text)
+    assert m, "notebook 10 must print 'induction score: 2-layer X (step 0: Y), 1-layer Z'"
+    end2, start2, end1 = (float(v) for v in m.groups())
+    assert start2 < 0.1, f"2-layer induction score at step 0: {start2}"
+    assert end2 > 0.6, f"2-layer model formed no induction head: best layer-1 score {end2}"
+    # one layer cannot match a token's predecessor: what it scores is attention to recent tokens
+    assert end1 < 0.3 and end2 - end1 > 0.4, f"1-layer control scored {end1} (2-layer {end2})"
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
