@@ -38,7 +38,7 @@ import torch
 from attnlab._checks import check_positive_int, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState"]
+__all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState", "last_keys"]
 
 
 class KVCache:
@@ -222,6 +222,37 @@ class KVCache:
             self.v.copy_(v.index_select(2, keep))
         self.length += total - held
         return k, v
+
+    def check_attention(
+        self, window: tuple[int | None, int | None] | None, is_causal: bool
+    ) -> None:
+        """Refuse a layer's attention this cache would get wrong: a rolling cache drops old
+        keys, right only for a causal window that never reaches them; a sink cache's eviction
+        is the window, so the layer must attend causally to all it holds.
+
+        Args:
+            window: the layer's ``(left, right)`` window for the call, or ``None``.
+            is_causal: whether the call is causal.
+
+        Raises:
+            ValueError: the attention does not fit the cache.
+        """
+        if self.sinks is not None:
+            if window is not None or not is_causal:
+                raise ArgumentError(
+                    f"a sink cache (KVCache(window={self.window}, sinks={self.sinks})) is for "
+                    f"causal full attention, got window = {window} and is_causal = {is_causal}"
+                )
+            return
+        left, right = (None, None) if window is None else window
+        limit = self.window
+        if left is None or limit is None or left > limit or not (is_causal or right == 0):
+            raise ArgumentError(
+                f"cache keeps only the last {self.window} positions (KVCache(window="
+                f"{self.window})), so the layer's attention must be causal with a window of at "
+                f"most (left, right) = ({self.window}, 0), got window = {window} and "
+                f"is_causal = {is_causal}"
+            )
 
     def set_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the cache once with keys/values that will not change (cross-attention).
@@ -614,3 +645,31 @@ class ModelCache:
             The total size of the buffers in bytes, cross-attention caches included.
         """
         return sum(c.nbytes() for c in self.layers + (self.cross or []))
+
+
+def last_keys(mask: torch.Tensor, held: int, total: int) -> torch.Tensor:
+    """The columns of a mask over every position so far that a rolling cache still holds: the
+    last ``held`` of ``total`` (a mask that broadcasts over the keys is returned as it is).
+
+    Args:
+        mask: the call's mask, its last dimension the keys.
+        held: the keys the cache hands to the attention.
+        total: every position so far, ``T_past + T_q``.
+
+    Returns:
+        The mask's last ``held`` key columns.
+
+    Raises:
+        ValueError: the mask's key dimension is neither 1 nor ``total``.
+
+    Shape:
+        ``(..., total)`` → ``(..., held)``.
+    """
+    if mask.dim() == 0 or mask.shape[-1] == 1:
+        return mask
+    if mask.shape[-1] != total:
+        raise ArgumentError(
+            f"mask has {mask.shape[-1]} key positions but must have T_past + T_q = {total} "
+            f"(every position so far, the rolling cache keeps the last {held})"
+        )
+    return mask[..., total - held :]

@@ -38,7 +38,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.head_mask import check_head_mask
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache, LayerCache
+from attnlab.nn.kv_cache import KVCache, LayerCache, last_keys
 from attnlab.nn.mask_spec import normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, normalize_window
 from attnlab.nn.multihead_call import AttentionCall
@@ -462,19 +462,19 @@ class MultiHeadAttention(nn.Module):
             elif call.cross and k is not None and v is not None:
                 k, v = cache.set_static(k, v)
             elif k is not None and v is not None and getattr(cache, "streaming", False):
-                self._check_sink_cache(cache, call.window, call.is_causal)
+                cache.check_attention(call.window, call.is_causal)
                 k, v = cache.append(k, v)  # unrotated: [sinks | last window | new]
                 if self.rotary is not None:  # turned by their places in the cache, 0 … K − 1
                     places = torch.arange(k.shape[-2], device=k.device)
                     k = self.hook_rot_k(self.rotary(k, places, check=False))
             elif k is not None and v is not None:
                 if cache.window is not None:
-                    self._check_rolling_cache(cache, call.window, call.is_causal)
+                    cache.check_attention(call.window, call.is_causal)
                 k, v = cache.append(k, v)
                 if mask is not None and k.shape[-2] < cache.length:
                     # a rolling cache holds the last positions only: so does the mask, whose
                     # last dim counts every position (T_past + T_q)
-                    mask = _last_keys(mask, k.shape[-2], cache.length)
+                    mask = last_keys(mask, k.shape[-2], cache.length)
         if k is None or v is None:  # unreachable: only a static cache skips the projection
             raise RuntimeError("keys and values were neither projected nor cached")
         return k, v, mask
@@ -611,32 +611,6 @@ class MultiHeadAttention(nn.Module):
             return out, weights
         return out
 
-    @staticmethod
-    def _check_rolling_cache(
-        cache: KVCache, window: tuple[int | None, int | None] | None, is_causal: bool
-    ) -> None:
-        """A cache that drops old keys is right only for a causal window that never reaches them."""
-        left, right = (None, None) if window is None else window
-        limit = cache.window
-        if left is None or limit is None or left > limit or not (is_causal or right == 0):
-            raise ArgumentError(
-                f"cache keeps only the last {cache.window} positions (KVCache(window="
-                f"{cache.window})), so the layer's attention must be causal with a window of at "
-                f"most (left, right) = ({cache.window}, 0), got window = {window} and "
-                f"is_causal = {is_causal}"
-            )
-
-    @staticmethod
-    def _check_sink_cache(
-        cache: KVCache, window: tuple[int | None, int | None] | None, is_causal: bool
-    ) -> None:
-        """A sink cache's eviction is the window: the layer must attend causally to all it holds."""
-        if window is not None or not is_causal:
-            raise ArgumentError(
-                f"a sink cache (KVCache(window={cache.window}, sinks={cache.sinks})) is for causal "
-                f"full attention, got window = {window} and is_causal = {is_causal}"
-            )
-
     def _rotate_queries(self, q: torch.Tensor, start: int) -> torch.Tensor:
         """The new queries turned by their places ``start …`` in a sink cache."""
         rotary = cast("RotaryEmbedding", self.rotary)
@@ -754,16 +728,3 @@ class MultiHeadAttention(nn.Module):
             if new.out_proj.bias is not None:
                 new.out_proj.bias.copy_(module.out_proj.bias)
         return new
-
-
-def _last_keys(mask: torch.Tensor, held: int, total: int) -> torch.Tensor:
-    """The columns of the last ``held`` of ``total`` key positions (a mask may broadcast them)."""
-    check_tensor("mask", mask)
-    if mask.dim() == 0 or mask.shape[-1] == 1:
-        return mask
-    if mask.shape[-1] != total:
-        raise ArgumentError(
-            f"mask has {mask.shape[-1]} key positions but must have T_past + T_q = {total} "
-            f"(every position so far, the rolling cache keeps the last {held})"
-        )
-    return mask[..., total - held :]
