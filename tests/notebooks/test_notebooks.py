@@ -8,6 +8,7 @@ with the cell and its traceback.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,12 @@ def test_notebook_executes(source: Path):
         viewers = [h for h in _outputs(nb, "text/html") if 'class="attnlab-viewer"' in h]
         assert viewers, "notebook 07 must show the viewer inline"
         assert "srcdoc=" in viewers[0] and "attnlabViewer" in viewers[0]
+    if source.stem.startswith("11"):  # the streaming summary: (a) window ≫ (b) sinks ≈ (c)
+        text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+        found = re.search(r"summary: window ([\d.]+), sinks ([\d.]+), recompute ([\d.]+)", text)
+        assert found, "notebook 11 must print its summary line"
+        window, sinks, recompute = map(float, found.groups())
+        assert window > 3 * sinks and 0.5 < sinks / recompute < 1.5, found.group(0)
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
