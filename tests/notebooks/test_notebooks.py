@@ -77,6 +77,14 @@ def test_notebook_executes(source: Path):
     if source.stem.startswith("10"):
         _check_induction_heads_formed(nb)
 
+    if source.stem.startswith("11"):  # the streaming summary: (a) window ≫ (b) sinks ≈ (c)
+        found = re.search(
+            r"summary: window ([\d.]+), sinks ([\d.]+), recompute ([\d.]+)", _printed(nb)
+        )
+        assert found, "notebook 11 must print its summary line"
+        window, sinks, recompute = map(float, found.groups())
+        assert window > 3 * sinks and 0.5 < sinks / recompute < 1.5, found.group(0)
+
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
     """Notebook 10's last line: the 2-layer model formed an induction head, the 1-layer did not."""
