@@ -24,7 +24,9 @@ What it covers: a :class:`~attnlab.GPT` whose attention is exact softmax attenti
 rotary (either pairing) or ALiBi positions, LayerNorm or RMSNorm, the standard or gated MLP, MHA,
 GQA or MQA, sequential or parallel residual. Other models (Performer's running sums, BigBird's
 block layout, a new kind that overrides ``attend_heads``, an encoder-decoder) decode eagerly
-(:func:`static_unsupported` says why). Hook points are not called inside the compiled step.
+(:func:`static_unsupported` says why). The attention's own hook points are not called inside the
+compiled step; the block's residual rule is the block's own (:meth:`GPTBlock.add_to_stream
+<attnlab.models.gpt_layers.GPTBlock.add_to_stream>`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
+from attnlab.decoding.steppers import CausalStepper
 from attnlab.models.gpt import GPT
 from attnlab.models.gpt_layers import GPTBlock
 from attnlab.nn.kinds import FullSpec, SlidingSpec
@@ -134,9 +137,8 @@ def _decode_one_token(
     for i, module in enumerate(trunk.h):
         block = cast(GPTBlock, module)
         attn = block.attn
-        q, k, v = attn.fused_qkv(block.ln_1(x)).split(
-            [h * d_head, h_kv * d_head, h_kv * d_head], dim=-1
-        )
+        q, k_new, v_new = attn.project_qkv(block.ln_1(x))
+        k, v = cast(torch.Tensor, k_new), cast(torch.Tensor, v_new)  # self-attention: both made
         q = q.view(b, 1, h, d_head).transpose(1, 2)  # (B, H, 1, d_head)
         k = k.view(b, 1, h_kv, d_head).transpose(1, 2)  # (B, H_kv, 1, d_head)
         v = v.view(b, 1, h_kv, d_head).transpose(1, 2)
@@ -151,14 +153,7 @@ def _decode_one_token(
         m = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(q.dtype)
         z = F.scaled_dot_product_attention(q, kc, vc, attn_mask=m, scale=d_head**-0.5)
         z = z.reshape(b, 1, h * d_head)  # (B, 1, n_embd): heads concatenated
-        a = attn.project_out(z)
-        if block.mlp is None or block.ln_2 is None:  # attention-only
-            x = x + a
-        elif block.parallel_residual:
-            x = x + a + block.mlp(block.ln_2(x))
-        else:
-            x = x + a
-            x = x + block.mlp(block.ln_2(x))
+        x = block.add_to_stream(x, attn.project_out(z))  # the block's own residual rule
     x = trunk.ln_f(x)
     return model.lm_head(x)[:, -1]  # (B, vocab_size)
 
@@ -203,12 +198,14 @@ def compiled_step(
     return step
 
 
-class CompiledStepper:
+class CompiledStepper(CausalStepper):
     """A decoder-only GPT whose steps after the prompt run the static compiled step.
 
-    The prompt runs eagerly through ``model.forward`` into a :class:`~attnlab.nn.kv_cache.KVCache`
-    per layer of the static capacity (no rolling window: the step masks the window instead);
-    each later token goes through :func:`compiled_step`.
+    A :class:`~attnlab.decoding.steppers.CausalStepper` (the prompt runs eagerly through
+    ``model.forward``; rows are reordered the same way) over a :class:`~attnlab.nn.kv_cache.KVCache`
+    per layer of the static capacity (no rolling window: the step masks the window instead), its
+    padding mask preallocated at that capacity; each later token goes through
+    :func:`compiled_step`.
 
     Args:
         model: a GPT that :func:`static_unsupported` accepts.
@@ -236,36 +233,17 @@ class CompiledStepper:
         if torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
         h_kv, d_head = cfg.num_kv_heads or cfg.n_head, cfg.n_embd // cfg.n_head
-        self.model = model
-        self.input_ids = input_ids
         layers = [
             KVCache(n, h_kv, cap, d_head, dtype=dtype, device=device) for _ in range(cfg.n_layer)
         ]
-        self.cache = ModelCache(layers)
-        self.keep: torch.Tensor | None = None
-        self.prompt_mask: torch.Tensor | None = None
+        super().__init__(model, input_ids, attention_mask, cap, cache=ModelCache(layers))
         if attention_mask is not None:
-            self.keep = torch.ones(n, cap, dtype=torch.bool, device=device)
-            self.keep[:, :t] = attention_mask.bool()
-            self.prompt_mask = self.keep[:, :t]
             # a new token's position counts the real tokens before it
             self.positions = attention_mask.long().sum(-1)  # (N,)
         else:
             self.positions = torch.full((n,), t, dtype=torch.long, device=device)
         self.slot = torch.tensor([t], dtype=torch.long, device=device)
-        self.step_fn = compiled_step(model, n, cap, dtype, device, self.keep is not None)
-
-    def prefill(self) -> torch.Tensor:
-        """Run the prompt eagerly through ``model.forward``, filling the cache.
-
-        Returns:
-            The logits of the token after the prompt.
-
-        Shape:
-            ``(N, V)``.
-        """
-        out = self.model(self.input_ids, attention_mask=self.prompt_mask, cache=self.cache)
-        return out.logits[:, -1]
+        self.step_fn = compiled_step(model, n, cap, dtype, device, self.mask is not None)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row through the compiled step.
@@ -284,18 +262,19 @@ class CompiledStepper:
             tokens[:, None],
             self.slot,
             self.positions,
-            self.keep,
+            self.mask,  # (N, C): the padding of every slot, True beyond the prompt
             [c.k for c in layers],
             [c.v for c in layers],
         )
         self.slot += 1
         self.positions += 1
+        self.length += 1
         for c in layers:
             c.length += 1
         return cast(torch.Tensor, logits)
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select rows of the cache, the positions and the padding mask (beam search).
+        """Select rows of the cache, the padding mask and the positions (beam search).
 
         Args:
             index: integer row indices on the model's device; may repeat rows.
@@ -303,7 +282,5 @@ class CompiledStepper:
         Shape:
             index ``(N_new,)``.
         """
-        self.cache.reorder(index)
+        super().reorder(index)
         self.positions = self.positions.index_select(0, index)
-        if self.keep is not None:
-            self.keep = self.keep.index_select(0, index)

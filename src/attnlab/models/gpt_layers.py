@@ -484,12 +484,29 @@ class GPTBlock(nn.Module):
             check_positions=False,  # GPT.forward checked them once for every block
             block_mask=block_mask,
         )
+        return self.hook_resid_post(self.add_to_stream(x, a))
+
+    def add_to_stream(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The block's residual rule, once its attention has written ``a``: ``x + a``, then the
+        MLP's ``+ MLP(LN_2(·))`` (sequential), or ``x + a + MLP(LN_2(x))`` (parallel), or
+        nothing more (attention-only). Through ``hook_attn_out`` and ``hook_mlp_out``; the one
+        rule :meth:`forward` and the compiled decoding step
+        (:mod:`attnlab.decoding.compiled`) both follow.
+
+        Args:
+            x: the residual stream entering the block.
+            a: what the block's attention adds to it.
+
+        Returns:
+            The residual stream after the block (before ``hook_resid_post``).
+
+        Shape:
+            x, a ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
         if self.mlp is None or self.ln_2 is None:  # attention-only
-            x = x + self.hook_attn_out(a)
-        elif self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
+            return x + self.hook_attn_out(a)
+        if self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
             m = self.hook_mlp_out(self.mlp(self.ln_2(x)))
-            x = x + self.hook_attn_out(a) + m
-        else:
-            x = x + self.hook_attn_out(a)
-            x = x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
-        return self.hook_resid_post(x)
+            return x + self.hook_attn_out(a) + m
+        x = x + self.hook_attn_out(a)
+        return x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
