@@ -255,11 +255,7 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     data["torch_dtype"] = str(gpt.transformer.wte.weight.dtype).removeprefix("torch.")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    state = family.state_to_hf(gpt.state_dict(), gpt.config)
-    if gpt.config.tie_embeddings:  # one copy of a tied tensor, as save_pretrained writes it
-        state.pop("lm_head.weight", None)
-        if family.name == "neox":
-            state.pop("embed_out.weight", None)
+    state = family.state_to_hf(gpt.state_dict(), gpt.config)  # a tied head written once
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in state.items()}
     save_file(tensors, str(out / _WEIGHTS), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -55,7 +55,8 @@ class Family:
             refuses options attnlab does not implement with a one-line error.
         config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
         state_from_hf: Hugging Face state dict → attnlab's (``lm_head.weight`` only when untied).
-        state_to_hf: attnlab's state dict → Hugging Face's.
+        state_to_hf: attnlab's state dict → Hugging Face's (a tied head left out: it is the
+            embedding, as ``save_pretrained`` writes it).
 
     Shape:
         the state dicts' tensors keep their shapes but for the fused projections: NeoX's

@@ -125,6 +125,28 @@ class TensorTaker:
         """The tensor ``name``, or ``None`` when absent."""
         return self.left.pop(name, None)
 
+    def move(
+        self,
+        out: dict[str, torch.Tensor],
+        pairs: Iterable[tuple[str, str]],
+        source: str,
+        target: str,
+    ) -> None:
+        """Rename each pair's weight and bias, those present: ``source + a + ".weight"`` becomes
+        ``target + b + ".weight"`` in ``out`` for each ``(a, b)`` (a bias only where there is one).
+
+        Args:
+            out: the state dict being built.
+            pairs: ``(name here, name there)``.
+            source: the prefix here (a layer's).
+            target: the prefix there.
+        """
+        for here, there in pairs:
+            for kind in ("weight", "bias"):
+                t = self.maybe(f"{source}{here}.{kind}")
+                if t is not None:
+                    out[f"{target}{there}.{kind}"] = t
+
     def done(self) -> None:
         """Refuse tensors nobody took."""
         left = sorted(n for n in self.left if not n.endswith(self.ignore))

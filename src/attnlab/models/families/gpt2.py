@@ -130,8 +130,13 @@ def state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State
 
 
 def state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
-    """GPT-2's state dict of attnlab's (``Conv1D`` weights transposed, the tied head kept)."""
-    return {name: t.t() if name.endswith(CONV1D) else t for name, t in state.items()}
+    """GPT-2's state dict of attnlab's (``Conv1D`` weights transposed; the tied head is the
+    embedding, written once)."""
+    return {
+        name: t.t() if name.endswith(CONV1D) else t
+        for name, t in state.items()
+        if name != "lm_head.weight"
+    }
 
 
 GPT2 = register_family(

@@ -155,7 +155,14 @@ def _check_exportable(config: GPTConfig, family: str) -> None:
 
 
 _NORMS = (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2"))
-_MLP = (("gate_proj", "c_gate"), ("up_proj", "c_fc"), ("down_proj", "c_proj"))
+#: the projections renamed one to one (weight, and bias where there is one)
+_RENAMED = (
+    ("self_attn.o_proj", "attn.c_proj"),
+    ("mlp.gate_proj", "mlp.c_gate"),
+    ("mlp.up_proj", "mlp.c_fc"),
+    ("mlp.down_proj", "mlp.c_proj"),
+)
+_BACK = tuple((ours, theirs) for theirs, ours in _RENAMED)
 
 
 def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
@@ -178,14 +185,7 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
                 out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
             elif any(t is not None for t in parts) or kind == "weight":
                 raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
-        for kind in ("weight", "bias"):
-            t = src.maybe(f"{hf}self_attn.o_proj.{kind}")
-            if t is not None:
-                out[f"{at}attn.c_proj.{kind}"] = t
-            for theirs, ours in _MLP:
-                t = src.maybe(f"{hf}mlp.{theirs}.{kind}")
-                if t is not None:
-                    out[f"{at}mlp.{ours}.{kind}"] = t
+        src.move(out, _RENAMED, hf, at)
     src.done()
     return out
 
@@ -209,13 +209,7 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
             if fused is not None:
                 for p, t in zip("qkv", fused.split(sizes)):
                     out[f"{hf}self_attn.{p}_proj.{kind}"] = t
-            t = src.maybe(f"{at}attn.c_proj.{kind}")
-            if t is not None:
-                out[f"{hf}self_attn.o_proj.{kind}"] = t
-            for theirs, ours in _MLP:
-                t = src.maybe(f"{at}mlp.{ours}.{kind}")
-                if t is not None:
-                    out[f"{hf}mlp.{theirs}.{kind}"] = t
+        src.move(out, _BACK, at, hf)
     src.done()
     return out
 

@@ -53,6 +53,7 @@ _LAYER = (
     ("mlp.dense_h_to_4h", "mlp.c_fc"),
     ("mlp.dense_4h_to_h", "mlp.c_proj"),
 )
+_BACK = tuple((ours, theirs) for theirs, ours in _LAYER)
 
 
 def _config_from_hf(config: Mapping[str, Any]) -> GPTConfig:
@@ -138,20 +139,17 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
             qkv = src.maybe(f"{hf}attention.query_key_value.{kind}")
             if qkv is not None:
                 out[f"{at}attn.c_attn.{kind}"] = _regroup(qkv, config.n_head, to_ours=True)
-            for theirs, ours in _LAYER:
-                t = src.maybe(f"{hf}{theirs}.{kind}")
-                if t is not None:
-                    out[f"{at}{ours}.{kind}"] = t
+        src.move(out, _LAYER, hf, at)
     src.done()
     return out
 
 
 def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
     src = TensorTaker(state, "the model")
-    out = {
-        "gpt_neox.embed_in.weight": src.take("transformer.wte.weight"),
-        "embed_out.weight": src.take("lm_head.weight"),
-    }
+    out = {"gpt_neox.embed_in.weight": src.take("transformer.wte.weight")}
+    head = src.take("lm_head.weight")
+    if not config.tie_embeddings:  # a tied head is the embedding: written once
+        out["embed_out.weight"] = head
     for kind in ("weight", "bias"):
         out[f"gpt_neox.final_layer_norm.{kind}"] = src.take(f"transformer.ln_f.{kind}")
     for i in range(config.n_layer):
@@ -162,10 +160,7 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
                 out[f"{hf}attention.query_key_value.{kind}"] = _regroup(
                     qkv, config.n_head, to_ours=False
                 )
-            for theirs, ours in _LAYER:
-                t = src.maybe(f"{at}{ours}.{kind}")
-                if t is not None:
-                    out[f"{hf}{theirs}.{kind}"] = t
+        src.move(out, _BACK, at, hf)
     src.done()
     return out
 
