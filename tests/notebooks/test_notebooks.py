@@ -84,6 +84,8 @@ def test_notebook_executes(source: Path):
         assert found, "notebook 11 must print its summary line"
         window, sinks, recompute = map(float, found.groups())
         assert window > 3 * sinks and 0.5 < sinks / recompute < 1.5, found.group(0)
+    if source.stem.startswith("13"):
+        _check_alibi_extrapolates(nb)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
@@ -96,6 +98,20 @@ def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
     assert end2 > 0.6, f"2-layer model formed no induction head: best layer-1 score {end2}"
     # one layer cannot match a token's predecessor: what it scores is attention to recent tokens
     assert end1 < 0.3 and end2 - end1 > 0.4, f"1-layer control scored {end1} (2-layer {end2})"
+
+
+def _check_alibi_extrapolates(nb: nbformat.NotebookNode) -> None:
+    """Notebook 13's summary: trained at L, ALiBi reads 4L at its loss at L; RoPE and sinusoidal
+    positions do worse at 4L than at L (measured ×0.99, ×1.08, ×1.09)."""
+    m = re.search(
+        r"extrapolation at 4L: alibi ([\d.]+), rope ([\d.]+), sinusoidal ([\d.]+) "
+        r"\(loss at L: alibi ([\d.]+), rope ([\d.]+), sinusoidal ([\d.]+)\)",
+        _printed(nb),
+    )
+    assert m, "notebook 13 must print 'extrapolation at 4L: alibi X, rope Y, sinusoidal Z (...)'"
+    alibi, rope, sinusoidal, alibi_l, rope_l, sinusoidal_l = (float(v) for v in m.groups())
+    assert alibi < 1.02 * alibi_l and alibi < min(rope, sinusoidal), m.group(0)
+    assert rope > 1.03 * rope_l and sinusoidal > 1.03 * sinusoidal_l, m.group(0)
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
