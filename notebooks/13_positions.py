@@ -391,7 +391,8 @@ ax1.legend()
 ax2.axvline(L, color="gray", ls=":", label="training length L")
 ax2.set(xlabel="position in a window of 8L", ylabel="loss (nats, mean over 16 positions)",
         title="loss at each position, E = 8L")  # fmt: skip
-ax2.legend(loc="center right")
+ax2.set_ylim(top=ax2.get_ylim()[1] + 0.25)  # room for the legend
+ax2.legend(loc="upper left", ncols=4, fontsize="small")
 fig.tight_layout()
 Plot(fig, {k: per_position[k][LONGEST].numpy() for k in KINDS})
 
