@@ -367,7 +367,7 @@ for ax, layout in zip(axes[1:], ("contiguous", "zigzag"), strict=True):
         bottom += w[:, i]
     ax.axhline(causal.sum() / RING, color="k", ls=":", lw=1, label="balanced")
     ax.set(xlabel="rank", ylabel="(query, key) pairs computed", ylim=(0, work["contiguous"].sum(1).max() * 1.1),
-           title=f"{layout}: ring time ∝ {'+'.join(map(str, w.max(0)))} = {w.max(0).sum()}")  # fmt: skip
+           title=f"{layout}: ring time ∝\n{'+'.join(map(str, w.max(0)))} = {w.max(0).sum()}")  # fmt: skip
     ax.set_xticks(range(RING))
 axes[2].legend(fontsize=8)
 fig.tight_layout()
