@@ -38,6 +38,7 @@ RING = 4  # context-parallel ranks drawn (the run below uses 2)
 # %%
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -483,6 +484,7 @@ for label, (name, proc) in launched.items():
         raise RuntimeError(f"{label} failed:\n{(work_dir / f'{name}.log').read_text()[-3000:]}")
     runs[label] = train_lines(name)
     print(f"{label}: {time.perf_counter() - start:.1f} s")
+shutil.rmtree(work_dir)  # the runs' folders: their metrics are read
 
 # %%
 loss = {k: np.array([x["loss"] for x in v]) for k, v in runs.items()}
