@@ -93,7 +93,8 @@ SHARED = np.array(to_rgb("0.8"))  # replicated: every rank holds it
 # the ranks' parts. In the backward pass the gradient with respect to $x$ is a sum over ranks in
 # the same way and is all-reduced where the column-parallel layer takes its input (Megatron's
 # operator $f$; the forward all-reduce is its $g$). Per block: two all-reduces of a
-# $B \times T \times d$ activation forward, two backward.
+# $B \times T \times d$ activation in the forward pass (after attention, after the MLP), and in
+# the backward pass the same kind of sum where the column-parallel layers read their input.
 #
 # `torch.nn.Linear` stores its weight as `(out, in)`, so "columns of $W_1$" are **rows** of
 # `c_fc.weight`: `ColwiseParallel` is `Shard(0)` of the weight (and of the bias), `RowwiseParallel`
