@@ -86,6 +86,15 @@ def test_notebook_executes(source: Path):
         assert window > 3 * sinks and 0.5 < sinks / recompute < 1.5, found.group(0)
     if source.stem.startswith("13"):
         _check_alibi_extrapolates(nb)
+    if source.stem.startswith("15"):  # two processes train with one process's losses
+        found = re.search(
+            r"two processes vs one: tensor-parallel max \|Δloss\| ([-+\d.e]+), "
+            r"context-parallel ([-+\d.e]+)",
+            _printed(nb),
+        )
+        assert found, "notebook 15 must print its summary line"
+        tensor, context = map(float, found.groups())
+        assert 0 <= tensor < 1e-4 and 0 <= context < 1e-4, found.group(0)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
