@@ -15,8 +15,8 @@ answer): the first ``2N`` positions hold ``N = 8`` symbols (of 16; ``--symbols N
 places among noise tokens, then noise up to a marker, then the model must write the ``N``
 symbols in order. The answer is ``T − 2N ≫ window × layers`` positions from the symbols, so a
 2-layer sliding-window model (``w = 16``, receptive field 32) cannot see them, while BigBird's
-global block (positions 0…15, seen by every query) holds them. Reported: accuracy per symbol on 512 held-out sequences for
-full, sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
+global block (positions 0…15, seen by every query) holds them. Reported: accuracy per symbol on
+512 held-out sequences for full, sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
 BigBird *without* its global block (band and random blocks only), and Performer.
 
 Usage::
@@ -256,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
         columns = ["attention", "accuracy", "chance", "train_loss", "steps", "cpu_s"]
         n = args.symbols
-        title = f"selective copy, T = {args.length}: {n} symbols in positions 0…{2 * n - 1}, answer at the end"
+        title = (
+            f"selective copy, T = {args.length}: {n} symbols in positions 0…{2 * n - 1}, "
+            "answer at the end"
+        )
         console.print(_table(title, rows, [Column(c, c) for c in columns]))
     if args.task in ("lm", "all"):
         if not corpora.is_dataset(args.data, kind="text") and not Path(args.data).is_file():
