@@ -10,13 +10,13 @@ its schedule). Reported: steps, CPU and wall seconds of the run, and the validat
 10% of the characters, ``--eval-iters`` batches of 1024-character windows). Linformer is not in
 this table: it cannot be causal (every projected key mixes future positions).
 
-**copy** — selective copy at a distance (Gu & Dao 2023, "Mamba", §4.1.1, moved far from the
-answer): the first ``2N`` positions hold ``N = 8`` symbols (of 16; ``--symbols N``) at random
-places among noise tokens, then noise up to a marker, then the model must write the ``N``
-symbols in order. The answer is ``T − 2N ≫ window × layers`` positions from the symbols, so a
-2-layer sliding-window model (``w = 16``, receptive field 32) cannot see them, while BigBird's
-global block (positions 0…15, seen by every query) holds them. Reported: accuracy per symbol on
-512 held-out sequences for full, sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
+**copy** — selective copy at a distance (Gu & Dao 2023, "Mamba", §4.1.1, moved far from the answer):
+the first ``2N`` positions hold ``N = 8`` symbols (of 16; ``--symbols N``) at random places among
+noise tokens, then noise up to a marker, then the model must write the ``N`` symbols in order. The
+answer is ``T − 2N ≫ window × layers`` positions from the symbols, so a 2-layer sliding-window model
+(``w = 16``, receptive field 32) cannot see them, while BigBird's global block (positions 0…15, seen
+by every query) holds them. Reported: accuracy per symbol on 512 held-out sequences for full,
+sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
 BigBird *without* its global block (band and random blocks only), and Performer.
 
 Usage::
