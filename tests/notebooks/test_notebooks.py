@@ -84,6 +84,8 @@ def test_notebook_executes(source: Path):
         assert found, "notebook 11 must print its summary line"
         window, sinks, recompute = map(float, found.groups())
         assert window > 3 * sinks and 0.5 < sinks / recompute < 1.5, found.group(0)
+    if source.stem.startswith("14"):
+        _check_efficient_attention(nb)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
@@ -96,6 +98,25 @@ def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
     assert end2 > 0.6, f"2-layer model formed no induction head: best layer-1 score {end2}"
     # one layer cannot match a token's predecessor: what it scores is attention to recent tokens
     assert end1 < 0.3 and end2 - end1 > 0.4, f"1-layer control scored {end1} (2-layer {end2})"
+
+
+def _check_efficient_attention(nb: nbformat.NotebookNode) -> None:
+    """Notebook 14's summary: Performer's error falls with m, the window's cost is measured, and
+    only the patterns that reach the copied symbols learn to copy them."""
+    found = re.search(
+        r"performer error: m=(\d+) ([\d.]+), m=(\d+) ([\d.]+); window cost at T=(\d+): "
+        r"([\d.]+)x dense.*copy accuracy: sliding ([\d.]+), bigbird ([\d.]+), "
+        r"bigbird without global ([\d.]+)",
+        _printed(nb),
+    )
+    assert found, "notebook 14 must print its summary line"
+    m_lo, m_hi = int(found.group(1)), int(found.group(3))
+    err_lo, err_hi, window = (float(found.group(i)) for i in (2, 4, 6))
+    sliding, bigbird, no_global = (float(found.group(i)) for i in (7, 8, 9))
+    assert m_hi >= 16 * m_lo and err_hi < err_lo / 2, found.group(0)  # ~1/√m: 1/4 at 16× m
+    assert window > 0, found.group(0)
+    # the window and BigBird without its global block cannot reach the symbols: chance (1/16)
+    assert sliding < 0.2 and no_global < 0.2 and bigbird > 0.8, found.group(0)
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
