@@ -160,8 +160,9 @@ exact_out, exact_w = al.scaled_dot_product_attention(q, k, v, backend="math", ne
 assert torch.allclose(out[0, 0], effective @ v[0, 0], atol=1e-12)  # out = P̃ V exactly
 future = effective.triu(1).abs().sum() / effective.abs().sum()
 print(f"E is {tuple(e.shape)}: each of the {K_SEE} projected keys mixes all {T_SEE} positions")
-print(f"effective weights: row sums {effective.sum(-1).mean():.2f} ± {effective.sum(-1).std():.2f} "
-      f"(not 1), {(effective < 0).float().mean():.0%} negative, "
+sums = effective.sum(-1)
+print(f"effective weights: row sums {sums.mean():.2f} ± {sums.std():.2f} (not 1), "
+      f"{(effective < 0).float().mean():.0%} negative, "
       f"{future:.0%} of |weight| on future keys")  # fmt: skip
 print(f"relative error of the output against exact attention: "
       f"{al.nn.approximation.relative_error(out, exact_out):.2f}")  # fmt: skip
@@ -475,9 +476,9 @@ for name, accuracy in recorded.items():
 #
 # | method | a query sees | cost per query | loses |
 # |---|---|---|---|
-# | sliding window $w$ | the last $w + 1$ keys, exactly | $O(w)$ | everything beyond $L \cdot w$ positions |
-# | BigBird | band + global + random blocks, exactly | $O(b \cdot$ blocks$)$ | little, *if* a global block is there to route through |
-# | Linformer $k$ | $k$ learned mixtures of all keys | $O(k)$ | causality; precision unless $E$ is trained |
+# | sliding window $w$ | the last $w + 1$ keys, exactly | $O(w)$ | all beyond $L w$ positions |
+# | BigBird | band, global and random blocks | $O(b \cdot$ blocks$)$ | little, with a global block |
+# | Linformer $k$ | $k$ mixtures of all keys | $O(k)$ | causality; precision unless $E$ is trained |
 # | Performer $m$ | every key, approximately | $O(m)$ | precision: error $\propto 1/\sqrt m$ |
 
 # %%
