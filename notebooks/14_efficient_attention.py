@@ -233,16 +233,16 @@ errors
 # Performer's error falls close to the Monte-Carlo rate (the printed slope against the dotted
 # $1/\sqrt m$ line, a little shallower at small $m$, where a few features with large
 # $e^{\omega \cdot x}$ dominate the estimate): 128× more features make it about ten times
-# smaller. Orthogonal features (rows of random rotations, the "O" of FAVOR+) are at most a little
-# better than independent ones here, and the causal form (dashed) is no worse. Even 2048 features
+# smaller. Orthogonal features (rows of random rotations, the "O" of FAVOR+) are somewhat better
+# than independent ones at large $m$, and the causal form (dashed) is no worse. Even 2048 features
 # — more than the $T = 128$ keys being approximated — leave an error of a few per cent, so
 # Performer trades precision for speed and relies on training to cope with the noise.
 #
 # Linformer (left) is a different story. The Johnson–Lindenstrauss estimate $P R^\top R V$ of
 # Theorem 1 (blue) falls as $1/\sqrt k$; the actual layer with a random $E = F$ (red) is worse
 # than predicting zero (error above 1) at every $k$ up to $T$, because the softmax is taken over
-# projected keys; projections **fitted** to the inputs (green, 100 Adam steps) reach an error of
-# a few per cent with $k = 32$. Linformer works only with trained projections.
+# projected keys; projections **fitted** to the inputs (green, 100 Adam steps) reach an error
+# below 10% with $k = 32$. Linformer works only with trained projections.
 #
 # ## 2 · What each costs as $T$ grows
 #
