@@ -368,7 +368,9 @@ assert flop_counts[DENSE][-1] / flop_counts[DENSE][-2] > 3.9  # dense: ×4 per d
 # attention. The crossover is where $T/2$ (the average number of keys a causal query sees) passes
 # each method's constant.
 #
-# The measured times (left) follow the counts only roughly: dense attention runs in one fused,
+# The measured times (left) follow the counts only roughly (and on a shared machine a single point
+# can jump when another process takes the core; the medians at the longest length are the
+# steadiest): dense attention runs in one fused,
 # well-tuned kernel, while the window and BigBird are the blockwise backend visiting tiles, and
 # Performer is several PyTorch operations with the prefix sums chunk by chunk. Below a few thousand
 # tokens the dense kernel is about as fast as most of them (the printed ratios); the linear
