@@ -10,13 +10,13 @@ its schedule). Reported: steps, CPU and wall seconds of the run, and the validat
 10% of the characters, ``--eval-iters`` batches of 1024-character windows). Linformer is not in
 this table: it cannot be causal (every projected key mixes future positions).
 
-**copy** — selective copy at a distance (Gu & Dao 2023, "Mamba", §4.1.1, moved far from the
-answer): the first ``2N`` positions hold ``N = 8`` symbols (of 16) at random places among noise
-tokens, then noise up to a marker, then the model must write the ``N`` symbols in order. The
-answer is ``T − 2N ≫ window × layers`` positions from the symbols, so a 2-layer sliding-window
-model (``w = 16``, receptive field 32) cannot see them, while BigBird's global block (positions
-0…15, seen by every query) holds them. Reported: accuracy per symbol on 512 held-out sequences for
-full, sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
+**copy** — selective copy at a distance (Gu & Dao 2023, "Mamba", §4.1.1, moved far from the answer):
+the first ``2N`` positions hold ``N = 8`` symbols (of 16; ``--symbols N``) at random places among
+noise tokens, then noise up to a marker, then the model must write the ``N`` symbols in order. The
+answer is ``T − 2N ≫ window × layers`` positions from the symbols, so a 2-layer sliding-window model
+(``w = 16``, receptive field 32) cannot see them, while BigBird's global block (positions 0…15, seen
+by every query) holds them. Reported: accuracy per symbol on 512 held-out sequences for full,
+sliding, BigBird (1 global block, a band of 3 blocks, 1 random block; blocks of 16), the same
 BigBird *without* its global block (band and random blocks only), and Performer.
 
 Usage::
@@ -72,23 +72,26 @@ COPY_ATTENTIONS: dict[str, dict[str, object]] = {
 }  # fmt: skip
 
 
-def selective_copy(n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` sequences: ``N`` symbols at random places of the first ``2N`` positions among noise,
-    noise, the marker, the symbols again; labels are the tokens of the answer (``-100`` elsewhere).
+def selective_copy(
+    n: int, length: int, gen: torch.Generator, symbols: int = N_SYMBOLS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences: ``N = symbols`` symbols at random places of the first ``2N`` positions
+    among noise, noise, the marker, the symbols again; labels are the tokens of the answer
+    (``-100`` elsewhere).
 
     Shape:
         tokens and labels ``(n, length)``.
     """
     x = SYMBOLS + torch.randint(NOISE, (n, length), generator=gen)
-    data = torch.randint(SYMBOLS, (n, N_SYMBOLS), generator=gen)
+    data = torch.randint(SYMBOLS, (n, symbols), generator=gen)
     places = torch.stack(
-        [torch.randperm(2 * N_SYMBOLS, generator=gen)[:N_SYMBOLS].sort().values for _ in range(n)]
+        [torch.randperm(2 * symbols, generator=gen)[:symbols].sort().values for _ in range(n)]
     )
     x.scatter_(1, places, data)
-    x[:, length - N_SYMBOLS - 1] = MARK
-    x[:, length - N_SYMBOLS :] = data
+    x[:, length - symbols - 1] = MARK
+    x[:, length - symbols :] = data
     labels = torch.full_like(x, -100)
-    labels[:, length - N_SYMBOLS :] = data  # GPT predicts labels[t + 1] from position t
+    labels[:, length - symbols :] = data  # GPT predicts labels[t + 1] from position t
     return x, labels
 
 
@@ -115,7 +118,7 @@ def train_copy(
     model = GPT(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + 1)
-    held_out = selective_copy(512, args.length, torch.Generator().manual_seed(10_000))
+    held_out = selective_copy(512, args.length, torch.Generator().manual_seed(10_000), args.symbols)
     start, cpu = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
         # linear warm-up, cosine down to a tenth
@@ -124,14 +127,14 @@ def train_copy(
             group["lr"] = (
                 args.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / args.steps)))
             )
-        tokens, labels = selective_copy(args.copy_batch, args.length, gen)
+        tokens, labels = selective_copy(args.copy_batch, args.length, gen, args.symbols)
         loss = model(tokens, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     return {
-        "task": "selective_copy", "attention": name, "length": args.length,
+        "task": "selective_copy", "attention": name, "length": args.length, "symbols": args.symbols,
         "steps": args.steps, "train_loss": round(loss.item(), 4),
         "accuracy": round(copy_accuracy(model, *held_out), 4),
         "chance": round(1 / SYMBOLS, 4), "cpu_s": round(time.process_time() - cpu, 1),
@@ -224,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     copy.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
     copy.add_argument("--copy-batch", type=int, default=32, help="sequences a step (default 32)")
     copy.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    copy.add_argument(
+        "--symbols", type=int, default=N_SYMBOLS, help=f"symbols to copy (default {N_SYMBOLS})"
+    )
     lm = parser.add_argument_group("lm: tinyshakespeare at an equal CPU budget")
     lm.add_argument(
         "--data", default=DATA, help=f"a packaged dataset or a text file (default {DATA})"
@@ -249,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(train_copy(name, options, args))
                 print(json.dumps(rows[-1]), flush=True)
         columns = ["attention", "accuracy", "chance", "train_loss", "steps", "cpu_s"]
-        title = f"selective copy, T = {args.length}: 8 symbols in positions 0…15, answer at the end"
+        n = args.symbols
+        title = (
+            f"selective copy, T = {args.length}: {n} symbols in positions 0…{2 * n - 1}, "
+            "answer at the end"
+        )
         console.print(_table(title, rows, [Column(c, c) for c in columns]))
     if args.task in ("lm", "all"):
         if not corpora.is_dataset(args.data, kind="text") and not Path(args.data).is_file():

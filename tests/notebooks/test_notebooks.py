@@ -95,6 +95,8 @@ def test_notebook_executes(source: Path):
         assert found, "notebook 15 must print its summary line"
         tensor, context = map(float, found.groups())
         assert 0 <= tensor < 1e-4 and 0 <= context < 1e-4, found.group(0)
+    if source.stem.startswith("14"):
+        _check_efficient_attention(nb)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:
@@ -121,6 +123,23 @@ def _check_alibi_extrapolates(nb: nbformat.NotebookNode) -> None:
     alibi, rope, sinusoidal, alibi_l, rope_l, sinusoidal_l = (float(v) for v in m.groups())
     assert alibi < 1.02 * alibi_l and alibi < min(rope, sinusoidal), m.group(0)
     assert rope > 1.03 * rope_l and sinusoidal > 1.03 * sinusoidal_l, m.group(0)
+def _check_efficient_attention(nb: nbformat.NotebookNode) -> None:
+    """Notebook 14's summary: Performer's error falls with m, the window's cost is measured, and
+    only the patterns that reach the copied symbols learn to copy them."""
+    found = re.search(
+        r"performer error: m=(\d+) ([\d.]+), m=(\d+) ([\d.]+); window cost at T=(\d+): "
+        r"([\d.]+)x dense.*copy accuracy: sliding ([\d.]+), bigbird ([\d.]+), "
+        r"bigbird without global ([\d.]+)",
+        _printed(nb),
+    )
+    assert found, "notebook 14 must print its summary line"
+    m_lo, m_hi = int(found.group(1)), int(found.group(3))
+    err_lo, err_hi, window = (float(found.group(i)) for i in (2, 4, 6))
+    sliding, bigbird, no_global = (float(found.group(i)) for i in (7, 8, 9))
+    assert m_hi >= 16 * m_lo and err_hi < err_lo / 2, found.group(0)  # ~1/√m: 1/4 at 16× m
+    assert window > 0, found.group(0)
+    # the window and BigBird without its global block cannot reach the symbols: chance (1/16)
+    assert sliding < 0.2 and no_global < 0.2 and bigbird > 0.8, found.group(0)
 
 
 def test_switch_is_required_and_turned_on_for_full(tmp_path):
