@@ -3,6 +3,8 @@
 An internal link is an ``href`` or ``src`` without a scheme (``https:``, ``mailto:``, ``data:``…):
 relative to its page, it must name a file of the site (a folder stands for its ``index.html``),
 and its ``#anchor``, where it has one and points at a page, an ``id`` (or ``name``) in that page.
+Nothing a page loads (a ``src``, a stylesheet or icon ``<link>``) may come from the network: the
+site works offline. A hyperlink (``<a href>``) to another site is the reader's choice, not checked.
 A link from the site root (``/…``) counts as broken: it breaks when the site is opened from a
 subfolder or from ``file://``; only the root's ``404.html``, which a server shows at any depth,
 links that way (and its links must name files). ``make docs`` runs this check after the build
@@ -19,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 
 # the attributes that load or link a file: <a href>, <link href>, <script src>, <img src>, …
 LINK_ATTRS = {"href", "src"}
+# a <link> of these kinds names a page, not a file the page loads
+LINK_NOT_LOADED = {"canonical", "alternate", "next", "prev", "author", "license", "help"}
 # the one page that links from the site root: a server shows it for a missing page at any depth
 ROOTED = "404.html"
 
@@ -29,14 +33,18 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.links: list[str] = []
+        self.loads: list[str] = []
         self.anchors: set[str] = set()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        rel = dict(attrs).get("rel") or ""
         for name, value in attrs:
             if value is None:
                 continue
             if name in LINK_ATTRS:
                 self.links.append(value)
+                if name == "src" or (tag == "link" and not LINK_NOT_LOADED & set(rel.split())):
+                    self.loads.append(value)
             elif name == "id" or (name == "name" and tag == "a"):
                 self.anchors.add(value)
 
@@ -45,6 +53,11 @@ def _parse(path: Path) -> _Page:
     page = _Page()
     page.feed(path.read_text(encoding="utf-8", errors="replace"))
     return page
+
+
+def _remote(url: str) -> bool:
+    parts = urlsplit(url)
+    return url.startswith("//") or parts.scheme in {"http", "https", "ftp", "ws", "wss"}
 
 
 def _is_internal(url: str) -> bool:
@@ -59,14 +72,17 @@ def broken_links(site: Path) -> list[str]:
         site: the built site's folder.
 
     Returns:
-        One ``"page -> link"`` string per broken link (the page relative to ``site``), sorted;
-        empty when every link resolves.
+        One ``"page -> link"`` string per broken link or load from the network (the page
+        relative to ``site``), sorted; empty when every link resolves.
     """
     site = site.resolve()
     pages = {p: _parse(p) for p in sorted(site.rglob("*.html"))}
     broken: list[str] = []
     for path, page in pages.items():
         here = path.relative_to(site).as_posix()
+        broken += [
+            f"{here} -> {url} (loaded from the network)" for url in page.loads if _remote(url)
+        ]
         for url in page.links:
             if not url or not _is_internal(url):
                 continue

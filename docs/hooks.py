@@ -26,7 +26,6 @@ import shutil
 from pathlib import Path
 
 import check_links  # docs/check_links.py: MkDocs puts the hooks' folder on sys.path
-
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
@@ -44,7 +43,18 @@ PACKAGES = [
 MODULES = ["errors"]
 # MathJax 2.7 in the built site, and the MathJax configuration every page with maths loads
 MATHJAX_DIR = "assets/mathjax"
-MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe,local/attnlab"
+# config/local/attnlab.js: the package ships the STIX-Web fonts only, so MathJax must not look
+# for its default TeX fonts (as Jupyter's own MathJax settings say), nor may the hidden MathML for
+# screen readers ask for them (the native-MathML styles name TeX fonts for \\mathbb, \\mathcal)
+MATHJAX_LOCAL = """MathJax.Hub.Config({
+  messageStyle: "none",
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
+  SVG: {font: "STIX-Web"},
+  AssistiveMML: {styles: {".MJX_Assistive_MathML [mathvariant]": {"font-family": "inherit"}}}
+});
+MathJax.Ajax.loadComplete("[MathJax]/config/local/attnlab.js");
+"""
 # nbconvert's template writes this URL into every notebook page; on_post_page makes it relative
 MATHJAX_PLACEHOLDER = f"__mathjax__/MathJax.js?config={MATHJAX_CONFIG}"
 NOTEBOOK_LIST_MARK = "<!-- notebooks -->"
@@ -91,6 +101,13 @@ def mathjax_source() -> Path:
     if not (static / "MathJax.js").is_file():
         raise PluginError(f"no MathJax.js in {static}")
     return static
+
+
+def copy_mathjax(dest: Path) -> None:
+    """Copy MathJax into ``dest`` with the site's configuration (``config/local/attnlab.js``)."""
+    shutil.copytree(mathjax_source(), dest, dirs_exist_ok=True)
+    (dest / "config" / "local").mkdir(parents=True, exist_ok=True)
+    (dest / "config" / "local" / "attnlab.js").write_text(MATHJAX_LOCAL, encoding="utf-8")
 
 
 def mathjax_url(page_dest: str) -> str:
@@ -252,18 +269,14 @@ def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
     if MATHJAX_PLACEHOLDER in output:  # a notebook: nbconvert's template loads and configures it
         return output.replace(MATHJAX_PLACEHOLDER, url)
     if '<script type="math/tex' in output:  # a markdown page's maths (pymdownx.arithmatex)
-        load = (
-            '<script type="text/x-mathjax-config">MathJax.Hub.Config({messageStyle: "none"});'
-            f'</script><script src="{url}"></script>'
-        )
-        return output.replace("</body>", load + "</body>", 1)
+        return output.replace("</body>", f'<script src="{url}"></script></body>', 1)
     return output
 
 
 @event_priority(-100)  # last: the link check sees every file the plugins wrote
 def on_post_build(config: MkDocsConfig) -> None:
     site = Path(config["site_dir"])
-    shutil.copytree(mathjax_source(), site / MATHJAX_DIR, dirs_exist_ok=True)
+    copy_mathjax(site / MATHJAX_DIR)
     broken = check_links.broken_links(site)
     if broken:
         raise PluginError(f"{len(broken)} broken links: {'; '.join(broken)}")
