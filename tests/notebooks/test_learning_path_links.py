@@ -1,0 +1,46 @@
+"""The learning path is one path: each notebook links the next, and no page states a stale count.
+
+A notebook's link to the next is ``[notebook N](NN_name.ipynb)`` after its ``**Next:**``: the
+``.ipynb`` beside it in Jupyter, and on the site the next notebook's page (docs/hooks.py rewrites
+it; the site's link check fails the build on one that goes nowhere).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import REPO
+from tests.notebooks.test_notebooks import SOURCES
+
+NUMBER_WORDS = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
+# "the twelve notebooks", "twelve jupytext notebooks", "16 notebooks"
+_COUNT = re.compile(r"\b(\w+)\s+(?:jupytext\s+)?notebooks\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize(
+    ("source", "following"), list(zip(SOURCES, SOURCES[1:])), ids=[s.stem[:2] for s in SOURCES[:-1]]
+)
+def test_each_notebook_ends_with_a_link_to_the_next(source, following) -> None:
+    text = source.read_text(encoding="utf-8")
+    link = re.compile(r"\*\*Next:\*\*[^%]*\]\(" + re.escape(following.name[:-3]) + r"\.ipynb\)")
+    assert link.search(text), (
+        f"{source.name}: end with '**Next:** [notebook {int(following.stem[:2])}]"
+        f"({following.stem}.ipynb) …' in a markdown cell"
+    )
+
+
+def test_no_page_states_a_stale_number_of_notebooks() -> None:
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    stale = [
+        f"{page.name}: {m[0]!r}"
+        for page in pages
+        for m in _COUNT.finditer(page.read_text(encoding="utf-8"))
+        if m[1].lower() in NUMBER_WORDS and NUMBER_WORDS.index(m[1].lower()) + 1 != len(SOURCES)
+        or m[1].isdigit() and int(m[1]) != len(SOURCES)
+    ]
+    assert not stale, f"{len(SOURCES)} notebooks, but: {stale} (or say no number at all)"
