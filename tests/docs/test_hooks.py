@@ -47,7 +47,10 @@ def test_a_notebooks_link_to_a_notebook_becomes_its_page(tmp_path: Path) -> None
 
 
 def test_the_notebook_list_links_each_title(tmp_path: Path) -> None:
-    paths = [_notebook(tmp_path, "01_a.ipynb", "1 · First"), _notebook(tmp_path, "02_b.ipynb", "2 · B")]
+    paths = [
+        _notebook(tmp_path, "01_a.ipynb", "1 · First"),
+        _notebook(tmp_path, "02_b.ipynb", "2 · B"),
+    ]
     assert hooks.notebook_list(paths) == (
         "- [1 · First](notebooks/01_a.ipynb)\n- [2 · B](notebooks/02_b.ipynb)\n"
     )

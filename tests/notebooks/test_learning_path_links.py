@@ -7,6 +7,7 @@ it; the site's link check fails the build on one that goes nowhere).
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -23,7 +24,9 @@ _COUNT = re.compile(r"\b(\w+)\s+(?:jupytext\s+)?notebooks\b", re.IGNORECASE)
 
 
 @pytest.mark.parametrize(
-    ("source", "following"), list(zip(SOURCES, SOURCES[1:])), ids=[s.stem[:2] for s in SOURCES[:-1]]
+    ("source", "following"),
+    list(itertools.pairwise(SOURCES)),
+    ids=[s.stem[:2] for s in SOURCES[:-1]],
 )
 def test_each_notebook_ends_with_a_link_to_the_next(source, following) -> None:
     text = source.read_text(encoding="utf-8")
@@ -34,13 +37,19 @@ def test_each_notebook_ends_with_a_link_to_the_next(source, following) -> None:
     )
 
 
+def _stated(word: str) -> int | None:
+    """The number a word says (``twelve``, ``16``), or None."""
+    if word.isdigit():
+        return int(word)
+    return NUMBER_WORDS.index(word.lower()) + 1 if word.lower() in NUMBER_WORDS else None
+
+
 def test_no_page_states_a_stale_number_of_notebooks() -> None:
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     stale = [
         f"{page.name}: {m[0]!r}"
         for page in pages
         for m in _COUNT.finditer(page.read_text(encoding="utf-8"))
-        if m[1].lower() in NUMBER_WORDS and NUMBER_WORDS.index(m[1].lower()) + 1 != len(SOURCES)
-        or m[1].isdigit() and int(m[1]) != len(SOURCES)
+        if _stated(m[1]) not in (None, len(SOURCES))
     ]
     assert not stale, f"{len(SOURCES)} notebooks, but: {stale} (or say no number at all)"
