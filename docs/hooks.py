@@ -46,7 +46,7 @@ MATHJAX_DIR = "assets/mathjax"
 MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe,local/attnlab"
 # config/local/attnlab.js: the package ships the STIX-Web fonts only, so MathJax must not look
 # for its default TeX fonts (as Jupyter's own MathJax settings say), nor may the hidden MathML for
-# screen readers ask for them (the native-MathML styles name TeX fonts for \\mathbb, \\mathcal)
+# screen readers ask for them (the native-MathML styles name TeX fonts for \mathbb, \mathcal)
 MATHJAX_LOCAL = """MathJax.Hub.Config({
   messageStyle: "none",
   "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
