@@ -49,7 +49,8 @@ lint: setup docs
 	$(BIN)/ruff format --check src tests benchmarks notebooks docs
 	$(BIN)/mypy
 
-# the documentation site, built strictly (a broken reference or a bad docstring fails) into
+# the documentation site, built strictly (a broken reference, a bad docstring or a link that goes
+# nowhere fails: docs/check_links.py) and offline (MathJax copied in) into
 # build/site; the notebooks are executed first, unless build/notebooks holds them current
 # (`make test` leaves them there)
 docs: setup

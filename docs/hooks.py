@@ -4,18 +4,34 @@
   writes them; ``make docs`` runs it first), titled by its first heading.
 - The API reference has one page per public module of ``attnlab`` (no ``_`` in its path, not
   ``cli``), generated here, so a new module is documented without editing a list.
+- The home page lists the notebooks in place of its ``<!-- notebooks -->`` line.
+- A notebook's link to another notebook (``02_multi_head_attention.ipynb``, which works in Jupyter)
+  becomes the link to that notebook's page: nbconvert renders a notebook's markdown, so MkDocs,
+  which rewrites the links of its own markdown pages, never sees them.
+- The maths is typeset offline: MathJax 2.7 (the ``jupyter-server-mathjax`` package) is copied
+  into ``assets/mathjax/`` and each page with maths loads it by a relative URL, so the site works
+  from a subfolder and from ``file://``. The notebooks' maths is configured by nbconvert's
+  template, the markdown pages' by ``pymdownx.arithmatex``.
+- After the build every internal link must resolve (``docs/check_links.py``), or the build fails.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pkgutil
+import posixpath
+import re
+import shutil
 from pathlib import Path
 
+import check_links  # docs/check_links.py: MkDocs puts the hooks' folder on sys.path
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+from mkdocs.structure.toc import AnchorLink, TableOfContents
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
@@ -25,6 +41,26 @@ PACKAGES = [
 ]  # fmt: skip
 # public modules at the top of the package that `import attnlab` gives (one page each)
 MODULES = ["errors"]
+# MathJax 2.7 in the built site, and the MathJax configuration every page with maths loads
+MATHJAX_DIR = "assets/mathjax"
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe,local/attnlab"
+# config/local/attnlab.js: the package ships the STIX-Web fonts only, so MathJax must not look
+# for its default TeX fonts (as Jupyter's own MathJax settings say), nor may the hidden MathML for
+# screen readers ask for them (the native-MathML styles name TeX fonts for \mathbb, \mathcal)
+MATHJAX_LOCAL = """MathJax.Hub.Config({
+  messageStyle: "none",
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
+  SVG: {font: "STIX-Web"},
+  AssistiveMML: {styles: {".MJX_Assistive_MathML [mathvariant]": {"font-family": "inherit"}}}
+});
+MathJax.Ajax.loadComplete("[MathJax]/config/local/attnlab.js");
+"""
+# nbconvert's template writes this URL into every notebook page; on_post_page makes it relative
+MATHJAX_PLACEHOLDER = f"__mathjax__/MathJax.js?config={MATHJAX_CONFIG}"
+NOTEBOOK_LIST_MARK = "<!-- notebooks -->"
+# a link in a notebook's rendered markdown to another notebook: href="NN_name.ipynb#anchor"
+_NOTEBOOK_HREF = re.compile(r'href="([^":#?]+\.ipynb)(#[^"]*)?"')
+_HEADING_ID = re.compile(r'<h([1-6])[^>]*\bid="([^"]+)"')
 
 
 def _notebooks() -> list[Path]:
@@ -42,6 +78,94 @@ def _title(path: Path) -> str:
                 if line.startswith("# "):
                     return line[2:].strip()
     raise PluginError(f"{path.name}: the first markdown cell must start with a '# ' title")
+
+
+def notebook_list(paths: list[Path]) -> str:
+    """The markdown list of the executed notebooks, each its title linked to its page.
+
+    Args:
+        paths: the executed notebooks (``NN_name.ipynb``), in order.
+
+    Returns:
+        One ``- [title](notebooks/NN_name.ipynb)`` line per notebook.
+    """
+    return "\n".join(f"- [{_title(p)}](notebooks/{p.name})" for p in paths) + "\n"
+
+
+def mathjax_source() -> Path:
+    """The folder of MathJax 2.7 that the ``jupyter-server-mathjax`` package ships."""
+    spec = importlib.util.find_spec("jupyter_server_mathjax")  # found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise PluginError("MathJax is missing: pip install jupyter-server-mathjax (.[docs])")
+    static = Path(next(iter(spec.submodule_search_locations))) / "static"
+    if not (static / "MathJax.js").is_file():
+        raise PluginError(f"no MathJax.js in {static}")
+    return static
+
+
+def copy_mathjax(dest: Path) -> None:
+    """Copy MathJax into ``dest`` with the site's configuration (``config/local/attnlab.js``)."""
+    shutil.copytree(mathjax_source(), dest, dirs_exist_ok=True)
+    (dest / "config" / "local").mkdir(parents=True, exist_ok=True)
+    (dest / "config" / "local" / "attnlab.js").write_text(MATHJAX_LOCAL, encoding="utf-8")
+
+
+def mathjax_url(page_dest: str) -> str:
+    """MathJax's URL relative to the page written at ``page_dest`` (``notebooks/x/index.html``)."""
+    here = posixpath.dirname(page_dest) or "."
+    return f"{posixpath.relpath(MATHJAX_DIR, here)}/MathJax.js?config={MATHJAX_CONFIG}"
+
+
+def link_notebooks(html: str, page_src: str, files: Files) -> str:
+    """Rewrite a notebook page's links to other notebooks into links to their pages.
+
+    Args:
+        html: the page's rendered content.
+        page_src: the page's source path in the site (``notebooks/01_x.ipynb``).
+        files: the site's files.
+
+    Returns:
+        ``html`` with each ``href="NN_name.ipynb#a"`` naming a notebook of the site replaced by
+        its page's URL relative to this page; other links unchanged (the link check reports a
+        notebook that is not there).
+    """
+    page_file = files.get_file_from_path(page_src)
+
+    def one(m: re.Match[str]) -> str:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(page_src), m[1]))
+        found = files.get_file_from_path(target)
+        if found is None or page_file is None:
+            return m[0]
+        return f'href="{found.url_relative_to(page_file)}{m[2] or ""}"'
+
+    return _NOTEBOOK_HREF.sub(one, html)
+
+
+def align_toc(html: str, toc: TableOfContents) -> None:
+    """Give a notebook page's table of contents the ids its headings have in ``html``.
+
+    mkdocs-jupyter builds the table of contents from the notebook converted to markdown, whose
+    ids drop a heading's code (``2-same-numbers-less-memory``), while nbconvert's headings keep
+    it (``2-backendblockwise-same-numbers-less-memory``). Where both list the same levels in the
+    same order, the entries take the headings' ids; elsewhere nothing changes (the link check
+    then reports the anchor).
+
+    Args:
+        html: the page's rendered content.
+        toc: the page's table of contents, changed in place.
+    """
+    entries: list[AnchorLink] = []
+
+    def walk(items: list[AnchorLink]) -> None:
+        for item in items:
+            entries.append(item)
+            walk(item.children)
+
+    walk(list(toc))
+    headings = [(int(level), id_) for level, id_ in _HEADING_ID.findall(html)]
+    if [e.level for e in entries] == [level for level, _ in headings]:
+        for entry, (_, id_) in zip(entries, headings):
+            entry.id = id_
 
 
 def _modules(package: str) -> list[str]:
@@ -100,6 +224,8 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         {"Learning path": learning},
         {"API reference": api},
     ]
+    mathjax_source()  # fail early when the package is missing
+    config.plugins["mkdocs-jupyter"].config["custom_mathjax_url"] = MATHJAX_PLACEHOLDER
     return config
 
 
@@ -121,3 +247,36 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         page = f"# attnlab.{module}\n\n::: attnlab.{module}\n"
         files.append(File.generated(config, f"api/{module}.md", content=page))
     return files
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    if page.file.src_uri == "index.md":
+        if NOTEBOOK_LIST_MARK not in markdown:
+            raise PluginError(f"docs/index.md must hold the line {NOTEBOOK_LIST_MARK}")
+        markdown = markdown.replace(NOTEBOOK_LIST_MARK, notebook_list(_notebooks()))
+    return markdown
+
+
+def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    if page.file.src_uri.endswith(".ipynb"):
+        html = link_notebooks(html, page.file.src_uri, files)
+        align_toc(html, page.toc)
+    return html
+
+
+def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
+    url = mathjax_url(page.file.dest_uri)
+    if MATHJAX_PLACEHOLDER in output:  # a notebook: nbconvert's template loads and configures it
+        return output.replace(MATHJAX_PLACEHOLDER, url)
+    if '<script type="math/tex' in output:  # a markdown page's maths (pymdownx.arithmatex)
+        return output.replace("</body>", f'<script src="{url}"></script></body>', 1)
+    return output
+
+
+@event_priority(-100)  # last: the link check sees every file the plugins wrote
+def on_post_build(config: MkDocsConfig) -> None:
+    site = Path(config["site_dir"])
+    copy_mathjax(site / MATHJAX_DIR)
+    broken = check_links.broken_links(site)
+    if broken:
+        raise PluginError(f"{len(broken)} broken links: {'; '.join(broken)}")

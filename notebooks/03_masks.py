@@ -259,5 +259,5 @@ for dtype in DTYPES:
         assert err < {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
 
 # %% [markdown]
-# **Next:** with attention, heads and masks in place, the next notebooks assemble them into the
-# encoder-decoder Transformer and train it.
+# **Next:** with attention, heads and masks in place, [notebook 4](04_gpt2_attention.ipynb) meets
+# them in GPT-2, and the notebooks after it train the encoder-decoder Transformer.

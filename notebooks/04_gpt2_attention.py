@@ -346,3 +346,5 @@ for name, kv_heads in {"MHA": 12, "GQA": 4, "MQA": 1}.items():
 # are trained (or "uptrained", Ainslie et al. 2023) with the shared heads; taking an MHA model's
 # heads away without training changes its outputs. The next notebook turns to the other memory
 # cost of attention — the $T \times T$ weight matrix — and the FlashAttention way around it.
+#
+# **Next:** [notebook 5](05_flash_attention.ipynb): attention without the $T \times T$ matrix.

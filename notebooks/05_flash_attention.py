@@ -346,3 +346,5 @@ assert all(dt == torch.bfloat16 for dt in out_dtypes.values())
 # a digit that matters; checkpointing does the same trade for the rest of the activations at the
 # price of one more forward pass; bf16 autocast halves the bytes of every matmul. The next step
 # (notebook 06) puts them to work in training.
+#
+# **Next:** [notebook 6](06_training.ipynb): training, and attention as it learns.

@@ -373,6 +373,6 @@ assert curve.metric[-1] < 0.05  # no heads left: the source is out of reach
 pruning_figure(curve, loss_label="held-out loss", metric_label="exact match")
 
 # %% [markdown]
-# **Next:** notebook 07 looks inside a trained model — capture every layer's attention, check the
+# **Next:** [notebook 7](07_looking_inside.ipynb) looks inside a trained model — capture every layer's attention, check the
 # heads' health, find where a NaN comes from, browse the weights in the viewer, and count what
 # attention costs.

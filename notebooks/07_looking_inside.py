@@ -332,3 +332,6 @@ costs
 # **Where next:** `attnlab inspect RUN --text ...` prints the same per-head health for a saved run,
 # `attnlab view RUN --text ...` writes the viewer, and `attnlab flops --preset gpt2 --seq-len 1024
 # --kv-heads 4` prints the table above.
+#
+# **Next:** [notebook 8](08_language_model_and_translation.ipynb): a character language model,
+# and English → Japanese translation.

@@ -395,3 +395,6 @@ print("content words aligned to their translation:", hits)
 if FULL:
     assert sum(hits.values()) >= 3, hits
 print(f"whole notebook: {time.perf_counter() - START:.0f} s")
+
+# %% [markdown]
+# **Next:** [notebook 9](09_induction_heads.ipynb): induction heads in a real pretrained model.

@@ -290,3 +290,6 @@ viz.Plot(fig, {"K": np.array(KS), "top": np.array(sweep_top), "random": mean})
 # in-context copying. [Notebook 7](07_looking_inside.ipynb) shows how to capture and inspect
 # attention weights like those above. From the command line, `attnlab plot roles --model smollm2-135m -o roles.png`
 # draws the head-role map.
+#
+# **Next:** [notebook 10](10_induction_heads_forming.ipynb): induction heads forming while a small
+# model trains — the phase change.

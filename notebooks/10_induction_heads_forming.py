@@ -306,4 +306,5 @@ print(f"layer-0 induction score of the 2-layer model at the end: {ind0[-1]:.2f}"
 print(f"induction score: 2-layer {ind2[-1]:.2f} (step 0: {ind2[0]:.2f}), 1-layer {ind1[-1]:.2f}")
 
 # %% [markdown]
-# **Next:** notebook 11.
+# **Next:** [notebook 11](11_attention_sinks.ipynb): attention sinks, and streaming past the
+# context with a sink cache.

@@ -270,3 +270,5 @@ Plot(fig, {n: v.numpy() for n, v in nll.items()} | {"recompute": recomputed.nump
 # full-attention model of the library (`tests/nn/test_sink_cache.py` checks it against an
 # explicit reference), and `attnlab.inspect.attention_stats` gives the first-token weight of
 # sequences too long for their weights to be formed.
+#
+# **Next:** [notebook 12](12_who_answers.ipynb): which heads carry an answer — activation patching.
