@@ -224,3 +224,7 @@ viz.attribution_figure(
 # head was found by what it *does*. From the command line, `attnlab patch smollm2-135m --clean
 # "The capital of France is" --corrupted "The capital of Germany is" --answer " Paris" --wrong
 # " Berlin" -o heads.png` prints the same tables and draws the map.
+#
+# **Next:** [notebook 13](13_positions.ipynb) turns from what a trained model does to how
+# attention knows where tokens are: sinusoidal, learned, rotary (RoPE) and ALiBi positions, and
+# which of them reads past the length it was trained on.
