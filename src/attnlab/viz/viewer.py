@@ -41,6 +41,7 @@ import torch
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
+from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ProjectedKeys
@@ -119,6 +120,9 @@ class ViewerData:
             prompt tokens at the start of ``sequences["tokens"]``; the page marks the tokens
             after it as generated (their labels in another colour, a line at the boundary).
             ``None`` (default): nothing was generated.
+        start: the group, layer and head the page opens on; ``None`` (default): the most
+            informative head, chosen by :func:`~attnlab.viz.viewer_start.most_informative_head`
+            (the cross-attention of an encoder-decoder, the lowest-entropy head that is no sink).
     """
 
     title: str
@@ -126,6 +130,7 @@ class ViewerData:
     groups: list[AttentionGroup]
     steps: list[int] | None = None
     prompt_length: int | None = None
+    start: ViewerStart | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -148,6 +153,8 @@ class ViewerData:
                     f"prompt_length must lie in [0, len(sequences['tokens'])] (a language "
                     f"model's tokens), got {n} with sequences {list(self.sequences)}"
                 )
+        if self.start is not None:
+            self._check_start(self.start)
         for g in self.groups:
             sides = (
                 (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
@@ -181,6 +188,20 @@ class ViewerData:
                         f"the weights {layer.weights.shape[-3]}"
                     )
 
+    def _check_start(self, start: object) -> None:
+        if not isinstance(start, ViewerStart):
+            raise ArgumentTypeError(f"start must be a ViewerStart, got {type(start).__name__}")
+        if not 0 <= start.group < len(self.groups):
+            raise ArgumentError(
+                f"start.group must be in [0, {len(self.groups)}), got {start.group}"
+            )
+        layers = self.groups[start.group].layers
+        if not 0 <= start.layer < len(layers):
+            raise ArgumentError(f"start.layer must be in [0, {len(layers)}), got {start.layer}")
+        heads = layers[start.layer].weights.shape[-3]
+        if not 0 <= start.head < heads:
+            raise ArgumentError(f"start.head must be in [0, {heads}), got {start.head}")
+
     def _check_weights(self, what: str, w: np.ndarray, t_q: int, t_k: int) -> None:
         if self.steps is not None:
             n = len(self.steps)
@@ -201,7 +222,8 @@ class ViewerData:
         Returns:
             A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
             shapes, weights, masks and effective weights, and the group's ``projected_from`` and
-            ``note``), ``steps`` and ``prompt_length``.
+            ``note``), ``steps``, ``prompt_length`` and ``start`` (the initial group, layer,
+            head and why: :attr:`start`, or :func:`~attnlab.viz.viewer_start.most_informative_head`).
         """
 
         def b64(a: np.ndarray) -> str:
@@ -211,6 +233,7 @@ class ViewerData:
             "title": self.title,
             "steps": None if self.steps is None else [int(s) for s in self.steps],
             "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
+            "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
             "groups": [
                 {
