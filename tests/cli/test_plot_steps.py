@@ -142,7 +142,22 @@ def test_a_layer_out_of_range_names_the_layers_of_that_kind(
     seq2seq: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     base = ["--model", str(seq2seq), "--text", "abcd", "--target", "dcba"]
-    assert main(["plot", "steps", *base, "--kind", "cross", "--layer", "2", "-o", str(tmp_path / "x.png")]) == 2
+    assert (
+        main(
+            [
+                "plot",
+                "steps",
+                *base,
+                "--kind",
+                "cross",
+                "--layer",
+                "2",
+                "-o",
+                str(tmp_path / "x.png"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert (

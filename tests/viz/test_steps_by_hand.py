@@ -89,7 +89,9 @@ def test_masks_are_those_of_plot_masks() -> None:
     np.testing.assert_allclose(plot.data["weights"].sum(1), 1.0, atol=1e-12)
     padding = step_panel_by_hand(x, tokens=tokens, mask="padding")
     np.testing.assert_array_equal(padding.data["mask"], token_masks(tokens)["padding"].numpy())
-    assert (padding.data["weights"][:, 6:] == 0).all() and (padding.data["weights"][:, :6] > 0).all()
+    assert (padding.data["weights"][:, 6:] == 0).all() and (
+        padding.data["weights"][:, :6] > 0
+    ).all()
 
 
 @pytest.mark.parametrize(
@@ -118,10 +120,12 @@ def test_bad_files_say_why(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_step_inputs(tmp_path / "none.json")
     (tmp_path / "a.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"must be \.json, \.pt, \.npz or \.safetensors, got 'a.txt'"):
+    with pytest.raises(
+        ValueError, match=r"must be \.json, \.pt, \.npz or \.safetensors, got 'a.txt'"
+    ):
         load_step_inputs(tmp_path / "a.txt")
     (tmp_path / "b.json").write_text("{not json")
-    with pytest.raises(ValueError, match="could not be read as .json"):
+    with pytest.raises(ValueError, match=r"could not be read as \.json"):
         load_step_inputs(tmp_path / "b.json")
     (tmp_path / "c.json").write_text("[[1, 2]]")
     with pytest.raises(ValueError, match="must hold a mapping of x, W_q, W_k, W_v, got list"):

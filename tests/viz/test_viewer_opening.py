@@ -20,10 +20,14 @@ def _seq2seq() -> dict[str, torch.Tensor]:
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     w = {}
     for layer in range(2):
-        w[f"encoder.layers.{layer}.self_attn"] = torch.softmax(torch.randn(1, 4, 6, 6, generator=g), -1)
+        w[f"encoder.layers.{layer}.self_attn"] = torch.softmax(
+            torch.randn(1, 4, 6, 6, generator=g), -1
+        )
         self_logits = torch.randn(1, 4, 5, 5, generator=g).masked_fill(~causal, float("-inf"))
         w[f"decoder.layers.{layer}.self_attn"] = torch.softmax(self_logits, -1)
-        w[f"decoder.layers.{layer}.cross_attn"] = torch.softmax(torch.randn(1, 4, 5, 6, generator=g), -1)
+        w[f"decoder.layers.{layer}.cross_attn"] = torch.softmax(
+            torch.randn(1, 4, 5, 6, generator=g), -1
+        )
     # decoder layer 1, head 3 aligns target i with source 4 - i: the sharpest cross head
     w["decoder.layers.1.cross_attn"][0, 3] = torch.softmax(torch.eye(5, 6).flip(1) * 8, -1)
     return w
@@ -36,10 +40,18 @@ def test_page_opens_on_the_chosen_head_with_a_colour_bar_and_a_labelled_grid(
     w = _seq2seq()
     data = viewer_data(w, source=list("abcdef"), target=list("vwxyz"))
     start = most_informative_head(data)
-    assert (data.groups[start.group].name, start.layer, start.head) == ("decoder cross-attention", 1, 3)
+    assert (data.groups[start.group].name, start.layer, start.head) == (
+        "decoder cross-attention",
+        1,
+        3,
+    )
     page, errors, requests = _open(browser, write_viewer(data, tmp_path / "v.html"))
     chosen = page.evaluate("window.attnlabViewer.chosen")
-    assert (chosen["layer"], chosen["head"], chosen["layerName"]) == (1, 3, "decoder.layers.1.cross_attn")
+    assert (chosen["layer"], chosen["head"], chosen["layerName"]) == (
+        1,
+        3,
+        "decoder.layers.1.cross_attn",
+    )
     assert page.locator("#groups button.active").inner_text() == "decoder cross-attention"
     assert page.locator("#heads button.active").inner_text() == "3"
     assert "lowest-entropy cross-attention head" in page.inner_text("#start")
@@ -61,7 +73,11 @@ def test_page_opens_on_the_chosen_head_with_a_colour_bar_and_a_labelled_grid(
     page.click("#groups button:has-text('encoder self')")
     page.click("#heads button[data-value='0']")
     chosen = page.evaluate("window.attnlabViewer.chosen")
-    assert (chosen["layer"], chosen["head"], chosen["layerName"]) == (1, 0, "encoder.layers.1.self_attn")
+    assert (chosen["layer"], chosen["head"], chosen["layerName"]) == (
+        1,
+        0,
+        "encoder.layers.1.self_attn",
+    )
     assert _canvas_hash(page) != before
     # the layers × heads grid: layer and head numbers, the axes named, tokens on both sides
     page.click("#groups button:has-text('cross')")

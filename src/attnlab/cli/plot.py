@@ -130,7 +130,9 @@ def _steps_by_hand(args: argparse.Namespace) -> Plot:
             raise CLIError(f"--inputs {args.inputs}: {e}") from None
         t, d = inputs["x"].shape
         if args.d_model is not None and args.d_model != d:
-            raise CLIError(f"--d-model {args.d_model} differs from the width of x in --inputs ({d})")
+            raise CLIError(
+                f"--d-model {args.d_model} differs from the width of x in --inputs ({d})"
+            )
         tokens = None if args.text is None else args.text.split()
         if tokens is not None and len(tokens) != t:
             raise CLIError(
@@ -163,7 +165,9 @@ def _model_figure(args: argparse.Namespace) -> Plot:
         names = cache.names(None if args.attention == "all" else args.attention)
         if not names:
             raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
-        layer = names[0] if args.layer is None else _pick(names, args.layer, "--layer", args.attention)
+        layer = (
+            names[0] if args.layer is None else _pick(names, args.layer, "--layer", args.attention)
+        )
         if layer in cache.projected:  # the panel's softmax(Q Kᵀ/√d) over tokens is not its path
             from attnlab.nn.linformer import LinformerAttention
 
@@ -275,9 +279,13 @@ def run(args: argparse.Namespace) -> int:
         )
     written = [out]
     if args.kind == "noam":
-        plot = F.noam_curve(((512 if args.d_model is None else args.d_model, args.warmup),), steps=args.steps)
+        plot = F.noam_curve(
+            ((512 if args.d_model is None else args.d_model, args.warmup),), steps=args.steps
+        )
     elif args.kind == "positional":
-        plot = F.positional_encoding_figure(args.max_len, 512 if args.d_model is None else args.d_model)
+        plot = F.positional_encoding_figure(
+            args.max_len, 512 if args.d_model is None else args.d_model
+        )
     elif args.kind == "masks":
         plot = F.mask_panel(_lesson_tokens(args))
     elif args.kind == "training":

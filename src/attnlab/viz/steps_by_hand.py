@@ -53,6 +53,9 @@ def load_step_inputs(path: str | Path) -> dict[str, torch.Tensor]:
         FileNotFoundError: no such file.
         ValueError: another suffix, a file that cannot be read as its suffix says, a key that is
             not one of ``x``, ``W_q``, ``W_k``, ``W_v``, no ``x``, or shapes that do not fit.
+
+    Shape:
+        x ``(T, d_model)``; W_q, W_k ``(d_model, d_k)``; W_v ``(d_model, d_v)``.
     """
     p = Path(path)
     if not p.is_file():
@@ -191,9 +194,7 @@ def step_panel_by_hand(
     """
     if mask not in ("none", "padding", "causal"):
         raise ArgumentError(f"mask must be 'none', 'padding' or 'causal', got {mask!r}")
-    given = {
-        k: v for k, v in (("x", x), ("W_q", w_q), ("W_k", w_k), ("W_v", w_v)) if v is not None
-    }
+    given = {k: v for k, v in (("x", x), ("W_q", w_q), ("W_k", w_k), ("W_v", w_v)) if v is not None}
     inputs = check_step_inputs(given)
     xa = inputs["x"]
     t, d_model = xa.shape
