@@ -7,6 +7,7 @@ For an encoder-decoder the text is the source and the target is the model's own 
 (as ``attnlab translate`` prints it), or ``--target``. A Linformer encoder (``--attention
 linformer``) is shown as it computes: its ``T × k`` weights over the projected ``E·K`` rows, and
 the effective weights ``A · F`` over the source tokens (see :mod:`attnlab.viz.viewer`).
+The page opens on the most informative head (:func:`attnlab.viz.most_informative_head`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,12 @@ token-to-token lines and the weight matrix (drawn on a canvas, so 1,000 tokens s
 one choose the attention group (encoder self, decoder self, decoder cross — or a GPT's self), the
 layer and the head (or all heads), shows exact values on hover and the mask on demand. With
 ``steps`` (attention recorded during training, see :mod:`attnlab.viz.probe_history`) a slider picks
-the training step.
+the training step. The page opens on the most informative head
+(:func:`~attnlab.viz.viewer_start.most_informative_head`: an encoder-decoder's sharpest
+cross-attention head, else the lowest-entropy head that is no attention sink) and says why; a
+colour bar under the controls gives the scale (``0 … max`` of the head shown; colour ∝
+``√(weight / max)``), and the layers × heads grid names its layers, heads and axes (rows are the
+queries, columns the keys).
 
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.

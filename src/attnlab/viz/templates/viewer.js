@@ -312,7 +312,7 @@
       g.fillText(text(v), k === 0 ? x - 2 : k === ticks.length - 1 ? x + 2 : x, barH + 6);
     });
     const what = signed ? "effective weight A·F (signed; colour ∝ sign · √|value|)" : "attention weight (colour ∝ √weight)";
-    const note = one ? what + ", 0 … " + fmt(max) + " (the head's max)"
+    const note = one ? what + (signed ? ", " + fmt(-max) + " … " + fmt(max) + " (the head's max |value|)" : ", 0 … " + fmt(max) + " (the head's max)")
       : what + ", each head scaled to its own max (largest " + fmt(max) + ")";
     document.getElementById("legend-note").textContent = note;
     legend = { signed, min: signed ? -max : 0, max, perHead: !one, ticks: ticks.map(([t, v]) => ({ at: t, value: v, text: text(v) })), note };
