@@ -44,6 +44,7 @@ def test_walkthrough_still_available(capsys) -> None:
     assert main(["demo", "--walkthrough"]) == 0
     out = capsys.readouterr().out
     assert "softmax" in out and "agrees: max |difference|" in out
+    assert "V = x W_V" in out  # the value vectors, which the output averages
 
 
 @pytest.mark.parametrize("flag", ["--bogus", "--steps=x"])

@@ -198,6 +198,7 @@ def test_the_step_slider_viewer_in_chromium(browser, recorded, tmp_path) -> None
     assert page.locator("#groups button").first.inner_text() == (
         f"encoder self-attention (Linformer, k = {K})"
     )
+    page.locator("#groups button").first.click()  # the page opens on the cross-attention
     assert f"keys projected to k = {K} rows (Linformer)" in page.locator("#note").inner_text()
     assert page.locator(".view-btn", has_text="lines").is_disabled()
     assert page.evaluate(f"{api}.drawn")["columns"] == history.sequences[ROWS]

@@ -17,8 +17,12 @@ def test_generated_page_layers_heads_and_grid(browser, tmp_path: Path) -> None: 
     page, errors, requests = _open(browser, out)
     drawn = page.evaluate("window.attnlabViewer.chosen")
     n = drawn["rows"]
-    assert drawn["promptLength"] == n - 3 and (drawn["layer"], drawn["head"]) == (0, 0)
+    start = page.evaluate("window.attnlabViewer.start")  # the head Python chose to open on
+    assert drawn["promptLength"] == n - 3
+    assert (drawn["layer"], drawn["head"]) == (start["layer"], start["head"])
     assert "3 generated" in page.inner_text("#info")
+    page.click("#layers button:has-text('0')")
+    page.click("#heads button[data-value='0']")
     before = _canvas_hash(page)
     page.click("#layers button:has-text('1')")
     page.click("#heads button[data-value='2']")

@@ -181,6 +181,7 @@ def test_viewer_draws_the_linformer_layer_in_chromium(browser, captured, tmp_pat
     assert page.locator("#groups button").first.inner_text() == (
         f"encoder self-attention (Linformer, k = {K})"
     )
+    page.locator("#groups button").first.click()  # the page opens on the cross-attention
     # the page says what the columns are, and offers no token-to-token lines
     assert page.locator("#note").is_visible()
     assert f"keys projected to k = {K} rows (Linformer)" in page.locator("#note").inner_text()

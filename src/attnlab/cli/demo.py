@@ -10,7 +10,7 @@ trained: ``training.png`` (the heads from step 0 to the end), ``training_entropy
 ``training.html`` (the viewer with a step slider). Nothing is downloaded; no data file is read.
 
 ``attnlab demo --walkthrough`` instead prints the steps of attention for four token vectors:
-x → Q, K, V → scaled scores → weights → output.
+x → Q, K, V → scaled scores → weights → output = weights · V.
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ def walkthrough(seed: int = 0) -> int:
     console.print(_table("x: token vectors", x, tokens, dims))
     console.print(_table("Q = x W_Q", q, tokens, dims))
     console.print(_table("K = x W_K", k, tokens, dims))
+    console.print(_table("V = x W_V", v, tokens, dims))
     console.print(_table("scores = Q Kᵀ / √d", scores, tokens, tokens))
     console.print(_table("weights = softmax(scores + causal mask)", weights, tokens, tokens))
     console.print(_table("output = weights · V", out, tokens, dims))

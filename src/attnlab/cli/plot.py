@@ -1,9 +1,15 @@
 """``attnlab plot KIND -o FILE`` — the figures of :mod:`attnlab.viz` as PNG or SVG.
 
 Lesson figures: ``noam`` (learning-rate schedule), ``positional`` (sinusoidal encodings),
-``masks`` (padding and look-ahead masks for ``--text``), ``steps`` (one head step by step; on a
-small random layer, or with ``--model RUN`` the model's own first attention layer on the text's
-real tokens). Figures of a trained model (``--model RUN --text TEXT``, through the run's task, so
+``masks`` (padding and look-ahead masks for ``--text``), ``steps`` (one head step by step:
+x → Q, K, V → scores → weights → output = weights · V). ``steps`` without ``--model`` computes one
+head by hand (:func:`attnlab.viz.steps_by_hand.step_panel_by_hand`) on the tokens of ``--text``
+with exactly the masks ``plot masks`` draws (padding keys hidden, the look-ahead rule; none with
+``--no-mask``), from random ``x`` of width ``--d-model`` (default 8) and random weights, or from
+your own ``x`` and ``W_q``/``W_k``/``W_v`` in ``--inputs FILE`` (JSON, .pt, .npz or .safetensors;
+see :mod:`attnlab.viz.steps_by_hand`). With ``--model RUN`` it draws the model's own layer
+``--layer`` among its ``--kind`` layers (default the first), with the masks the model applied, on
+the text's real tokens. Figures of a trained model (``--model RUN --text TEXT``, through the run's task, so
 the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (every head of one
 layer), ``layers`` (layers × heads), each for ``--kind self|cross|all`` layers. ``training RUN``:
 how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
@@ -73,7 +79,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tokens (signed) instead of the T × k weights over the projected E·K rows",
     )
     add_roles_arguments(p)
-    p.add_argument("--d-model", type=int, default=512, help="noam / positional width")
+    p.add_argument(
+        "--d-model",
+        type=int,
+        default=None,
+        help="noam / positional width (default 512); steps without --model: the width of the "
+        "random token vectors (default 8)",
+    )
+    p.add_argument(
+        "--no-mask",
+        action="store_true",
+        help="steps without --model: no mask (every token sees every token), as in the "
+        "hands-on; default: the padding and look-ahead masks of plot masks",
+    )
+    p.add_argument(
+        "--inputs",
+        metavar="FILE",
+        default=None,
+        help="steps without --model: your own x (T × d_model) and optionally W_q, W_k "
+        "(d_model × d_k) and W_v (d_model × d_v), by those names, in a .json file "
+        '({"x": [[...], ...], "W_q": ...}), a .pt dict of tensors, a .npz or a .safetensors; '
+        "missing weights are random (--seed); --text, if given, labels the rows",
+    )
     p.add_argument("--warmup", type=int, default=4000, help="noam warm-up steps")
     p.add_argument("--steps", type=int, default=20000, help="noam steps to draw")
     p.add_argument("--max-len", type=int, default=100, help="positional: positions")
@@ -87,6 +114,42 @@ def _lesson_tokens(args: argparse.Namespace) -> list[str]:
     return (args.text or "the cat sat on the mat <pad> <pad>").split()
 
 
+def _steps_by_hand(args: argparse.Namespace) -> Plot:
+    """``plot steps`` without ``--model``: one head by hand on ``--inputs`` or random ``x``."""
+    from attnlab.viz.steps_by_hand import load_step_inputs, step_panel_by_hand
+
+    if args.head != 0:
+        raise CLIError("--head: plot steps without --model computes one head; it takes no --head")
+    mask = "none" if args.no_mask else "causal"
+    if args.inputs is not None:
+        try:
+            inputs = load_step_inputs(args.inputs)
+        except FileNotFoundError as e:
+            raise CLIError(f"--inputs: {e}") from None
+        except ValueError as e:
+            raise CLIError(f"--inputs {args.inputs}: {e}") from None
+        t, d = inputs["x"].shape
+        if args.d_model is not None and args.d_model != d:
+            raise CLIError(
+                f"--d-model {args.d_model} differs from the width of x in --inputs ({d})"
+            )
+        tokens = None if args.text is None else args.text.split()
+        if tokens is not None and len(tokens) != t:
+            raise CLIError(
+                f"--text must have one word per row of x in --inputs ({t}), got {len(tokens)}"
+            )
+        return step_panel_by_hand(
+            inputs["x"], w_q=inputs.get("W_q"), w_k=inputs.get("W_k"), w_v=inputs.get("W_v"),
+            tokens=tokens, mask=mask, seed=args.seed,
+        )  # fmt: skip
+    d = 8 if args.d_model is None else args.d_model
+    if d < 1:
+        raise CLIError(f"--d-model must be a positive int, got {d}")
+    tokens = _lesson_tokens(args)
+    x = torch.randn(len(tokens), d, generator=torch.Generator().manual_seed(args.seed))
+    return step_panel_by_hand(x, tokens=tokens, mask=mask, seed=args.seed + 1)
+
+
 def _model_figure(args: argparse.Namespace) -> Plot:
     from attnlab import viz as F
     from attnlab.tasks.figures import capture_inputs, layer_labels
@@ -97,9 +160,14 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     loaded = load_run(args.model, device=args.device)
     inputs = model_inputs(loaded, args)
     if args.kind == "steps":
-        names = [n for n, m in loaded.model.named_modules() if hasattr(m, "hook_weights")]
-        layer = names[0] if args.layer is None else _pick(names, args.layer, "--layer")
-        cache = capture_inputs(loaded.model, inputs, names=[layer])
+        # --layer indexes the layers of --kind (self / cross / all), in execution order
+        cache = capture_inputs(loaded.model, inputs)
+        names = cache.names(None if args.attention == "all" else args.attention)
+        if not names:
+            raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
+        layer = (
+            names[0] if args.layer is None else _pick(names, args.layer, "--layer", args.attention)
+        )
         if layer in cache.projected:  # the panel's softmax(Q Kᵀ/√d) over tokens is not its path
             from attnlab.nn.linformer import LinformerAttention
 
@@ -134,7 +202,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
             max_tokens=args.max_tokens,
             title=f"{inputs.output!r}: {args.attention} attention, layers × heads",
         )
-    name = _pick(names, -1 if args.layer is None else args.layer, "--layer")
+    name = _pick(names, -1 if args.layer is None else args.layer, "--layer", args.attention)
     w = cache.attentions[name][0]
     rows, cols = labels[name]
     value, what = "weight", ""
@@ -178,9 +246,13 @@ def _check_projected(cache: ActivationCache, names: list[str], name: str, kind: 
     )
 
 
-def _pick(names: list[str], index: int, flag: str) -> str:
+def _pick(names: list[str], index: int, flag: str, kind: str = "all") -> str:
     if not -len(names) <= index < len(names):
-        raise CLIError(f"{flag} must be in [0, {len(names)}), got {index}")
+        which = "attention" if kind == "all" else f"{kind}-attention"
+        raise CLIError(
+            f"{flag} must be in [0, {len(names)}) (the model's {len(names)} {which} layers, "
+            f"{names[0]} … {names[-1]}), got {index}"
+        )
     return names[index]
 
 
@@ -198,11 +270,22 @@ def run(args: argparse.Namespace) -> int:
             f"--effective draws one layer's effective weights: plot heatmap or heads, "
             f"got plot {args.kind}"
         )
+    if (args.no_mask or args.inputs is not None) and (args.kind != "steps" or args.model):
+        flag = "--no-mask" if args.no_mask else "--inputs"
+        raise CLIError(
+            f"{flag} is for plot steps without --model (a model's layer is drawn with the "
+            f"masks and weights it has), got plot {args.kind}"
+            + (" --model" if args.model and args.kind == "steps" else "")
+        )
     written = [out]
     if args.kind == "noam":
-        plot = F.noam_curve(((args.d_model, args.warmup),), steps=args.steps)
+        plot = F.noam_curve(
+            ((512 if args.d_model is None else args.d_model, args.warmup),), steps=args.steps
+        )
     elif args.kind == "positional":
-        plot = F.positional_encoding_figure(args.max_len, args.d_model)
+        plot = F.positional_encoding_figure(
+            args.max_len, 512 if args.d_model is None else args.d_model
+        )
     elif args.kind == "masks":
         plot = F.mask_panel(_lesson_tokens(args))
     elif args.kind == "training":
@@ -232,15 +315,7 @@ def run(args: argparse.Namespace) -> int:
             f"(batch {roles.tokens.shape[0]})",
         )
     elif args.kind == "steps" and args.model is None:
-        from attnlab.nn.multihead import MultiHeadAttention
-
-        tokens = _lesson_tokens(args)
-        torch.manual_seed(args.seed)
-        mha = MultiHeadAttention(8, 2)
-        x = torch.randn(1, len(tokens), 8)
-        plot = F.step_panel_from_module(
-            mha, x, head=min(args.head, 1), is_causal=True, tokens=tokens
-        )
+        plot = _steps_by_hand(args)
     else:
         if args.model is None:
             raise CLIError(f"plot {args.kind} needs --model RUN_OR_CHECKPOINT")

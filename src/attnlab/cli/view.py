@@ -7,6 +7,7 @@ For an encoder-decoder the text is the source and the target is the model's own 
 (as ``attnlab translate`` prints it), or ``--target``. A Linformer encoder (``--attention
 linformer``) is shown as it computes: its ``T × k`` weights over the projected ``E·K`` rows, and
 the effective weights ``A · F`` over the source tokens (see :mod:`attnlab.viz.viewer`).
+The page opens on the most informative head (:func:`attnlab.viz.most_informative_head`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("view", help="write a self-contained HTML attention viewer for a text")
+    p = sub.add_parser(
+        "view",
+        help="write a self-contained HTML attention viewer for a text",
+        description="Run a model (a run folder, a checkpoint, a GPT-2 directory or a pretrained "
+        "model such as smollm2-135m) on --text, capture every attention layer, and write one HTML "
+        "file (no network needed to open it) with the attention weights of every layer and head: "
+        "as a matrix, as token-to-token lines, or as a layers × heads grid, with a colour scale "
+        "and exact values on hover. The page opens on the most informative head: for an "
+        "encoder-decoder the cross-attention head with the lowest entropy, otherwise the "
+        "lowest-entropy head that does not just attend to the first token (a sink). --training "
+        "shows the attention recorded while a run trained (--probe), with a step slider.",
+    )
     p.add_argument(
         "path", metavar="RUN_OR_CHECKPOINT", help="run folder, checkpoint folder or GPT-2 directory"
     )

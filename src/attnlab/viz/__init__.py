@@ -4,8 +4,11 @@ attention viewer.
 - attention views: :func:`attention_heatmap`, :func:`head_grid`, :func:`layer_head_grid`,
   :func:`reduce_attention` (``attention``)
 - the step panel: :func:`step_panel`, :func:`step_panel_from_module`,
-  :func:`step_panel_from_model` (``steps``)
-- lesson figures: :func:`mask_panel`, :func:`noam_curve`, :func:`positional_encoding_figure`
+  :func:`step_panel_from_model` (``steps``); one head by hand from your own ``x`` and weights
+  (or a file of them), with no mask or a model's masks: :func:`step_panel_by_hand`
+  (``steps_by_hand``)
+- lesson figures: :func:`mask_panel` (the masks of :func:`token_masks`), :func:`noam_curve`,
+  :func:`positional_encoding_figure`
   (``lessons``); why scores are scaled by 1/√d_k: :func:`softmax_scaling_figure` (``scaling``)
 - training: :func:`training_curves` (loss, learning rate and held-out metrics of a run),
   :func:`label_smoothing_figure` (``training``)
@@ -17,7 +20,8 @@ attention viewer.
   :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
 - attention during training: :class:`ProbeHistory` (``probe_history``), its figures
   (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``); head roles
-  (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
+  (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook;
+  it opens on :func:`most_informative_head`, ``viewer_start``)
 
 - activation patching and direct logit attribution: :func:`patching_figure` (layers × heads or
   layers × positions), :func:`attribution_figure` (the top heads' direct part in a logit)
@@ -41,7 +45,7 @@ from attnlab.viz.costs import flops_figure, memory_figure, residual_growth_figur
 from attnlab.viz.evolution import attention_evolution, head_entropy_curves, row_entropy
 from attnlab.viz.evolution_viewer import viewer_data_from_history
 from attnlab.viz.fonts import FontChoice, font_for
-from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure
+from attnlab.viz.lessons import mask_panel, noam_curve, positional_encoding_figure, token_masks
 from attnlab.viz.patching import attribution_figure, patching_figure
 from attnlab.viz.probe_history import ProbeHistory
 from attnlab.viz.roles import head_roles_figure
@@ -52,6 +56,7 @@ from attnlab.viz.scaling import (
     softmax_scaling_stats,
 )
 from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
+from attnlab.viz.steps_by_hand import load_step_inputs, step_panel_by_hand
 from attnlab.viz.training import label_smoothing_figure, training_curves
 from attnlab.viz.viewer import (
     AttentionGroup,
@@ -63,6 +68,7 @@ from attnlab.viz.viewer import (
     viewer_data,
     write_viewer,
 )
+from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
 __all__ = [
     "AttentionGroup",
@@ -74,6 +80,7 @@ __all__ = [
     "SoftmaxScaling",
     "Viewer",
     "ViewerData",
+    "ViewerStart",
     "alignment_heatmap",
     "approximation_error_figure",
     "approximation_inputs",
@@ -87,8 +94,10 @@ __all__ = [
     "head_roles_figure",
     "label_smoothing_figure",
     "layer_head_grid",
+    "load_step_inputs",
     "mask_panel",
     "memory_figure",
+    "most_informative_head",
     "noam_curve",
     "patching_figure",
     "positional_encoding_figure",
@@ -102,8 +111,10 @@ __all__ = [
     "softmax_scaling_figure",
     "softmax_scaling_stats",
     "step_panel",
+    "step_panel_by_hand",
     "step_panel_from_model",
     "step_panel_from_module",
+    "token_masks",
     "training_curves",
     "view",
     "viewer_data",

@@ -17,10 +17,47 @@ from attnlab.errors import ArgumentError
 from attnlab.training.schedules import noam_rate
 from attnlab.viz._draw import Plot, _new_figure, _tick_labels
 
-__all__ = ["mask_panel", "noam_curve", "positional_encoding_figure"]
+__all__ = ["mask_panel", "noam_curve", "positional_encoding_figure", "token_masks"]
 
 
 # ----------------------------------------------------------------------------- masks
+
+
+def token_masks(tokens: Sequence[str], *, pad_token: str = "<pad>") -> dict[str, torch.Tensor]:
+    """The masks a model applies to one sequence of token texts, built by the model's own code.
+
+    The tokens get ids (``pad_token`` → 0, every other text its own id ≥ 1) and the masks come
+    from :func:`attnlab.masks.padding_mask` (``pad_id = 0``, as the models' default key mask),
+    :func:`attnlab.masks.causal_mask` (``is_causal=True``) and :func:`attnlab.masks.combine`:
+
+        padding[i, j] = token_j ≠ pad,   look_ahead[i, j] = j ≤ i,   combined = padding ∧ look_ahead
+
+    (``True = may attend``). ``plot masks`` draws them and ``plot steps`` applies them.
+
+    Args:
+        tokens: one sequence, possibly ending in padding.
+        pad_token: the padding token's text. Default ``"<pad>"``.
+
+    Returns:
+        ``{"padding", "look_ahead", "combined"}``, boolean tensors.
+
+    Raises:
+        ValueError: ``tokens`` is empty.
+
+    Shape:
+        each mask ``(T, T)``.
+    """
+    from attnlab.nn.masks import causal_mask, combine, padding_mask
+
+    toks = [str(t) for t in tokens]
+    if not toks:
+        raise ArgumentError("tokens must hold at least one token, got none")
+    t = len(toks)
+    vocab = {pad_token: 0}
+    ids = torch.tensor([[vocab.setdefault(tok, len(vocab)) for tok in toks]])  # (1, T)
+    padding = padding_mask(ids, 0)[0, 0].expand(t, t)  # (1, 1, 1, T) → (T, T)
+    look_ahead = causal_mask(t)
+    return {"padding": padding, "look_ahead": look_ahead, "combined": combine(padding, look_ahead)}
 
 
 def mask_panel(
@@ -31,7 +68,8 @@ def mask_panel(
     """Padding and look-ahead masks side by side, and their combination.
 
     ``padding[i, j] = token_j != pad``; ``look_ahead[i, j] = j <= i``;
-    ``combined = padding ∧ look_ahead`` (``True = may attend``, drawn dark).
+    ``combined = padding ∧ look_ahead`` (``True = may attend``, drawn dark), from
+    :func:`token_masks`.
 
     Args:
         tokens: one sequence, possibly ending in padding.
@@ -40,20 +78,13 @@ def mask_panel(
     Returns:
         :class:`Plot` with ``data`` ``padding``, ``look_ahead``, ``combined`` (boolean ``(T, T)``).
     """
-    from attnlab.nn.masks import causal_mask, combine
-
     toks = [str(t) for t in tokens]
-    if not toks:
-        raise ArgumentError("tokens must hold at least one token, got none")
+    masks = token_masks(toks, pad_token=pad_token)
     t = len(toks)
-    real = torch.tensor([tok != pad_token for tok in toks])
-    padding = real[None, :].expand(t, t)
-    look_ahead = causal_mask(t)
-    combined = combine(padding, look_ahead)
     data = {
-        "padding": padding.numpy().copy(),
-        "look_ahead": look_ahead.numpy().copy(),
-        "combined": combined.numpy().copy(),
+        "padding": masks["padding"].numpy().copy(),
+        "look_ahead": masks["look_ahead"].numpy().copy(),
+        "combined": masks["combined"].numpy().copy(),
     }
     side = min(6.0, max(2.8, 0.3 * t + 1.2))
     fig = _new_figure(3 * side, side + 0.5)

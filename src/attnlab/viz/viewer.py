@@ -5,7 +5,12 @@ token-to-token lines and the weight matrix (drawn on a canvas, so 1,000 tokens s
 one choose the attention group (encoder self, decoder self, decoder cross — or a GPT's self), the
 layer and the head (or all heads), shows exact values on hover and the mask on demand. With
 ``steps`` (attention recorded during training, see :mod:`attnlab.viz.probe_history`) a slider picks
-the training step.
+the training step. The page opens on the most informative head
+(:func:`~attnlab.viz.viewer_start.most_informative_head`: an encoder-decoder's sharpest
+cross-attention head, else the lowest-entropy head that is no attention sink) and says why; a
+colour bar under the controls gives the scale (``0 … max`` of the head shown; colour ∝
+``√(weight / max)``), and the layers × heads grid names its layers, heads and axes (rows are the
+queries, columns the keys).
 
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
@@ -41,6 +46,7 @@ import torch
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
+from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ProjectedKeys
@@ -119,6 +125,9 @@ class ViewerData:
             prompt tokens at the start of ``sequences["tokens"]``; the page marks the tokens
             after it as generated (their labels in another colour, a line at the boundary).
             ``None`` (default): nothing was generated.
+        start: the group, layer and head the page opens on; ``None`` (default): the most
+            informative head, chosen by :func:`~attnlab.viz.viewer_start.most_informative_head`
+            (the cross-attention of an encoder-decoder, the lowest-entropy head that is no sink).
     """
 
     title: str
@@ -126,6 +135,7 @@ class ViewerData:
     groups: list[AttentionGroup]
     steps: list[int] | None = None
     prompt_length: int | None = None
+    start: ViewerStart | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -148,6 +158,8 @@ class ViewerData:
                     f"prompt_length must lie in [0, len(sequences['tokens'])] (a language "
                     f"model's tokens), got {n} with sequences {list(self.sequences)}"
                 )
+        if self.start is not None:
+            self._check_start(self.start)
         for g in self.groups:
             sides = (
                 (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
@@ -181,6 +193,20 @@ class ViewerData:
                         f"the weights {layer.weights.shape[-3]}"
                     )
 
+    def _check_start(self, start: object) -> None:
+        if not isinstance(start, ViewerStart):
+            raise ArgumentTypeError(f"start must be a ViewerStart, got {type(start).__name__}")
+        if not 0 <= start.group < len(self.groups):
+            raise ArgumentError(
+                f"start.group must be in [0, {len(self.groups)}), got {start.group}"
+            )
+        layers = self.groups[start.group].layers
+        if not 0 <= start.layer < len(layers):
+            raise ArgumentError(f"start.layer must be in [0, {len(layers)}), got {start.layer}")
+        heads = layers[start.layer].weights.shape[-3]
+        if not 0 <= start.head < heads:
+            raise ArgumentError(f"start.head must be in [0, {heads}), got {start.head}")
+
     def _check_weights(self, what: str, w: np.ndarray, t_q: int, t_k: int) -> None:
         if self.steps is not None:
             n = len(self.steps)
@@ -201,7 +227,8 @@ class ViewerData:
         Returns:
             A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
             shapes, weights, masks and effective weights, and the group's ``projected_from`` and
-            ``note``), ``steps`` and ``prompt_length``.
+            ``note``), ``steps``, ``prompt_length`` and ``start`` (the initial group, layer,
+            head and why: :attr:`start`, or :func:`~attnlab.viz.viewer_start.most_informative_head`).
         """
 
         def b64(a: np.ndarray) -> str:
@@ -211,6 +238,7 @@ class ViewerData:
             "title": self.title,
             "steps": None if self.steps is None else [int(s) for s in self.steps],
             "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
+            "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
             "groups": [
                 {

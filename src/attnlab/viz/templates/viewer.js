@@ -25,7 +25,9 @@
   const GEN_COLOR = "#bc4c00", TEXT_COLOR = "#1f2328";
   // mode: for a layer with projected keys (Linformer), "weights" (T × k over the E·K rows) or
   // "effective" (A·F, T × T over the tokens the rows mix; signed)
-  const state = { group: 0, layer: 0, head: 0, view: "matrix", mode: "weights", showMask: false, threshold: 0.02,
+  // the page opens where Python chose (viewer_start.most_informative_head), else on the first head
+  const START = DATA.start && DATA.groups[DATA.start.group] ? DATA.start : { group: 0, layer: 0, head: 0, reason: "" };
+  const state = { group: START.group, layer: START.layer, head: START.head, view: "matrix", mode: "weights", showMask: false, threshold: 0.02,
     focus: -1, step: STEPS ? STEPS.length - 1 : 0 };
   const cache = new Map();
   const canvas = document.getElementById("canvas");
@@ -33,6 +35,7 @@
   const tip = document.getElementById("tip");
   let geom = null; // how the current drawing maps positions to pixels
   let renders = 0;
+  let legend = null; // what the colour bar shows now
 
   function decode(b64, Type) {
     const bin = atob(b64), bytes = new Uint8Array(bin.length);
@@ -163,10 +166,11 @@
     const pw = cell * c.tk, ph = cell * c.tq;
     setSize(cols * (pw + margin) + 10, rows * (ph + margin + 8) + 10);
     ctx.imageSmoothingEnabled = false;
-    const panels = [];
+    const panels = [], vmaxes = [];
     heads.forEach((h, idx) => {
       const x0 = (idx % cols) * (pw + margin) + margin, y0 = Math.floor(idx / cols) * (ph + margin + 8) + margin;
-      const { off } = heatImage(c, h);
+      const { off, vmax } = heatImage(c, h);
+      vmaxes.push(vmax);
       ctx.drawImage(off, x0, y0, pw, ph);
       ctx.strokeStyle = heads.length > 1 ? HEAD_COLORS[h % HEAD_COLORS.length] : "#8c959f";
       ctx.lineWidth = heads.length > 1 ? 2 : 1;
@@ -188,6 +192,7 @@
       panels.push({ h, x0, y0, pw, ph });
     });
     geom = { view: "matrix", cell, panels };
+    drawLegend(c.signed, vmaxes);
   }
   // a dashed line between the prompt and the generated tokens, on rows and on columns
   function promptLine(c, x0, y0, cell) {
@@ -206,7 +211,7 @@
     const first = current(0);
     const nh = Math.max(...g.layers.map((L) => L.heads));
     const n = Math.max(first.tq, first.tk);
-    const left = 84, top = 34, gap = 10;
+    const left = 84, top = 50, gap = 10;
     const avail = Math.max(400, document.getElementById("stage").clientWidth - 40);
     // room for the token labels: right of the last column (queries), below the last row (keys)
     const tile0 = Math.min(240, Math.floor((avail - left - 110) / nh) - gap);
@@ -216,10 +221,10 @@
     const pw = cell * first.tk, ph = cell * first.tq;
     setSize(left + nh * (pw + gap) + right, top + nl * (ph + gap) + bottom);
     ctx.imageSmoothingEnabled = false;
-    const panels = [], labels = { layers: [], heads: [], queries: [], keys: [] };
+    const panels = [], vmaxes = [], labels = { layers: [], heads: [], queries: [], keys: [], axes: [] };
     ctx.fillStyle = TEXT_COLOR; ctx.font = "12px system-ui, sans-serif"; ctx.textBaseline = "middle";
     ctx.textAlign = "center";
-    ctx.fillText("head →", left + (nh * (pw + gap)) / 2, 9);
+    ctx.fillText("head →", left + (nh * (pw + gap)) / 2, 26);
     for (let h = 0; h < nh; h++) {
       const t = String(h);
       ctx.fillText(t, left + h * (pw + gap) + pw / 2, top - 10);
@@ -236,7 +241,8 @@
       labels.layers.push(t);
       for (let h = 0; h < c.L.heads; h++) {
         const x0 = left + h * (pw + gap);
-        const { off } = heatImage(c, h);
+        const { off, vmax } = heatImage(c, h);
+        vmaxes.push(vmax);
         ctx.drawImage(off, x0, y0, pw, ph);
         const chosen = l === state.layer && h === state.head;
         ctx.strokeStyle = chosen ? "#0969da" : "#8c959f"; ctx.lineWidth = chosen ? 2 : 1;
@@ -263,8 +269,53 @@
       }
       first.k.forEach((t) => labels.keys.push(t));
     }
+    // what the axes of every tile are: rows are the queries, columns the keys
+    const side = (name) => (name === "tokens" ? "" : name + " ");
+    const rowsAxis = "rows: " + side(first.qname) + "queries ↓", colsAxis = "columns: " + side(first.kname) + "keys →";
+    ctx.font = "italic 11px system-ui, sans-serif"; ctx.fillStyle = "#656d76"; ctx.textBaseline = "middle";
+    ctx.textAlign = "left"; ctx.fillText("each tile: " + rowsAxis + "   ·   " + colsAxis, left, 9);
+    labels.axes.push(rowsAxis, colsAxis);
     ctx.textAlign = "left"; ctx.textBaseline = "alphabetic"; ctx.fillStyle = TEXT_COLOR;
     geom = { view: "grid", cell, panels, labels };
+    drawLegend(first.signed, vmaxes);
+  }
+
+  // ---------------------------------------------------------------- colour scale
+  // The bar maps position t ∈ [0, 1] to the colour of weight t² · max (the drawing uses
+  // √(weight / max)); signed values map t ∈ [−1, 1] to sign(t) · t² · max. One head: its max in
+  // numbers; several heads (each scaled to its own max): the largest of them, and a note.
+  function fmt(v) { const a = Math.abs(v); return a === 0 ? "0" : a >= 0.01 ? v.toFixed(3) : v.toExponential(1); }
+  function drawLegend(signed, vmaxes) {
+    const el = document.getElementById("legend"), g = el.getContext("2d");
+    document.getElementById("legend-row").hidden = false;
+    const W = 260, H = 34, barH = 12, x0 = 10, bw = W - 20;
+    const dpr = window.devicePixelRatio || 1;
+    el.width = Math.ceil(W * dpr); el.height = Math.ceil(H * dpr);
+    el.style.width = W + "px"; el.style.height = H + "px";
+    g.setTransform(dpr, 0, 0, dpr, 0, 0); g.clearRect(0, 0, W, H);
+    for (let x = 0; x < bw; x++) {
+      const v = Math.round((x / (bw - 1)) * 255), lut = signed ? DIV_LUT : LUT;
+      g.fillStyle = "rgb(" + lut[v * 3] + "," + lut[v * 3 + 1] + "," + lut[v * 3 + 2] + ")";
+      g.fillRect(x0 + x, 2, 1, barH);
+    }
+    g.strokeStyle = "#8c959f"; g.strokeRect(x0 - 0.5, 1.5, bw + 1, barH + 1);
+    const max = vmaxes.length ? Math.max(...vmaxes) : 1, one = vmaxes.length === 1;
+    // tick positions on the bar (0 … 1) and the values they stand for
+    const ticks = signed ? [[0, -max], [0.25, -max / 4], [0.5, 0], [0.75, max / 4], [1, max]]
+      : [[0, 0], [0.5, max / 4], [1, max]];
+    const text = (v) => one ? fmt(v) : v === 0 ? "0" : (v < 0 ? "−" : "") + (Math.abs(v) === max ? "max" : "max/4");
+    g.fillStyle = TEXT_COLOR; g.font = "10px system-ui, sans-serif"; g.textBaseline = "top";
+    ticks.forEach(([t, v], k) => {
+      const x = x0 + t * (bw - 1);
+      g.fillRect(x, 2 + barH, 1, 3);
+      g.textAlign = k === 0 ? "left" : k === ticks.length - 1 ? "right" : "center";
+      g.fillText(text(v), k === 0 ? x - 2 : k === ticks.length - 1 ? x + 2 : x, barH + 6);
+    });
+    const what = signed ? "effective weight A·F (signed; colour ∝ sign · √|value|)" : "attention weight (colour ∝ √weight)";
+    const note = one ? what + (signed ? ", " + fmt(-max) + " … " + fmt(max) + " (the head's max |value|)" : ", 0 … " + fmt(max) + " (the head's max)")
+      : what + ", each head scaled to its own max (largest " + fmt(max) + ")";
+    document.getElementById("legend-note").textContent = note;
+    legend = { signed, min: signed ? -max : 0, max, perHead: !one, ticks: ticks.map(([t, v]) => ({ at: t, value: v, text: text(v) })), note };
   }
 
   // ---------------------------------------------------------------- lines view
@@ -299,6 +350,8 @@
     });
     ctx.textBaseline = "alphabetic";
     geom = { view: "lines", rh, xl, xr, top };
+    document.getElementById("legend-row").hidden = true; // line opacity is the weight, no colour scale
+    legend = null;
   }
 
   function draw() {
@@ -423,6 +476,10 @@
     state,
     steps: STEPS,
     get renders() { return renders; },
+    // the colour bar now shown (min, max, ticks), or null in the lines view
+    get legend() { return legend; },
+    // where the page opened, as Python chose it, and why
+    start: START,
     // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
     get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
     // which layer and head are chosen, where the prompt ends, and the grid's axis labels
@@ -446,5 +503,11 @@
       return { x: r.left + p.x0 + p.pw / 2, y: r.top + p.y0 + p.ph / 2 };
     },
   };
+  if (START.reason) {
+    const g = DATA.groups[START.group];
+    document.getElementById("start-row").hidden = false;
+    document.getElementById("start").textContent = g.name + " · layer " + START.layer + " (" +
+      g.layers[START.layer].name + ") · head " + START.head + " — " + START.reason;
+  }
   update();
 })();
