@@ -17,7 +17,8 @@ attention viewer.
   :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
 - attention during training: :class:`ProbeHistory` (``probe_history``), its figures
   (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``); head roles
-  (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
+  (:func:`head_roles_figure`, ``roles``), heads as low-rank relations (:func:`head_spectrum_figure`:
+  singular values and effective rank of every head's QK/OV circuit, ``spectrum``), the viewer (``viewer``: :func:`view` shows it inline in a notebook)
 
 - activation patching and direct logit attribution: :func:`patching_figure` (layers × heads or
   layers × positions), :func:`attribution_figure` (the top heads' direct part in a logit)
@@ -51,6 +52,7 @@ from attnlab.viz.scaling import (
     softmax_scaling_figure,
     softmax_scaling_stats,
 )
+from attnlab.viz.spectrum import head_spectrum_figure
 from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
 from attnlab.viz.training import label_smoothing_figure, training_curves
 from attnlab.viz.viewer import (
@@ -85,6 +87,7 @@ __all__ = [
     "head_entropy_curves",
     "head_grid",
     "head_roles_figure",
+    "head_spectrum_figure",
     "label_smoothing_figure",
     "layer_head_grid",
     "mask_panel",
