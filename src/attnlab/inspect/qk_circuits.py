@@ -152,8 +152,8 @@ def _low_rank_singular_values(a: torch.Tensor, b: torch.Tensor, scale: float = 1
     Shape:
         a, b ``(H, d, r)`` with ``r ≤ d`` → ``(H, r)``, descending.
     """
-    _, r_a = torch.linalg.qr(a.double())  # (H, r, r)
-    _, r_b = torch.linalg.qr(b.double())
+    _, r_a = torch.linalg.qr(a.double(), mode="r")  # R only                 (H, r, r)
+    _, r_b = torch.linalg.qr(b.double(), mode="r")
     return torch.linalg.svdvals(r_a @ r_b.transpose(-2, -1)) * scale
 
 
