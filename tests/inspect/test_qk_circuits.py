@@ -158,6 +158,8 @@ def test_bad_input_is_refused_clearly() -> None:
         qk_spectrum(model, layer=2)
     with pytest.raises(ArgumentError, match="got -1"):
         qk_spectrum(model, layer=-1)
+    with pytest.raises(ArgumentError, match="at least one layer"):
+        qk_spectrum(model, layer=[])
     with pytest.raises(ArgumentTypeError, match="layer must be an int"):
         qk_spectrum(model, layer="0")  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="no attention layer"):
@@ -199,7 +201,7 @@ def test_cli_qk_spectrum(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["inspect", str(run_dir), "--qk-spectrum"]) == 0
     table = capsys.readouterr().out
     eff = qk_spectrum(_model("llama")).effective_rank()
-    assert "transformer.h.1.attn" in table and "rank qk/ov" in table
-    assert f"{float(eff[1, 3]):.1f} /" in table
+    assert "transformer.h.1.attn" in table and f"{E}/{E}" in table
+    assert f" {float(eff[1, 3]):.0f}/" in table
     assert main(["inspect", str(run_dir), "--qk-spectrum", "--roles"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0

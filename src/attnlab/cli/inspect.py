@@ -357,7 +357,7 @@ def _spectrum(loaded: Run, args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"model": str(loaded.path), **spec.to_dict()}) + "\n")
         return 0
-    console = TextConsole(width=None if sys.stdout.isatty() else 160)
+    console = TextConsole(width=None if sys.stdout.isatty() else 120)
     console.print(_spectrum_table(spec, str(loaded.path)))
     return 0
 
@@ -366,18 +366,19 @@ def _spectrum_table(spec: CircuitSpectrum, name: str) -> Table:
     heads = spec.qk.shape[1]
     t = Table(
         title=f"{name}: every head as a bilinear relation of rank ≤ d_head = {spec.d_head} "
-        f"(d_model = {spec.d_model}) — effective rank exp(entropy of σ/Σσ) of QK = "
-        "W_Q W_Kᵀ/√d_head / of OV = W_Vᵀ W_Oᵀ; rank: the largest numerical rank in the layer",
+        f"(d_model = {spec.d_model}) — per head: effective rank exp(entropy of σ/Σσ) of "
+        "QK = W_Q W_Kᵀ/√d_head / of OV = W_Vᵀ W_Oᵀ; rank: the largest numerical rank in the "
+        "layer, QK/OV",
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
     t.add_column("layer", no_wrap=True)
     for h in range(heads):
         t.add_column(f"head {h}", justify="right", no_wrap=True)
-    t.add_column("rank qk/ov", justify="right", no_wrap=True)
+    t.add_column("rank", justify="right", no_wrap=True)
     qk, ov = spec.effective_rank("qk"), spec.effective_rank("ov")
     for i, layer in enumerate(spec.layers):
-        cells = [f"{qk[i, h]:.1f} / {ov[i, h]:.1f}" for h in range(heads)]
-        ranks = f"{int(spec.rank('qk')[i].max())} / {int(spec.rank('ov')[i].max())}"
+        cells = [f"{qk[i, h]:.0f}/{ov[i, h]:.0f}" for h in range(heads)]
+        ranks = f"{int(spec.rank('qk')[i].max())}/{int(spec.rank('ov')[i].max())}"
         t.add_row(layer, *cells, ranks)
     return t

@@ -301,6 +301,7 @@ def _chosen(layer: object, n: int) -> list[int]:
     if layer is None:
         return list(range(n))
     items = list(layer) if isinstance(layer, Sequence) and not isinstance(layer, str) else [layer]
+    chosen: list[int] = []
     for i in items:
         if isinstance(i, bool) or not isinstance(i, int):
             raise ArgumentTypeError(
@@ -310,9 +311,10 @@ def _chosen(layer: object, n: int) -> list[int]:
             raise ArgumentError(
                 f"layer must be in [0, {n}) (the model's attention layers), got {i}"
             )
-    if not items:
+        chosen.append(i)
+    if not chosen:
         raise ArgumentError("layer must name at least one layer, got an empty sequence")
-    return [int(i) for i in items]
+    return chosen
 
 
 @torch.no_grad()
