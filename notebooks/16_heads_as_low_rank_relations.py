@@ -54,7 +54,8 @@ cfg = model.config
 L, H, H_KV = cfg.n_layer, cfg.n_head, cfg.num_kv_heads
 D, E = cfg.n_embd, cfg.n_embd // cfg.n_head
 print(
-    f"SmolLM2-135M: {L} layers × {H} query heads of d_head = {E} ({H_KV} key/value groups), d_model = {D}"
+    f"SmolLM2-135M: {L} layers × {H} query heads of d_head = {E} "
+    f"({H_KV} key/value groups), d_model = {D}"
 )
 
 # %% [markdown]
@@ -90,7 +91,8 @@ for h in range(H):
     s_form = torch.einsum("td,de,te->t", x, m_qk, x)  # x_i M x_iᵀ                         (T,)
     worst = max(worst, float((s_model - s_form).abs().max() / s_form.abs().max()))
 print(
-    f"layer {layer}, {H} heads, {T} tokens: max |s_ii(model) − x_i M_QK x_iᵀ| / max|s| = {worst:.1e}"
+    f"layer {layer}, {H} heads, {T} tokens: "
+    f"max |s_ii(model) − x_i M_QK x_iᵀ| / max|s| = {worst:.1e}"
 )
 assert worst < 1e-4  # float32 model against the float64 form
 
@@ -123,24 +125,26 @@ print(
 )
 lowest = int(eff.argmin())
 print(
-    f"the most concentrated head: L{lowest // H}.H{lowest % H}, effective rank {float(eff.min()):.1f}"
+    f"the most concentrated head: L{lowest // H}.H{lowest % H}, "
+    f"effective rank {float(eff.min()):.1f}"
 )
 ov_eff = spec.effective_rank("ov")
 print(
-    f"OV circuit W_Vᵀ W_Oᵀ: numerical rank max {int(spec.rank('ov').max())}, effective rank mean {float(ov_eff.mean()):.1f}"
+    f"OV circuit W_Vᵀ W_Oᵀ: numerical rank max {int(spec.rank('ov').max())}, "
+    f"effective rank mean {float(ov_eff.mean()):.1f}"
 )
 assert (rank <= E).all() and (spec.rank("ov") <= E).all() and (eff <= E).all()
 viz.head_spectrum_figure(spec, layers=[0, 15, 29])
 
 # %% [markdown]
 # Every head of SmolLM2 uses all of its 64 directions — none is rank-deficient in the numerical
-# sense — but not equally. The spectra fall by one to more than three orders of magnitude from $\sigma_1$ to
-# $\sigma_{64}$, and the effective rank averages about 52 of 64. Layer 0 stands out: its
-# heads' spectra fall steeply, and their effective rank is the lowest in the model (the printout
-# above gives the numbers per layer). The OV circuits, what a head *writes*, are spread more
-# evenly. A rank is not a role: a head with a steep spectrum compares tokens along a few
-# directions of the residual stream, and which directions those are is a different question
-# (notebooks 09 and 12 find heads by what they do).
+# sense — but not equally. The spectra fall by one to more than three orders of magnitude from
+# $\sigma_1$ to $\sigma_{64}$, and the effective rank averages about 52 of 64. Layer 0 stands out:
+# its heads' spectra fall steeply, and their effective rank is the lowest in the model (the printout
+# above gives the numbers per layer). The OV circuits, what a head *writes*, are spread more evenly.
+# A rank is not a role: a head with a steep spectrum compares tokens along a few directions of the
+# residual stream, and which directions those are is a different question (notebooks 09 and 12 find
+# heads by what they do).
 #
 # ## 3 · One big head or $h$ small ones
 #
@@ -158,13 +162,15 @@ for heads in (1, H):
     s = qk_spectrum(layer_h)  # a fresh, randomly initialised layer
     ranks = sorted(set(s.rank().flatten().tolist()))
     print(
-        f"{heads} head(s) of d_head = {D // heads:3d}: {params:,} parameters in W_Q, W_K, W_V, W_O; "
+        f"{heads} head(s) of d_head = {D // heads:3d}: {params:,} parameters in W_Q, W_K, W_V, "
+        "W_O; "
         f"{heads} relation(s) of rank ≤ {D // heads} (numerical rank {ranks}), "
         f"{heads} softmax(es) per query"
     )
 gqa = 2 * D * D + 2 * D * (H_KV * E)
 print(
-    f"SmolLM2's layer with {H_KV} key/value groups: {gqa:,} parameters ({gqa / (4 * D * D):.0%} of 4·d²)"
+    f"SmolLM2's layer with {H_KV} key/value groups: {gqa:,} parameters "
+    f"({gqa / (4 * D * D):.0%} of 4·d²)"
 )
 
 # %% [markdown]
@@ -321,9 +327,9 @@ viz.Plot(fig, {"weight": weight.numpy(), "effect": effect.numpy()})
 #
 # **What we found.** Each head is a bilinear relation of rank at most $d_\text{head}$; in
 # SmolLM2-135M every head uses all 64 directions but leans on fewer (effective rank about 52 on
-# average, under 22 for every head of layer 0); splitting $d_\text{model}$ into heads costs
-# nothing and buys several relations with separate softmaxes. And a head's attention weight says where it looks, not
-# whether what it reads there matters — for that, intervene (notebooks 09 and 12). From the
-# command line, `attnlab inspect smollm2-135m --qk-spectrum` prints the effective ranks of every
+# average, under 22 for every head of layer 0); splitting $d_\text{model}$ into heads costs nothing
+# and buys several relations with separate softmaxes. And a head's attention weight says where it
+# looks, not whether what it reads there matters — for that, intervene (notebooks 09 and 12). From
+# the command line, `attnlab inspect smollm2-135m --qk-spectrum` prints the effective ranks of every
 # head. This is the end of the path that began with attention as a matrix product in
 # [notebook 01](01_attention_from_matmul.ipynb).
