@@ -7,7 +7,7 @@
 # 2018), so nothing of size $T \times T$ ever exists. In this notebook you will
 #
 # 1. write the online softmax out — the running maximum and running sum over key blocks — and
-#    check that it equals exact attention;
+#    check that it equals exact attention, and see what a softmax taken *per block* gets wrong;
 # 2. use attnlab's `backend="blockwise"` (the same algorithm, tiled over queries too), check its
 #    outputs and gradients against `math` and `sdpa`, and **measure** the peak memory of each
 #    backend as $T$ grows (`attnlab.inspect.memory.peak_memory`: what the operating system
@@ -28,9 +28,11 @@ CKPT_LAYERS = 8 if FULL else 6
 import math
 
 import torch
+from matplotlib.figure import Figure
 from torch.overrides import TorchFunctionMode
 
 import attnlab as al
+from attnlab import viz
 from attnlab.inspect import flops
 from attnlab.inspect.memory import peak_memory, stabilize_allocator
 from attnlab.viz.costs import memory_figure
@@ -86,6 +88,95 @@ for block in (1, 7, 16, 50):
 # engineering: tiles sized for on-chip memory, queries tiled too, and a backward pass that
 # recomputes each tile's weights from the saved log-sum-exp $m + \log \ell$ instead of storing
 # them.
+#
+# ### Without the running sum: a softmax per block is not attention
+#
+# A tempting shortcut computes the "flash concept" as: split the keys into blocks, take an
+# ordinary softmax over each block, multiply by that block's values, and combine the blocks'
+# outputs — here by averaging them (summing would be worse still). Each block is then normalised
+# by its *own* sum $\ell_b = \sum_{j \in b} e^{s_j - m_b}$, so every block gets the same total
+# weight $1/n_\text{blocks}$, whether it holds the largest score or only tiny ones. Exact
+# attention divides every exponential by the *one* sum over all keys. Next to it, attnlab's
+# blockwise kernel (`attnlab.nn.backends.blockwise_attention`, its online softmax written in
+# PyTorch, `tile_kernel="python"`) with the same key blocks; both against exact attention:
+
+
+# %%
+from attnlab.nn.backends import blockwise_attention
+from attnlab.nn.mask_spec import normalize_mask
+
+
+def per_block_softmax_attention(q, k, v, block):
+    """Each key block normalised on its own, the blocks' outputs averaged: NOT attention."""
+    outs = []
+    for start in range(0, k.shape[0], block):
+        s = q @ k[start : start + block].T / math.sqrt(q.shape[1])  # (T_q, block)
+        outs.append(torch.softmax(s, dim=1) @ v[start : start + block])  # sums to 1 per block
+    return torch.stack(outs).mean(0)
+
+
+def online(q, k, v, block):  # attnlab's kernel: running max m, running sum l, rescaling
+    q4, k4, v4 = (t[None, None] for t in (q, k, v))  # (1, 1, T, d)
+    masking = normalize_mask(q4, k4, None, False)
+    out, _ = blockwise_attention(
+        q4, k4, v4, masking, q.shape[1] ** -0.5, 0.0, False, block_size=block,
+        tile_kernel="python",
+    )  # fmt: skip
+    return out[0, 0]
+
+
+blocks = [1, 2, 5, 10, 25, 50]
+errors = {"per-block softmax": [], "online softmax (attnlab blockwise)": []}
+for block in blocks:
+    naive_err = (per_block_softmax_attention(q, k, v, block) - exact).abs().max().item()
+    online_err = (online(q, k, v, block) - exact).abs().max().item()
+    errors["per-block softmax"].append(naive_err)
+    errors["online softmax (attnlab blockwise)"].append(online_err)
+    print(
+        f"key blocks of {block:2d}: max |error| per-block {naive_err:.2f}, online {online_err:.1e}"
+    )
+q32, k32, v32 = q.float(), k.float(), v.float()
+err32 = (online(q32, k32, v32, 7) - exact).abs().max().item()
+naive32 = (per_block_softmax_attention(q32, k32, v32, 7) - exact).abs().max().item()
+print(f"float32, blocks of 7: online {err32:.1e} (float32 rounding), per-block {naive32:.2f}")
+assert max(errors["online softmax (attnlab blockwise)"]) < 1e-12 and err32 < 1e-4
+assert max(errors["per-block softmax"][:-1]) > 0.5  # wrong as soon as there are two blocks
+assert errors["per-block softmax"][-1] < 1e-12  # one block of all 50 keys is exact attention
+
+fig = Figure(figsize=(5.8, 3.2), layout="constrained")
+ax = fig.add_subplot()
+for (name, errs), style in zip(errors.items(), ("o-", "s-")):
+    ax.plot(blocks, [max(e, 1e-17) for e in errs], style, label=name)
+ax.annotate("one block: exact (0, drawn at 1e-17)", (50, 1e-17), (3, 1e-16), fontsize=7,
+            arrowprops={"arrowstyle": "->", "lw": 0.6})  # fmt: skip
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlabel("keys per block (T_k = 50)")
+ax.set_ylabel("max |out − exact attention|")
+ax.set_title("A softmax per block vs the online softmax (float64)", fontsize=10)
+ax.legend(fontsize=8)
+ax.grid(True, alpha=0.3)
+viz.Plot(
+    fig,
+    {
+        "blocks": torch.tensor(blocks).numpy(),
+        **{n: torch.tensor(e).numpy() for n, e in errors.items()},
+    },
+)
+
+# %% [markdown]
+# The per-block version is off by 6 to 9 — as large as the values themselves, whose standard
+# deviation is 3 here — for every block size except one block holding all 50 keys, where it *is*
+# the softmax. The online softmax is
+# exact to float64 rounding at every block size (float32 rounding in float32). What fixes it is
+# not the maximum alone: subtracting a maximum only keeps $e^{s}$ from overflowing and cancels in
+# any one softmax. It is that the online softmax keeps **one** running sum $\ell$ and one
+# un-normalised output $o$ for all the keys seen so far, and rescales both by $e^{m - m'}$
+# whenever the maximum rises: at the end every exponential has been taken relative to the same,
+# global maximum, $\ell$ is the full softmax denominator and $o / \ell$ divides by it once. (The
+# per-block results can be repaired after the fact only by keeping each block's $m_b$ and
+# $\ell_b$ and weighting block $b$ by $e^{m_b} \ell_b / \sum_c e^{m_c} \ell_c$ — the same
+# log-sum-exp bookkeeping, done at the end.)
 #
 # ## 2. `backend="blockwise"`: same numbers, less memory
 #

@@ -97,6 +97,27 @@ def test_notebook_executes(source: Path):
         assert 0 <= tensor < 1e-4 and 0 <= context < 1e-4, found.group(0)
     if source.stem.startswith("14"):
         _check_efficient_attention(nb)
+    if source.stem.startswith("16"):
+        _check_low_rank_relations(nb)
+
+
+def _check_low_rank_relations(nb: nbformat.NotebookNode) -> None:
+    """Notebook 16: no head's QK circuit exceeds rank d_head, and weight ≠ importance is measured."""
+    text = _printed(nb)
+    rank = re.search(r"numerical rank of M_QK: min (\d+), max (\d+) \(bound d_head = (\d+)\)", text)
+    assert rank, "notebook 16 must print the numerical ranks of M_QK"
+    low, high, d_head = map(int, rank.groups())
+    assert 1 <= low <= high <= d_head, rank.group(0)
+    m = re.search(
+        r"weight vs ablation effect: spearman ([-\d.]+) over (\d+) \(head, key\) pairs; "
+        r"([-\d.]+) over the (\d+) with weight >= 0.1",
+        text,
+    )
+    assert m, "notebook 16 must print 'weight vs ablation effect: spearman X over N ...'"
+    rho_all, n_all, rho_heavy, n_heavy = float(m[1]), int(m[2]), float(m[3]), int(m[4])
+    assert n_all > n_heavy >= 10 and -1 <= rho_heavy <= 1 and -1 <= rho_all <= 1, m.group(0)
+    # the claim the notebook makes: among the keys that get weight, the order falls apart
+    assert rho_heavy < rho_all - 0.2, m.group(0)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:

@@ -20,6 +20,12 @@ code 0 when every head is healthy, 1 otherwise.
 the copying score of its OV circuit; a table of the best heads per score, or with ``--json`` the
 full ``layers × heads`` matrices. The tokens avoid the tokenizer's special ids
 (``--roles-seq-len``, ``--roles-batch``, ``--roles-seed`` set the input).
+
+``--qk-spectrum`` instead reads every head as a low-rank bilinear relation
+(:mod:`attnlab.inspect.qk_circuits`): the effective rank of its QK circuit
+``W_Q^hᵀ W_K^h / √d_head`` and OV circuit ``W_V^hᵀ W_O^hᵀ`` per layer and head, and the
+numerical ranks (never above ``d_head``); ``--json`` gives every singular value. Only the
+weights are read: no text, no forward pass (``--layer`` keeps the layers whose path contains it).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from attnlab.inspect.ablation import (
 from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.diagnostics import HealthReport, diagnose
 from attnlab.inspect.nonfinite import watch_nonfinite
+from attnlab.inspect.qk_circuits import CircuitSpectrum, qk_spectrum
 from attnlab.inspect.roles import ROLES, HeadRoles
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import capture_inputs
@@ -101,6 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "of every head on random tokens repeated once (Olsson et al. 2022)",
     )
     add_roles_arguments(p)
+    p.add_argument(
+        "--qk-spectrum",
+        action="store_true",
+        help="instead of a text: every head as a low-rank relation — the effective and "
+        "numerical rank of its QK circuit W_Q W_Kᵀ/√d_head and OV circuit W_Vᵀ W_Oᵀ, from the "
+        "weights alone (--json: every singular value)",
+    )
     p.add_argument("--figure", default="pruning.png", help="--ablate: the figure to write")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
     p.add_argument("--atol", type=float, default=None, help="row-sum tolerance")
@@ -159,7 +173,14 @@ def run(args: argparse.Namespace) -> int:
     if args.roles and (args.ablate or args.text is not None or args.ids is not None):
         raise CLIError("--roles measures heads on random repeated tokens; it takes no "
                        "--text/--ids/--ablate")  # fmt: skip
+    if args.qk_spectrum and (
+        args.roles or args.ablate or args.text is not None or args.ids is not None
+    ):
+        raise CLIError("--qk-spectrum reads the weights only; it takes no "
+                       "--text/--ids/--roles/--ablate")  # fmt: skip
     loaded = load_run(args.run, device=args.device)
+    if args.qk_spectrum:
+        return _spectrum(loaded, args)
     if args.roles:
         return _roles(loaded, args)
     if args.ablate:
@@ -324,4 +345,40 @@ def _roles_table(roles: HeadRoles, name: str, k: int = 8) -> Table:
             layer, _, head, value = tops[role][i]
             cells.append(f"L{layer} H{head}  {_fmt(value, '.3f')}")
         t.add_row(str(i + 1), *cells)
+    return t
+
+
+def _spectrum(loaded: Run, args: argparse.Namespace) -> int:
+    paths = list(attention_modules(loaded.model))
+    chosen = [i for i, p in enumerate(paths) if not args.layer or any(s in p for s in args.layer)]
+    if not chosen:
+        raise CLIError(f"no attention layer matches --layer {' '.join(args.layer)}")
+    spec = qk_spectrum(loaded.model, layer=chosen)
+    if args.json:
+        sys.stdout.write(json.dumps({"model": str(loaded.path), **spec.to_dict()}) + "\n")
+        return 0
+    console = TextConsole(width=None if sys.stdout.isatty() else 120)
+    console.print(_spectrum_table(spec, str(loaded.path)))
+    return 0
+
+
+def _spectrum_table(spec: CircuitSpectrum, name: str) -> Table:
+    heads = spec.qk.shape[1]
+    t = Table(
+        title=f"{name}: every head as a bilinear relation of rank ≤ d_head = {spec.d_head} "
+        f"(d_model = {spec.d_model}) — per head: effective rank exp(entropy of σ/Σσ) of "
+        "QK = W_Q W_Kᵀ/√d_head / of OV = W_Vᵀ W_Oᵀ; rank: the largest numerical rank in the "
+        "layer, QK/OV",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    t.add_column("layer", no_wrap=True)
+    for h in range(heads):
+        t.add_column(f"head {h}", justify="right", no_wrap=True)
+    t.add_column("rank", justify="right", no_wrap=True)
+    qk, ov = spec.effective_rank("qk"), spec.effective_rank("ov")
+    for i, layer in enumerate(spec.layers):
+        cells = [f"{qk[i, h]:.0f}/{ov[i, h]:.0f}" for h in range(heads)]
+        ranks = f"{int(spec.rank('qk')[i].max())}/{int(spec.rank('ov')[i].max())}"
+        t.add_row(layer, *cells, ranks)
     return t

@@ -18,6 +18,10 @@
   a clean run's head outputs or residual stream put into a corrupted run, scored by a metric
   such as :func:`logit_difference`; :func:`direct_logit_attribution`: each head's direct part
   in a logit.
+- :func:`qk_spectrum`: every head as a low-rank bilinear relation — the singular values, numerical
+  rank and effective rank of its QK circuit ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit
+  ``W_V^hᵀ W_O^hᵀ`` (a :class:`CircuitSpectrum`); :func:`head_weights` reads any family's per-head
+  ``W_Q``, ``W_K``, ``W_V``, ``W_O``.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -68,6 +72,7 @@ from attnlab.inspect.patching import (
     patch_residual,
     run_with_patches,
 )
+from attnlab.inspect.qk_circuits import CircuitSpectrum, HeadWeights, head_weights, qk_spectrum
 from attnlab.inspect.roles import (
     HeadRoles,
     copying_scores,
@@ -81,10 +86,12 @@ from attnlab.inspect.stats import AttentionStats, attention_stats
 __all__ = [
     "ActivationCache",
     "AttentionStats",
+    "CircuitSpectrum",
     "FlopReport",
     "HeadHealth",
     "HeadImportance",
     "HeadRoles",
+    "HeadWeights",
     "HealthReport",
     "LogitAttribution",
     "Metric",
@@ -106,6 +113,7 @@ __all__ = [
     "flops",
     "head_importance",
     "head_roles",
+    "head_weights",
     "kv_cache_bytes",
     "logit_difference",
     "masked_heads",
@@ -116,6 +124,7 @@ __all__ = [
     "peak_memory_supported",
     "pruning_curve",
     "pruning_order",
+    "qk_spectrum",
     "repeated_tokens",
     "resident_bytes",
     "role_scores",

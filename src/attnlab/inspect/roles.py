@@ -47,6 +47,7 @@ from torch import nn
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import capture_attention
+from attnlab.inspect.qk_circuits import head_weights
 from attnlab.models.gpt import GPT
 from attnlab.nn.multihead import MultiHeadAttention
 
@@ -275,22 +276,6 @@ def _linear_part(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return n64(x) - n64(torch.zeros_like(x[..., :1, :]))
 
 
-def _output_weight(layer: nn.Module) -> torch.Tensor:
-    """``W_O`` of an attention layer: GPT-2's ``c_proj`` or ``nn.MultiheadAttention``'s
-    ``out_proj``.
-
-    Shape:
-        ``(d_model, H · d_head)``.
-    """
-    for name in ("c_proj", "out_proj"):
-        proj = getattr(layer, name, None)
-        if isinstance(proj, nn.Linear):
-            return proj.weight
-    raise ArgumentTypeError(
-        f"{type(layer).__name__} has no output projection (c_proj or out_proj) to read W_O from"
-    )
-
-
 @torch.no_grad()
 def copying_scores(model: GPT, tokens: torch.Tensor, *, top_k: int = 5) -> torch.Tensor:
     """The copying score of every head's OV circuit on a set of tokens.
@@ -350,16 +335,11 @@ def copying_scores(model: GPT, tokens: torch.Tensor, *, top_k: int = 5) -> torch
         attn, ln_1 = block.attn, block.ln_1
         if not isinstance(attn, MultiHeadAttention) or not isinstance(ln_1, nn.Module):
             raise ArgumentTypeError(f"block {i} has no attention layer with query/key/value heads")
-        heads, kv_heads, d_head = attn.num_heads, attn.num_kv_heads, attn.d_head
         x = _linear_part(ln_1, embed)  # N_1(W_E[x])                                 (N, d)
-        w_qkv, _ = attn.qkv_parameters()
-        d, kv = heads * d_head, kv_heads * d_head  # [W_Q; W_K; W_V]: rows d, kv, kv
-        w_v = w_qkv[d + kv : d + 2 * kv].double()  # W_V of every group       (H_kv · d_head, d)
-        v = (x @ w_v.T).unflatten(-1, (kv_heads, d_head))  # (N, H_kv, d_head)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)  # group h // (H / H_kv)  (N, H, d_head)
-        w_o = _output_weight(attn).double().unflatten(-1, (heads, d_head))  # (d, H, d_head)
+        w = head_weights(attn)  # W_V of head h's group g = h // (H / H_kv), and W_O^h
+        v = torch.einsum("nd,hed->nhe", x, w.value.double())  # W_V^g N_1(W_E[x])  (N, H, d_head)
         # o_h(x) = W_O^h W_V^g N_1(W_E[x])                                           (H, N, d)
-        o = torch.einsum("nhe,dhe->hnd", v, w_o)
+        o = torch.einsum("nhe,hde->hnd", v, w.output.double())
         # logits_h(x) = W_U N_f(o_h(x)), over the tokens of S                       (H, N, N)
         logits = _linear_part(ln_f, o) @ unembed.T
         own = logits.diagonal(dim1=-2, dim2=-1)  # logits_h(x)_x                          (H, N)

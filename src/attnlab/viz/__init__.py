@@ -20,8 +20,10 @@ attention viewer.
   :func:`residual_growth_figure`, :func:`scaling_figure` (time and memory against T) (``costs``)
 - attention during training: :class:`ProbeHistory` (``probe_history``), its figures
   (``evolution``) and its viewer (``evolution_viewer``); head pruning (``pruning``); head roles
-  (:func:`head_roles_figure`, ``roles``), the viewer (``viewer``: :func:`view` shows it inline in a notebook;
-  it opens on :func:`most_informative_head`, ``viewer_start``)
+  (:func:`head_roles_figure`, ``roles``), heads as low-rank relations (:func:`head_spectrum_figure`:
+  singular values and effective rank of every head's QK/OV circuit, ``spectrum``), the viewer
+  (``viewer``: :func:`view` shows it inline in a notebook; it opens on :func:`most_informative_head`,
+  ``viewer_start``)
 
 - activation patching and direct logit attribution: :func:`patching_figure` (layers × heads or
   layers × positions), :func:`attribution_figure` (the top heads' direct part in a logit)
@@ -55,6 +57,7 @@ from attnlab.viz.scaling import (
     softmax_scaling_figure,
     softmax_scaling_stats,
 )
+from attnlab.viz.spectrum import head_spectrum_figure
 from attnlab.viz.steps import step_panel, step_panel_from_model, step_panel_from_module
 from attnlab.viz.steps_by_hand import load_step_inputs, step_panel_by_hand
 from attnlab.viz.training import label_smoothing_figure, training_curves
@@ -92,6 +95,7 @@ __all__ = [
     "head_entropy_curves",
     "head_grid",
     "head_roles_figure",
+    "head_spectrum_figure",
     "label_smoothing_figure",
     "layer_head_grid",
     "load_step_inputs",
