@@ -144,6 +144,8 @@ def _check_alibi_extrapolates(nb: nbformat.NotebookNode) -> None:
     alibi, rope, sinusoidal, alibi_l, rope_l, sinusoidal_l = (float(v) for v in m.groups())
     assert alibi < 1.02 * alibi_l and alibi < min(rope, sinusoidal), m.group(0)
     assert rope > 1.03 * rope_l and sinusoidal > 1.03 * sinusoidal_l, m.group(0)
+
+
 def _check_efficient_attention(nb: nbformat.NotebookNode) -> None:
     """Notebook 14's summary: Performer's error falls with m, the window's cost is measured, and
     only the patterns that reach the copied symbols learn to copy them."""
