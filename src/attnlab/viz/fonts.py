@@ -5,7 +5,9 @@ would be drawn as empty boxes with a warning per character. :func:`font_for` fin
 that draws every character of some texts (e.g. Debian's ``fonts-ipafont-gothic`` or
 ``fonts-noto-cjk``, or the IPAex font of the ``matplotlib-fontja`` package); :func:`fit_labels`
 gives it to the labels that need it (Latin labels keep the default look) and, where no installed
-font can draw a character, writes ``□`` instead and logs one warning.
+font can draw a character, writes ``□`` instead and logs one warning. :func:`fit_figure` does that
+for every text of a figure (tick labels, titles, axis labels, legends, annotations): every
+:class:`~attnlab.viz.Plot` calls it when it is made, so no attnlab figure draws a label as boxes.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from matplotlib import font_manager, rcParams
+from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ft2font import FT2Font
 from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter
 
 from attnlab.errors import ArgumentTypeError
 
 __all__ = [
     "MISSING_GLYPH",
     "FontChoice",
+    "fit_figure",
     "fit_labels",
     "font_for",
     "needs_other_font",
@@ -211,4 +216,30 @@ def fit_labels(labels: Sequence[Text]) -> FontChoice:
         if needs_other_font(text):
             label.set_text(font.drawable(text))
             label.set_fontproperties(font.properties(float(label.get_fontsize())))
+    return font
+
+
+def fit_figure(figure: Figure) -> FontChoice:
+    """:func:`fit_labels` for every text of ``figure``: tick labels, titles, axis labels, legends,
+    colorbar labels and annotations. One font is chosen for them all, and one warning is logged
+    when some character has no installed font.
+
+    Args:
+        figure: a matplotlib figure, drawn or not.
+
+    Returns:
+        The :class:`FontChoice` used.
+    """
+    for ax in figure.axes:  # tick label artists exist once asked for
+        ax.get_xticklabels()
+        ax.get_yticklabels()
+    texts = [t for t in figure.findobj(Text) if isinstance(t, Text) and t.get_text()]
+    font = fit_labels(texts)
+    if font.missing:  # drawing resets tick labels from their formatter: replace there too
+        for ax in figure.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                old = axis.get_major_formatter()
+                axis.set_major_formatter(
+                    FuncFormatter(lambda x, pos, old=old: font.drawable(str(old(x, pos))))
+                )
     return font
