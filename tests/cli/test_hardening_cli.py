@@ -299,10 +299,10 @@ def test_translate_escapes_control_characters_on_a_terminal(
     run = _seq2seq_checkpoint(tmp_path / "run")
     hostile = "\x1b]0;owned\x07\x1b[2Jdone"
 
-    def translate(self: object, model: object, sentences: list[str], **kwargs: object) -> list[str]:
-        return [hostile for _ in sentences]  # what a model may decode
+    def decode_output(self: object, ids: object) -> str:
+        return hostile  # what a model may decode
 
-    monkeypatch.setattr(Seq2SeqIO, "translate", translate)
+    monkeypatch.setattr(Seq2SeqIO, "decode_output", decode_output)
     pipe = sys.stdout
     for extra, expected in [([], "\\x1b]0;owned\\x07\\x1b[2Jdone\n"), (["--raw"], hostile + "\n")]:
         terminal = _Terminal()
