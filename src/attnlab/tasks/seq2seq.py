@@ -16,7 +16,7 @@ from attnlab.decoding.generate import generate
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
-from attnlab.tasks.train_options import attention_options
+from attnlab.tasks.train_options import attention_options, warmup_steps
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
 
@@ -247,7 +247,8 @@ def noam_adam_from_args(
     """:func:`noam_adam` with the options of ``add_transformer_arguments``.
 
     Args:
-        args: parsed options with ``warmup``, ``lr_factor``, ``cooldown`` and ``cooldown_end``.
+        args: parsed options with ``warmup`` (``None``: :func:`~attnlab.tasks.train_options.warmup_steps`),
+            ``steps``, ``lr_factor``, ``cooldown`` and ``cooldown_end``.
         d_model: the model width.
 
     Returns:
@@ -255,7 +256,7 @@ def noam_adam_from_args(
     """
     return noam_adam(
         d_model,
-        args.warmup,
+        warmup_steps(args),
         args.lr_factor,
         cooldown=args.cooldown,
         cooldown_end=args.cooldown_end,
