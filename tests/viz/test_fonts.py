@@ -50,7 +50,7 @@ def _render(make) -> tuple[object, list[str]]:
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_japanese_labels_and_title_draw_without_missing_glyphs(name: str) -> None:
-    if font_for(QUERIES + [TITLE]).missing:
+    if font_for([*QUERIES, TITLE]).missing:
         pytest.skip("no Japanese font installed (Debian: fonts-ipafont-gothic)")
     plot, messages = _render(FIGURES[name])
     assert not [m for m in messages if "missing from font" in m], messages
