@@ -70,3 +70,19 @@ def test_without_a_japanese_font_one_warning_and_boxes(monkeypatch, caplog) -> N
     assert not [m for m in messages if "missing from font" in m], messages
     assert caplog.text.count("no installed font draws") == 1
     assert MISSING_GLYPH in plot.figure.texts[0].get_text()  # the suptitle
+
+
+def test_a_character_the_default_font_draws_falls_back_to_it(caplog) -> None:
+    """BPE's ``▁`` (U+2581) is in matplotlib's default font but not in IPA Gothic: a label that
+    mixes it with kana is drawn whole, with no warning, instead of ``□`` for ``▁``."""
+    labels = ["▁彼", "▁は", "▁", "。"]
+    if font_for(labels).path is None or font_for(["彼"]).missing:
+        pytest.skip("no Japanese font installed (Debian: fonts-ipafont-gothic)")
+    with caplog.at_level(logging.WARNING, logger="attnlab.viz.fonts"):
+        plot, messages = _render(
+            lambda: attention_heatmap(_weights()[:, :4], query_tokens=labels, key_tokens=labels)
+        )
+    assert not [m for m in messages if "missing" in m], messages
+    assert "no installed font draws" not in caplog.text
+    ticks = [t.get_text() for t in plot.figure.axes[0].get_yticklabels()]
+    assert ticks == labels

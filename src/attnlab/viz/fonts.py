@@ -80,7 +80,8 @@ class FontChoice:
         """
         if self.path is None:
             return FontProperties(size=size)
-        return FontProperties(fname=self.path, size=size)
+        # this font first, then matplotlib's default for the characters it lacks (``▁``, …)
+        return FontProperties(family=[_registered(self.path), _default_font()[0]], size=size)
 
     def drawable(self, text: str) -> str:
         """``text`` as this font can draw it.
@@ -114,6 +115,14 @@ def _family(path: str) -> str:
         return path
 
 
+@functools.cache
+def _registered(path: str) -> str:
+    """The family name under which matplotlib finds the font file ``path`` (added once)."""
+    if not any(f.fname == path for f in font_manager.fontManager.ttflist):
+        font_manager.fontManager.addfont(path)
+    return next(f.name for f in font_manager.fontManager.ttflist if f.fname == path)
+
+
 def _default_font() -> tuple[str, str]:
     """``(family name, file)`` of the font matplotlib uses for plain text."""
     path = font_manager.findfont(FontProperties(family=rcParams["font.family"]))
@@ -144,8 +153,9 @@ def _needed(texts: Iterable[str]) -> list[str]:
 
 def font_for(texts: Iterable[str]) -> FontChoice:
     """The font that draws every character of ``texts``: matplotlib's default when it can,
-    otherwise the first installed font that holds them all (fonts whose name suggests Japanese
-    or CJK are tried first), otherwise the one that lacks the fewest.
+    otherwise the first installed font that holds every character the default lacks (fonts whose
+    name suggests Japanese or CJK are tried first), otherwise the one that lacks the fewest. Text
+    in the chosen font falls back to the default for the characters it lacks itself.
 
     Args:
         texts: the strings to draw (e.g. token labels).
@@ -163,7 +173,7 @@ def font_for(texts: Iterable[str]) -> FontChoice:
     best: FontChoice = FontChoice(name, None, tuple(lacking))
     for candidate in _candidate_files():
         cmap = _charmap(candidate)
-        miss = [c for c in chars if ord(c) not in cmap]
+        miss = [c for c in lacking if ord(c) not in cmap]  # the default draws the others
         if len(miss) < len(best.missing):
             best = FontChoice(_family(candidate), candidate, tuple(miss))
             if not miss:
