@@ -6,12 +6,13 @@ Used by ``attnlab train`` and ``attnlab demo``, and in notebooks::
         trainer = Trainer(..., callbacks=[progress])
         trainer.fit()
 
-On a terminal the bar is rich's live display. Anywhere else (a pipe, a file, a CI log) a live display
-would show nothing until the end, so the progress is written as plain lines instead, e.g.
+On a terminal the bar is rich's live display. Anywhere else (a pipe, a file, a CI log) a live
+display would show nothing until the end, so the progress is written as plain lines instead, e.g.
 ``reverse step 120/1200  loss 1.2345  lr 1.20e-03  5,432 tok/s``: the first step, every tenth of
-the run, at least every ``every_s`` seconds (10 by default), and the last step. In Jupyter it is one HTML output (rich's rendering of
-the same columns) replaced in place as training goes: it needs no widget library, and an executed
-notebook keeps the final bar, so a rendered notebook shows it too.
+the run, at least every ``every_s`` seconds (10 by default), and the last step. In Jupyter it is
+one HTML output (rich's rendering of the same columns) replaced in place as training goes: it
+needs no widget library, and an executed notebook keeps the final bar, so a rendered notebook
+shows it too.
 """
 
 from __future__ import annotations

@@ -158,9 +158,9 @@ def _tick_labels(
     """Token labels on both axes, thinned to at most ``max_labels`` per axis (every ``k``-th).
 
     Labels in a script the default font cannot draw (Japanese, …) get a font that can when the
-    :class:`Plot` is made (:func:`~attnlab.viz.fonts.fit_figure`). A thinned axis whose labels are one per position (``numbered``: rows, columns) writes each
-    label as ``"position token"``, so a reader knows which positions are labelled (reduced sides
-    already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
+    :class:`Plot` is made (:func:`~attnlab.viz.fonts.fit_figure`). A thinned axis whose labels are
+    one per position (``numbered``: rows, columns) writes each label as ``"position token"``, so a
+    reader knows which positions are labelled (reduced sides already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
     positions) but no text, for panels that share their labels with a neighbour.
     """
     for labels, set_ticks, set_labels, rot, show, most, number in (

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ft2font import FT2Font
 from matplotlib.text import Text
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FixedFormatter, FuncFormatter
 
 from attnlab.errors import ArgumentTypeError
 
@@ -249,6 +249,8 @@ def fit_figure(figure: Figure) -> FontChoice:
         for ax in figure.axes:
             for axis in (ax.xaxis, ax.yaxis):
                 old = axis.get_major_formatter()
+                if not isinstance(old, (FixedFormatter, FuncFormatter)):
+                    continue  # numbers: nothing to replace
                 axis.set_major_formatter(
                     FuncFormatter(lambda x, pos, old=old: font.drawable(str(old(x, pos))))
                 )
