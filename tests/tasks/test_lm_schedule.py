@@ -32,7 +32,8 @@ def test_a_short_run_decays_to_min_lr_by_its_last_step(tmp_path: Path) -> None:
 
 
 def test_warmup_must_fit_the_decay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path, "--steps", "50") == 2  # the default warm-up is 100 steps
+    # an explicit warm-up (the default one fits the run: tests/tasks/test_warmup_default.py)
+    assert _train(tmp_path, "--steps", "50", "--warmup", "100") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--warmup must be < the cosine decay's length (--steps = 50" in err

@@ -187,7 +187,9 @@ def add_transformer_arguments(
         heads: default of ``--heads``.
         d_ff: default of ``--d-ff``.
         dropout: default of ``--dropout``.
-        warmup: default of ``--warmup`` (Noam warm-up steps).
+        warmup: the default of ``--warmup`` (Noam warm-up steps) that its help names; the
+            option's value is ``None`` unless given, resolved by
+            :func:`~attnlab.tasks.train_options.warmup_steps` (a tenth of a shorter run).
         batch_size: default of ``--batch-size``; ``None`` adds no such option (the task
             batches by tokens instead).
         label_smoothing: default of ``--label-smoothing``; 0.1 (the paper's) unless given.
@@ -216,8 +218,10 @@ def add_transformer_arguments(
             "--batch-size", type=positive_int, default=batch_size, help=f"default {batch_size}"
         )
     o.add_argument(
-        "--warmup", type=positive_int, default=warmup, help=f"Noam warm-up steps (default {warmup})"
-    )
+        "--warmup", type=positive_int, default=None,
+        help=f"Noam warm-up steps (default {warmup}, or a tenth of --steps when it is not above "
+        f"{warmup})",
+    )  # fmt: skip
     o.add_argument(
         "--cooldown",
         type=non_negative_int,

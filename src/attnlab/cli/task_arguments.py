@@ -77,7 +77,10 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--min-lr", type=positive_float, default=1e-4, help="final learning rate (default 1e-4)"
     )
-    o.add_argument("--warmup", type=positive_int, default=100, help="warm-up steps (default 100)")
+    o.add_argument(
+        "--warmup", type=positive_int, default=None,
+        help="warm-up steps (default 100, or a tenth of the decay when it is not above 100)",
+    )  # fmt: skip
     o.add_argument(
         "--lr-decay-steps", type=positive_int, default=None,
         help="step at which the cosine decay reaches --min-lr (default --steps)",

@@ -6,6 +6,10 @@ RUN is a run folder of ``attnlab train translate`` (or of copy / reverse / sort,
 and sort tasks end the source with ``<eos>``). Each sentence is decoded with the run's own
 evaluation decoding (greedy for copy/reverse/sort, its final beam size for translate) unless
 ``--beams`` says otherwise, and printed on its own line; ``-`` reads sentences from standard input.
+A sentence the model cannot take (longer than it was trained on, no tokens, characters outside a
+task's alphabet) does not stop the others: they are translated, the bad one gets an empty output
+line (line i of the output answers sentence i) and one ``attnlab: error: sentence i: …`` line on
+standard error, and the exit code is 2.
 On a terminal, control characters of the output are shown escaped (e.g. ``\\x1b``); ``--raw``
 writes them as they are (so does a pipe or a file).
 """
@@ -18,7 +22,9 @@ import sys
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
+from attnlab.cli.errors import report
 from attnlab.cli.options import beams
+from attnlab.errors import ArgumentError
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
 
@@ -58,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
             f"{loaded.path} holds a language model, not an encoder-decoder; use generate"
         )
     console = TextConsole(raw=args.raw)
-    for line in loaded.io.translate(loaded.model, sentences, beams=args.beams):
-        console.print_text(line)
-    return 0
+    code = 0
+    for i, result in enumerate(loaded.io.translate_each(loaded.model, sentences, beams=args.beams)):
+        if result.error is not None:  # the others are translated all the same
+            console.print_text("")  # line i of the output still answers sentence i
+            console.file.flush()
+            code = report(ArgumentError(f"sentence {i + 1}: {result.error}"))
+            continue
+        console.print_text(result.output or "")
+    return code

@@ -140,6 +140,7 @@ def sequence_io(task: SequenceTask, tokenizer: Any = None) -> Seq2SeqIO:
         max_new_tokens=lambda n: min(positions - 1, max(shortest, n)),
         reference=task.target,
         reject_unknown=True,
+        trained_len=task.config.max_len,  # the positions take more: the answer would be wrong
     )
 
 

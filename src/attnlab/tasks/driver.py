@@ -34,7 +34,7 @@ from attnlab.tasks.base import TaskSetup
 from attnlab.tasks.probe import AttentionProbe
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.train_options import TrainOptions, options_class, run_args
-from attnlab.training.checkpoint import list_checkpoints, resolve_checkpoint
+from attnlab.training.checkpoint import list_checkpoints, read_config, resolve_checkpoint
 from attnlab.training.processes import (
     DDPStrategy,
     ParallelStrategy,
@@ -143,6 +143,17 @@ def _check_out(options: TrainOptions) -> Path:
     return out
 
 
+def _resumed_warmup(options: TrainOptions, out: Path) -> TrainOptions:
+    """A default warm-up (``None``) depends on the run's length; a resumed run keeps the one it
+    saved, so that ``--resume --steps`` with more steps continues the same schedule."""
+    if not options.resume or getattr(options, "warmup", 0) is not None:
+        return options
+    saved = read_config(resolve_checkpoint(out)).get("args", {}).get("warmup")
+    if isinstance(saved, int) and not isinstance(saved, bool):
+        return dataclasses.replace(options, warmup=saved)  # type: ignore[call-arg]
+    return options
+
+
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -201,6 +212,7 @@ def train(
     options = _options(task, overrides)
     runner = get_task(options.task)
     out = _check_out(options)
+    options = _resumed_warmup(options, out)
     strategy = strategy_of(options)  # options that do not fit together: before any set-up
     dist = init_distributed(options.device)
     lock = None

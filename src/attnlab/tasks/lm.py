@@ -41,7 +41,7 @@ from attnlab.tasks.base import (
 )
 from attnlab.tasks.budget import check_training_memory, option_sizes
 from attnlab.tasks.registry import register_task
-from attnlab.tasks.train_options import LMOptions, attention_options
+from attnlab.tasks.train_options import LMOptions, attention_options, warmup_steps
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
 from attnlab.training.trainer import IndexedBatches
@@ -493,11 +493,12 @@ class LanguageModelTask:
                 (:func:`attnlab.tasks.budget.check_training_memory`), all before any allocation.
         """
         decay_steps = args.steps if args.lr_decay_steps is None else args.lr_decay_steps
-        if args.warmup >= decay_steps:
+        warmup = warmup_steps(args)  # a default one fits the run's length
+        if warmup >= decay_steps:
             where = "--lr-decay-steps" if args.lr_decay_steps is not None else "--steps"
             raise ArgumentError(
                 f"--warmup must be < the cosine decay's length ({where} = {decay_steps}, "
-                f"--lr-decay-steps defaults to --steps), got {args.warmup}"
+                f"--lr-decay-steps defaults to --steps), got {warmup}"
             )
         if args.min_lr > args.lr:
             raise ArgumentError(f"--min-lr must be at most --lr ({args.lr}), got {args.min_lr}")
@@ -555,7 +556,7 @@ class LanguageModelTask:
         return TaskSetup(
             model=model,
             make_optimizer=adamw_nanogpt(
-                args.lr, args.weight_decay, args.warmup, decay_steps, args.min_lr
+                args.lr, args.weight_decay, warmup, decay_steps, args.min_lr
             ),
             batches=IndexedBatches(train.batch),
             loss_fn=lm_loss,

@@ -13,15 +13,16 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
-from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
-from attnlab.tasks.train_options import attention_options
+from attnlab.tasks.train_options import attention_options, warmup_steps
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import NoamLR, noam_rate
 
 __all__ = [
     "Seq2SeqIO",
+    "Translation",
     "cooldown_factor",
     "decode_sources",
     "exact_match_accuracy",
@@ -246,7 +247,8 @@ def noam_adam_from_args(
     """:func:`noam_adam` with the options of ``add_transformer_arguments``.
 
     Args:
-        args: parsed options with ``warmup``, ``lr_factor``, ``cooldown`` and ``cooldown_end``.
+        args: parsed options with ``warmup`` (``None``: :func:`~attnlab.tasks.train_options.warmup_steps`),
+            ``steps``, ``lr_factor``, ``cooldown`` and ``cooldown_end``.
         d_model: the model width.
 
     Returns:
@@ -254,7 +256,7 @@ def noam_adam_from_args(
     """
     return noam_adam(
         d_model,
-        args.warmup,
+        warmup_steps(args),
         args.lr_factor,
         cooldown=args.cooldown,
         cooldown_end=args.cooldown_end,
@@ -280,6 +282,27 @@ def seq2seq_loss(pad_id: int, smoothing: float) -> Callable[[nn.Module, Any], To
 
 
 @dataclass(frozen=True)
+class Translation:
+    """One text's result of :meth:`Seq2SeqIO.translate_each`: its output, or why it has none.
+
+    Attributes:
+        text: the source text as given.
+        output: the decoded text, or ``None`` when the text was refused.
+        error: why the text was refused (too long, no tokens, characters outside the
+            alphabet, not a str), or ``None``.
+    """
+
+    text: object
+    output: str | None
+    error: AttnlabError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the text was translated."""
+        return self.error is None
+
+
+@dataclass(frozen=True)
 class Seq2SeqIO:
     """The one path between text and an encoder-decoder's inputs (see :mod:`attnlab.tasks.base`).
 
@@ -293,6 +316,10 @@ class Seq2SeqIO:
             the source with ``<eos>``; translation adds nothing).
         max_source_len: the longest source (suffix included) the model takes; a longer text is an
             error, never silently cut.
+        trained_len: the longest text (in tokens, suffix excluded) the model was trained on, when
+            that is below what its positions take (copy/reverse/sort: ``--max-len``); a longer
+            text is an error, since the model's answer to it would be wrong. ``None``: no limit
+            beyond ``max_source_len``.
         max_new_tokens: the decoding step limit as a function of the source length.
         reference: the correct target ids for the source ids (without suffix), when the task
             knows it (copy/reverse/sort); used for the training probe.
@@ -313,6 +340,7 @@ class Seq2SeqIO:
     reference: Callable[[list[int]], list[int]] | None = None
     reject_unknown: bool = False
     beams: int = 1
+    trained_len: int | None = None
     kind: Literal["seq2seq"] = "seq2seq"
 
     def source_ids(self, ids: Sequence[int]) -> list[int]:
@@ -339,7 +367,8 @@ class Seq2SeqIO:
 
         Raises:
             TypeError: ``text`` is not a str.
-            ValueError: ``text`` encodes to no token, or to more than the model takes.
+            ValueError: ``text`` encodes to no token, to more than the model takes, or to more
+                than it was trained on (:attr:`trained_len`).
         """
         if not isinstance(text, str):
             raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
@@ -353,6 +382,7 @@ class Seq2SeqIO:
             )
         if lenient:
             body = body[: self.max_source_len - len(self.source_suffix)]
+            body = body[: self.trained_len] if self.trained_len is not None else body
             body = body or [unk if unk is not None else self.pad_id + 1]
         ids = self.source_ids(body)
         if not body:
@@ -361,6 +391,11 @@ class Seq2SeqIO:
             raise ArgumentError(
                 f"the text has {len(ids)} tokens (with special tokens), more than the model's "
                 f"limit of {self.max_source_len}"
+            )
+        if self.trained_len is not None and len(body) > self.trained_len:
+            raise ArgumentError(
+                f"text must have at most {self.trained_len} tokens, the longest the model was "
+                f"trained on (its answer to a longer one would be wrong), got {len(body)}"
             )
         return ids
 
@@ -395,9 +430,54 @@ class Seq2SeqIO:
 
         Returns:
             One output text per source, in order.
+
+        Raises:
+            ValueError: a text the model cannot take (:meth:`encode_source`); the message names
+                it as ``texts[i]``. :meth:`translate_each` translates the others instead.
+            TypeError: a text is not a str.
         """
-        sources = [self.encode_source(t, lenient=lenient) for t in texts]
+        sources = []
+        for i, text in enumerate(texts):
+            try:
+                sources.append(self.encode_source(text, lenient=lenient))
+            except AttnlabError as exc:
+                raise type(exc)(f"texts[{i}]: {exc}") from None
         return [self._output_text(row) for row in self._decode(model, sources, beams, batch_size)]
+
+    def translate_each(
+        self,
+        model: nn.Module,
+        texts: Sequence[str],
+        *,
+        beams: int | None = None,
+        batch_size: int = 64,
+    ) -> list[Translation]:
+        """Decode every text the model can take; a text it cannot take gets its error instead,
+        and the others are translated all the same.
+
+        Args:
+            model: the encoder-decoder.
+            texts: the source texts.
+            beams: the beam size: 1 is greedy, more is beam search; default :attr:`beams`.
+            batch_size: sources decoded together; default 64.
+
+        Returns:
+            One :class:`Translation` per text, in order: its output, or its error (the
+            ``ValueError``/``TypeError`` :meth:`encode_source` raised for it).
+
+        Raises:
+            ValueError: ``beams`` is not a positive int (every text would fail alike).
+        """
+        sources: dict[int, list[int]] = {}
+        errors: dict[int, AttnlabError] = {}
+        for i, text in enumerate(texts):
+            try:
+                sources[i] = self.encode_source(text)
+            except AttnlabError as exc:
+                errors[i] = exc
+        rows = self._decode(model, list(sources.values()), beams, batch_size) if sources else []
+        outputs = {i: self._output_text(row) for i, row in zip(sources, rows)}
+        return [Translation(text, outputs.get(i), errors.get(i)) for i, text in enumerate(texts)]
 
     def _output_text(self, row: Sequence[int]) -> str:
         ids = strip_special(row, bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id)

@@ -14,6 +14,11 @@ stay with the task's ``build``, which runs before the first step.
 What a run saves of them (``config.json``'s ``"args"``, compared on resume) is :func:`run_args`:
 the seed and the task's own options, as the command line has always saved them.
 
+``warmup`` is ``None`` by default: the task's warm-up (100 steps for ``lm``, 200 for copy /
+reverse / sort, 400 for ``translate``) when the run is longer than that, otherwise a tenth of the
+run (:func:`warmup_steps`), so ``attnlab train lm --steps 10`` trains instead of refusing the
+default. A run saves the warm-up it used, and a resumed run keeps it.
+
 Examples:
     >>> opts = LMOptions(data="tinyshakespeare", out="runs/shk", steps=2000)
     >>> opts.block_size, opts.eval_every
@@ -51,6 +56,7 @@ __all__ = [
     "options_class",
     "run_args",
     "task_fields",
+    "warmup_steps",
 ]
 
 #: sacrebleu's tokenizers that work offline (its sentencepiece ones download a model)
@@ -282,7 +288,8 @@ class LMOptions(AttentionFields, TrainOptions):
         batch_size: sequences a step.
         lr: the peak learning rate.
         min_lr: the final learning rate.
-        warmup: warm-up steps.
+        warmup: warm-up steps; ``None`` (default): 100, or a tenth of the decay's length when
+            that is not above 100 (:func:`warmup_steps`).
         lr_decay_steps: the step at which the cosine decay reaches ``min_lr`` (``None``:
             ``steps``).
         weight_decay: AdamW's weight decay on matrices.
@@ -290,6 +297,9 @@ class LMOptions(AttentionFields, TrainOptions):
     """
 
     TASKS: ClassVar[tuple[str, ...]] = ("lm",)
+    #: the default warm-up of a run longer than it, and the least of a shorter one (the cosine
+    #: schedule takes no warm-up at all)
+    WARMUP: ClassVar[tuple[int, int]] = (100, 0)
 
     task: str = _opt("lm", "str")
     eval_every: int = _opt(250, "non_negative_int")
@@ -306,7 +316,7 @@ class LMOptions(AttentionFields, TrainOptions):
     batch_size: int = _opt(12, "positive_int")
     lr: float = _opt(1e-3, "positive_float")
     min_lr: float = _opt(1e-4, "positive_float")
-    warmup: int = _opt(100, "positive_int")
+    warmup: int | None = _opt(None, "positive_int")
     lr_decay_steps: int | None = _opt(None, "positive_int")
     weight_decay: float = _opt(0.1, "non_negative_float")
     eval_iters: int = _opt(20, "positive_int")
@@ -367,13 +377,15 @@ class TranslateOptions(AttentionFields, TrainOptions):
         d_ff: the feed-forward width.
         dropout: dropout probability.
         label_smoothing: label smoothing.
-        warmup: Noam warm-up steps.
+        warmup: Noam warm-up steps; ``None`` (default): the task's, or a tenth of ``steps``
+            when that is not above it (:func:`warmup_steps`).
         cooldown: steps over which the rate anneals linearly to 0 (0: plain Noam).
         cooldown_end: the step at which the cool-down reaches 0.
         lr_factor: the Noam factor.
     """
 
     TASKS: ClassVar[tuple[str, ...]] = ("translate",)
+    WARMUP: ClassVar[tuple[int, int]] = (400, 1)  # Noam's rate needs one step at least
 
     task: str = _opt("translate", "str")
     eval_every: int = _opt(1000, "non_negative_int")
@@ -396,7 +408,7 @@ class TranslateOptions(AttentionFields, TrainOptions):
     d_ff: int = _opt(1024, "positive_int")
     dropout: float = _opt(0.1, "probability")
     label_smoothing: float = _opt(0.1, "probability")
-    warmup: int = _opt(400, "positive_int")
+    warmup: int | None = _opt(None, "positive_int")
     cooldown: int = _opt(0, "non_negative_int")
     cooldown_end: int = _opt(0, "non_negative_int")
     lr_factor: float = _opt(1.0, "positive_float")
@@ -443,13 +455,15 @@ class AlgorithmicOptions(AttentionFields, TrainOptions):
         dropout: dropout probability.
         label_smoothing: label smoothing.
         batch_size: strings a step.
-        warmup: Noam warm-up steps.
+        warmup: Noam warm-up steps; ``None`` (default): the task's, or a tenth of ``steps``
+            when that is not above it (:func:`warmup_steps`).
         cooldown: steps over which the rate anneals linearly to 0 (0: plain Noam).
         cooldown_end: the step at which the cool-down reaches 0.
         lr_factor: the Noam factor.
     """
 
     TASKS: ClassVar[tuple[str, ...]] = ("copy", "reverse", "sort")
+    WARMUP: ClassVar[tuple[int, int]] = (200, 1)  # Noam's rate needs one step at least
 
     task: str = _opt("reverse", TASKS)
     eval_every: int = _opt(500, "non_negative_int")
@@ -464,7 +478,7 @@ class AlgorithmicOptions(AttentionFields, TrainOptions):
     dropout: float = _opt(0.0, "probability")
     label_smoothing: float = _opt(0.1, "probability")
     batch_size: int = _opt(64, "positive_int")
-    warmup: int = _opt(200, "positive_int")
+    warmup: int | None = _opt(None, "positive_int")
     cooldown: int = _opt(0, "non_negative_int")
     cooldown_end: int = _opt(0, "non_negative_int")
     lr_factor: float = _opt(0.5, "positive_float")
@@ -493,6 +507,27 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def warmup_steps(options: Any) -> int:
+    """The warm-up steps of a run: ``options.warmup`` when given; otherwise the task's default
+    when the run is longer than it, else a tenth of the run.
+
+    The run's length is ``steps`` (``lr_decay_steps`` when set, for ``lm``). A run of 1200 steps
+    of ``reverse`` warms up over its 200 default steps; one of 10 steps over 1.
+
+    Args:
+        options: a task's options with ``warmup`` and ``steps`` (and its class's ``WARMUP``,
+            ``(default, least)``).
+
+    Returns:
+        The warm-up steps.
+    """
+    if options.warmup is not None:
+        return int(options.warmup)
+    default, least = getattr(type(options), "WARMUP", (100, 1))
+    length = getattr(options, "lr_decay_steps", None) or options.steps
+    return default if default < length else max(least, length // 10)
+
+
 def run_args(options: TrainOptions) -> dict[str, Any]:
     """What a run saves of its options (``config.json``'s ``"args"``, compared on resume): the
     seed and the task's own options, ``None`` attention options and ``corpus`` left out.
@@ -511,6 +546,8 @@ def run_args(options: TrainOptions) -> dict[str, Any]:
             continue
         if name in _NEWER_FIELDS and value == _NEWER_FIELDS[name]:
             continue
+        if name == "warmup":
+            value = warmup_steps(options)  # the one used: a resumed run keeps it
         out[name] = _jsonable(value)
     return out
 

@@ -6,14 +6,19 @@ Used by ``attnlab train`` and ``attnlab demo``, and in notebooks::
         trainer = Trainer(..., callbacks=[progress])
         trainer.fit()
 
-On a terminal the bar is rich's live display. In Jupyter it is one HTML output (rich's rendering of
-the same columns) replaced in place as training goes: it needs no widget library, and an executed
-notebook keeps the final bar, so a rendered notebook shows it too.
+On a terminal the bar is rich's live display. Anywhere else (a pipe, a file, a CI log) a live
+display would show nothing until the end, so the progress is written as plain lines instead, e.g.
+``reverse step 120/1200  loss 1.2345  lr 1.20e-03  5,432 tok/s``: the first step, every tenth of
+the run, at least every ``every_s`` seconds (10 by default), and the last step. In Jupyter it is
+one HTML output (rich's rendering of the same columns) replaced in place as training goes: it
+needs no widget library, and an executed notebook keeps the final bar, so a rendered notebook
+shows it too.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,12 +73,22 @@ class RichProgress(TrainerCallback):
         console: where to draw (default: a new stderr console). In Jupyter the bar is an HTML
             output of the notebook, updated in place at most four times a second.
         description: the bar's label. Default: ``"train"``.
+        every_s: when the console is not a terminal (nor Jupyter), the longest time in seconds
+            between two progress lines; a line is also written at every tenth of the run.
+            Default 10.
     """
 
-    def __init__(self, console: Console | None = None, description: str = "train") -> None:
+    def __init__(
+        self, console: Console | None = None, description: str = "train", *, every_s: float = 10.0
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.description = description
         notebook = self.console.is_jupyter
+        #: plain lines instead of the bar: a live display off a terminal shows only the end
+        self.lines = not notebook and not self.console.is_terminal
+        self.every_s = every_s
+        self._last_line = -math.inf
+        self._last_tenth = -1
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -98,12 +113,16 @@ class RichProgress(TrainerCallback):
         self._stop()
 
     def _start(self) -> None:
+        if self.lines:
+            return
         if not self.console.is_jupyter:
             self.progress.start()
         elif self._notebook is None:
             self._notebook = _NotebookBar(self.progress)
 
     def _stop(self) -> None:
+        if self.lines:
+            return
         if self._notebook is not None:
             self._notebook.refresh(force=True)
         self.progress.stop()
@@ -131,6 +150,9 @@ class RichProgress(TrainerCallback):
         Args:
             metrics: the step's metrics.
         """
+        if self.lines:
+            self._line(metrics)
+            return
         self.progress.update(
             self._task,
             completed=metrics.step,
@@ -140,6 +162,27 @@ class RichProgress(TrainerCallback):
         )
         if self._notebook is not None:
             self._notebook.refresh()
+
+    def _line(self, metrics: StepMetrics) -> None:
+        """A plain progress line at the first step, each tenth of the run, every ``every_s``
+        seconds and the last step."""
+        total = max(1, metrics.total_steps)
+        tenth = metrics.step * 10 // total
+        now = time.monotonic()
+        if (
+            metrics.step < total
+            and tenth <= self._last_tenth
+            and now - self._last_line < self.every_s
+        ):
+            return
+        self._last_tenth, self._last_line = tenth, now
+        self.console.print(
+            f"{self.description} step {metrics.step}/{metrics.total_steps}  "
+            f"loss {metrics.loss:.4f}  lr {metrics.lr:.2e}  {metrics.tokens_per_s:,.0f} tok/s",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
         """Print one line with the evaluation's metrics.

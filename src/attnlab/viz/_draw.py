@@ -26,7 +26,7 @@ from matplotlib.image import AxesImage
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
-from attnlab.viz.fonts import fit_labels
+from attnlab.viz.fonts import fit_figure
 
 __all__ = ["ArrayLike", "Plot", "save_figure"]
 
@@ -40,6 +40,9 @@ MASKED = "#bdbdbd"  # cells a query may not see
 class Plot:
     """A figure and the data it drew.
 
+    When it is made, every text of the figure gets a font that draws it
+    (:func:`~attnlab.viz.fonts.fit_figure`: Japanese token labels and titles too).
+
     Attributes:
         figure: the matplotlib ``Figure`` (Agg canvas attached).
         data: named arrays exactly as drawn, e.g. ``data["weights"]``.
@@ -47,6 +50,10 @@ class Plot:
 
     figure: Figure
     data: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # every text in a font that draws it, e.g. Japanese tokens in titles and tick labels
+        fit_figure(self.figure)
 
     def save(self, path: str | Path, *, dpi: int = 120) -> Path:
         """Write the figure; the format follows the suffix (``.png`` or ``.svg``).
@@ -150,10 +157,10 @@ def _tick_labels(
 ) -> None:
     """Token labels on both axes, thinned to at most ``max_labels`` per axis (every ``k``-th).
 
-    Labels in a script the default font cannot draw (Japanese, …) get a font that can
-    (:func:`~attnlab.viz.fonts.fit_labels`). A thinned axis whose labels are one per position (``numbered``: rows, columns) writes each
-    label as ``"position token"``, so a reader knows which positions are labelled (reduced sides
-    already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
+    Labels in a script the default font cannot draw (Japanese, …) get a font that can when the
+    :class:`Plot` is made (:func:`~attnlab.viz.fonts.fit_figure`). A thinned axis whose labels are
+    one per position (``numbered``: rows, columns) writes each label as ``"position token"``, so a
+    reader knows which positions are labelled (reduced sides already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
     positions) but no text, for panels that share their labels with a neighbour.
     """
     for labels, set_ticks, set_labels, rot, show, most, number in (
@@ -179,7 +186,6 @@ def _tick_labels(
             for i in idx
         ]
         set_labels(texts if show else [], rotation=rot, fontsize=size)
-    fit_labels([*ax.get_xticklabels(), *ax.get_yticklabels()])  # e.g. Japanese tokens
     ax.tick_params(length=2, pad=1)
 
 

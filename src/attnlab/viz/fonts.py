@@ -5,7 +5,9 @@ would be drawn as empty boxes with a warning per character. :func:`font_for` fin
 that draws every character of some texts (e.g. Debian's ``fonts-ipafont-gothic`` or
 ``fonts-noto-cjk``, or the IPAex font of the ``matplotlib-fontja`` package); :func:`fit_labels`
 gives it to the labels that need it (Latin labels keep the default look) and, where no installed
-font can draw a character, writes ``□`` instead and logs one warning.
+font can draw a character, writes ``□`` instead and logs one warning. :func:`fit_figure` does that
+for every text of a figure (tick labels, titles, axis labels, legends, annotations): every
+:class:`~attnlab.viz.Plot` calls it when it is made, so no attnlab figure draws a label as boxes.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from matplotlib import font_manager, rcParams
+from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ft2font import FT2Font
 from matplotlib.text import Text
+from matplotlib.ticker import FixedFormatter, FuncFormatter
 
 from attnlab.errors import ArgumentTypeError
 
 __all__ = [
     "MISSING_GLYPH",
     "FontChoice",
+    "fit_figure",
     "fit_labels",
     "font_for",
     "needs_other_font",
@@ -75,7 +80,8 @@ class FontChoice:
         """
         if self.path is None:
             return FontProperties(size=size)
-        return FontProperties(fname=self.path, size=size)
+        # this font first, then matplotlib's default for the characters it lacks (``▁``, …)
+        return FontProperties(family=[_registered(self.path), _default_font()[0]], size=size)
 
     def drawable(self, text: str) -> str:
         """``text`` as this font can draw it.
@@ -109,6 +115,14 @@ def _family(path: str) -> str:
         return path
 
 
+@functools.cache
+def _registered(path: str) -> str:
+    """The family name under which matplotlib finds the font file ``path`` (added once)."""
+    if not any(f.fname == path for f in font_manager.fontManager.ttflist):
+        font_manager.fontManager.addfont(path)
+    return next(f.name for f in font_manager.fontManager.ttflist if f.fname == path)
+
+
 def _default_font() -> tuple[str, str]:
     """``(family name, file)`` of the font matplotlib uses for plain text."""
     path = font_manager.findfont(FontProperties(family=rcParams["font.family"]))
@@ -139,8 +153,9 @@ def _needed(texts: Iterable[str]) -> list[str]:
 
 def font_for(texts: Iterable[str]) -> FontChoice:
     """The font that draws every character of ``texts``: matplotlib's default when it can,
-    otherwise the first installed font that holds them all (fonts whose name suggests Japanese
-    or CJK are tried first), otherwise the one that lacks the fewest.
+    otherwise the first installed font that holds every character the default lacks (fonts whose
+    name suggests Japanese or CJK are tried first), otherwise the one that lacks the fewest. Text
+    in the chosen font falls back to the default for the characters it lacks itself.
 
     Args:
         texts: the strings to draw (e.g. token labels).
@@ -158,7 +173,7 @@ def font_for(texts: Iterable[str]) -> FontChoice:
     best: FontChoice = FontChoice(name, None, tuple(lacking))
     for candidate in _candidate_files():
         cmap = _charmap(candidate)
-        miss = [c for c in chars if ord(c) not in cmap]
+        miss = [c for c in lacking if ord(c) not in cmap]  # the default draws the others
         if len(miss) < len(best.missing):
             best = FontChoice(_family(candidate), candidate, tuple(miss))
             if not miss:
@@ -211,4 +226,32 @@ def fit_labels(labels: Sequence[Text]) -> FontChoice:
         if needs_other_font(text):
             label.set_text(font.drawable(text))
             label.set_fontproperties(font.properties(float(label.get_fontsize())))
+    return font
+
+
+def fit_figure(figure: Figure) -> FontChoice:
+    """:func:`fit_labels` for every text of ``figure``: tick labels, titles, axis labels, legends,
+    colorbar labels and annotations. One font is chosen for them all, and one warning is logged
+    when some character has no installed font.
+
+    Args:
+        figure: a matplotlib figure, drawn or not.
+
+    Returns:
+        The :class:`FontChoice` used.
+    """
+    for ax in figure.axes:  # tick label artists exist once asked for
+        ax.get_xticklabels()
+        ax.get_yticklabels()
+    texts = [t for t in figure.findobj(Text) if isinstance(t, Text) and t.get_text()]
+    font = fit_labels(texts)
+    if font.missing:  # drawing resets tick labels from their formatter: replace there too
+        for ax in figure.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                old = axis.get_major_formatter()
+                if not isinstance(old, (FixedFormatter, FuncFormatter)):
+                    continue  # numbers: nothing to replace
+                axis.set_major_formatter(
+                    FuncFormatter(lambda x, pos, old=old: font.drawable(str(old(x, pos))))
+                )
     return font
