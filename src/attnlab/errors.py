@@ -18,11 +18,15 @@ The hierarchy::
     ├── ArgumentTypeError(TypeError)   a value of the wrong type
     └── PeerLostError                  a torchrun training lost a rank (attnlab.training.processes):
                                        not a mistake, yet one line: which rank, how to resume
+
+    UntrainedLengthWarning(UserWarning)  a text longer than any the model was trained on: it is
+                                         answered all the same, likely poorly (the CLI prints one
+                                         ``attnlab: warning:`` line)
 """
 
 from __future__ import annotations
 
-__all__ = ["ArgumentError", "ArgumentTypeError", "AttnlabError"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "AttnlabError", "UntrainedLengthWarning"]
 
 
 class AttnlabError(Exception):
@@ -38,3 +42,9 @@ class ArgumentError(AttnlabError, ValueError):
 
 class ArgumentTypeError(AttnlabError, TypeError):
     """A value of the wrong type; the message names the argument, the expected and the actual type."""
+
+
+class UntrainedLengthWarning(UserWarning):
+    """A text longer than the longest the model was trained on, yet within its positions: it is
+    answered, but the answer is likely poor (a translation run's
+    :attr:`~attnlab.tasks.seq2seq.Seq2SeqIO.longest_trained`)."""

@@ -9,7 +9,9 @@ evaluation decoding (greedy for copy/reverse/sort, its final beam size for trans
 A sentence the model cannot take (longer than it was trained on, no tokens, characters outside a
 task's alphabet) does not stop the others: they are translated, the bad one gets an empty output
 line (line i of the output answers sentence i) and one ``attnlab: error: sentence i: …`` line on
-standard error, and the exit code is 2.
+standard error, and the exit code is 2. A sentence longer than any the run was trained on is
+translated all the same, with one ``attnlab: warning: sentence i: …`` line on standard error
+(the exit code stays 0).
 On a terminal, control characters of the output are shown escaped (e.g. ``\\x1b``); ``--raw``
 writes them as they are (so does a pipe or a file).
 """
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import report
 from attnlab.cli.options import beams
-from attnlab.errors import ArgumentError
+from attnlab.errors import ArgumentError, UntrainedLengthWarning
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
 
@@ -65,7 +68,13 @@ def run(args: argparse.Namespace) -> int:
         )
     console = TextConsole(raw=args.raw)
     code = 0
-    for i, result in enumerate(loaded.io.translate_each(loaded.model, sentences, beams=args.beams)):
+    with warnings.catch_warnings():  # printed below, one line each, in the sentences' order
+        warnings.simplefilter("ignore", UntrainedLengthWarning)
+        results = loaded.io.translate_each(loaded.model, sentences, beams=args.beams)
+    for i, result in enumerate(results):
+        if result.warning is not None:
+            console.file.flush()
+            print(f"attnlab: warning: sentence {i + 1}: {result.warning}", file=sys.stderr)
         if result.error is not None:  # the others are translated all the same
             console.print_text("")  # line i of the output still answers sentence i
             console.file.flush()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,7 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from attnlab.data.batching import Seq2SeqBatch, pad_batch
 from attnlab.decoding.generate import generate
-from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError, UntrainedLengthWarning
 from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs, check_finite_weights, token_labels
 from attnlab.tasks.train_options import attention_options, warmup_steps
@@ -290,11 +291,14 @@ class Translation:
         output: the decoded text, or ``None`` when the text was refused.
         error: why the text was refused (too long, no tokens, characters outside the
             alphabet, not a str), or ``None``.
+        warning: why the output is likely poor though given (longer than any training
+            sentence: :attr:`Seq2SeqIO.longest_trained`), or ``None``.
     """
 
     text: object
     output: str | None
     error: AttnlabError | None = None
+    warning: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -320,6 +324,10 @@ class Seq2SeqIO:
             that is below what its positions take (copy/reverse/sort: ``--max-len``); a longer
             text is an error, since the model's answer to it would be wrong. ``None``: no limit
             beyond ``max_source_len``.
+        longest_trained: the longest training source (in tokens, after the training cut) of a
+            run whose positions take longer texts (translation); a longer text is translated
+            all the same, with an :class:`~attnlab.errors.UntrainedLengthWarning`, since its
+            answer is likely poor. ``None`` (a run saved before it was recorded): no warning.
         max_new_tokens: the decoding step limit as a function of the source length.
         reference: the correct target ids for the source ids (without suffix), when the task
             knows it (copy/reverse/sort); used for the training probe.
@@ -341,6 +349,7 @@ class Seq2SeqIO:
     reject_unknown: bool = False
     beams: int = 1
     trained_len: int | None = None
+    longest_trained: int | None = None
     kind: Literal["seq2seq"] = "seq2seq"
 
     def source_ids(self, ids: Sequence[int]) -> list[int]:
@@ -399,6 +408,23 @@ class Seq2SeqIO:
             )
         return ids
 
+    def length_warning(self, source: Sequence[int]) -> str | None:
+        """Why the answer to a source is likely poor: it is longer than :attr:`longest_trained`.
+
+        Args:
+            source: the source ids, as :meth:`encode_source` gives them (suffix included).
+
+        Returns:
+            The reason (its length and the longest trained one), or ``None`` when there is none.
+        """
+        n = len(source) - len(self.source_suffix)
+        if self.longest_trained is None or n <= self.longest_trained:
+            return None
+        return (
+            f"{n} tokens, longer than the longest training sentence ({self.longest_trained} "
+            f"tokens): the translation is likely poor"
+        )
+
     def decode_output(self, ids: Sequence[int]) -> str:
         """The text of output ids.
 
@@ -435,6 +461,10 @@ class Seq2SeqIO:
             ValueError: a text the model cannot take (:meth:`encode_source`); the message names
                 it as ``texts[i]``. :meth:`translate_each` translates the others instead.
             TypeError: a text is not a str.
+
+        Warns:
+            UntrainedLengthWarning: a text longer than any training sentence
+                (:meth:`length_warning`; not with ``lenient``), named as ``texts[i]``.
         """
         sources = []
         for i, text in enumerate(texts):
@@ -442,6 +472,8 @@ class Seq2SeqIO:
                 sources.append(self.encode_source(text, lenient=lenient))
             except AttnlabError as exc:
                 raise type(exc)(f"texts[{i}]: {exc}") from None
+            if not lenient:
+                _warn_length(i, self.length_warning(sources[-1]))
         return [self._output_text(row) for row in self._decode(model, sources, beams, batch_size)]
 
     def translate_each(
@@ -467,17 +499,29 @@ class Seq2SeqIO:
 
         Raises:
             ValueError: ``beams`` is not a positive int (every text would fail alike).
+
+        Warns:
+            UntrainedLengthWarning: a text longer than any training sentence, named as
+                ``texts[i]`` (also its :attr:`Translation.warning`).
         """
         sources: dict[int, list[int]] = {}
         errors: dict[int, AttnlabError] = {}
+        notes: dict[int, str] = {}
         for i, text in enumerate(texts):
             try:
                 sources[i] = self.encode_source(text)
             except AttnlabError as exc:
                 errors[i] = exc
+                continue
+            if (note := self.length_warning(sources[i])) is not None:
+                notes[i] = note
+                _warn_length(i, note)
         rows = self._decode(model, list(sources.values()), beams, batch_size) if sources else []
         outputs = {i: self._output_text(row) for i, row in zip(sources, rows)}
-        return [Translation(text, outputs.get(i), errors.get(i)) for i, text in enumerate(texts)]
+        return [
+            Translation(text, outputs.get(i), errors.get(i), notes.get(i))
+            for i, text in enumerate(texts)
+        ]
 
     def _output_text(self, row: Sequence[int]) -> str:
         ids = strip_special(row, bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id)
@@ -557,3 +601,9 @@ class Seq2SeqIO:
             target_tokens=tuple(token_labels(self.tgt_tok, tgt[1:])),
             output=self._output_text(tgt),
         )
+
+
+def _warn_length(i: int, note: str | None) -> None:
+    """Warn that ``texts[i]`` is longer than any training sentence (``note``: why), if it is."""
+    if note is not None:  # stacklevel 3: the caller of translate / translate_each
+        warnings.warn(f"texts[{i}] has {note}", UntrainedLengthWarning, stacklevel=3)

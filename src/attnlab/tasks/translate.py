@@ -50,6 +50,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SRC_TOKENIZER, TGT_TOKENIZER = "src_tokenizer.json", "tgt_tokenizer.json"
+#: the run's training lengths: ``{"longest_source": N}`` (tokens, after the training cut)
+TRAIN_LENGTHS = "train_lengths.json"
 
 
 def check_bleu_tokenizer(tokenize: str) -> None:
@@ -208,7 +210,14 @@ def _encode_all(tok: HFTokenizer, lines: Sequence[str], limit: int) -> list[list
 MAX_LEN = 256
 
 
-def translation_io(src_tok: Any, tgt_tok: Any, beams: int, max_len: int = MAX_LEN) -> Seq2SeqIO:
+def translation_io(
+    src_tok: Any,
+    tgt_tok: Any,
+    beams: int,
+    max_len: int = MAX_LEN,
+    *,
+    longest_trained: int | None = None,
+) -> Seq2SeqIO:
     """The text path of a translation run: the encoder reads the sentence's tokens, nothing more;
     the decoder may write up to ``2 · S + 10`` tokens (at most ``max_len − 1``), with the run's
     final beam size by default.
@@ -218,6 +227,9 @@ def translation_io(src_tok: Any, tgt_tok: Any, beams: int, max_len: int = MAX_LE
         tgt_tok: the target tokenizer (it gives the special ids).
         beams: the default beam size.
         max_len: the model's positions; default ``MAX_LEN``.
+        longest_trained: the longest training source in tokens: a longer sentence is translated
+            with a warning (:attr:`~attnlab.tasks.seq2seq.Seq2SeqIO.longest_trained`); default
+            ``None``, no warning.
 
     Returns:
         The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
@@ -232,6 +244,7 @@ def translation_io(src_tok: Any, tgt_tok: Any, beams: int, max_len: int = MAX_LE
         max_source_len=max_len - 2,
         max_new_tokens=lambda n: min(max_len - 1, 2 * n + 10),
         beams=beams,
+        longest_trained=longest_trained,
     )
 
 
@@ -276,10 +289,12 @@ class TranslationTask:
             step_sizes=option_sizes(args, "max_tokens", "d_model", "layers", "d_ff"),
         )
         model = Transformer(config)
-        io = translation_io(src_tok, tgt_tok, args.beams, max_len)
         limit = max_len - 2
+        train_src = _encode_all(src_tok, data.train.src, limit)
+        longest = max((len(s) for s in train_src), default=0)
+        io = translation_io(src_tok, tgt_tok, args.beams, max_len, longest_trained=longest)
         source = BucketedBatchSource(
-            _encode_all(src_tok, data.train.src, limit),
+            train_src,
             _encode_all(tgt_tok, data.train.tgt, limit),
             max_tokens=args.max_tokens,
             pad_id=config.pad_id,
@@ -337,7 +352,11 @@ class TranslationTask:
             loss_fn=loss_fn,
             model_config=config_to_dict(config),
             evaluate=evaluate_dev if dev is not None else None,
-            files={SRC_TOKENIZER: src_tok.to_json(), TGT_TOKENIZER: tgt_tok.to_json()},
+            files={
+                SRC_TOKENIZER: src_tok.to_json(),
+                TGT_TOKENIZER: tgt_tok.to_json(),
+                TRAIN_LENGTHS: json.dumps({"longest_source": longest}) + "\n",
+            },
             report=report,
             io=io,
             data_files=_data_files(args),
@@ -380,13 +399,15 @@ class TranslationTask:
 
         Args:
             args: the options saved in the run's ``config.json`` (``beams``).
-            files: the task files of the checkpoint (both tokenizers).
+            files: the task files of the checkpoint (both tokenizers and, in a run saved since
+                it is recorded, the training lengths; without them no length warning).
 
         Returns:
             The run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`.
 
         Raises:
-            ValueError: a tokenizer file is missing.
+            ValueError: a tokenizer file is missing, or the training lengths are not
+                ``{"longest_source": N}``.
         """
         for name in (SRC_TOKENIZER, TGT_TOKENIZER):
             if name not in files:
@@ -395,7 +416,24 @@ class TranslationTask:
             tokenizer_from_json(files[SRC_TOKENIZER]),
             tokenizer_from_json(files[TGT_TOKENIZER]),
             int(args.get("beams", 4)),
+            longest_trained=_longest_source(files.get(TRAIN_LENGTHS)),
         )
+
+
+def _longest_source(text: str | None) -> int | None:
+    """The longest training source of a run's :data:`TRAIN_LENGTHS` file; ``None`` without one."""
+    if text is None:
+        return None
+    try:
+        longest = json.loads(text).get("longest_source")
+    except (ValueError, AttributeError):
+        longest = None
+    if isinstance(longest, bool) or not isinstance(longest, int) or longest < 0:
+        raise ArgumentError(
+            f'the translation run\'s {TRAIN_LENGTHS} must be {{"longest_source": N}} with N a '
+            f"non-negative int, got {text.strip()[:80]!r}"
+        )
+    return longest
 
 
 register_task(TranslationTask())
