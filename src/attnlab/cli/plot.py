@@ -16,7 +16,12 @@ how the heads changed from step 0 to the end (the run must have been trained wit
 with the heads' entropy per step in ``FILE_entropy.png``. ``roles --model MODEL``: the
 previous-token, duplicate-token, induction and copying scores of every head as one layers × heads
 heatmap each (:func:`attnlab.viz.head_roles_figure`), measured on random tokens repeated once
-(no ``--text``; ``--roles-seq-len``, ``--roles-batch``, ``--roles-seed``).
+(no ``--text``; ``--roles-seq-len``, ``--roles-batch``, ``--roles-seed``). ``spectrum --model
+MODEL``: every head as a low-rank relation, from the weights alone
+(:func:`attnlab.viz.head_spectrum_figure` of :func:`attnlab.inspect.qk_spectrum`): the singular
+values of each head's QK circuit ``W_Q W_Kᵀ/√d_head`` for 1 to 4 layers (``--layer 0,15,29``,
+indices among all the model's attention layers; default the first, middle and last), and the
+effective rank of every head of every layer.
 
 A Linformer layer (``--attention linformer``) is drawn as it computes: ``T × k`` weights whose
 columns are the projected rows ``E·K row j``, not tokens. ``heatmap``/``heads`` with
@@ -42,11 +47,15 @@ from attnlab.cli.options import seed
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ActivationCache
+    from attnlab.tasks.run import Run
     from attnlab.viz import Plot
 
 __all__ = ["register", "run"]
 
-KINDS = ("noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training", "roles")
+KINDS = (
+    "noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training", "roles",
+    "spectrum",
+)  # fmt: skip
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
 
@@ -61,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         help="RUN_OR_CHECKPOINT (or a pretrained model) for steps / heatmap / heads / "
-        "layers / roles",
+        "layers / roles / spectrum",
     )
     p.add_argument(
         "--kind",
@@ -70,7 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="all",
         help="which attention layers (default all)",
     )
-    p.add_argument("--layer", type=int, default=None, help="layer index among --kind's layers")
+    p.add_argument(
+        "--layer",
+        type=_layer_list,
+        default=None,
+        help="layer index among --kind's layers; spectrum: 1 to 4 indices among all attention "
+        "layers, comma-separated (e.g. 0,15,29)",
+    )
     p.add_argument("--head", type=int, default=0, help="head index (heatmap, steps)")
     p.add_argument(
         "--effective",
@@ -108,6 +123,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", type=device, default="cpu")
     p.set_defaults(func=run)
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    """``--layer``: one index, or several comma-separated (``plot spectrum``)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an int or comma-separated ints (e.g. 0,15,29), got {text!r}"
+        ) from None
+
+
+def _one_layer(args: argparse.Namespace) -> int | None:
+    """``--layer`` of a kind that draws one layer: its index, or ``None`` when not given."""
+    if args.layer is None:
+        return None
+    if len(args.layer) != 1:
+        raise CLIError(f"--layer takes one index for plot {args.kind}, got {len(args.layer)}")
+    return int(args.layer[0])
 
 
 def _lesson_tokens(args: argparse.Namespace) -> list[str]:
@@ -157,6 +191,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
 
     if args.text is None and args.ids is None:
         raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
+    index = _one_layer(args)
     loaded = load_run(args.model, device=args.device)
     inputs = model_inputs(loaded, args)
     if args.kind == "steps":
@@ -165,9 +200,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
         names = cache.names(None if args.attention == "all" else args.attention)
         if not names:
             raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
-        layer = (
-            names[0] if args.layer is None else _pick(names, args.layer, "--layer", args.attention)
-        )
+        layer = names[0] if index is None else _pick(names, index, "--layer", args.attention)
         if layer in cache.projected:  # the panel's softmax(Q Kᵀ/√d) over tokens is not its path
             from attnlab.nn.linformer import LinformerAttention
 
@@ -202,7 +235,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
             max_tokens=args.max_tokens,
             title=f"{inputs.output!r}: {args.attention} attention, layers × heads",
         )
-    name = _pick(names, -1 if args.layer is None else args.layer, "--layer", args.attention)
+    name = _pick(names, -1 if index is None else index, "--layer", args.attention)
     w = cache.attentions[name][0]
     rows, cols = labels[name]
     value, what = "weight", ""
@@ -261,6 +294,41 @@ def _check_head(head: int, heads: int) -> None:
         raise CLIError(f"--head must be in [0, {heads}), got {head}")
 
 
+def _weights_model(args: argparse.Namespace) -> Run:
+    """The model of ``plot roles`` / ``plot spectrum``, which read no text."""
+    from attnlab.tasks.run import load_run
+
+    if args.model is None:
+        raise CLIError(f"plot {args.kind} needs --model RUN_OR_PRETRAINED (e.g. smollm2-135m)")
+    if args.text is not None or args.ids is not None:
+        what = "on random repeated tokens" if args.kind == "roles" else "from the weights alone"
+        raise CLIError(f"plot {args.kind} measures heads {what}; it takes no --text/--ids")
+    return load_run(args.model, device=args.device)
+
+
+def _spectrum(args: argparse.Namespace) -> Plot:
+    """``plot spectrum``: the QK spectra of ``--layer`` (1 to 4 attention layers) and the
+    effective rank of every head."""
+    from attnlab.inspect.capture import attention_modules
+    from attnlab.inspect.qk_circuits import qk_spectrum
+    from attnlab.viz import head_spectrum_figure
+
+    loaded = _weights_model(args)
+    paths = list(attention_modules(loaded.model))
+    if not paths:
+        raise CLIError(f"{args.model} has no attention layer to read")
+    shown = None
+    if args.layer is not None:
+        if not 1 <= len(args.layer) <= 4:
+            raise CLIError(f"--layer: plot spectrum draws 1 to 4 layers, got {len(args.layer)}")
+        shown = [paths.index(_pick(paths, i, "--layer")) for i in args.layer]
+    return head_spectrum_figure(
+        qk_spectrum(loaded.model),
+        layers=shown,
+        title=f"{args.model}: every head's QK circuit W_Q W_Kᵀ/√d_head, of rank ≤ d_head",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from attnlab import viz as F
 
@@ -300,20 +368,14 @@ def run(args: argparse.Namespace) -> int:
         head_entropy_curves(history).save(entropy)
         written.append(entropy)
     elif args.kind == "roles":
-        from attnlab.tasks.run import load_run
-
-        if args.model is None:
-            raise CLIError("plot roles needs --model RUN_OR_PRETRAINED (e.g. smollm2-135m)")
-        if args.text is not None or args.ids is not None:
-            raise CLIError("plot roles measures heads on random repeated tokens; it takes no "
-                           "--text/--ids")  # fmt: skip
-        loaded = load_run(args.model, device=args.device)
-        roles = measure_roles(loaded, args)
+        roles = measure_roles(_weights_model(args), args)
         plot = F.head_roles_figure(
             roles,
             title=f"{args.model}: head roles on {roles.seq_len} random tokens repeated once "
             f"(batch {roles.tokens.shape[0]})",
         )
+    elif args.kind == "spectrum":
+        plot = _spectrum(args)
     elif args.kind == "steps" and args.model is None:
         plot = _steps_by_hand(args)
     else:
