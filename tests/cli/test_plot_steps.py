@@ -93,7 +93,7 @@ def test_a_bad_inputs_file_names_the_key_and_the_shapes(
     assert err.count("\n") == 1
     assert "inputs['W_q'] must be (d_model, d) = (4, d) to multiply x (3, 4), got (3, 2)" in err
     assert main(["plot", "steps", "--inputs", str(tmp_path / "no.json")]) == 2
-    assert "--inputs: inputs file" in capsys.readouterr().err
+    assert "error: inputs file" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- a model's layer

@@ -156,12 +156,7 @@ def _steps_by_hand(args: argparse.Namespace) -> Plot:
         raise CLIError("--head: plot steps without --model computes one head; it takes no --head")
     mask = "none" if args.no_mask else "causal"
     if args.inputs is not None:
-        try:
-            inputs = load_step_inputs(args.inputs)
-        except FileNotFoundError as e:
-            raise CLIError(f"--inputs: {e}") from None
-        except ValueError as e:
-            raise CLIError(f"--inputs {args.inputs}: {e}") from None
+        inputs = load_step_inputs(args.inputs)  # its errors name the file or the key
         t, d = inputs["x"].shape
         if args.d_model is not None and args.d_model != d:
             raise CLIError(
