@@ -152,15 +152,18 @@ def structure_block_mask(masking: Masking, t_q: int, t_k: int, device: torch.dev
         when the structure hides nothing. The last ``16`` are cached by (bounds, layout, lengths,
         device).
     """
-    mod, key = _structure_mod(masking, t_q, t_k, device)
-    if mod is None:
+    lo, hi = masking.bounds(t_q, t_k)
+    layout = masking.blocks
+    if lo is None and hi is None and layout is None:
         return None
-    key = (key, t_q, t_k, str(device))
+    layout_key = None if layout is None else (layout.block_size, layout.blocks.numpy().tobytes())
+    key = (lo, hi, layout_key, t_q, t_k, str(device))
     cached = _BLOCK_MASKS.get(key)
     if cached is not None:
         _BLOCK_MASKS.move_to_end(key)
         return cached
-    block_mask = _create(mod, None, None, t_q, t_k, device)
+    mod = _structure_mod(masking, t_q, t_k, device)
+    block_mask = _create(mod, None, None, t_q, t_k, device) if mod is not None else None
     _BLOCK_MASKS[key] = block_mask
     while len(_BLOCK_MASKS) > _CACHE_SIZE:
         _BLOCK_MASKS.popitem(last=False)
@@ -204,21 +207,19 @@ def _index(m: torch.Tensor, b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
     return m[idx]
 
 
-def _structure_mod(
-    masking: Masking, t_q: int, t_k: int, device: torch.device
-) -> tuple[MaskMod | None, tuple[Any, ...]]:
-    """The causal rule, the window and the layout as one ``mask_mod``, with a hashable key.
+def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -> MaskMod | None:
+    """The causal rule, the window and the layout as one ``mask_mod`` (``None``: none of them).
 
     ``i + lo <= j <= i + hi`` (the rule and the window) and ``blocks[(i + T_k − T_q) // b, j // b]``.
     """
     lo, hi = masking.bounds(t_q, t_k)
     layout = masking.blocks
     if lo is None and hi is None and layout is None:
-        return None, ()
+        return None
+    # the layout's block matrix is small and kept on the CPU: one copy per call that builds a mask
     blocks = None if layout is None else layout.blocks.to(device)
     size = 0 if layout is None else layout.block_size
     offset = t_k - t_q
-    layout_key = None if layout is None else (size, layout.blocks.numpy().tobytes())
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
         ok = j >= 0
@@ -230,7 +231,7 @@ def _structure_mod(
             ok = ok & blocks[(i + offset) // size, j // size]
         return ok
 
-    return mod, (lo, hi, layout_key)
+    return mod
 
 
 def _block_mask(
@@ -240,7 +241,7 @@ def _block_mask(
     if masking.allowed is None:
         return structure_block_mask(masking, t_q, t_k, device)
     allowed = _as_mask_4d(masking.allowed, lead, heads)
-    structure, _ = _structure_mod(masking, t_q, t_k, device)
+    structure = _structure_mod(masking, t_q, t_k, device)
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
         ok = _index(allowed, b, h, i, j)
