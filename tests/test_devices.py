@@ -207,3 +207,27 @@ if CUDA:  # generated only where there is CUDA (not a skip on the CPU)
     def test_no_host_sync_on_the_hot_path(backend: str) -> None:
         """Attention (causal, window, padding) and a decode step: no host synchronisation."""
         _no_host_sync(backend)
+
+
+@pytest.mark.parametrize("kind", list(CACHES))
+def test_nothing_is_read_back_off_the_cpu(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the ``meta`` device (shapes only, no values: any read-back raises) attention under
+    every mask and a prefill + decoding step run through: off the CPU nothing reads a value back
+    to the host, the CPU's stand-in for the CUDA sync check above."""
+    autocast = torch.is_autocast_enabled
+    monkeypatch.setattr(  # torch has no autocast for "meta"
+        torch, "is_autocast_enabled", lambda *a: False if a == ("meta",) else autocast(*a)
+    )
+    meta = torch.device("meta")
+    q = torch.randn(B, H, T, D, device=meta)
+    k = torch.randn(B, 2, T, D, device=meta)
+    for mask in MASKS:
+        kwargs, _, _ = _mask(mask, meta)
+        for backend in ("math", "sdpa", "blockwise"):
+            out = al.scaled_dot_product_attention(q, k, k, backend=backend, **kwargs)
+            assert out.device == meta and out.shape == (B, H, T, D)
+    model = tiny_gpt(dtype=torch.float32, **CACHES[kind]).to(meta)
+    cache = model.new_cache(2, 16)
+    model(torch.zeros(2, 5, dtype=torch.long, device=meta), cache=cache)
+    logits = model(torch.zeros(2, 1, dtype=torch.long, device=meta), cache=cache).logits
+    assert logits.device == meta and logits.shape == (2, 1, 61)
