@@ -106,6 +106,7 @@ def test_backend_mask_gqa_dtype(
 CACHES: dict[str, dict[str, Any]] = {
     "kv": {},
     "gqa_rope": {"num_kv_heads": 2, "positions": "rope"},
+    "alibi": {"positions": "alibi"},
     "rolling_window": {"attention": SlidingSpec(window=6)},
     "performer_state": {"attention": PerformerSpec(num_features=16)},
 }
@@ -188,19 +189,21 @@ def _no_host_sync(backend: str) -> None:
         calls.append({"mask": pad, "is_causal": True})
     for kw in calls:
         al.scaled_dot_product_attention(q, q, q, backend=backend, **kw)  # warm up, compile
-    model = tiny_gpt(dtype=torch.float32, backend=backend if backend != "flex" else "auto")
-    model = model.to(dev)
-    ids = torch.randint(0, 61, (2, 5), device=dev)
-    cache = model.new_cache(2, 16)
-    model(ids, cache=cache)
-    step = torch.randint(0, 61, (2, 1), device=dev)
-    model(step, cache=cache)  # warm up
+    steps = []
+    for kind in ("kv", "alibi", "rolling_window"):
+        model = tiny_gpt(dtype=torch.float32, **CACHES[kind]).to(dev)
+        cache = model.new_cache(2, 16)
+        model(torch.randint(0, 61, (2, 5), device=dev), cache=cache)
+        token = torch.randint(0, 61, (2, 1), device=dev)
+        model(token, cache=cache)  # warm up
+        steps.append((model, token, cache))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for kw in calls:
             al.scaled_dot_product_attention(q, q, q, backend=backend, **kw)
-        model(step, cache=cache)
+        for model, token, cache in steps:
+            model(token, cache=cache)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
