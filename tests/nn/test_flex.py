@@ -90,6 +90,25 @@ def test_flex_need_weights_are_exact() -> None:
     _run("causal_gqa", torch.float32, need_weights=True)
 
 
+def test_flex_runs_under_no_grad_with_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs that require grad, under ``no_grad`` (evaluation of a model): the flex path runs."""
+    calls: list[int] = []
+    compiled = flex._compiled()
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return compiled(*args, **kwargs)
+
+    monkeypatch.setattr(flex, "_compiled", lambda: counting)
+    q, k, v = (t.requires_grad_() for t in _qkv(T, torch.float32))
+    with torch.no_grad():
+        out = al.scaled_dot_product_attention(q, k, v, is_causal=True, backend="flex")
+    ref, _ = attention_ref(q.detach(), k.detach(), v.detach(), is_causal=True)
+    base, _ = attention_ref(q.detach(), k.detach(), v.detach(), is_causal=True, upcast=False)
+    assert_close_rule(out, ref, base)
+    assert calls == [1]
+
+
 def test_flex_fallback_gradients_and_float64(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU a gradient, float64 or dropout takes the exact blockwise path (no compile)."""
     calls: list[int] = []

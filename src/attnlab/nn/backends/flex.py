@@ -116,6 +116,8 @@ def flex_attention(
     """
     if not flex_available(query, key, value, masking, dropout_p):
         return blockwise_attention(query, key, value, masking, scale, dropout_p, need_weights)
+    if not torch.is_grad_enabled():  # torch's CPU FlexAttention refuses any requires_grad input
+        query, key, value = query.detach(), key.detach(), value.detach()
     lead = query.shape[:-3]
     t_q, t_k = query.shape[-2], key.shape[-2]
     q4, k4, v4 = (_as_4d(t) for t in (query, key, value))
@@ -127,7 +129,10 @@ def flex_attention(
         # each to the half type; repeating the heads first keeps fp32 sums
         k4, v4, gqa = repeat_kv(k4, groups), repeat_kv(v4, groups), False
     block_mask = _block_mask(masking, lead, q4.shape[1], t_q, t_k, query.device)
-    score_mod = None if masking.bias is None else _bias_mod(masking.bias, lead, q4.shape[1])
+    bias = masking.bias
+    if bias is not None and not torch.is_grad_enabled():
+        bias = bias.detach()
+    score_mod = None if bias is None else _bias_mod(bias, lead, q4.shape[1])
     out = _compiled()(
         q4, k4, v4, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
     )
