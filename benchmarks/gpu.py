@@ -233,7 +233,7 @@ def decode_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
             want = run_hf()
             for name, fn in runs.items():
                 got = fn()
-                seconds = median_seconds(fn, device, args.repeats)
+                seconds = median_seconds(fn, device, args.decode_repeats)
                 rows.append(
                     {
                         "model": label,
@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flex-lengths", type=int, nargs="+", default=None)
     parser.add_argument("--head-dims", type=int, nargs="+", default=None)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per kernel (median)")
+    parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate calls")
     parser.add_argument("--train-steps", type=int, default=None, help="timed training steps")
     parser.add_argument(
         "--decode-dtype",
@@ -345,16 +346,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     sections = {"attention": attention_rows, "train": train_rows, "decode": decode_rows}
+    args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:
         start = time.perf_counter()
         results[name] = sections[name](args, device)
         results[f"{name}_seconds"] = time.perf_counter() - start
         print(f"{name}: {results[f'{name}_seconds']:.1f} s", flush=True)
-    table = markdown(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "gpu.md").write_text(table + "\n")
-    print(table)
+        # written after each section: a run stopped by a time limit keeps what it measured
+        (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / "gpu.md").write_text(markdown(results) + "\n")
+    print(markdown(results))
     return 0
 
 
