@@ -19,7 +19,8 @@ the lengths and the device (:func:`structure_block_mask`), so a training loop bu
 
 Where FlexAttention cannot compute a call exactly the backend computes it on the exact
 ``"blockwise"`` path instead (:func:`flex_available` says which): dropout, float64, and on the
-CPU (where PyTorch's FlexAttention has no backward pass) any call that needs a gradient.
+CPU (where PyTorch's FlexAttention has no backward pass) any call that needs a gradient, and a
+call inside code that ``torch.compile`` traces (the CPU template does not fuse into a graph).
 ``need_weights`` returns the exact weights of the ``"math"`` backend next to FlexAttention's
 output, as ``"sdpa"`` does.
 """
@@ -69,7 +70,8 @@ def flex_available(
 
     Returns:
         ``True`` for fp32/fp16/bf16 inputs on a CUDA or CPU device without dropout, and on the
-        CPU only when nothing needs a gradient (PyTorch's CPU FlexAttention is forward only).
+        CPU only when nothing needs a gradient (PyTorch's CPU FlexAttention is forward only) and
+        outside code that ``torch.compile`` traces.
 
     Shape:
         as :func:`flex_attention`.
@@ -78,7 +80,8 @@ def flex_available(
         return False
     if query.device.type == "cuda":
         return True
-    if query.device.type != "cpu":
+    if query.device.type != "cpu" or torch.compiler.is_compiling():
+        # torch 2.13's CPU flex template cannot fuse the caller's graph around it
         return False
     bias = masking.bias
     tensors = (query, key, value) if bias is None else (query, key, value, bias)
@@ -161,6 +164,9 @@ def structure_block_mask(masking: Masking, t_q: int, t_k: int, device: torch.dev
     layout = masking.blocks
     if lo is None and hi is None and layout is None:
         return None
+    if torch.compiler.is_compiling():  # traced into the caller's graph: built there, no cache
+        traced = _structure_mod(masking, t_q, t_k, device)
+        return None if traced is None else _create(traced, None, None, t_q, t_k, device)
     layout_key = None if layout is None else (layout.block_size, layout.blocks.numpy().tobytes())
     key = (lo, hi, layout_key, t_q, t_k, str(device))
     cached = _BLOCK_MASKS.get(key)
