@@ -16,6 +16,9 @@ in one compiled kernel that skips every ``128 × 128`` tile the ``BlockMask`` ma
 
 A ``BlockMask`` built from structure alone is kept in a small LRU cache keyed by the structure,
 the lengths and the device (:func:`structure_block_mask`), so a training loop builds it once.
+FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
+``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
+eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes.
 
 Where FlexAttention cannot compute a call exactly the backend computes it on the exact
 ``"blockwise"`` path instead (:func:`flex_available` says which): dropout, float64, and on the
