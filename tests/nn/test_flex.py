@@ -166,3 +166,17 @@ def test_auto_chooses_flex_on_cuda_for_structure_only() -> None:
     assert choose_backend("auto", False, narrow, 1, 1024, cuda) == "blockwise"  # a decode step
     assert choose_backend("auto", False, full, 1024, 1024, cuda) == "sdpa"
     assert choose_backend("auto", True, narrow, 1024, 1024, cuda) == "math"
+
+
+def test_a_model_runs_on_flex() -> None:
+    """``GPTConfig(backend="flex")``: the logits of ``"math"`` (evaluation, so flex itself runs)."""
+    from attnlab import GPT, GPTConfig
+
+    cfg = {"vocab_size": 50, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+    model = GPT(GPTConfig(**cfg, backend="flex")).eval()
+    reference = GPT(GPTConfig(**cfg, backend="math")).eval()
+    reference.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 50, (B, T))
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
