@@ -9,6 +9,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+# the devices a device-clean test runs on: the CPU always, CUDA when there is one (its cases carry
+# the `cuda` marker, so `pytest -m cuda` is the GPU suite); without CUDA they are not generated
+CUDA = torch.cuda.is_available()
+DEVICES = [pytest.param("cpu", id="cpu")] + (
+    [pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)] if CUDA else []
+)
+
 # `make test` runs two pytest workers on a 2-core machine: one thread each avoids oversubscription
 # (a tiny op can take 1000x longer when OpenMP threads of two processes fight for the cores).
 torch.set_num_threads(1)
@@ -17,3 +24,9 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """Each device present, as ``torch.device`` (the CUDA case marked ``cuda``)."""
+    return torch.device(request.param)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,22 @@ def test_runs_the_context_parallel_benchmark_quickly(capfd: pytest.CaptureFixtur
     rows = [line.split("│")[1:-1] for line in out.splitlines() if line.startswith("│")]
     assert [r[0].strip() for r in rows] == ["1", "2"] and rows[0][3].strip() == "1.00", out
     assert float(rows[1][3]) > 0 and "x" in rows[1][5], out  # measured, not an error text
+
+
+def test_gpu_benchmark_smoke_runs_on_the_cpu(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/gpu.py --quick: every section at tiny sizes, JSON and markdown in --out."""
+    out = tmp_path / "gpu"
+    assert main(["bench", "gpu", "--quick", "--args", f"--device cpu --out {out}"]) == 0
+    results = json.loads((out / "gpu.json").read_text())
+    kernels = {r["what"] for r in results["attention"]}
+    assert {"sdpa backend, causal", "flex, window 256"} <= kernels
+    assert all(r["ratio"] > 0 for r in results["attention"])
+    hf, ours = results["train"]
+    assert abs(hf["first_loss"] - ours["first_loss"]) < 1e-3  # the same weights, the same loss
+    decoded = [r for r in results["decode"] if "skipped" not in r]
+    assert decoded and all(r["same_tokens"] for r in decoded)
+    table = (out / "gpu.md").read_text()
+    assert "| attnlab GPT |" in table and "attnlab / HF tokens/s" in table
+    assert "## Greedy decoding" in capfd.readouterr().out

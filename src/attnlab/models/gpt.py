@@ -530,7 +530,9 @@ class GPT(nn.Module):
             raise ArgumentError(
                 f"input_ids must have shape (B, T) with T >= 1, got {shape_str(ids.shape)}"
             )
-        if ids.numel():
+        # the range is read back on the CPU only: on an accelerator it would be a host
+        # synchronisation in every decoding step (an id out of range fails in the embedding there)
+        if ids.numel() and ids.device.type == "cpu":
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 bad = hi if hi >= self.config.vocab_size else lo

@@ -15,8 +15,12 @@ Backends (all give the same numbers within the float tolerance of their dtype):
   memory ``O(T · block)``, key blocks hidden by the causal mask, a window or a block layout are
   skipped, and the backward pass recomputes the weights block by block instead of storing them;
   its tiles run in PyTorch's fused CPU kernel, merged by log-sum-exp, or written out in PyTorch.
+* ``"flex"`` — PyTorch's compiled FlexAttention (:mod:`attnlab.nn.backends.flex`): the causal
+  rule, the window and a block layout as a cached ``BlockMask`` whose empty tiles are skipped, a
+  boolean mask as a ``mask_mod``, a floating mask as a ``score_mod``; dropout, float64 and, on the
+  CPU (forward only there), calls that need a gradient run the exact ``"blockwise"`` path.
 * ``"auto"`` — ``"math"`` when the weights are asked for (it computes them anyway), else
-  ``"blockwise"`` under a ``block_mask`` that hides some block or a narrow sliding window (it
+  ``"flex"`` on CUDA under a block layout or a window (for ``T_q >= 128``), else ``"blockwise"`` under a ``block_mask`` that hides some block or a narrow sliding window (it
   skips the hidden tiles), else ``"sdpa"`` (:func:`~attnlab.nn.backends.choose_backend`).
 
 Conventions every backend keeps:
@@ -137,7 +141,8 @@ def scaled_dot_product_attention(
         dropout_p: dropout probability on the attention weights, in ``[0, 1)``. Applied whenever it
             is non-zero (pass ``0.0`` in evaluation, as ``nn.Module`` callers do with ``self.training``).
         scale: the score scale; default ``1 / √D``.
-        backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"blockwise"`` (see the module docstring).
+        backend: ``"auto"``, ``"math"``, ``"sdpa"``, ``"blockwise"`` or ``"flex"`` (see the
+            module docstring).
         need_weights: also return the attention weights (softmax probabilities, before dropout).
         window: sliding-window (local) attention, FlashAttention's ``window_size``: ``None``
             (default, no window), an int ``w`` meaning ``(w, 0)``, or ``(left, right)``. Query
@@ -236,7 +241,9 @@ def attend(
         # precision: under autocast, attention computes as it does for inputs of their own dtype
         with torch.autocast(device, enabled=False):
             return attend(query, key, value, masking, scale, dropout_p, backend, need_weights)
-    backend = choose_backend(backend, need_weights, masking, query.shape[-2], key.shape[-2])
+    backend = choose_backend(
+        backend, need_weights, masking, query.shape[-2], key.shape[-2], query.device
+    )
     if _empty(query, key, value):
         # empty in, empty out (PyTorch's rule); the explicit equation handles every empty case
         # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)

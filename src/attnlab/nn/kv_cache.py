@@ -215,8 +215,9 @@ class KVCache:
         if total <= room:
             self.k[:, :, :total], self.v[:, :, :total] = k, v
         else:  # keep [0, s) and the last room − s
-            keep = torch.cat([torch.arange(s), torch.arange(total - (room - s), total)]).to(
-                k.device
+            dev = k.device  # built there: a copy from the host would synchronise
+            keep = torch.cat(
+                [torch.arange(s, device=dev), torch.arange(total - (room - s), total, device=dev)]
             )
             self.k.copy_(k.index_select(2, keep))
             self.v.copy_(v.index_select(2, keep))

@@ -223,12 +223,12 @@ def normalize_mask(
         mask = mask.reshape((1,) * (len(target) - mask.dim()) + tuple(mask.shape))
     if mask.dtype == torch.bool:
         return Masking(mask, None, causal_offset, None, sides, blocks)
-    if not _tracing():
+    if not _no_readback(mask):
         _check_bias_values(mask)
     hidden = is_masked_bias(mask)
     # a bias that hides nothing (ALiBi, relative positions) gives no boolean mask: the backends
     # then skip every per-row step (empty rows, unseen keys, a dense mask per layer)
-    hides = _tracing() or bool(hidden.any())
+    hides = _no_readback(mask) or bool(hidden.any())
     # softmax(s + b) = softmax(s + b − c) for any c constant along a row: each row's largest
     # visible bias moves to 0, so biases such as −1e9 everywhere neither swallow the scores in
     # rounding nor overflow to −∞ in a half-precision query dtype
@@ -366,7 +366,7 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
             allowed.shape[-2] if allowed.shape[-2] > 1 else t_q, device=allowed.device
         )
         empty = first > rows[:, None] + offset
-    if not _tracing() and not bool(empty.any()):
+    if not _no_readback(empty) and not bool(empty.any()):
         return None
     return empty
 
@@ -392,7 +392,7 @@ def _empty_rows_in_band(
         idx = torch.stack([start, stop], -1).expand(*c.shape[:-1], 2)
         bounds_count = c.gather(-1, idx)
         empty = (bounds_count[..., 1:] - bounds_count[..., :1] <= 0) | (stop <= start)[:, None]
-    if not _tracing() and not bool(empty.any()):
+    if not _no_readback(empty) and not bool(empty.any()):
         return None
     return empty
 
@@ -439,7 +439,7 @@ def hide_unseen_keys(
         return key, value
     else:
         seen = allowed.any(dim=-2)  # (..., H or 1, T_k)
-    if not _tracing() and bool(seen.all()):
+    if not _no_readback(seen) and bool(seen.all()):
         return key, value
     if allowed is None:
         allowed = seen.unsqueeze(-2)  # only its number of dims and heads are read below
@@ -515,7 +515,7 @@ def _empty_rows_in_blocks(
     else:  # seen[i] = Σ_runs c[z] − c[a], c = [0, cumsum(allowed)]
         c = torch.nn.functional.pad(allowed[..., 0, :].to(torch.int32).cumsum(-1), (1, 0))
         empty = ((c[..., z] - c[..., a]).sum(-1) <= 0).unsqueeze(-1)  # (..., T_q, 1)
-    if not _tracing() and not bool(empty.any()):
+    if not _no_readback(empty) and not bool(empty.any()):
         return None
     return empty
 
@@ -549,6 +549,8 @@ def _seen_in_blocks(
     return allowed.any(dim=-2) & seen
 
 
-def _tracing() -> bool:
-    """Whether ``torch.compile`` is tracing: no tensor value may be read back to the host then."""
-    return torch.compiler.is_compiling()
+def _no_readback(t: torch.Tensor) -> bool:
+    """Whether no tensor value may be read back to the host: while ``torch.compile`` traces, and
+    on an accelerator (a read-back is a host synchronisation on the hot path; the shortcuts it
+    decides, such as "no row is empty", are optimisations, and the long way is exact too)."""
+    return torch.compiler.is_compiling() or t.device.type != "cpu"

@@ -445,7 +445,9 @@ class MultiHeadAttention(nn.Module):
         masking = normalize_mask(q, k, mask, call.is_causal, call.window, layout)
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks when no weights are wanted; it returns exact weights as well
-        backend = choose_backend(self.backend, call.need_weights, masking, q.shape[-2], k.shape[-2])
+        backend = choose_backend(
+            self.backend, call.need_weights, masking, q.shape[-2], k.shape[-2], q.device
+        )
         dropout_p = self.dropout if self.training else 0.0
         return attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
 

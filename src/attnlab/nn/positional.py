@@ -5,6 +5,7 @@ Attention itself is permutation-equivariant; these tell it where tokens are.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -291,6 +292,13 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+@functools.lru_cache(maxsize=32)
+def _device_slopes(num_heads: int, device: torch.device | None) -> torch.Tensor:
+    """:func:`alibi_slopes` on ``device``, copied there once (a copy per call from the host would
+    synchronise every forward on an accelerator)."""
+    return alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+
+
 def alibi_bias(
     num_heads: int,
     q_len: int,
@@ -318,7 +326,10 @@ def alibi_bias(
     """
     check_positive_int("q_len", q_len)
     k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
-    slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+    if torch.compiler.is_compiling():  # traced: a constant of the graph, no cache
+        slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+    else:
+        slopes = _device_slopes(num_heads, None if device is None else torch.device(device))
     i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
     j = torch.arange(k_len, device=device)[None, :]
     distance = (i - j).to(torch.float32)  # (T_q, T_k)

@@ -93,7 +93,8 @@ def train_step(trainer: Trainer) -> tuple[float, float, float, bool, bool, bool]
     """
     cfg = trainer.config
     params = [p for p in trainer.model.parameters() if p.requires_grad]
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    # on the model's device: one read-back per step (below), not one per micro-batch
+    loss_sum = torch.zeros((), dtype=torch.float64, device=trainer.dist.device)
     weight = 0.0
     tokens = 0.0
     # fp16: backpropagate count/c · mean instead of count · mean, with c the size of the
@@ -127,7 +128,7 @@ def train_step(trainer: Trainer) -> tuple[float, float, float, bool, bool, bool]
             if trainer.scaler is not None:
                 total = trainer.scaler.scale(total)  # S · Σ count/c · mean (fp16)
             total.backward()
-        loss_sum += loss.detach().double().cpu() * count
+        loss_sum += loss.detach().double() * count
         weight += count
         tokens += n_tok
     totals = torch.tensor(

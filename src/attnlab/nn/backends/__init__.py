@@ -18,6 +18,7 @@ import torch
 from attnlab._checks import check_choice
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.backends.blockwise import QUERY_BLOCK, blockwise_attention
+from attnlab.nn.backends.flex import FLEX_BLOCK, flex_attention
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.backends.sdpa import sdpa_attention
 from attnlab.nn.mask_spec import Masking
@@ -29,6 +30,7 @@ __all__ = [
     "blockwise_attention",
     "check_backend",
     "choose_backend",
+    "flex_attention",
     "get_backend",
     "math_attention",
     "register_backend",
@@ -45,6 +47,7 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "math": math_attention,
     "sdpa": sdpa_attention,
     "blockwise": blockwise_attention,
+    "flex": flex_attention,
 }
 
 
@@ -52,7 +55,7 @@ def backend_names() -> tuple[str, ...]:
     """Every name ``backend=`` accepts: ``"auto"`` and the registered backends.
 
     Returns:
-        ``("auto", "math", "sdpa", "blockwise", ...)``, registered backends in registration order.
+        ``("auto", "math", "sdpa", "blockwise", "flex", ...)``, registered backends in registration order.
     """
     return ("auto", *ATTENTION_BACKENDS)
 
@@ -78,12 +81,16 @@ def choose_backend(
     masking: Masking,
     t_q: int | None = None,
     t_k: int | None = None,
+    device: torch.device | None = None,
 ) -> str:
     """The backend a call runs on: ``backend`` itself, or what ``"auto"`` picks for this call.
 
     ``"auto"`` picks, in this order:
 
     * ``"math"`` when the weights are asked for (it forms them anyway);
+    * ``"flex"`` (PyTorch's FlexAttention, compiled) on CUDA under a block layout or a window
+      that hides some key, for at least ``FLEX_BLOCK`` queries (a decoding step keeps the rules
+      below: its one query row would compile a kernel per cache length);
     * ``"blockwise"`` under a block-sparse layout (``masking.blocks``, e.g. BigBird's): it visits
       only the visible tiles, where the others form the whole ``T_q × T_k`` score matrix;
     * ``"blockwise"`` under a sliding window whose band (plus one query block) is at most half
@@ -99,6 +106,7 @@ def choose_backend(
             from it, so full attention keeps the fused kernel).
         t_q: number of queries (for the window rule; without lengths a window keeps ``"sdpa"``).
         t_k: number of keys.
+        device: the inputs' device (``"flex"`` is chosen on CUDA only; ``None``: not CUDA).
 
     Returns:
         A registered backend's name.
@@ -107,6 +115,9 @@ def choose_backend(
         return backend
     if need_weights:
         return "math"
+    structured = masking.blocks is not None or masking.window is not None
+    if structured and device is not None and device.type == "cuda" and (t_q or 0) >= FLEX_BLOCK:
+        return "flex"
     if masking.blocks is not None:
         return "blockwise"
     if masking.window is not None and t_q is not None and t_k is not None:

@@ -1,0 +1,363 @@
+"""attnlab on one GPU: attention kernels, a GPT-2 training step and greedy decoding, ratios measured
+in the same run (issue 25).
+
+Three sections (``--sections``, all by default), each a table of ratios:
+
+* **attention** — forward + backward, bf16, causal, ``B = 1``, ``H · d = 1024``, d = 64 and 128:
+  attnlab's ``sdpa`` backend against raw ``F.scaled_dot_product_attention`` (goal <= 1.02x) at
+  every ``--lengths``; the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
+  causal flash at 32k) and with a causal BigBird layout (blocks of 128, 3-block band, 1 global,
+  2 random) against the same dense kernel, at ``--flex-lengths`` (each compiles its kernels);
+* **train** — GPT-2 small (124M), batch 8 x 1024, bf16 autocast, AdamW: attnlab's ``GPT``
+  under ``torch.compile`` against Hugging Face's ``GPT2LMHeadModel`` (SDPA; eager unless
+  ``--compile-hf``), same weights, same batches: tokens/s, model FLOPs utilisation
+  (``attnlab.inspect.flops`` of a training step / step time / the GPU's dense bf16 peak) and the
+  first step's loss of each;
+* **decode** — greedy decoding, 32-token prompt, 128 new tokens, batch 1, fp32 (``--decode-dtype``):
+  GPT-2 small and
+  the bundled SmolLM2-135M (``attnlab.load_pretrained("smollm2-135m")``; a row that cannot load
+  says why) against ``transformers``' ``generate``: the same tokens, tokens/s, eager and with
+  ``compile=True``.
+
+Results go to ``--out`` as ``gpu.json`` and ``gpu.md`` (the tables). ``--quick`` (``--smoke``)
+runs tiny sizes in seconds on any device — on the CPU it is what CI runs (no ``torch.compile``
+there, and ``flex`` runs its exact fallback as its CPU backward does).
+
+    python benchmarks/gpu.py --out build/gpu          # on one H100: under 5 minutes
+    python benchmarks/gpu.py --quick --out build/gpu  # tiny sizes, seconds, CPU or GPU
+    attnlab bench gpu --args "--out build/gpu"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import attnlab as al
+from attnlab.inspect import flops
+from attnlab.nn.block_layout import bigbird_layout
+
+# dense bf16 tensor-core peaks, FLOP/s (NVIDIA's data sheets, without sparsity)
+PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+
+Row = dict[str, Any]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall time of ``fn`` after one untimed call (the device synchronised around each)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fwd_bwd(
+    fn: Callable[..., torch.Tensor], q: torch.Tensor, kv: torch.Tensor
+) -> Callable[[], None]:
+    """One forward + backward of ``fn(q, k, v)`` (k = v = ``kv``), gradients cleared after."""
+
+    def step() -> None:
+        out = fn(q, kv, kv)
+        out.backward(torch.ones_like(out))
+        q.grad = kv.grad = None
+
+    return step
+
+
+def attention_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+    dtype = torch.bfloat16 if device.type == "cuda" or args.quick else torch.float32
+    rows: list[Row] = []
+    for d in args.head_dims:
+        h = max(1, 1024 // d) if not args.quick else 2
+        for t in args.lengths:
+            q = torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True)
+            kv = torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True)
+            raw = median_seconds(
+                fwd_bwd(
+                    lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, kv
+                ),
+                device,
+                args.repeats,
+            )
+
+            def ours(backend: str, **kw: Any) -> Callable[..., torch.Tensor]:
+                return lambda a, b, c: al.scaled_dot_product_attention(
+                    a, b, c, backend=backend, **kw
+                )
+
+            measured = {"sdpa backend, causal": ours("sdpa", is_causal=True)}
+            if t in args.flex_lengths:
+                block = 128 if t >= 1024 else 16
+                layout = bigbird_layout(t, block_size=block, num_random_blocks=2, causal=True)
+                measured["flex, window 256"] = ours("flex", is_causal=True, window=256)
+                measured[f"flex, BigBird b={block}"] = ours("flex", block_mask=layout)
+            for name, fn in measured.items():
+                seconds = median_seconds(fwd_bwd(fn, q, kv), device, args.repeats)
+                rows.append(
+                    {
+                        "d": d,
+                        "T": t,
+                        "what": name,
+                        "ms": 1e3 * seconds,
+                        "ms_raw": 1e3 * raw,
+                        "ratio": seconds / raw,
+                    }
+                )
+            del q, kv
+    return rows
+
+
+def _peak(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAKS.items() if k in name), None)
+
+
+def train_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+    from train_step import FULL, Shape, build_models  # benchmarks/train_step.py
+
+    shape = Shape(512, 128, 64, 2, 2, batch=2, seq_len=64) if args.quick else FULL
+    batch, seq = (2, 64) if args.quick else (8, 1024)
+    hf, ours = build_models(shape)
+    hf, ours = hf.to(device), ours.to(device)
+    compile_ours = device.type == "cuda" and not args.no_compile
+    runners: dict[str, torch.nn.Module] = {
+        "HF GPT2LMHeadModel (sdpa)" + (", compiled" if args.compile_hf else ""): (
+            torch.compile(hf) if args.compile_hf and compile_ours else hf
+        ),
+        "attnlab GPT" + (", compiled" if compile_ours else ""): (
+            torch.compile(ours) if compile_ours else ours
+        ),
+    }
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape.vocab_size, (batch, seq), generator=gen).to(device)
+    step_flops = flops(ours.config, seq, batch).train_total
+    peak = _peak(device)
+    rows: list[Row] = []
+    for name, model in runners.items():
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+        losses: list[float] = []
+
+        def step(
+            model: torch.nn.Module = model, opt: Any = opt, losses: list[float] = losses
+        ) -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+
+        first_start = time.perf_counter()
+        step()  # the first step (compiles); its loss is the one compared
+        sync(device)
+        first = time.perf_counter() - first_start
+        seconds = median_seconds(step, device, args.train_steps)
+        rows.append(
+            {
+                "model": name,
+                "tokens_per_s": batch * seq / seconds,
+                "mfu": None if peak is None else step_flops / seconds / peak,
+                "first_loss": float(losses[0]),
+                "first_step_s": first,
+            }
+        )
+    return rows
+
+
+def decode_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+    from generate import FULL, Shape, build_models, build_smollm2  # benchmarks/generate.py
+
+    tiny = Shape(512, 128, 64, 2, 2, prompt=8, new_tokens=8, far=0)
+    shape = tiny if args.quick else FULL
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.decode_dtype]
+    compiled = device.type == "cuda" and not args.no_compile
+    rows: list[Row] = []
+    pairs: dict[str, Callable[[], tuple[torch.nn.Module, al.GPT]]] = {
+        "GPT-2 small" if not args.quick else "GPT-2 (tiny)": lambda: build_models(shape),
+        "SmolLM2-135M": build_smollm2,
+    }
+    for label, build in pairs.items():
+        if args.quick and label == "SmolLM2-135M":
+            rows.append({"model": label, "skipped": "--quick (a 135M model is no smoke test)"})
+            continue
+        try:
+            hf, ours = build()
+        except Exception as err:  # a missing gguf reader or model file: the row says why
+            rows.append({"model": label, "skipped": f"{type(err).__name__}: {err}"[:160]})
+            continue
+        hf, ours = hf.to(device, dtype).eval(), ours.to(device, dtype).eval()
+        n = shape.new_tokens
+        ids = torch.randint(0, shape.vocab_size - 1, (1, shape.prompt), device=device)
+
+        def run_hf(hf: Any = hf, n: int = n, ids: torch.Tensor = ids) -> torch.Tensor:
+            return hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=0,
+            )
+
+        runs = {
+            "HF generate": run_hf,
+            "attnlab": lambda o=ours, n=n, ids=ids: al.generate(o, ids, max_new_tokens=n),
+        }
+        if compiled:
+            runs["attnlab compile=True"] = lambda o=ours, n=n, ids=ids: al.generate(
+                o, ids, max_new_tokens=n, compile=True
+            )
+        with torch.inference_mode():
+            want = run_hf()
+            for name, fn in runs.items():
+                got = fn()
+                seconds = median_seconds(fn, device, args.decode_repeats)
+                rows.append(
+                    {
+                        "model": label,
+                        "run": name,
+                        "tokens_per_s": n / seconds,
+                        "same_tokens": bool(torch.equal(got, want)),
+                    }
+                )
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The three tables, in markdown."""
+    lines = [f"# attnlab GPU benchmark — {results['device']}, torch {results['torch']}", ""]
+    if results.get("attention"):
+        lines += [
+            "## Attention, forward + backward, causal",
+            "",
+            "| d | T | kernel | ms | raw SDPA ms | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in results["attention"]:
+            lines.append(
+                f"| {r['d']} | {r['T']} | {r['what']} | {r['ms']:.3f} | "
+                f"{r['ms_raw']:.3f} | {r['ratio']:.3f}x |"
+            )
+        lines.append("")
+    if results.get("train"):
+        lines += [
+            "## Training step, bf16 autocast",
+            "",
+            "| model | tokens/s | MFU | first loss |",
+            "|---|---|---|---|",
+        ]
+        for r in results["train"]:
+            mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            lines.append(
+                f"| {r['model']} | {r['tokens_per_s']:.0f} | {mfu} | {r['first_loss']:.4f} |"
+            )
+        a, b = results["train"]
+        lines += ["", f"attnlab / HF tokens/s: {b['tokens_per_s'] / a['tokens_per_s']:.2f}x", ""]
+    if results.get("decode"):
+        lines += [
+            "## Greedy decoding",
+            "",
+            "| model | run | tokens/s | same tokens as HF |",
+            "|---|---|---|---|",
+        ]
+        for r in results["decode"]:
+            if "skipped" in r:
+                lines.append(f"| {r['model']} | skipped: {r['skipped']} | | |")
+            else:
+                lines.append(
+                    f"| {r['model']} | {r['run']} | {r['tokens_per_s']:.1f} | {r['same_tokens']} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", "--smoke", action="store_true", help="tiny sizes (seconds)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("build/gpu"), help="folder for the results"
+    )
+    parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["attention", "train", "decode"],
+        choices=["attention", "train", "decode"],
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--flex-lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per kernel (median)")
+    parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate calls")
+    parser.add_argument("--train-steps", type=int, default=None, help="timed training steps")
+    parser.add_argument(
+        "--decode-dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="decoding dtype (fp32: the tokens must be identical; bf16 may round apart)",
+    )
+    parser.add_argument("--compile-hf", action="store_true", help="torch.compile HF's model too")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    q = args.quick
+    if device.type != "cuda" and not q:
+        print("benchmarks/gpu.py measures a GPU: without CUDA only --quick runs (tiny sizes)")
+        return 0
+    args.lengths = args.lengths or ([128, 256] if q else [1024, 4096, 8192, 16384, 32768])
+    args.flex_lengths = args.flex_lengths or ([256] if q else [4096, 32768])
+    args.head_dims = args.head_dims or ([16] if q else [64, 128])
+    args.repeats = args.repeats or (2 if q else 10)
+    args.train_steps = args.train_steps or (2 if q else 10)
+    # one flex kernel per shape and mask: more than dynamo's default 8 recompiles
+    for name in ("recompile_limit", "cache_size_limit"):  # its name since torch 2.7, before
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+            break
+    torch.manual_seed(0)
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "quick": q,
+        "command": " ".join(
+            ["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+    }
+    sections = {"attention": attention_rows, "train": train_rows, "decode": decode_rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.sections:
+        start = time.perf_counter()
+        results[name] = sections[name](args, device)
+        results[f"{name}_seconds"] = time.perf_counter() - start
+        print(f"{name}: {results[f'{name}_seconds']:.1f} s", flush=True)
+        # written after each section: a run stopped by a time limit keeps what it measured
+        (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / "gpu.md").write_text(markdown(results) + "\n")
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

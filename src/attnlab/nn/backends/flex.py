@@ -1,0 +1,276 @@
+"""The ``"flex"`` backend: PyTorch's FlexAttention, attnlab's mask structure as a ``BlockMask``.
+
+FlexAttention (``torch.nn.attention.flex_attention``) computes
+
+    O = softmax(score_mod(Q Kᵀ · scale) with mask_mod's hidden entries → −∞) V
+
+in one compiled kernel that skips every ``128 × 128`` tile the ``BlockMask`` marks empty. A
+:class:`~attnlab.nn.mask_spec.Masking` maps onto it directly:
+
+* the causal rule, the sliding window and a block layout (BigBird's) — *structure* — become one
+  ``mask_mod``: query ``i`` (position ``p_i = i + T_k − T_q``) sees key ``j`` when
+  ``i + lo <= j <= i + hi`` (:meth:`~attnlab.nn.mask_spec.Masking.bounds`) and
+  ``blocks[p_i // b, j // b]``;
+* a boolean ``allowed`` mask (padding, a per-row mask) is read inside the ``mask_mod``;
+* a finite additive ``bias`` is a ``score_mod``: ``s + bias[b, h, i, j]``.
+
+A ``BlockMask`` built from structure alone is kept in a small LRU cache keyed by the structure,
+the lengths and the device (:func:`structure_block_mask`), so a training loop builds it once.
+FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
+``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
+eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes.
+
+Where FlexAttention cannot compute a call exactly the backend computes it on the exact
+``"blockwise"`` path instead (:func:`flex_available` says which): dropout, float64, and on the
+CPU (where PyTorch's FlexAttention has no backward pass) any call that needs a gradient, and a
+call inside code that ``torch.compile`` traces (the CPU template does not fuse into a graph).
+``need_weights`` returns the exact weights of the ``"math"`` backend next to FlexAttention's
+output, as ``"sdpa"`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from attnlab.nn.backends.blockwise import blockwise_attention
+from attnlab.nn.backends.common import head_groups, repeat_kv
+from attnlab.nn.backends.math import math_attention
+from attnlab.nn.mask_spec import Masking
+
+__all__ = ["FLEX_BLOCK", "flex_attention", "flex_available", "structure_block_mask"]
+
+#: FlexAttention's tile (rows and columns of a ``BlockMask`` block)
+FLEX_BLOCK = 128
+# how many structure-only block masks are kept (a model uses one or two shapes at a time)
+_CACHE_SIZE = 16
+_BLOCK_MASKS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# mask_mod(b, h, q_idx, kv_idx) -> bool tensor; score_mod(score, b, h, q_idx, kv_idx) -> score
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def flex_available(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masking: Masking,
+    dropout_p: float,
+) -> bool:
+    """Whether FlexAttention computes this call exactly (else the backend takes ``"blockwise"``).
+
+    Args:
+        query: the queries.
+        key: the keys.
+        value: the values.
+        masking: the normalised mask.
+        dropout_p: dropout probability (FlexAttention has no dropout).
+
+    Returns:
+        ``True`` for fp32/fp16/bf16 inputs on a CUDA or CPU device without dropout, and on the
+        CPU only when nothing needs a gradient (PyTorch's CPU FlexAttention is forward only) and
+        outside code that ``torch.compile`` traces.
+
+    Shape:
+        as :func:`flex_attention`.
+    """
+    if dropout_p > 0 or query.dtype not in _FLEX_DTYPES:
+        return False
+    if query.device.type == "cuda":
+        return True
+    if query.device.type != "cpu" or torch.compiler.is_compiling():
+        # torch 2.13's CPU flex template cannot fuse the caller's graph around it
+        return False
+    bias = masking.bias
+    tensors = (query, key, value) if bias is None else (query, key, value, bias)
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def flex_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masking: Masking,
+    scale: float,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention through PyTorch's compiled FlexAttention, the mask as a ``BlockMask``.
+
+    Args:
+        query: the queries, validated by :func:`attnlab.scaled_dot_product_attention`.
+        key: the keys; ``H`` is a multiple of ``H_kv`` (grouped-query attention).
+        value: the values.
+        masking: the normalised mask; every query row sees at least one key.
+        scale: the score scale (``1 / √D`` by default upstream).
+        dropout_p: dropout probability on the weights; non-zero runs the ``"blockwise"`` path.
+        need_weights: also compute the attention weights (before dropout), by the ``"math"``
+            backend.
+
+    Returns:
+        ``(output, weights)``, ``weights`` being ``None`` unless ``need_weights``.
+
+    Shape:
+        as :func:`attnlab.nn.backends.math.math_attention`: query ``(..., H, T_q, D)``, key
+        ``(..., H_kv, T_k, D)``, value ``(..., H_kv, T_k, D_v)`` → output ``(..., H, T_q, D_v)``,
+        weights ``(..., H, T_q, T_k)``.
+    """
+    if not flex_available(query, key, value, masking, dropout_p):
+        return blockwise_attention(query, key, value, masking, scale, dropout_p, need_weights)
+    if not torch.is_grad_enabled():  # torch's CPU FlexAttention refuses any requires_grad input
+        query, key, value = query.detach(), key.detach(), value.detach()
+    lead = query.shape[:-3]
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    q4, k4, v4 = (_as_4d(t) for t in (query, key, value))
+    groups = head_groups(query, key)
+    gqa = groups > 1
+    half_grad = query.dtype != torch.float32 and (key.requires_grad or value.requires_grad)
+    if gqa and half_grad:
+        # as in "sdpa": a fused GQA backward sums the grouped heads' gradients after rounding
+        # each to the half type; repeating the heads first keeps fp32 sums
+        k4, v4, gqa = repeat_kv(k4, groups), repeat_kv(v4, groups), False
+    block_mask = _block_mask(masking, lead, q4.shape[1], t_q, t_k, query.device)
+    bias = masking.bias
+    if bias is not None and not torch.is_grad_enabled():
+        bias = bias.detach()
+    score_mod = None if bias is None else _bias_mod(bias, lead, q4.shape[1])
+    out = _compiled()(
+        q4, k4, v4, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
+    )
+    out = out.reshape(*lead, *out.shape[-3:])
+    weights = None
+    if need_weights:
+        _, weights = math_attention(query, key, value, masking, scale, 0.0, True)
+    return out, weights
+
+
+def structure_block_mask(masking: Masking, t_q: int, t_k: int, device: torch.device) -> Any | None:
+    """The ``BlockMask`` of the causal rule, the window and the block layout, cached.
+
+    Args:
+        masking: the normalised mask (its ``allowed`` and ``bias`` are not read here).
+        t_q: number of queries ``T_q``.
+        t_k: number of keys ``T_k``.
+        device: where the block mask lives.
+
+    Returns:
+        A ``torch.nn.attention.flex_attention.BlockMask`` over ``(1, 1, T_q, T_k)``, or ``None``
+        when the structure hides nothing. The last ``16`` are cached by (bounds, layout, lengths,
+        device).
+    """
+    lo, hi = masking.bounds(t_q, t_k)
+    layout = masking.blocks
+    if lo is None and hi is None and layout is None:
+        return None
+    if torch.compiler.is_compiling():  # traced into the caller's graph: built there, no cache
+        traced = _structure_mod(masking, t_q, t_k, device)
+        return None if traced is None else _create(traced, None, None, t_q, t_k, device)
+    layout_key = None if layout is None else (layout.block_size, layout.blocks.numpy().tobytes())
+    key = (lo, hi, layout_key, t_q, t_k, str(device))
+    cached = _BLOCK_MASKS.get(key)
+    if cached is not None:
+        _BLOCK_MASKS.move_to_end(key)
+        return cached
+    mod = _structure_mod(masking, t_q, t_k, device)
+    block_mask = _create(mod, None, None, t_q, t_k, device) if mod is not None else None
+    _BLOCK_MASKS[key] = block_mask
+    while len(_BLOCK_MASKS) > _CACHE_SIZE:
+        _BLOCK_MASKS.popitem(last=False)
+    return block_mask
+
+
+@functools.cache
+def _compiled() -> Callable[..., torch.Tensor]:
+    """FlexAttention compiled once per process (it is only fast, and on the CPU only runs, so).
+
+    Static shapes: a kernel per shape (torch 2.13's CPU kernel for dynamic shapes does not compile
+    when ``T_q != T_k``).
+    """
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex, dynamic=False)  # type: ignore[no-any-return]
+
+
+def _create(mod: MaskMod, b: int | None, h: int | None, t_q: int, t_k: int, device: Any) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mod, b, h, t_q, t_k, device=device)
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """``(..., H, T, D)`` → ``(B, H, T, D)``, the leading dims flattened (one batch of 1 if none)."""
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _as_mask_4d(m: torch.Tensor, lead: torch.Size, heads: int) -> torch.Tensor:
+    """A mask broadcastable to ``(..., H, T_q, T_k)`` as ``(B | 1, H | 1, T_q | 1, T_k | 1)``."""
+    m = m.reshape((1,) * (len(lead) + 3 - m.dim()) + tuple(m.shape))
+    if all(s == 1 for s in m.shape[: len(lead)]):
+        return m.reshape(1, *m.shape[-3:])
+    return m.expand(*lead, *m.shape[-3:]).reshape(-1, *m.shape[-3:])
+
+
+def _index(m: torch.Tensor, b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
+    """``m[b, h, i, j]`` of a 4-d mask whose size-1 dims broadcast."""
+    idx = tuple(x if size > 1 else 0 for x, size in zip((b, h, i, j), m.shape, strict=True))
+    return m[idx]
+
+
+def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -> MaskMod | None:
+    """The causal rule, the window and the layout as one ``mask_mod`` (``None``: none of them).
+
+    ``i + lo <= j <= i + hi`` (the rule and the window) and ``blocks[(i + T_k − T_q) // b, j // b]``.
+    """
+    lo, hi = masking.bounds(t_q, t_k)
+    layout = masking.blocks
+    if lo is None and hi is None and layout is None:
+        return None
+    # the layout's block matrix is small and kept on the CPU: one copy per call that builds a mask
+    blocks = None if layout is None else layout.blocks.to(device)
+    size = 0 if layout is None else layout.block_size
+    offset = t_k - t_q
+
+    def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
+        ok = j >= 0
+        if lo is not None:
+            ok = ok & (j >= i + lo)
+        if hi is not None:
+            ok = ok & (j <= i + hi)
+        if blocks is not None:
+            ok = ok & blocks[(i + offset) // size, j // size]
+        return ok
+
+    return mod
+
+
+def _block_mask(
+    masking: Masking, lead: torch.Size, heads: int, t_q: int, t_k: int, device: torch.device
+) -> Any | None:
+    """The call's ``BlockMask``: the cached structure, or, with ``allowed``, built for this call."""
+    if masking.allowed is None:
+        return structure_block_mask(masking, t_q, t_k, device)
+    allowed = _as_mask_4d(masking.allowed, lead, heads)
+    structure = _structure_mod(masking, t_q, t_k, device)
+
+    def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
+        ok = _index(allowed, b, h, i, j)
+        return ok if structure is None else ok & structure(b, h, i, j)
+
+    b = allowed.shape[0] if allowed.shape[0] > 1 else None
+    h = allowed.shape[1] if allowed.shape[1] > 1 else None
+    return _create(mod, b, h, t_q, t_k, device)
+
+
+def _bias_mod(bias: torch.Tensor, lead: torch.Size, heads: int) -> Callable[..., torch.Tensor]:
+    """``score_mod``: ``s + bias[b, h, i, j]`` (the bias broadcast as the scores)."""
+    bias4 = _as_mask_4d(bias, lead, heads)
+
+    def mod(score: torch.Tensor, b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
+        return score + _index(bias4, b, h, i, j).to(score.dtype)
+
+    return mod

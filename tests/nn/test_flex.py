@@ -1,0 +1,182 @@
+"""The ``"flex"`` backend (PyTorch's FlexAttention) against the float64 reference.
+
+Compiling FlexAttention costs seconds per shape on the CPU, so the grid is small and awkward:
+lengths that are no multiple of any block, ``T_q < T_k``, grouped-query heads, ``D_v != D``;
+every case shares the inputs' shapes where it can (a kernel per shape, mask structure and dtype).
+On the CPU PyTorch's FlexAttention is forward only: a call that needs a gradient takes the
+exact ``"blockwise"`` path (tested here too); the flex backward runs in the ``cuda`` suite.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.nn.backends import choose_backend, flex
+from attnlab.nn.block_layout import bigbird_layout
+from attnlab.nn.mask_spec import normalize_mask
+from attnlab.nn.masks import sliding_window_mask
+from tests.reference import assert_close_rule, attention_ref
+
+B, H, H_KV, T, D, D_V = 2, 4, 2, 37, 16, 24
+
+
+def _qkv(t_q: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randn(B, H, t_q, D).to(dtype)
+    k = torch.randn(B, H_KV, T, D).to(dtype)
+    v = torch.randn(B, H_KV, T, D_V).to(dtype)
+    return q, k, v
+
+
+def _padding() -> torch.Tensor:
+    pad = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    pad[0, ..., 29:] = False
+    return pad
+
+
+def _bias() -> torch.Tensor:
+    bias = torch.randn(H, T, T)
+    bias[:, :, 3] = float("-inf")  # a hidden key inside a floating mask
+    return bias
+
+
+_LAYOUT = bigbird_layout(T, block_size=8, num_random_blocks=1)
+_PAD, _BIAS = _padding(), _bias()
+# name: (T_q, kwargs of scaled_dot_product_attention, the reference's mask, its is_causal)
+CASES = {
+    "causal_gqa": (T, {"is_causal": True}, None, True),
+    "window_offset": (
+        5,
+        {"is_causal": True, "window": (4, 2)},
+        sliding_window_mask(5, T, (4, 0)),
+        False,
+    ),
+    "bigbird": (T, {"block_mask": _LAYOUT}, _LAYOUT.to_dense(T), False),
+    "padding_causal": (T, {"mask": _PAD, "is_causal": True}, _PAD, True),
+    "bias": (T, {"mask": _BIAS}, _BIAS, False),
+}
+
+
+def _run(name: str, dtype: torch.dtype, need_weights: bool = False) -> None:
+    t_q, kwargs, dense, causal = CASES[name]
+    q, k, v = _qkv(t_q, dtype)
+    result = al.scaled_dot_product_attention(
+        q, k, v, backend="flex", need_weights=need_weights, **kwargs
+    )
+    out, weights = result if need_weights else (result, None)
+    ref_out, ref_w = attention_ref(q, k, v, dense, is_causal=causal)
+    base_out, base_w = attention_ref(q, k, v, dense, is_causal=causal, upcast=False)
+    assert out.dtype == dtype
+    assert_close_rule(out, ref_out, base_out, f"{name} output")
+    if weights is not None:
+        assert_close_rule(weights, ref_w, base_w, f"{name} weights")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_flex_matches_reference_fp32(name: str) -> None:
+    """Causal with GQA, a window with T_q < T_k, BigBird, padding, a floating bias: exact."""
+    _run(name, torch.float32)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("window_offset", torch.bfloat16)])
+def test_flex_matches_reference_half(name: str, dtype: torch.dtype) -> None:
+    """In bf16, within twice the plain bf16 error of the float64 reference."""
+    _run(name, dtype)
+
+
+def test_flex_need_weights_are_exact() -> None:
+    """``need_weights`` returns the exact weights (math) next to flex's output."""
+    _run("causal_gqa", torch.float32, need_weights=True)
+
+
+def test_flex_runs_under_no_grad_with_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs that require grad, under ``no_grad`` (evaluation of a model): the flex path runs."""
+    calls: list[int] = []
+    compiled = flex._compiled()
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return compiled(*args, **kwargs)
+
+    monkeypatch.setattr(flex, "_compiled", lambda: counting)
+    q, k, v = (t.requires_grad_() for t in _qkv(T, torch.float32))
+    with torch.no_grad():
+        out = al.scaled_dot_product_attention(q, k, v, is_causal=True, backend="flex")
+    ref, _ = attention_ref(q.detach(), k.detach(), v.detach(), is_causal=True)
+    base, _ = attention_ref(q.detach(), k.detach(), v.detach(), is_causal=True, upcast=False)
+    assert_close_rule(out, ref, base)
+    assert calls == [1]
+
+
+def test_flex_fallback_gradients_and_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU a gradient, float64 or dropout takes the exact blockwise path (no compile)."""
+    calls: list[int] = []
+    monkeypatch.setattr(flex, "_compiled", lambda: calls.append(1))  # must not be reached
+    q, k, v = (t.requires_grad_() for t in _qkv(T, torch.float32))
+    out = al.scaled_dot_product_attention(q, k, v, is_causal=True, window=3, backend="flex")
+    ref_in = tuple(t.detach().double().requires_grad_() for t in (q, k, v))
+    base_in = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    dense = sliding_window_mask(T, T, (3, 0))
+    ref_out, _ = attention_ref(*ref_in, dense)
+    base_out, _ = attention_ref(*base_in, dense, upcast=False)
+    assert_close_rule(out, ref_out, base_out)
+    d_out = torch.randn(out.shape, dtype=torch.float64)
+    for g, r, bl in zip(
+        torch.autograd.grad(out, (q, k, v), d_out.float()),
+        torch.autograd.grad(ref_out, ref_in, d_out),
+        torch.autograd.grad(base_out, base_in, d_out.float()),
+        strict=True,
+    ):
+        assert_close_rule(g, r, bl, "gradient")
+    q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+    out64 = al.scaled_dot_product_attention(q64, k64, v64, is_causal=True, backend="flex")
+    assert_close_rule(out64, *[attention_ref(q64, k64, v64, is_causal=True)[0]] * 2)
+    with torch.no_grad():
+        dropped = al.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="flex")
+    assert dropped.shape == (B, H, T, D_V) and torch.isfinite(dropped).all()
+    assert not calls
+
+
+def test_structure_block_mask_is_cached_per_shape() -> None:
+    """One BlockMask per (structure, lengths, device); another window or length builds another."""
+    q = torch.zeros(1, 1, 300, 8)
+    causal = normalize_mask(q, q, None, True)
+    windowed = normalize_mask(q, q, None, True, 16)
+    first = flex.structure_block_mask(causal, 300, 300, q.device)
+    assert flex.structure_block_mask(causal, 300, 300, q.device) is first
+    other = flex.structure_block_mask(windowed, 300, 300, q.device)
+    assert other is not first
+    assert flex.structure_block_mask(causal, 299, 300, q.device) is not first
+    # the window's block mask skips the tiles far from the diagonal; causal skips the upper ones
+    dense_first = first.to_dense()[0, 0]
+    assert dense_first.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert other.to_dense()[0, 0].tolist() == [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    assert flex.structure_block_mask(normalize_mask(q, q, None, False), 300, 300, q.device) is None
+
+
+def test_auto_chooses_flex_on_cuda_for_structure_only() -> None:
+    """``auto``: flex on CUDA for a window or a layout over >= 128 queries; never on the CPU."""
+    q = torch.zeros(1, 1, 1024, 8)
+    narrow = normalize_mask(q, q, None, True, 64)
+    full = normalize_mask(q, q, None, True)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert choose_backend("auto", False, narrow, 1024, 1024, cuda) == "flex"
+    assert choose_backend("auto", False, narrow, 1024, 1024, cpu) == "blockwise"
+    assert choose_backend("auto", False, narrow, 1, 1024, cuda) == "blockwise"  # a decode step
+    assert choose_backend("auto", False, full, 1024, 1024, cuda) == "sdpa"
+    assert choose_backend("auto", True, narrow, 1024, 1024, cuda) == "math"
+
+
+def test_a_model_runs_on_flex() -> None:
+    """``GPTConfig(backend="flex")``: the logits of ``"math"`` (evaluation, so flex itself runs)."""
+    from attnlab import GPT, GPTConfig
+
+    cfg = {"vocab_size": 50, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+    model = GPT(GPTConfig(**cfg, backend="flex")).eval()
+    reference = GPT(GPTConfig(**cfg, backend="math")).eval()
+    reference.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 50, (B, T))
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
