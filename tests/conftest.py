@@ -21,6 +21,12 @@ DEVICES = [pytest.param("cpu", id="cpu")] + (
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tests (the notebooks above all) first: the workers take them while the many
+    short tests are still left to even out the end, so both finish together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: else as found
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -439,6 +439,7 @@ def ring_worker(
 # the launches
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_in_a_process_group(world: int) -> None:

@@ -417,6 +417,7 @@ def train_reverse(task: SequenceTask) -> al.Transformer:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_reverse_task_heads() -> None:
     """Michel et al. on a trained model: without its cross-attention the model cannot reverse
     anything; without the least important half of its heads (ablation, estimated again after

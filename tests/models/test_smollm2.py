@@ -112,6 +112,7 @@ def test_inspect_json_reports_every_query_head(capsys: pytest.CaptureFixture[str
     assert sorted(late)[len(late) // 2] > 0.5
 
 
+@pytest.mark.slow
 def test_flops_and_plots_and_the_viewer_take_the_bundled_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
