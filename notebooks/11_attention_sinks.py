@@ -36,7 +36,7 @@ if FULL:
     SMOOTH = 128  # the moving average of the figure
 else:
     PASSAGE = 1024
-    STREAM, WINDOW = 384, 32
+    STREAM, WINDOW = 256, 32
     STRIDE = 1  # every token
     SMOOTH = 32
 SINKS = 4  # StreamingLLM's choice
