@@ -274,20 +274,17 @@ print(
     f"key 0 ({labels[0]!r}) holds {float(weight[first].sum() / weight.sum()):.0%} of the weight "
     f"and {float(effect[first].sum() / effect.sum()):.0%} of the summed effect"
 )
-print("the largest weights and their effects:")
-for r in weight.argsort(descending=True)[:6].tolist():
-    li, h, j = rows[r]
-    print(
-        f"  L{ABLATE_LAYERS[li]}.H{h} → {labels[j]!r:10} weight {float(weight[r]):.3f}, "
-        f"|Δloss| {float(effect[r]):.4f}"
-    )
-print("the largest effects and their weights:")
-for r in effect.argsort(descending=True)[:4].tolist():
-    li, h, j = rows[r]
-    print(
-        f"  L{ABLATE_LAYERS[li]}.H{h} → {labels[j]!r:10} weight {float(weight[r]):.3f}, "
-        f"|Δloss| {float(effect[r]):.4f}"
-    )
+for title, by, n in (
+    ("weights and their effects", weight, 6),
+    ("effects and their weights", effect, 4),
+):
+    print(f"the largest {title}:")
+    for r in by.argsort(descending=True)[:n].tolist():
+        li, h, j = rows[r]
+        print(
+            f"  L{ABLATE_LAYERS[li]}.H{h} → {labels[j]!r:10} weight {float(weight[r]):.3f}, "
+            f"|Δloss| {float(effect[r]):.4f}"
+        )
 
 # %%
 fig = Figure(figsize=(6.4, 3.8), layout="constrained")
