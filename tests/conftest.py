@@ -16,14 +16,16 @@ DEVICES = [pytest.param("cpu", id="cpu")] + (
     [pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)] if CUDA else []
 )
 
-# `make test` runs two pytest workers on a 2-core machine: one thread each avoids oversubscription
+# `make test` runs three pytest workers on a 2-core machine (much of a test's time is a subprocess
+# starting: torchrun, a notebook kernel, the command line): one thread each avoids oversubscription
 # (a tiny op can take 1000x longer when OpenMP threads of two processes fight for the cores).
 torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``slow`` tests (the notebooks above all) first: the workers take them while the many
-    short tests are still left to even out the end, so both finish together."""
+    """The ``slow`` tests (the notebooks above all) first. ``make test`` hands tests out one at a
+    time (``--maxschedchunk 1``), so the slow ones spread over the workers while the many short
+    tests are left to even out the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: else as found
 
 

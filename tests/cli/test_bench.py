@@ -88,7 +88,6 @@ def test_runs_the_long_quality_benchmark_quickly(capfd: pytest.CaptureFixture[st
     assert "selective copy, T = 64" in out
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_runs_the_context_parallel_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
     options = "--length 256 --worlds 1 2"

@@ -61,7 +61,6 @@ def _report(text: str) -> float:
     return float(next(x for x in text.splitlines() if x.startswith("report:")).split()[-1])
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_processes_match_one_and_resume_on_any_number_of_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -43,7 +43,6 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(resolve_checkpoint(run) / "model.safetensors"))
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_context_and_tensor_parallel_training_follows_one_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

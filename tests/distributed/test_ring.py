@@ -439,7 +439,6 @@ def ring_worker(
 # the launches
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_in_a_process_group(world: int) -> None:
