@@ -42,7 +42,7 @@ demo: setup
 	$(BIN)/attnlab demo
 
 test: setup browser
-	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 3 --maxschedchunk 1 $(PYTEST_ARGS)
+	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 --maxschedchunk 1 $(PYTEST_ARGS)
 
 lint: setup docs
 	$(BIN)/ruff check src tests benchmarks notebooks docs

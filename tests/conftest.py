@@ -16,8 +16,7 @@ DEVICES = [pytest.param("cpu", id="cpu")] + (
     [pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)] if CUDA else []
 )
 
-# `make test` runs three pytest workers on a 2-core machine (much of a test's time is a subprocess
-# starting: torchrun, a notebook kernel, the command line): one thread each avoids oversubscription
+# `make test` runs two pytest workers on a 2-core machine: one thread each avoids oversubscription
 # (a tiny op can take 1000x longer when OpenMP threads of two processes fight for the cores).
 torch.set_num_threads(1)
 
