@@ -134,11 +134,11 @@ def flex_attention(
         # as in "sdpa": a fused GQA backward sums the grouped heads' gradients after rounding
         # each to the half type; repeating the heads first keeps fp32 sums
         k4, v4, gqa = repeat_kv(k4, groups), repeat_kv(v4, groups), False
-    block_mask = _block_mask(masking, lead, q4.shape[1], t_q, t_k, query.device)
+    block_mask = _block_mask(masking, lead, t_q, t_k, query.device)
     bias = masking.bias
     if bias is not None and not torch.is_grad_enabled():
         bias = bias.detach()
-    score_mod = None if bias is None else _bias_mod(bias, lead, q4.shape[1])
+    score_mod = None if bias is None else _bias_mod(bias, lead)
     out = _compiled()(
         q4, k4, v4, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
     )
@@ -207,7 +207,7 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-3:])
 
 
-def _as_mask_4d(m: torch.Tensor, lead: torch.Size, heads: int) -> torch.Tensor:
+def _as_mask_4d(m: torch.Tensor, lead: torch.Size) -> torch.Tensor:
     """A mask broadcastable to ``(..., H, T_q, T_k)`` as ``(B | 1, H | 1, T_q | 1, T_k | 1)``."""
     m = m.reshape((1,) * (len(lead) + 3 - m.dim()) + tuple(m.shape))
     if all(s == 1 for s in m.shape[: len(lead)]):
@@ -249,12 +249,12 @@ def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -
 
 
 def _block_mask(
-    masking: Masking, lead: torch.Size, heads: int, t_q: int, t_k: int, device: torch.device
+    masking: Masking, lead: torch.Size, t_q: int, t_k: int, device: torch.device
 ) -> Any | None:
     """The call's ``BlockMask``: the cached structure, or, with ``allowed``, built for this call."""
     if masking.allowed is None:
         return structure_block_mask(masking, t_q, t_k, device)
-    allowed = _as_mask_4d(masking.allowed, lead, heads)
+    allowed = _as_mask_4d(masking.allowed, lead)
     structure = _structure_mod(masking, t_q, t_k, device)
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
@@ -266,9 +266,9 @@ def _block_mask(
     return _create(mod, b, h, t_q, t_k, device)
 
 
-def _bias_mod(bias: torch.Tensor, lead: torch.Size, heads: int) -> Callable[..., torch.Tensor]:
+def _bias_mod(bias: torch.Tensor, lead: torch.Size) -> Callable[..., torch.Tensor]:
     """``score_mod``: ``s + bias[b, h, i, j]`` (the bias broadcast as the scores)."""
-    bias4 = _as_mask_4d(bias, lead, heads)
+    bias4 = _as_mask_4d(bias, lead)
 
     def mod(score: torch.Tensor, b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
         return score + _index(bias4, b, h, i, j).to(score.dtype)
