@@ -20,6 +20,11 @@ DEVICES = [pytest.param("cpu", id="cpu")] + (
 # (a tiny op can take 1000x longer when OpenMP threads of two processes fight for the cores).
 torch.set_num_threads(1)
 
+# the flex backend compiles FlexAttention once per shape, mask and dtype; the suite asks for far more
+# than PyTorch's default of 8 recompiles before it runs the function eagerly, which would test
+# the unfused fallback instead (pyproject turns its warning into an error)
+torch._dynamo.config.recompile_limit = 256
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``slow`` tests (the notebooks above all) first. ``make test`` hands tests out one at a

@@ -180,3 +180,50 @@ def test_a_model_runs_on_flex() -> None:
     with torch.no_grad():
         got, want = model(ids).logits, reference(ids).logits
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_padding_reuses_the_structure_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A padding mask over several tiles: exact, and no ``BlockMask`` is built per call.
+
+    T = 300 spans three 128-tiles; the window hides the far tiles, the padding hides keys inside
+    the visited ones (a whole tile for the first sequence). The structure's mask is built on
+    the first call only; later calls with other padding (every layer of a model, every batch)
+    reuse its tiles, and padding alone (no structure) builds none at all.
+    """
+    t = 300
+    q, k, v = (torch.randn(2, 2, t, 16) for _ in range(3))
+    pad = torch.ones(2, 1, 1, t, dtype=torch.bool)
+    pad[0, ..., 128:] = False
+    pad[1, ..., 290:] = False
+    built: list[int] = []
+    create = flex._create
+    monkeypatch.setattr(flex, "_create", lambda *a, **kw: built.append(1) or create(*a, **kw))
+    flex._STRUCTURES.clear()
+    window = sliding_window_mask(t, t, (40, 0))
+    for padding in (pad, pad.roll(7, dims=-1)):
+        out = al.scaled_dot_product_attention(q, k, v, mask=padding, window=40, backend="flex")
+        ref_out, _ = attention_ref(q, k, v, padding & window)
+        base_out, _ = attention_ref(q, k, v, padding & window, upcast=False)
+        assert_close_rule(out, ref_out, base_out, "window + padding over three tiles")
+    assert len(built) == 1
+    out = al.scaled_dot_product_attention(q, k, v, mask=pad, backend="flex")
+    ref_out, _ = attention_ref(q, k, v, pad)
+    assert_close_rule(out, ref_out, attention_ref(q, k, v, pad, upcast=False)[0], "padding")
+    assert len(built) == 1
+
+
+def test_structure_tiles_list_every_visited_tile() -> None:
+    """The tiles a padded call visits are exactly the structure's partial and full tiles."""
+    q = torch.zeros(1, 1, 300, 8)
+    for masking in (
+        normalize_mask(q, q, None, True, 100),
+        normalize_mask(
+            q, q, None, False, block_mask=bigbird_layout(300, block_size=32, causal=True)
+        ),
+    ):
+        structure = flex._structure(masking, 300, 300, q.device)
+        counts, order = structure.tiles
+        dense = structure.block_mask.to_dense()[0, 0] > 0
+        for row in range(3):
+            listed = order[0, 0, row, : counts[0, 0, row]].tolist()
+            assert listed == dense[row].nonzero().flatten().tolist()

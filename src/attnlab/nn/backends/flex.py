@@ -14,8 +14,13 @@ in one compiled kernel that skips every ``128 × 128`` tile the ``BlockMask`` ma
 * a boolean ``allowed`` mask (padding, a per-row mask) is read inside the ``mask_mod``;
 * a finite additive ``bias`` is a ``score_mod``: ``s + bias[b, h, i, j]``.
 
-A ``BlockMask`` built from structure alone is kept in a small LRU cache keyed by the structure,
-the lengths and the device (:func:`structure_block_mask`), so a training loop builds it once.
+The ``BlockMask`` of the structure is built once per shape and kept in a small LRU cache keyed by
+the structure, the lengths and the device (:func:`structure_block_mask`), so a training loop and
+every layer of a model share it. A call with an ``allowed`` mask builds no ``BlockMask`` of its
+own: it reuses the structure's tiles, each marked *partial* so that the kernel evaluates the
+``mask_mod`` (which reads ``allowed``) on every entry of them. So no call evaluates a mask over
+``T_q × T_k`` entries, reads anything back to the host or builds the same mask once per layer;
+the price is that tiles hidden by padding alone are visited (masked, not skipped).
 FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
 ``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
 eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes.
@@ -33,6 +38,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,11 +54,34 @@ __all__ = ["FLEX_BLOCK", "flex_attention", "flex_available", "structure_block_ma
 FLEX_BLOCK = 128
 # how many structure-only block masks are kept (a model uses one or two shapes at a time)
 _CACHE_SIZE = 16
-_BLOCK_MASKS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # mask_mod(b, h, q_idx, kv_idx) -> bool tensor; score_mod(score, b, h, q_idx, kv_idx) -> score
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """What the causal rule, the window and the block layout give FlexAttention at one shape.
+
+    Attributes:
+        mod: their ``mask_mod`` (the layout's block matrix already on the device), or ``None``
+            when they hide nothing.
+        block_mask: their ``BlockMask`` (tiles empty, partial or full), or ``None`` likewise.
+        tiles: ``(kv_num_blocks, kv_indices)`` listing every tile that is not empty, all as
+            partial tiles: the sparsity of a call that also reads an ``allowed`` mask.
+
+    Shape:
+        ``kv_num_blocks`` ``(1, 1, n_q)``, ``kv_indices`` ``(1, 1, n_q, n_k)``, int32, with
+        ``n = ⌈T / 128⌉`` tiles.
+    """
+
+    mod: MaskMod | None
+    block_mask: Any | None
+    tiles: tuple[torch.Tensor, torch.Tensor]
+
+
+_STRUCTURES: OrderedDict[tuple[Any, ...], _Structure] = OrderedDict()
 
 
 def flex_available(
@@ -163,25 +192,40 @@ def structure_block_mask(masking: Masking, t_q: int, t_k: int, device: torch.dev
         when the structure hides nothing. The last ``16`` are cached by (bounds, layout, lengths,
         device).
     """
-    lo, hi = masking.bounds(t_q, t_k)
-    layout = masking.blocks
-    if lo is None and hi is None and layout is None:
-        return None
+    return _structure(masking, t_q, t_k, device).block_mask
+
+
+def _structure(masking: Masking, t_q: int, t_k: int, device: torch.device) -> _Structure:
+    """The structure's ``mask_mod``, ``BlockMask`` and tiles, from the cache or built."""
     if torch.compiler.is_compiling():  # traced into the caller's graph: built there, no cache
-        traced = _structure_mod(masking, t_q, t_k, device)
-        return None if traced is None else _create(traced, None, None, t_q, t_k, device)
+        return _build_structure(masking, t_q, t_k, device)
+    layout = masking.blocks
     layout_key = None if layout is None else (layout.block_size, layout.blocks.numpy().tobytes())
-    key = (lo, hi, layout_key, t_q, t_k, str(device))
-    cached = _BLOCK_MASKS.get(key)
+    key = (masking.bounds(t_q, t_k), layout_key, t_q, t_k, str(device))
+    cached = _STRUCTURES.get(key)
     if cached is not None:
-        _BLOCK_MASKS.move_to_end(key)
+        _STRUCTURES.move_to_end(key)
         return cached
+    built = _STRUCTURES[key] = _build_structure(masking, t_q, t_k, device)
+    while len(_STRUCTURES) > _CACHE_SIZE:
+        _STRUCTURES.popitem(last=False)
+    return built
+
+
+def _build_structure(masking: Masking, t_q: int, t_k: int, device: torch.device) -> _Structure:
+    """Build :class:`_Structure`: the ``mask_mod``, its ``BlockMask`` and the non-empty tiles."""
     mod = _structure_mod(masking, t_q, t_k, device)
-    block_mask = _create(mod, None, None, t_q, t_k, device) if mod is not None else None
-    _BLOCK_MASKS[key] = block_mask
-    while len(_BLOCK_MASKS) > _CACHE_SIZE:
-        _BLOCK_MASKS.popitem(last=False)
-    return block_mask
+    if mod is None:
+        n_q, n_k = -(-t_q // FLEX_BLOCK), -(-t_k // FLEX_BLOCK)
+        counts = torch.full((1, 1, n_q), n_k, dtype=torch.int32, device=device)
+        order = torch.arange(n_k, dtype=torch.int32, device=device).expand(1, 1, n_q, n_k)
+        return _Structure(None, None, (counts, order.contiguous()))
+    block_mask = _create(mod, None, None, t_q, t_k, device)
+    # tile (r, c) is visited when it is partial or full; listed first, in column order
+    visited = block_mask.to_dense() > 0
+    counts = visited.sum(-1, dtype=torch.int32)
+    order = torch.argsort(visited.to(torch.int8), dim=-1, descending=True, stable=True)
+    return _Structure(mod, block_mask, (counts, order.to(torch.int32)))
 
 
 @functools.cache
@@ -251,19 +295,27 @@ def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -
 def _block_mask(
     masking: Masking, lead: torch.Size, t_q: int, t_k: int, device: torch.device
 ) -> Any | None:
-    """The call's ``BlockMask``: the cached structure, or, with ``allowed``, built for this call."""
+    """The call's ``BlockMask``: the structure's, or with ``allowed`` its tiles, all partial.
+
+    ``allowed`` is read in the ``mask_mod``, ``allowed[b, h, i, j] and structure(i, j)``, on
+    every tile the structure leaves, so that nothing is evaluated over ``T_q × T_k`` here.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    structure = _structure(masking, t_q, t_k, device)
     if masking.allowed is None:
-        return structure_block_mask(masking, t_q, t_k, device)
+        return structure.block_mask
     allowed = _as_mask_4d(masking.allowed, lead)
-    structure = _structure_mod(masking, t_q, t_k, device)
+    rule = structure.mod
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
         ok = _index(allowed, b, h, i, j)
-        return ok if structure is None else ok & structure(b, h, i, j)
+        return ok if rule is None else ok & rule(b, h, i, j)
 
-    b = allowed.shape[0] if allowed.shape[0] > 1 else None
-    h = allowed.shape[1] if allowed.shape[1] > 1 else None
-    return _create(mod, b, h, t_q, t_k, device)
+    counts, order = structure.tiles
+    return BlockMask.from_kv_blocks(
+        counts, order, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mod, seq_lengths=(t_q, t_k)
+    )
 
 
 def _bias_mod(bias: torch.Tensor, lead: torch.Size) -> Callable[..., torch.Tensor]:
