@@ -35,6 +35,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ from attnlab.nn.block_layout import bigbird_layout
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 
 Row = dict[str, Any]
+# a section appends its rows to a list and calls ``save()`` after each, so that a run stopped by
+# a time limit, or a row that fails, keeps every row measured before it
+Section = Callable[[argparse.Namespace, torch.device, list[Row], Callable[[], None]], None]
 
 
 def sync(device: torch.device) -> None:
@@ -83,9 +87,16 @@ def fwd_bwd(
     return step
 
 
-def attention_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+def failed(err: BaseException) -> str:
+    """One line for a row or section that raised (an out-of-memory, a compile error)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def attention_rows(
+    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
+) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" or args.quick else torch.float32
-    rows: list[Row] = []
     for d in args.head_dims:
         h = max(1, 1024 // d) if not args.quick else 2
         for t in args.lengths:
@@ -111,19 +122,20 @@ def attention_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
                 measured["flex, window 256"] = ours("flex", is_causal=True, window=256)
                 measured[f"flex, BigBird b={block}"] = ours("flex", block_mask=layout)
             for name, fn in measured.items():
-                seconds = median_seconds(fwd_bwd(fn, q, kv), device, args.repeats)
-                rows.append(
-                    {
-                        "d": d,
-                        "T": t,
-                        "what": name,
-                        "ms": 1e3 * seconds,
-                        "ms_raw": 1e3 * raw,
-                        "ratio": seconds / raw,
-                    }
-                )
+                row: Row = {"d": d, "T": t, "what": name, "ms_raw": 1e3 * raw}
+                try:
+                    seconds = median_seconds(fwd_bwd(fn, q, kv), device, args.repeats)
+                    row.update(ms=1e3 * seconds, ratio=seconds / raw)
+                except (
+                    Exception
+                ) as err:  # e.g. out of memory at 32k: the row says so, the rest runs
+                    row["error"] = failed(err)
+                    q.grad = kv.grad = None
+                rows.append(row)
+                save()
             del q, kv
-    return rows
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 def _peak(device: torch.device) -> float | None:
@@ -133,7 +145,9 @@ def _peak(device: torch.device) -> float | None:
     return next((v for k, v in PEAKS.items() if k in name), None)
 
 
-def train_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+def train_rows(
+    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
+) -> None:
     from train_step import FULL, Shape, build_models  # benchmarks/train_step.py
 
     shape = Shape(512, 128, 64, 2, 2, batch=2, seq_len=64) if args.quick else FULL
@@ -153,7 +167,6 @@ def train_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
     ids = torch.randint(0, shape.vocab_size, (batch, seq), generator=gen).to(device)
     step_flops = flops(ours.config, seq, batch).train_total
     peak = _peak(device)
-    rows: list[Row] = []
     for name, model in runners.items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
         losses: list[float] = []
@@ -182,17 +195,18 @@ def train_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
                 "first_step_s": first,
             }
         )
-    return rows
+        save()
 
 
-def decode_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
+def decode_rows(
+    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
+) -> None:
     from generate import FULL, Shape, build_models, build_smollm2  # benchmarks/generate.py
 
     tiny = Shape(512, 128, 64, 2, 2, prompt=8, new_tokens=8, far=0)
     shape = tiny if args.quick else FULL
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.decode_dtype]
     compiled = device.type == "cuda" and not args.no_compile
-    rows: list[Row] = []
     pairs: dict[str, Callable[[], tuple[torch.nn.Module, al.GPT]]] = {
         "GPT-2 small" if not args.quick else "GPT-2 (tiny)": lambda: build_models(shape),
         "SmolLM2-135M": build_smollm2,
@@ -232,22 +246,27 @@ def decode_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
         with torch.inference_mode():
             want = run_hf()
             for name, fn in runs.items():
-                got = fn()
-                seconds = median_seconds(fn, device, args.decode_repeats)
-                rows.append(
-                    {
-                        "model": label,
-                        "run": name,
-                        "tokens_per_s": n / seconds,
-                        "same_tokens": bool(torch.equal(got, want)),
-                    }
-                )
-    return rows
+                try:
+                    got = fn()
+                    seconds = median_seconds(fn, device, args.decode_repeats)
+                except Exception as err:  # a compile failure: the row says so, the rest runs
+                    rows.append({"model": label, "run": name, "error": failed(err)})
+                else:
+                    rows.append(
+                        {
+                            "model": label,
+                            "run": name,
+                            "tokens_per_s": n / seconds,
+                            "same_tokens": bool(torch.equal(got, want)),
+                        }
+                    )
+                save()
 
 
 def markdown(results: dict[str, Any]) -> str:
     """The three tables, in markdown."""
     lines = [f"# attnlab GPU benchmark — {results['device']}, torch {results['torch']}", ""]
+    lines += [f"{name} failed: {err}" for name, err in results.get("errors", {}).items()]
     if results.get("attention"):
         lines += [
             "## Attention, forward + backward, causal",
@@ -256,6 +275,9 @@ def markdown(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for r in results["attention"]:
+            if "error" in r:
+                lines.append(f"| {r['d']} | {r['T']} | {r['what']} | failed: {r['error']} | | |")
+                continue
             lines.append(
                 f"| {r['d']} | {r['T']} | {r['what']} | {r['ms']:.3f} | "
                 f"{r['ms_raw']:.3f} | {r['ratio']:.3f}x |"
@@ -273,8 +295,10 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['model']} | {r['tokens_per_s']:.0f} | {mfu} | {r['first_loss']:.4f} |"
             )
-        a, b = results["train"]
-        lines += ["", f"attnlab / HF tokens/s: {b['tokens_per_s'] / a['tokens_per_s']:.2f}x", ""]
+        if len(results["train"]) == 2:
+            a, b = results["train"]
+            ratio = b["tokens_per_s"] / a["tokens_per_s"]
+            lines += ["", f"attnlab / HF tokens/s: {ratio:.2f}x", ""]
     if results.get("decode"):
         lines += [
             "## Greedy decoding",
@@ -285,6 +309,8 @@ def markdown(results: dict[str, Any]) -> str:
         for r in results["decode"]:
             if "skipped" in r:
                 lines.append(f"| {r['model']} | skipped: {r['skipped']} | | |")
+            elif "error" in r:
+                lines.append(f"| {r['model']} | {r['run']} failed: {r['error']} | | |")
             else:
                 lines.append(
                     f"| {r['model']} | {r['run']} | {r['tokens_per_s']:.1f} | {r['same_tokens']} |"
@@ -345,18 +371,32 @@ def main(argv: list[str] | None = None) -> int:
             ["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])]
         ),
     }
-    sections = {"attention": attention_rows, "train": train_rows, "decode": decode_rows}
+    sections: dict[str, Section] = {
+        "attention": attention_rows,
+        "train": train_rows,
+        "decode": decode_rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.sections:
-        start = time.perf_counter()
-        results[name] = sections[name](args, device)
-        results[f"{name}_seconds"] = time.perf_counter() - start
-        print(f"{name}: {results[f'{name}_seconds']:.1f} s", flush=True)
-        # written after each section: a run stopped by a time limit keeps what it measured
+
+    def save() -> None:
         (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
         (args.out / "gpu.md").write_text(markdown(results) + "\n")
+
+    errors: dict[str, str] = {}
+    for name in args.sections:
+        start = time.perf_counter()
+        results[name] = []
+        try:
+            sections[name](args, device, results[name], save)
+        except Exception as err:  # the next section still runs; the exit status says it failed
+            traceback.print_exc()
+            errors[name] = failed(err)
+            results["errors"] = errors
+        results[f"{name}_seconds"] = time.perf_counter() - start
+        print(f"{name}: {results[f'{name}_seconds']:.1f} s", flush=True)
+        save()
     print(markdown(results))
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ one. On CUDA the attention grid is every backend x mask x GQA x dtype (fp16, bf1
 the float64 reference, forward and backward (``flex``, which compiles a kernel per case: every
 mask in bf16, fp16 and fp32 under the window); on the CPU, where the other test modules run those
 grids already, it is the fp32 slice without ``flex`` (tests/nn/test_flex.py compiles that one).
-Then decoding with every cache, head masks, capture and statistics, a training step in fp16 and
-bf16, and (CUDA only) no host synchronisation on the attention hot path or in a decode step.
+Then the ``sdpa`` backend under fused kernels only (never PyTorch's math fallback), decoding with
+every cache, head masks, capture and statistics, a training step in fp16 and bf16, and (CUDA
+only) no host synchronisation on the attention hot path or in a decode step.
 """
 
 from __future__ import annotations
@@ -179,14 +180,52 @@ def test_training_step_in_half_precision(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sdpa_backend_reaches_a_fused_kernel(device: torch.device, dtype: torch.dtype) -> None:
+    """The ``sdpa`` backend never needs PyTorch's unfused math kernel, forward and backward.
+
+    Only the fused kernels are allowed (``sdpa_kernel``; the math kernel would raise "no
+    available kernel"): flash on the CPU; flash, memory-efficient and cuDNN on CUDA. Causal with
+    ``T_q == T_k`` and ``T_q < T_k`` (bottom-right, an explicit mask), padding, a window, each
+    with grouped-query heads and without.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fused = [SDPBackend.FLASH_ATTENTION]
+    if device.type == "cuda":
+        fused += [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    q = torch.randn(B, H, 256, 64, device=device, dtype=dtype, requires_grad=True)
+    kv = torch.randn(B, 2, 256, 64, device=device, dtype=dtype, requires_grad=True)
+    pad = torch.ones(B, 1, 1, 256, dtype=torch.bool, device=device)
+    pad[0, ..., 200:] = False
+    calls = {
+        "causal": (q, {"is_causal": True}),
+        "causal, T_q < T_k": (q[:, :, :100], {"is_causal": True}),
+        "padding": (q, {"mask": pad, "is_causal": True}),
+        "window": (q, {"is_causal": True, "window": 64}),
+    }
+    for name, (query, kwargs) in calls.items():
+        for keys in (kv, kv.repeat_interleave(H // 2, dim=1)):
+            with sdpa_kernel(fused):
+                out = al.scaled_dot_product_attention(query, keys, keys, backend="sdpa", **kwargs)
+                out.float().sum().backward()
+            assert q.grad is not None and torch.isfinite(q.grad).all(), name
+            q.grad = kv.grad = None
+    if device.type == "cpu":  # the guard is real: no fused kernel allowed, the call fails
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), pytest.raises(RuntimeError):
+            al.scaled_dot_product_attention(q, kv, kv, backend="sdpa", is_causal=True)
+
+
 def _no_host_sync(backend: str) -> None:
     """Attention (causal, padding, window) and a decode step run without a host synchronisation."""
     dev = torch.device("cuda")
     q = torch.randn(B, H, 256, D, device=dev, dtype=torch.bfloat16)
     pad = torch.ones(B, 1, 1, 256, dtype=torch.bool, device=dev)
-    calls: list[dict[str, Any]] = [{"is_causal": True}, {"is_causal": True, "window": 64}]
-    if backend != "flex":
-        calls.append({"mask": pad, "is_causal": True})
+    calls: list[dict[str, Any]] = [
+        {"is_causal": True},
+        {"is_causal": True, "window": 64},
+        {"mask": pad, "is_causal": True},  # flex: the structure's cached tiles, no new BlockMask
+    ]
     for kw in calls:
         al.scaled_dot_product_attention(q, q, q, backend=backend, **kw)  # warm up, compile
     steps = []

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.cli import main
 from attnlab.cli.bench import benchmarks_dir, find_benchmarks
+from attnlab.nn.backends import ATTENTION_BACKENDS
+from tests.conftest import REPO
 
 
 def test_lists_the_attention_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,3 +118,42 @@ def test_gpu_benchmark_smoke_runs_on_the_cpu(
     table = (out / "gpu.md").read_text()
     assert "| attnlab GPT |" in table and "attnlab / HF tokens/s" in table
     assert "## Greedy decoding" in capfd.readouterr().out
+
+
+def test_gpu_benchmark_keeps_what_it_measured_when_a_part_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One failing kernel is one failed row, one failing section a line; the rest is measured,
+    saved, and the exit status is 1 (the one prepared GPU run must not lose its other results)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setitem(ATTENTION_BACKENDS, "flex", broken)
+    monkeypatch.setattr(gpu, "train_rows", lambda *a: broken())
+    out = tmp_path / "gpu"
+    code = gpu.main(
+        [
+            "--quick",
+            "--device",
+            "cpu",
+            "--sections",
+            "attention",
+            "train",
+            "decode",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 1
+    results = json.loads((out / "gpu.json").read_text())
+    failed = [r for r in results["attention"] if "error" in r]
+    assert failed and all(r["what"].startswith("flex") for r in failed)
+    assert "OutOfMemoryError: CUDA out of memory" in failed[0]["error"]
+    assert all(r["ratio"] > 0 for r in results["attention"] if "error" not in r)
+    assert "OutOfMemoryError" in results["errors"]["train"]
+    assert [r for r in results["decode"] if "same_tokens" in r]  # the section after still ran
+    table = (out / "gpu.md").read_text()
+    assert "train failed: OutOfMemoryError" in table and "| flex, window 256 | failed:" in table
