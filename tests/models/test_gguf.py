@@ -26,6 +26,7 @@ from attnlab.models.gguf import (
     unpermute_rotary_rows,
 )
 from attnlab.models.gguf_quants import dequantize
+from tests.smollm2_reference import transformers_smollm2
 
 # ----------------------------------------------------------------------------------------------
 # dequantisation
@@ -132,11 +133,8 @@ def ours(smollm_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def theirs(smollm_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    folder, name = os.path.split(smollm_path)
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+def theirs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return transformers_smollm2(tmp_path_factory)  # transformers' own load of the GGUF
 
 
 def test_bundled_path() -> None:
@@ -332,6 +330,44 @@ def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
     message = str(exc.value)
     assert "\n" not in message, message
     return message
+
+
+def test_a_file_read_again_reuses_its_header_until_the_file_changes(tmp_path: Path) -> None:
+    """The parsed header is reused for the same file; another header, or new tensor bytes, are
+    read as they are now, even with the same inode, size and modification time."""
+    from attnlab.models import gguf as reader_cache
+
+    path = tmp_path / "tiny.gguf"
+    stored = write_tiny(path, "llama")
+    assert reader_cache._open(path) is reader_cache._open(path)
+    before = os.stat(path)
+    # new tensor bytes in place: the reader's memory map reads them
+    model = read_gguf(path)
+    name = "model.layers.0.input_layernorm.weight"
+    offset = next(
+        t.data_offset
+        for t in reader_cache._open(path).tensors
+        if t.name == "blk.0.attn_norm.weight"
+    )
+    with path.open("r+b") as handle:
+        handle.seek(int(offset))
+        handle.write(np.float32(7.5).tobytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert read_gguf(path).state[name][0] == 7.5 != model.state[name][0]
+    assert model.state[name][1] == stored["blk.0.attn_norm.weight"][1]
+    # another header of the same size, inode and time: parsed again
+    write_tiny(path, "qwen2")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    with pytest.raises(
+        ArgumentError, match=r"missing tensors model\.layers\.0\.self_attn\.q_proj\.bias"
+    ):
+        read_gguf(path)  # parsed again: a qwen2 header, whose model has q/k/v biases
 
 
 def test_not_a_gguf_file(tmp_path: Path) -> None:

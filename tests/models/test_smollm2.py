@@ -19,7 +19,7 @@ import transformers
 import attnlab as al
 from attnlab.cli import main
 from attnlab.inspect.capture import capture
-from attnlab.models.gguf import bundled_model_path
+from tests.smollm2_reference import transformers_smollm2
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -30,11 +30,11 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[transformers.PreTrainedModel, al.GPT, object]:
-    path = bundled_model_path("smollm2-135m")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+def pair(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[transformers.PreTrainedModel, al.GPT, object]:
+    # transformers' own load of the GGUF, made once per run (tests/smollm2_reference.py)
+    hf = transformers_smollm2(tmp_path_factory, attn_implementation="eager").eval()
     gpt, tokenizer = al.load_pretrained("smollm2-135m")
     return hf, gpt, tokenizer
 

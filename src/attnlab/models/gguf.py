@@ -30,9 +30,10 @@ float32 state dict plus one tensor's temporaries; the file itself stays mapped, 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,14 +189,32 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
+# the readers of the last files opened: parsing a GGUF header (a 49k-token vocabulary) costs
+# seconds, and a session often loads one model more than once (each `attnlab plot` does)
+_READERS: OrderedDict[tuple[str, int, int, int], tuple[bytes, Any]] = OrderedDict()
+_READERS_KEPT = 2
+
+
 def _open(path: Path) -> Any:
-    """``gguf.GGUFReader`` over ``path``, its failures as one line naming the file."""
+    """``gguf.GGUFReader`` over ``path``, its failures as one line naming the file.
+
+    A reader is reused while the file is the same: the same inode, size and modification time,
+    and the same header bytes (everything before the tensor data, from which the reader's fields
+    and tensor list are parsed). Its tensors are views of the file's memory map, so they read the
+    file as it is now.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ArgumentError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    cached = _READERS.get(key)
+    if cached is not None and _header_digest(path, cached[1].data_offset) == cached[0]:
+        _READERS.move_to_end(key)
+        return cached[1]
     try:
         from gguf import GGUFReader
     except ImportError:  # pragma: no cover - an optional dependency
@@ -203,12 +222,22 @@ def _open(path: Path) -> Any:
             "reading GGUF files needs the gguf package: pip install 'attnlab[gguf]'"
         ) from None
     try:
-        return GGUFReader(str(path), "r")
+        reader = GGUFReader(str(path), "r")
     except Exception as exc:  # numpy and gguf raise ValueError, IndexError, … on a bad file
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ArgumentError(
             f"{path}: a truncated or damaged GGUF file ({type(exc).__name__}: {reason})"
         ) from None
+    _READERS[key] = (_header_digest(path, reader.data_offset), reader)
+    while len(_READERS) > _READERS_KEPT:
+        _READERS.popitem(last=False)
+    return reader
+
+
+def _header_digest(path: Path, end: int) -> bytes:
+    """BLAKE2b of the file's first ``end`` bytes (its header: metadata and tensor list)."""
+    with path.open("rb") as handle:
+        return hashlib.blake2b(handle.read(end), digest_size=16).digest()
 
 
 def _metadata(reader: Any, path: Path) -> dict[str, Any]:
