@@ -139,3 +139,40 @@ def test_generate_refuses_a_sink_cache_it_cannot_use() -> None:
         al.generate(model, prompt, max_new_tokens=4, cache_sinks=4)
     with pytest.raises(ValueError, match="must fit the position table n_positions = 64"):
         al.generate(model, prompt, max_new_tokens=4, cache_sinks=4, cache_window=60)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 40, [10, 1, 1, 5, 3, 20], [40]])
+def test_rows_with_their_own_sinks_stream_as_separate_caches(sizes: list[int]) -> None:
+    # sinks=(0, 4, 2): one batch, each row as its own single-row sink cache (a window cache for
+    # the first), whether fed a token at a time or in chunks that cross the evictions
+    model = llama_like()
+    ids = torch.randint(0, 53, (1, sum(sizes)))
+
+    def feed(x: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        return torch.cat(
+            [model(x[:, e - n : e], cache=cache).logits for n, e in zip(sizes, ends, strict=True)],
+            1,
+        )
+
+    rows = (0, 4, 2)
+    with torch.no_grad():
+        got = feed(ids.expand(3, -1), model.new_cache(3, 64, sinks=rows, window=6))
+        for r, s in enumerate(rows):
+            ref = feed(ids, model.new_cache(1, 64, sinks=s, window=6))
+            assert torch.allclose(got[r], ref[0], atol=1e-12), (r, s)
+    cache = model.new_cache(3, 64, sinks=rows, window=6)
+    cache.reorder(torch.tensor([2, 0, 0]))  # beam search: a row takes its own sinks along
+    assert cache.layers[0].row_sinks.tolist() == [2, 0, 0]  # type: ignore[attr-defined]
+
+
+def test_sinks_per_row_are_checked() -> None:
+    with pytest.raises(ValueError, match="or one per batch row"):
+        KVCache(2, 2, 8, 4, window=4, sinks=(0, 1, 2))
+    with pytest.raises(ValueError, match="or one per batch row"):
+        KVCache(2, 2, 8, 4, window=4, sinks=(0, -1))
+    cfg = al.GPTConfig(vocab_size=53, n_positions=64, n_embd=24, n_layer=1, n_head=4)
+    with pytest.raises(ValueError, match=r"sinks per row \(0, 2\) need rotary positions"):
+        al.GPT(cfg).new_cache(2, 8, sinks=(0, 2), window=4)  # learned positions
+    same = al.GPT(cfg).new_cache(2, 8, sinks=(2, 2), window=4).layers[0]
+    assert same.row_sinks is None  # type: ignore[attr-defined]

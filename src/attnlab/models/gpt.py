@@ -14,6 +14,7 @@ attention a running state in its place (``O(1)`` per token).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -388,7 +389,7 @@ class GPT(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-        sinks: int | None = None,
+        sinks: int | Sequence[int] | None = None,
         window: int | None = None,
     ) -> ModelCache:
         """An empty cache for decoding: one per block, made by the block's attention layer.
@@ -402,7 +403,9 @@ class GPT(nn.Module):
             sinks: with ``window``, a sink cache per block instead (StreamingLLM, Xiao et al.
                 2023; :class:`~attnlab.nn.kv_cache.KVCache` with ``sinks``): the first ``sinks``
                 positions and the last ``window``, positions within the cache, so a
-                full-attention model streams past ``n_positions``. ``0`` keeps no sink.
+                full-attention model streams past ``n_positions``. ``0`` keeps no sink. One
+                per batch row (rotary models): each row keeps its own, e.g. ``(0, 4)`` streams a
+                window cache and a sink cache as one batch.
             window: the recent positions a sink cache keeps (with ``sinks``).
 
         Returns:
@@ -440,7 +443,7 @@ class GPT(nn.Module):
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
-        sinks: int | None,
+        sinks: int | Sequence[int] | None,
         window: int | None,
     ) -> ModelCache:
         """:meth:`new_cache` with ``sinks``/``window``: a sink cache per block, for full
@@ -453,9 +456,15 @@ class GPT(nn.Module):
             raise ArgumentError(
                 f"a sink cache is for full attention, the model has {self.config.attention.name!r}"
             )
-        if window + sinks >= self.config.n_positions and self.config.positions == "learned":
+        most = sinks if isinstance(sinks, int) else max(sinks, default=0)
+        if not isinstance(sinks, int) and len(set(sinks)) > 1 and self.config.positions != "rope":
             raise ArgumentError(
-                f"sinks + window = {sinks + window} must leave room in the position table "
+                f"sinks per row {tuple(sinks)} need rotary positions (a row's places count "
+                f"only its own keys), the model has positions={self.config.positions!r}"
+            )
+        if window + most >= self.config.n_positions and self.config.positions == "learned":
+            raise ArgumentError(
+                f"sinks + window = {most + window} must leave room in the position table "
                 f"(n_positions = {self.config.n_positions}) for the new tokens"
             )
         layers = []

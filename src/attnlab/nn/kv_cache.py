@@ -16,6 +16,10 @@ attention leans on) and the last ``w``, so a new query sees ``s + w`` earlier ke
 Its positions are those *within the cache*, as StreamingLLM assigns them: the keys are stored
 before the rotary embedding and turned at every step by their place in the cache
 (``0 … s + w − 1``), the new token by the next place, so the positions never pass ``s + w``.
+Each batch row may keep its own number of sinks (``sinks=(0, 4)``: a window cache and a sink cache
+streamed as one batch, the weights read once for both): the buffers keep the most sinks of any
+row, and a row does not see the sink slots it does not keep, its places counting only the keys it
+sees (rotary models).
 
 Causal linear attention needs no keys at all: it is a recurrent network (Katharopoulos et al.
 2020, "Transformers are RNNs", §3.4) whose state is two running sums over the keys seen so far,
@@ -67,8 +71,9 @@ class KVCache:
         sinks: with ``window``, a sink cache (StreamingLLM): keep the first ``sinks`` positions
             too (``0`` keeps none: a window that evicts the first tokens), store the keys
             unrotated and give positions within the cache (see the module docstring). The
-            buffers hold ``min(capacity, sinks + window)`` positions. Default ``None``: the
-            positions are the tokens' own.
+            buffers hold ``min(capacity, sinks + window)`` positions. A sequence gives each batch
+            row its own (:meth:`key_places` then hides the others' sinks from it). Default
+            ``None``: the positions are the tokens' own.
 
     Shape:
         ``keys``: ``(B, H_kv, held, d_head)``; ``values``: ``(B, H_kv, held, d_head_v)``, where
@@ -86,7 +91,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         window: int | None = None,
-        sinks: int | None = None,
+        sinks: int | Sequence[int] | None = None,
     ) -> None:
         check_positive_int("batch", batch)
         check_positive_int("num_kv_heads", num_kv_heads)
@@ -94,10 +99,22 @@ class KVCache:
         check_positive_int("d_head", d_head)
         d_v = d_head if d_head_v is None else check_positive_int("d_head_v", d_head_v)
         self.window = None if window is None else check_positive_int("window", window)
-        self.sinks = None
+        self.sinks: int | None = None
+        self.row_sinks: torch.Tensor | None = None  # (B,) when the rows keep different sinks
         if sinks is not None:
-            if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-                raise ArgumentError(f"sinks must be a non-negative int, got {sinks!r}")
+            rows = [sinks] if isinstance(sinks, int) else list(sinks)
+            if (
+                not rows
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in rows)
+                or len(rows) not in (1, batch)
+            ):
+                raise ArgumentError(
+                    f"sinks must be a non-negative int, or one per batch row ({batch}), "
+                    f"got {sinks!r}"
+                )
+            if len(set(rows)) > 1:
+                self.row_sinks = torch.tensor(rows, device=device)
+            sinks = max(rows)
             if self.window is None:
                 raise ArgumentError(
                     "sinks needs a window: KVCache(window=w, sinks=s) keeps the first s "
@@ -138,6 +155,51 @@ class KVCache:
         """The position the next token gets: ``length``, or for a sink cache its place in the
         cache, ``held`` (never more than ``sinks + window``)."""
         return self.held if self.sinks is not None else self.length
+
+    def query_places(self, count: int) -> torch.Tensor:
+        """A sink cache's places for the next ``count`` tokens: ``next_position …``, or per row
+        when the rows keep different sinks (a row's place counts only the keys it sees).
+
+        Args:
+            count: the new tokens ``T_new``.
+
+        Returns:
+            The places.
+
+        Shape:
+            ``(T_new,)``, or ``(B, T_new)`` with sinks per row.
+        """
+        new = torch.arange(count, device=self.k.device)
+        if self.row_sinks is None or self.sinks is None:
+            return self.next_position + new
+        recent = self.k.shape[2] - self.sinks  # the window (less if the capacity is smaller)
+        seen = (self.row_sinks + recent).clamp(max=self.length)  # the keys each row sees (B,)
+        return seen[:, None] + new
+
+    def key_places(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """After :meth:`append` of ``count`` tokens to a sink cache: the places of the keys it
+        returned (``0 … K − 1``), and with sinks per row which keys each row sees — its own
+        sinks, the last ``window`` and the new tokens — and their places among those.
+
+        Args:
+            count: the tokens the last :meth:`append` took.
+
+        Returns:
+            ``(places, visible)``: ``visible`` is ``None`` unless the rows keep different sinks.
+
+        Shape:
+            places ``(K,)``, or ``(B, K)`` with sinks per row; visible ``(B, K)`` bool.
+        """
+        dev, before = self.k.device, self.length - count
+        held = min(before, self.k.shape[2])
+        if self.row_sinks is None or self.sinks is None:
+            return torch.arange(held + count, device=dev), None
+        recent = self.k.shape[2] - self.sinks  # the window (less if the capacity is smaller)
+        token = torch.arange(before + count, device=dev)  # the token in each returned slot
+        if before > held:  # the first sinks and the last window of the earlier tokens, the new
+            token = torch.cat([token[: self.sinks], token[before - recent :]])
+        visible = (token < self.row_sinks[:, None]) | (token >= before - recent)  # (B, K)
+        return (visible.long().cumsum(-1) - 1).clamp(min=0), visible
 
     @property
     def keys(self) -> torch.Tensor:
@@ -293,6 +355,8 @@ class KVCache:
         """
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
+        if self.row_sinks is not None:
+            self.row_sinks = self.row_sinks.index_select(0, index)
 
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers (at full capacity).

@@ -40,7 +40,7 @@ from attnlab.nn.head_mask import check_head_mask
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, LayerCache, last_keys
 from attnlab.nn.mask_spec import normalize_mask
-from attnlab.nn.masks import BlockLayout, Window, normalize_window
+from attnlab.nn.masks import BlockLayout, Window, combine, normalize_window
 from attnlab.nn.multihead_call import AttentionCall
 
 if TYPE_CHECKING:
@@ -397,7 +397,7 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None and not cross and k is not None:
             if cache is not None and getattr(cache, "streaming", False):
                 # a sink cache: places within the cache; its keys are turned after it
-                q = self._rotate_queries(q, cache.next_position)
+                q = self._rotate_queries(q, cast(KVCache, cache))
             else:
                 past = cache.length if cache is not None and not cache.static else 0
                 q, k = self._rotate(q, k, call.positions, past, call.check_positions)
@@ -465,10 +465,13 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.set_static(k, v)
             elif k is not None and v is not None and getattr(cache, "streaming", False):
                 cache.check_attention(call.window, call.is_causal)
+                n = k.shape[-2]
                 k, v = cache.append(k, v)  # unrotated: [sinks | last window | new]
-                if self.rotary is not None:  # turned by their places in the cache, 0 … K − 1
-                    places = torch.arange(k.shape[-2], device=k.device)
+                places, visible = cache.key_places(n)  # 0 … K − 1 (sinks per row: its own)
+                if self.rotary is not None:  # turned by their places in the cache
                     k = self.hook_rot_k(self.rotary(k, places, check=False))
+                if visible is not None:  # each row sees its own sinks only
+                    mask = combine(mask, visible[:, None, None])
             elif k is not None and v is not None:
                 if cache.window is not None:
                     cache.check_attention(call.window, call.is_causal)
@@ -613,17 +616,16 @@ class MultiHeadAttention(nn.Module):
             return out, weights
         return out
 
-    def _rotate_queries(self, q: torch.Tensor, start: int) -> torch.Tensor:
+    def _rotate_queries(self, q: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The new queries turned by their places ``start …`` in a sink cache."""
         rotary = cast("RotaryEmbedding", self.rotary)
-        t_q = q.shape[-2]
+        t_q, start = q.shape[-2], cache.next_position  # the largest place of any row
         if start + t_q > rotary.max_len:
             raise ArgumentError(
                 f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
                 f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
             )
-        places = torch.arange(start, start + t_q, device=q.device)
-        return self.hook_rot_q(rotary(q, places, check=False))
+        return self.hook_rot_q(rotary(q, cache.query_places(t_q).to(q.device), check=False))
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""
