@@ -22,7 +22,7 @@
 FULL = False  # True: wider models trained 4x longer (a few minutes on 2 CPUs)
 
 SEED = 0
-L = 64  # the training length: sequences of L characters
+L = 32  # the training length: sequences of L characters
 EVAL = (L, 2 * L, 4 * L, 8 * L)  # the lengths the models are read at
 LONGEST = EVAL[-1]
 D, LAYERS, HEADS = 64, 2, 4  # model width, layers, heads (d_head = 16)
@@ -31,7 +31,7 @@ if FULL:
     D, STEPS = 128, 800
 else:
     STEPS = 200
-WINDOWS = 32  # validation windows of 8L characters: the same 16384 characters at every length
+WINDOWS = 32  # validation windows of 8L characters: the same 8192 characters at every length
 
 # %%
 import math
@@ -266,7 +266,7 @@ Plot(fig, {"bias": bias.numpy()})
 #
 # Three causal character-level models on tinyshakespeare, identical but for the positions:
 # 2 layers, $d = 64$, 4 heads, trained for `STEPS` steps of AdamW on random windows of
-# $L = 64$ characters (the same initial weights where they have the same shapes, and the same
+# $L = 32$ characters (the same initial weights where they have the same shapes, and the same
 # batches: `LMBatchSource` is a function of the seed and the step).
 #
 # - **sinusoidal**: a `positions="learned"` GPT whose `wpe` holds the fixed table of §1
@@ -277,7 +277,7 @@ Plot(fig, {"bias": bias.numpy()})
 # A learned table cannot be read past its rows (§2); one with $8L$ rows trained at $L$ would run,
 # with rows $L \dots 8L-1$ left at their random initial values — we leave it out.
 #
-# Each is then read on the same 16384 validation characters cut into windows of
+# Each is then read on the same 8192 validation characters cut into windows of
 # $E = L, 2L, 4L, 8L$,
 # scored by the mean next-character loss over every position of the window (Press et al.'s
 # measure; $\ln 65 = 4.17$ is a uniform guess).
@@ -317,7 +317,7 @@ def train(model: al.GPT) -> list[float]:
     return losses
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def position_losses(model: al.GPT, length: int) -> torch.Tensor:
     """The loss at each position of the windows of ``length`` characters, averaged over them."""
     model.eval()
@@ -358,14 +358,13 @@ assert a[4 * L] < 1.02 * a[L] and a[4 * L] < min(r[4 * L], s[4 * L])  # ALiBi: f
 assert r[4 * L] > 1.03 * r[L] and s[4 * L] > 1.03 * s[L]  # the others: worse than at L
 
 # %% [markdown]
-# At the training length the rotary model is the best (2.13 nats) and ALiBi close (2.20); the
-# sinusoidal model lags (2.48 — a fixed table of size 1 dominates the embeddings and 200 steps do
-# not make up for it). Past $L$ the order changes. ALiBi's loss does not rise at all: 2.19, 2.18
-# and 2.18 at $2L$, $4L$ and $8L$ ($4L/L$ = 0.99: the extra context helps a little). The
-# sinusoidal model loses 0.22 nats at $4L$ (×1.09); RoPE, unchanged at $2L$ (2.15), loses 0.17 at
-# $4L$ and 0.42 at $8L$ (×1.20). On the positions the models never saw in training alone
-# ($L \dots 4L-1$ of the $4L$ windows) the losses are 2.17 (ALiBi), 2.35 (RoPE) and 2.77
-# (sinusoidal).
+# At the training length the rotary model is the best (2.22 nats) and ALiBi close (2.30); the
+# sinusoidal model lags (2.49 — a fixed table of size 1 dominates the embeddings and 200 steps do
+# not make up for it). Past $L$ the order changes. ALiBi's loss does not rise at all: 2.30, 2.30
+# and 2.30 at $2L$, $4L$ and $8L$ ($4L/L$ = 1.00). The sinusoidal model loses 0.35 nats at $4L$
+# (×1.14); RoPE, still close at $2L$ (2.30), loses 0.29 at $4L$ and 0.51 at $8L$ (×1.23). On the
+# positions the models never saw in training alone ($L \dots 4L-1$ of the $4L$ windows) the
+# losses are 2.29 (ALiBi), 2.59 (RoPE) and 2.95 (sinusoidal).
 #
 # Left: the loss against the length read. Right: where it goes wrong — the loss at each position
 # of the $8L$ windows (a moving average over 16 positions); the dotted line is the training length.
@@ -398,8 +397,8 @@ Plot(fig, {k: per_position[k][LONGEST].numpy() for k in KINDS})
 
 # %% [markdown]
 # The sinusoidal model's loss jumps at the first position past $L$; the rotary model's stays
-# where it was until about $3L$ and then rises to the sinusoidal level; ALiBi's stays flat across
-# all 512 positions. The same curves in stretches of $L$ positions:
+# where it was until about $2L$ and then rises to the sinusoidal level; ALiBi's stays flat across
+# all 256 positions. The same curves in stretches of $L$ positions:
 
 # %%
 print(f"{'positions':<11}" + "".join(f"{f'{i * L}–{(i + 1) * L - 1}':>9}" for i in range(8)))
@@ -412,13 +411,13 @@ for kind in KINDS:
 # rotation $M_k$ (to $10^{-7}$, the table's float32 rounding), rotary scores depend on $m - n$
 # only (to $10^{-14}$ in float64, to float32 precision with the library's tables), ALiBi's slopes
 # are $2^{-8h/H}$ — and they differ in what happens past the training length. Trained at
-# $L = 64$ characters, the ALiBi model reads windows of $2L$, $4L$ and $8L$ at the loss it has at
-# $L$ (slightly below it: more context); the sinusoidal model is worse from the first position
-# past $L$ on; the rotary model, the best at $L$, holds at $2L$ and then climbs towards the
-# sinusoidal model's level; the learned table cannot be run past its rows at all. This is Press
-# et al.'s Figure 1 at toy scale: 3 small models of 200 steps, one seed in this notebook (seeds 1
-# and 2, run outside it with the same set-up, gave the same order: $4L/L$ = 0.995 and 0.995 for
-# ALiBi, 1.15 and 1.11 for RoPE, 1.06 and 1.09 for sinusoidal).
+# $L = 32$ characters, the ALiBi model reads windows of $2L$, $4L$ and $8L$ at the loss it has at
+# $L$; the sinusoidal model is worse from the first position past $L$ on; the rotary model, the
+# best at $L$, holds up to about $2L$ and then climbs towards the sinusoidal model's level; the
+# learned table cannot be run past its rows at all. This is Press et al.'s Figure 1 at toy scale:
+# 3 small models of 200 steps, one seed in this notebook (seeds 1 and 2, run outside it with the
+# same set-up, gave the same order: $4L/L$ = 1.002 and 0.998 for ALiBi, 1.13 and 1.11 for RoPE,
+# 1.11 and 1.14 for sinusoidal).
 #
 # **Further:** `RopeScaling("linear" | "llama3")` (`attnlab.nn.rope`) stretches the rotary
 # wavelengths so that a trained model reads longer contexts, as Llama 3.1 does; Kazemnejad et al.
