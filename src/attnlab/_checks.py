@@ -38,6 +38,17 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def check_sink_rows(value: object, batch: int) -> list[int]:
+    """A cache's ``sinks``: a non-negative int for every row, or one per row of ``batch``."""
+    rows = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+    ints = [s for s in rows if isinstance(s, int) and not isinstance(s, bool) and s >= 0]
+    if not rows or len(ints) != len(rows) or len(rows) not in (1, batch):
+        raise ArgumentError(
+            f"sinks must be a non-negative int, or one per batch row ({batch}), got {value!r}"
+        )
+    return ints
+
+
 def check_probability(name: str, value: object) -> float:
     """A dropout-like probability in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab._checks import check_positive_int, check_sink_rows, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt_layers import (
@@ -456,12 +456,13 @@ class GPT(nn.Module):
             raise ArgumentError(
                 f"a sink cache is for full attention, the model has {self.config.attention.name!r}"
             )
-        most = sinks if isinstance(sinks, int) else max(sinks, default=0)
-        if not isinstance(sinks, int) and len(set(sinks)) > 1 and self.config.positions != "rope":
+        rows = check_sink_rows(sinks, batch)
+        if len(set(rows)) > 1 and self.config.positions != "rope":
             raise ArgumentError(
-                f"sinks per row {tuple(sinks)} need rotary positions (a row's places count "
+                f"sinks per row {tuple(rows)} need rotary positions (a row's places count "
                 f"only its own keys), the model has positions={self.config.positions!r}"
             )
+        most = max(rows)
         if window + most >= self.config.n_positions and self.config.positions == "learned":
             raise ArgumentError(
                 f"sinks + window = {most + window} must leave room in the position table "

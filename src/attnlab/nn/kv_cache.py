@@ -39,7 +39,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from attnlab._checks import check_positive_int, shape_str
+from attnlab._checks import check_positive_int, check_sink_rows, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState", "last_keys"]
@@ -102,16 +102,7 @@ class KVCache:
         self.sinks: int | None = None
         self.row_sinks: torch.Tensor | None = None  # (B,) when the rows keep different sinks
         if sinks is not None:
-            rows = [sinks] if isinstance(sinks, int) else list(sinks)
-            if (
-                not rows
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in rows)
-                or len(rows) not in (1, batch)
-            ):
-                raise ArgumentError(
-                    f"sinks must be a non-negative int, or one per batch row ({batch}), "
-                    f"got {sinks!r}"
-                )
+            rows = check_sink_rows(sinks, batch)
             if len(set(rows)) > 1:
                 self.row_sinks = torch.tensor(rows, device=device)
             sinks = max(rows)
@@ -122,6 +113,7 @@ class KVCache:
                 )
             self.sinks = sinks
             capacity = min(capacity, sinks + self.window)
+            self._recent = capacity - sinks  # the window's slots (fewer if capacity is smaller)
         elif self.window is not None:
             capacity = min(capacity, self.window)
         self.k = torch.zeros(batch, num_kv_heads, capacity, d_head, dtype=dtype, device=device)
@@ -172,8 +164,7 @@ class KVCache:
         new = torch.arange(count, device=self.k.device)
         if self.row_sinks is None or self.sinks is None:
             return self.next_position + new
-        recent = self.k.shape[2] - self.sinks  # the window (less if the capacity is smaller)
-        seen = (self.row_sinks + recent).clamp(max=self.length)  # the keys each row sees (B,)
+        seen = (self.row_sinks + self._recent).clamp(max=self.length)  # the keys each row sees
         return seen[:, None] + new
 
     def key_places(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,11 +185,11 @@ class KVCache:
         held = min(before, self.k.shape[2])
         if self.row_sinks is None or self.sinks is None:
             return torch.arange(held + count, device=dev), None
-        recent = self.k.shape[2] - self.sinks  # the window (less if the capacity is smaller)
+        start = before - self._recent  # the first earlier token still in the window
         token = torch.arange(before + count, device=dev)  # the token in each returned slot
         if before > held:  # the first sinks and the last window of the earlier tokens, the new
-            token = torch.cat([token[: self.sinks], token[before - recent :]])
-        visible = (token < self.row_sinks[:, None]) | (token >= before - recent)  # (B, K)
+            token = torch.cat([token[: self.sinks], token[start:]])
+        visible = (token < self.row_sinks[:, None]) | (token >= start)  # (B, K)
         return (visible.long().cumsum(-1) - 1).clamp(min=0), visible
 
     @property
