@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 import attnlab as al
 from attnlab.inspect import flops
+from attnlab.nn.backends.flex import allow_recompiles
 from attnlab.nn.block_layout import bigbird_layout
 
 # dense bf16 tensor-core peaks, FLOP/s (NVIDIA's data sheets, without sparsity)
@@ -358,10 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args.repeats = args.repeats or (2 if q else 10)
     args.train_steps = args.train_steps or (2 if q else 10)
     # one flex kernel per shape and mask: more than dynamo's default 8 recompiles
-    for name in ("recompile_limit", "cache_size_limit"):  # its name since torch 2.7, before
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
-            break
+    allow_recompiles(64)
     torch.manual_seed(0)
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.nn.backends.flex import allow_recompiles
+
 REPO = Path(__file__).resolve().parents[1]
 
 # the devices a device-clean test runs on: the CPU always, CUDA when there is one (its cases carry
@@ -23,7 +25,7 @@ torch.set_num_threads(1)
 # the flex backend compiles FlexAttention once per shape, mask and dtype; the suite asks for far more
 # than PyTorch's default of 8 recompiles before it runs the function eagerly, which would test
 # the unfused fallback instead (pyproject turns its warning into an error)
-torch._dynamo.config.recompile_limit = 256
+allow_recompiles(256)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -227,3 +227,14 @@ def test_structure_tiles_list_every_visited_tile() -> None:
         for row in range(3):
             listed = order[0, 0, row, : counts[0, 0, row]].tolist()
             assert listed == dense[row].nonzero().flatten().tolist()
+
+
+def test_allow_recompiles_sets_dynamos_limit_under_this_torchs_name() -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    before = getattr(config, name)
+    try:
+        flex.allow_recompiles(123)
+        assert getattr(config, name) == 123
+    finally:
+        setattr(config, name, before)

@@ -23,7 +23,8 @@ own: it reuses the structure's tiles, each marked *partial* so that the kernel e
 the price is that tiles hidden by padding alone are visited (masked, not skipped).
 FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
 ``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
-eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes.
+eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes
+(:func:`allow_recompiles`).
 
 Where FlexAttention cannot compute a call exactly the backend computes it on the exact
 ``"blockwise"`` path instead (:func:`flex_available` says which): dropout, float64, and on the
@@ -48,7 +49,13 @@ from attnlab.nn.backends.common import head_groups, repeat_kv
 from attnlab.nn.backends.math import math_attention
 from attnlab.nn.mask_spec import Masking
 
-__all__ = ["FLEX_BLOCK", "flex_attention", "flex_available", "structure_block_mask"]
+__all__ = [
+    "FLEX_BLOCK",
+    "allow_recompiles",
+    "flex_attention",
+    "flex_available",
+    "structure_block_mask",
+]
 
 #: FlexAttention's tile (rows and columns of a ``BlockMask`` block)
 FLEX_BLOCK = 128
@@ -82,6 +89,19 @@ class _Structure:
 
 
 _STRUCTURES: OrderedDict[tuple[Any, ...], _Structure] = OrderedDict()
+
+
+def allow_recompiles(limit: int) -> None:
+    """Let ``torch.compile`` keep ``limit`` kernels per function (FlexAttention: one per shape,
+    mask and dtype) before it runs the function eagerly.
+
+    Args:
+        limit: the recompiles allowed; dynamo's option is ``recompile_limit`` since torch 2.7,
+            ``cache_size_limit`` before, and setting an option a version lacks raises.
+    """
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, limit)
 
 
 def flex_available(
