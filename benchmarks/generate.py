@@ -115,6 +115,31 @@ def build_smollm2() -> tuple[torch.nn.Module, al.GPT]:
     return hf, al.load_pretrained("smollm2-135m").model.eval()
 
 
+def build_smollm2_random(seed: int = 0) -> tuple[torch.nn.Module, al.GPT]:
+    """SmolLM2-135M's architecture (the GGUF file's sizes) with random weights: a Hugging Face
+    ``LlamaForCausalLM`` (SDPA) and attnlab's copy, in fp32 — for a machine without the file
+    (the GPU machine: the 98 MB file does not travel), where speed, not text, is measured."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    s = SMOLLM2
+    cfg = LlamaConfig(
+        vocab_size=s.vocab_size,
+        hidden_size=s.n_embd,
+        intermediate_size=1536,
+        num_hidden_layers=s.n_layer,
+        num_attention_heads=s.n_head,
+        num_key_value_heads=3,
+        max_position_embeddings=s.n_positions,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    hf = LlamaForCausalLM(cfg).eval()
+    return hf, al.GPT.from_hf(hf).eval()
+
+
 # docs/design.md, "The numbers the benchmarks stand on": streaming reads on two cores of the
 # project's machine, bytes/s
 DESIGN_BANDWIDTH = 22e9
