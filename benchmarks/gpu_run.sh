@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
-timeout 180 "$PY" -m pytest -m cuda -q -p no:cacheprovider -o addopts="" -rfE -n 4 -v \
+timeout 180 "$PY" -m pytest -m cuda -p no:cacheprovider -o addopts="" -rfE -n 4 -v \
     --durations=12 tests/test_devices.py 2>&1 | tee "$OUT/pytest_cuda.log"
 tests=${PIPESTATUS[0]}
 timeout 380 "$PY" benchmarks/gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
