@@ -5,7 +5,7 @@ Three sections (``--sections``, all by default), each a table of ratios:
 
 * **attention** — forward + backward, bf16, causal, ``B = 1``, ``H · d = 1024``, d = 64 and 128:
   attnlab's ``sdpa`` backend against raw ``F.scaled_dot_product_attention`` (goal <= 1.02x) at
-  every ``--lengths``; the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
+  every ``--lengths``, the kernels of one length run in turn (``interleaved_medians``); the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
   causal flash at 32k) and with a causal BigBird layout (blocks of 128, 3-block band, 1 global,
   2 random) against the same dense kernel, at ``--flex-lengths`` (each compiles its kernels);
 * **train** — GPT-2 small (124M), batch 8 x 1024, bf16 autocast, AdamW: attnlab's ``GPT``
@@ -94,6 +94,31 @@ def failed(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
 
 
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int
+) -> dict[str, float | BaseException]:
+    """Median seconds of each function, run in turn ``repeats`` times (after one untimed call
+    each), so that clocks and caches drift alike for all; a function that raises gives its error."""
+    results: dict[str, float | BaseException] = {}
+    live: dict[str, Callable[[], object]] = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            live[name] = fn
+        except Exception as err:  # e.g. out of memory at 32k: its row says so, the rest runs
+            results[name] = err
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(repeats):
+        for name, fn in live.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    results.update({name: statistics.median(t) for name, t in times.items()})
+    return results
+
+
 def attention_rows(
     args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
 ) -> None:
@@ -103,38 +128,36 @@ def attention_rows(
         for t in args.lengths:
             q = torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True)
             kv = torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True)
-            raw = median_seconds(
-                fwd_bwd(
-                    lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, kv
-                ),
-                device,
-                args.repeats,
-            )
 
             def ours(backend: str, **kw: Any) -> Callable[..., torch.Tensor]:
                 return lambda a, b, c: al.scaled_dot_product_attention(
                     a, b, c, backend=backend, **kw
                 )
 
-            measured = {"sdpa backend, causal": ours("sdpa", is_causal=True)}
+            kernels = {
+                "raw": lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+                "sdpa backend, causal": ours("sdpa", is_causal=True),
+            }
             if t in args.flex_lengths:
                 block = 128 if t >= 1024 else 16
                 layout = bigbird_layout(t, block_size=block, num_random_blocks=2, causal=True)
-                measured["flex, window 256"] = ours("flex", is_causal=True, window=256)
-                measured[f"flex, BigBird b={block}"] = ours("flex", block_mask=layout)
-            for name, fn in measured.items():
-                row: Row = {"d": d, "T": t, "what": name, "ms_raw": 1e3 * raw}
-                try:
-                    seconds = median_seconds(fwd_bwd(fn, q, kv), device, args.repeats)
-                    row.update(ms=1e3 * seconds, ratio=seconds / raw)
-                except (
-                    Exception
-                ) as err:  # e.g. out of memory at 32k: the row says so, the rest runs
-                    row["error"] = failed(err)
-                    q.grad = kv.grad = None
+                kernels["flex, window 256"] = ours("flex", is_causal=True, window=256)
+                kernels[f"flex, BigBird b={block}"] = ours("flex", block_mask=layout)
+            steps = {name: fwd_bwd(fn, q, kv) for name, fn in kernels.items()}
+            measured = interleaved_medians(steps, device, args.repeats)
+            q.grad = kv.grad = None
+            raw = measured.pop("raw")
+            for name, seconds in measured.items():
+                row: Row = {"d": d, "T": t, "what": name}
+                if isinstance(raw, BaseException):
+                    row["error"] = "raw SDPA: " + failed(raw)
+                elif isinstance(seconds, BaseException):
+                    row.update(ms_raw=1e3 * raw, error=failed(seconds))
+                else:
+                    row.update(ms_raw=1e3 * raw, ms=1e3 * seconds, ratio=seconds / raw)
                 rows.append(row)
-                save()
-            del q, kv
+            save()
+            del q, kv, steps
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 

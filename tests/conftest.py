@@ -40,7 +40,13 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def concrete(device: str) -> torch.device:
+    """The device as its tensors report it: ``cuda:0`` for ``"cuda"`` (``torch.device("cuda")``
+    is not equal to a tensor's ``cuda:0``), ``cpu`` for ``"cpu"``."""
+    return torch.empty(0, device=device).device
+
+
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> torch.device:
-    """Each device present, as ``torch.device`` (the CUDA case marked ``cuda``)."""
-    return torch.device(request.param)
+    """Each device present, as its tensors report it (the CUDA case marked ``cuda``)."""
+    return concrete(request.param)

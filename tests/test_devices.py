@@ -26,7 +26,7 @@ from attnlab.nn.masks import sliding_window_mask
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.losses import token_loss
 from attnlab.training.processes import DistInfo
-from tests.conftest import CUDA
+from tests.conftest import CUDA, concrete
 from tests.decoding._models import greedy_without_cache, tiny_gpt
 from tests.reference import assert_close_rule, attention_ref
 from tests.training._tiny_task import VOCAB, TinyBatches, make_optimizer
@@ -83,7 +83,7 @@ def test_backend_mask_gqa_dtype(
 ) -> None:
     """Output and q/k/v gradients within 2x the plain same-dtype error of the float64 reference;
     everything stays on the inputs' device."""
-    device = torch.device(dev)
+    device = concrete(dev)
     kwargs, dense, causal = _mask(mask, device)
     q = torch.randn(B, H, T, D, device=device).to(dtype).requires_grad_()
     k = torch.randn(B, h_kv, T, D, device=device).to(dtype).requires_grad_()

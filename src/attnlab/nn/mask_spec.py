@@ -10,6 +10,7 @@ skip the tiles they hide; so is a block-sparse layout (``blocks``, a
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -144,8 +145,7 @@ class Masking:
                     self.blocks,
                 )
         elif self.window is not None and self.allowed is not None:
-            lo, hi = self.bounds(t_q, t_k)
-            if (hi is None or hi >= 0) and (lo is None or t_q - 1 + lo <= t_k - 1):
+            if _band_leaves_every_row_a_key(self.bounds(t_q, t_k), t_q, t_k):
                 return Masking(
                     self.allowed | rows, self.bias, self.causal_offset, self.shift, self.window
                 )
@@ -371,6 +371,22 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     return empty
 
 
+def _band_leaves_every_row_a_key(bounds: Bounds, t_q: int, t_k: int) -> bool:
+    """Whether every row ``i < T_q`` keeps a key in ``[i + lo, i + hi] ∩ [0, T_k)``.
+
+    The band moves with ``i``: it holds a key for all rows iff ``lo <= hi``, the first row's
+    reaches ``j = 0`` (``hi >= 0``) and the last row's starts before ``T_k`` (``T_q − 1 + lo <
+    T_k``); an unbounded side always does.
+    """
+    lo, hi = bounds
+    return (
+        t_k > 0
+        and (lo is None or hi is None or lo <= hi)
+        and (hi is None or hi >= 0)
+        and (lo is None or t_q - 1 + lo < t_k)
+    )
+
+
 def _empty_rows_in_band(
     allowed: torch.Tensor | None, bounds: Bounds, t_q: int, t_k: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -378,6 +394,8 @@ def _empty_rows_in_band(
     ``[i + lo, i + hi]``, counted with a cumulative sum along the keys (no ``T_q × T_k`` tensor
     beyond the mask itself)."""
     lo, hi = bounds
+    if allowed is None and _band_leaves_every_row_a_key(bounds, t_q, t_k):
+        return None  # decided from the bounds alone: no read-back, no tensor, on every device
     rows = torch.arange(t_q, device=device)
     start = torch.zeros_like(rows) if lo is None else (rows + lo).clamp(0, t_k)
     stop = torch.full_like(rows, t_k) if hi is None else (rows + hi + 1).clamp(0, t_k)
@@ -499,6 +517,13 @@ def _empty_rows_in_blocks(
     if allowed is not None and allowed.shape[-2] > 1:  # a mask per row: dense already
         vis = allowed & expand_blocks(layout.blocks, layout.block_size, t_q, t_k, allowed.device)
         return _empty_rows_in_band(vis, bounds, t_q, t_k, torch.device(device))
+    off_cpu = torch.device(device).type != "cpu"
+    if allowed is None and off_cpu and not torch.compiler.is_compiling():
+        # the layout alone decides, and it lives on the CPU: read back there (free), and build
+        # the rows on the device only when some row is empty
+        key = (layout.block_size, layout.blocks.numpy().tobytes(), bounds, t_q, t_k)
+        if _layout_leaves_every_row_a_key(key, layout):
+            return None
     lo, hi = bounds
     rows = torch.arange(t_q, device=device)
     start = torch.zeros_like(rows) if lo is None else (rows + lo).clamp(0, t_k)
@@ -518,6 +543,15 @@ def _empty_rows_in_blocks(
     if not _no_readback(empty) and not bool(empty.any()):
         return None
     return empty
+
+
+@functools.lru_cache(maxsize=16)
+def _layout_leaves_every_row_a_key(key: tuple[object, ...], layout: BlockLayout) -> bool:
+    """Whether no row is empty under a layout and bounds, computed on the CPU once per ``key``
+    (the layout's block size and bytes, the bounds, ``T_q``, ``T_k``): ``O(T · runs)`` there,
+    5 ms at ``T = 32768``, too slow for every layer of every call."""
+    _, _, bounds, t_q, t_k = key
+    return _empty_rows_in_blocks(None, layout, bounds, t_q, t_k, "cpu") is None  # type: ignore[arg-type]
 
 
 def _seen_in_blocks(

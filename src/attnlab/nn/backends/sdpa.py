@@ -5,7 +5,8 @@ Two things PyTorch does differently from attnlab, and how they are bridged:
 * its ``is_causal`` is aligned top-left; it is passed through only when ``T_q == T_k`` (where the two
   alignments agree) — otherwise the bottom-right causal mask is built explicitly, and so are a
   sliding window and a block layout (the fused function has no argument for either);
-* grouped-query heads use ``enable_gqa`` where this torch has it, else keys/values are repeated.
+* grouped-query heads use ``enable_gqa`` where it reaches a fused kernel (flash: the CPU, or CUDA
+  in half types without a mask), else keys/values are repeated.
 """
 
 from __future__ import annotations
@@ -76,12 +77,15 @@ def sdpa_attention(
 
     groups = head_groups(query, key)
     kwargs: dict[str, bool] = {}
+    half = query.dtype in (torch.float16, torch.bfloat16)
     # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
     # type (2x the error of repeating the heads first); half types that need gradients repeat
-    half_grad = query.dtype in (torch.float16, torch.bfloat16) and (
-        key.requires_grad or value.requires_grad
-    )
-    if groups > 1 and _HAS_GQA and not half_grad:
+    half_grad = half and (key.requires_grad or value.requires_grad)
+    # only the flash kernel takes enable_gqa: on the CPU in every dtype and with a mask, on CUDA in
+    # half types without one (the memory-efficient and cuDNN kernels need as many key/value heads
+    # as query heads, so enable_gqa would fall back to the unfused math kernel)
+    flash_gqa = query.device.type == "cpu" or (half and attn_mask is None)
+    if groups > 1 and _HAS_GQA and not half_grad and flash_gqa:
         kwargs["enable_gqa"] = True
     else:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
