@@ -216,6 +216,26 @@ def test_sdpa_backend_reaches_a_fused_kernel(device: torch.device, dtype: torch.
             al.scaled_dot_product_attention(q, kv, kv, backend="sdpa", is_causal=True)
 
 
+def test_grouped_heads_go_to_torch_where_flash_takes_them() -> None:
+    """``enable_gqa`` only where PyTorch's flash kernel takes it (the CPU; CUDA in half types
+    without a mask); elsewhere the key/value heads are repeated, so that the memory-efficient and
+    cuDNN kernels can run (on CUDA fp32 GQA had fallen to the math kernel). ``meta`` stands for
+    a device other than the CPU."""
+    from attnlab.nn.backends.sdpa import uses_enable_gqa
+
+    def case(device: str, dtype: torch.dtype, masked: bool, grad: bool = False) -> bool:
+        q = torch.randn(1, 4, 8, 16, device=device, dtype=dtype)
+        kv = torch.randn(1, 2, 8, 16, device=device, dtype=dtype, requires_grad=grad)
+        mask = torch.ones(8, 8, dtype=torch.bool, device=device) if masked else None
+        return uses_enable_gqa(q, kv, kv, mask)
+
+    assert case("cpu", torch.float32, False) and case("cpu", torch.float32, True)
+    assert case("cpu", torch.bfloat16, True) and not case("cpu", torch.bfloat16, False, grad=True)
+    assert case("meta", torch.bfloat16, False) and case("meta", torch.float16, False)
+    assert not case("meta", torch.float32, False) and not case("meta", torch.bfloat16, True)
+    assert not case("meta", torch.bfloat16, False, grad=True)
+
+
 def _no_host_sync(backend: str) -> None:
     """Attention (causal, padding, window) and a decode step run without a host synchronisation."""
     dev = torch.device("cuda")

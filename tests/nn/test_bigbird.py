@@ -198,6 +198,33 @@ def test_empty_rows_and_unseen_keys_account_for_the_layout(is_causal: bool) -> N
                         assert torch.equal(kk[..., 0] != 0, seen)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_layout_decides_off_the_cpu_as_on_it(is_causal: bool) -> None:
+    """On a device whose values cannot be read back (``meta`` stands in for CUDA), "no row is
+    empty" and "every key is seen" come from the layout on the CPU (cached per shape), and agree
+    with the CPU's own read-back: a layout that covers everything stays structure there."""
+    meta = torch.device("meta")
+    covered = 0
+    for t_q, t_k in LENGTHS:
+        for name, kw in LAYOUTS.items():
+            layout = al.masks.bigbird_layout(t_k, block_size=BLOCK, causal=is_causal, **kw)
+            for window in (None, (40, 0)):
+                cpu_q, cpu_k = torch.randn(1, 2, t_q, 4), torch.randn(1, 2, t_k, 4)
+                m = normalize_mask(cpu_q, cpu_k, None, is_causal, window, layout)
+                if m.blocks is None:  # every block visible: no layout left
+                    continue
+                bounds = m.bounds(t_q, t_k)
+                rows_cpu = empty_rows(m, t_q, t_k, cpu_q.device) is None
+                kk, _ = hide_unseen_keys(None, cpu_k, cpu_k, bounds, t_q, m.blocks)
+                keys_cpu = kk is cpu_k
+                k = cpu_k.to(meta)
+                rows_meta = empty_rows(m, t_q, t_k, meta) is None
+                kk, _ = hide_unseen_keys(None, k, k, bounds, t_q, m.blocks)
+                assert (rows_meta, kk is k) == (rows_cpu, keys_cpu), (name, t_q, t_k, window)
+                covered += rows_cpu and keys_cpu
+    assert covered > 0
+
+
 # --------------------------------------------------------------------- blockwise: visible tiles only
 
 

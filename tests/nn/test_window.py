@@ -16,7 +16,13 @@ import attnlab as al
 from attnlab.nn.backends import blockwise
 from attnlab.nn.backends.plan import TilePlan
 from attnlab.nn.kv_cache import KVCache, ModelCache
-from attnlab.nn.mask_spec import empty_rows, normalize_mask
+from attnlab.nn.mask_spec import (
+    _band_leaves_every_row_a_key,
+    _structure_sees_every_key,
+    empty_rows,
+    hide_unseen_keys,
+    normalize_mask,
+)
 from tests.decoding._models import tiny_gpt
 from tests.nn._patterns import BACKENDS, B, count_scores, use_small_tiles
 from tests.nn._patterns import qkv as _qkv
@@ -164,6 +170,51 @@ def test_empty_rows_account_for_the_window(is_causal: bool) -> None:
                         got.expand(want.shape) if want.dim() >= got.dim() else got,
                         want.expand(got.shape),
                     )
+
+
+def test_band_coverage_decided_from_the_bounds_equals_the_dense_answer() -> None:
+    """Whether every row keeps a key, and every key is seen, from ``(lo, hi)`` and the lengths
+    alone (what lets a device skip the read-back): every bound and length up to 7, exhaustively."""
+    cpu = torch.device("cpu")
+    sides = [None, *range(-7, 8)]
+    for t_q in range(1, 8):
+        for t_k in range(1, 8):
+            i, j = torch.arange(t_q)[:, None], torch.arange(t_k)[None, :]
+            for lo in sides:
+                for hi in sides:
+                    vis = torch.ones(t_q, t_k, dtype=torch.bool)
+                    if lo is not None:
+                        vis &= j >= i + lo
+                    if hi is not None:
+                        vis &= j <= i + hi
+                    bounds = (lo, hi)
+                    rows = _band_leaves_every_row_a_key(bounds, t_q, t_k)
+                    assert rows == bool(vis.any(-1).all()), (bounds, t_q, t_k)
+                    keys = _structure_sees_every_key(bounds, None, t_q, t_k, cpu)
+                    assert keys == bool(vis.any(-2).all()), (bounds, t_q, t_k)
+
+
+def test_a_window_stays_structure_off_the_cpu() -> None:
+    """On a device whose values cannot be read back (``meta`` stands in for CUDA) a window that
+    leaves every row a key is neither opened into a dense mask nor zeroes keys: the flex and
+    blockwise backends keep skipping the tiles outside the band."""
+    meta = torch.device("meta")
+    cases = (
+        (300, 300, 64, True, True),
+        (100, 300, (250, 0), True, True),
+        (40, 300, (8, 3), False, False),
+    )
+    for t_q, t_k, window, is_causal, all_seen in cases:
+        q, k = torch.randn(1, 2, t_q, 4, device=meta), torch.randn(1, 2, t_k, 4, device=meta)
+        m = normalize_mask(q, k, None, is_causal, window)
+        assert m.window is not None and empty_rows(m, t_q, t_k, meta) is None
+        kk, vv = hide_unseen_keys(None, k, k, m.bounds(t_q, t_k), t_q)
+        # keys 0 … 251 lie outside every window of the last case: zeroed (new tensors)
+        assert (kk is k and vv is k) == all_seen
+    # rows without a key (T_q > T_k, causal): the device takes the long way, no read-back
+    q, k = torch.randn(1, 2, 9, 4, device=meta), torch.randn(1, 2, 5, 4, device=meta)
+    m = normalize_mask(q, k, None, True, 2)
+    assert empty_rows(m, 9, 5, meta) is not None
 
 
 # --------------------------------------------------------------------- blockwise: band tiles only

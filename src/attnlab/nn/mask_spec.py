@@ -25,6 +25,8 @@ __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
 
 # the keys row ``i`` sees as offsets from ``i``: ``i + lo <= j <= i + hi`` (``None``: unbounded)
 Bounds = tuple[int | None, int | None]
+# a layout's block size and bytes, the bounds, T_q and T_k (see _layout_coverage)
+_LayoutKey = tuple[int, bytes, Bounds, int, int]
 
 
 @dataclass(frozen=True)
@@ -447,12 +449,13 @@ def hide_unseen_keys(
         allowed broadcastable to ``(..., H, T_q, T_k)``; key ``(..., H_kv, T_k, D)``, value
         ``(..., H_kv, T_k, D_v)``; the outputs have the inputs' shapes.
     """
+    t_k = key.shape[-2]
+    if allowed is None and _structure_sees_every_key(bounds, blocks, t_q, t_k, key.device):
+        return key, value  # decided on the host from the structure alone: no read-back
     if blocks is not None:
-        seen = _seen_in_blocks(
-            allowed, blocks, bounds or (None, None), t_q, key.shape[-2], key.device
-        )
+        seen = _seen_in_blocks(allowed, blocks, bounds or (None, None), t_q, t_k, key.device)
     elif bounds is not None:
-        seen = _seen_in_band(allowed, bounds, t_q, key.shape[-2], key.device)
+        seen = _seen_in_band(allowed, bounds, t_q, t_k, key.device)
     elif allowed is None:
         return key, value
     else:
@@ -521,8 +524,7 @@ def _empty_rows_in_blocks(
     if allowed is None and off_cpu and not torch.compiler.is_compiling():
         # the layout alone decides, and it lives on the CPU: read back there (free), and build
         # the rows on the device only when some row is empty
-        key = (layout.block_size, layout.blocks.numpy().tobytes(), bounds, t_q, t_k)
-        if _layout_leaves_every_row_a_key(key, layout):
+        if _layout_coverage(_layout_key(layout, bounds, t_q, t_k), layout)[0]:
             return None
     lo, hi = bounds
     rows = torch.arange(t_q, device=device)
@@ -545,13 +547,42 @@ def _empty_rows_in_blocks(
     return empty
 
 
+def _layout_key(layout: BlockLayout, bounds: Bounds, t_q: int, t_k: int) -> _LayoutKey:
+    """What :func:`_layout_coverage` depends on: the layout's block size and bytes, the bounds,
+    ``T_q`` and ``T_k``."""
+    return (layout.block_size, layout.blocks.numpy().tobytes(), bounds, t_q, t_k)
+
+
 @functools.lru_cache(maxsize=16)
-def _layout_leaves_every_row_a_key(key: tuple[object, ...], layout: BlockLayout) -> bool:
-    """Whether no row is empty under a layout and bounds, computed on the CPU once per ``key``
-    (the layout's block size and bytes, the bounds, ``T_q``, ``T_k``): ``O(T · runs)`` there,
-    5 ms at ``T = 32768``, too slow for every layer of every call."""
+def _layout_coverage(key: _LayoutKey, layout: BlockLayout) -> tuple[bool, bool]:
+    """``(no row is empty, every key is seen)`` under a layout and bounds, without a mask:
+    computed on the CPU, where the layout lives, once per ``key`` (:func:`_layout_key`);
+    ``O(T · runs)``, 5 ms at ``T = 32768``, too slow for every layer of every call."""
     _, _, bounds, t_q, t_k = key
-    return _empty_rows_in_blocks(None, layout, bounds, t_q, t_k, "cpu") is None  # type: ignore[arg-type]
+    cpu = torch.device("cpu")
+    rows = _empty_rows_in_blocks(None, layout, bounds, t_q, t_k, cpu) is None
+    keys = bool(_seen_in_blocks(None, layout, bounds, t_q, t_k, cpu).all())
+    return rows, keys
+
+
+def _structure_sees_every_key(
+    bounds: Bounds | None, blocks: BlockLayout | None, t_q: int, t_k: int, device: torch.device
+) -> bool:
+    """Whether the causal rule, the window and the layout alone let some query see every key,
+    decided without reading a device tensor (``False``: not known here, take the long way).
+
+    Key ``j`` is seen by the rows ``j − hi <= i <= j − lo``: the band of the transposed problem,
+    ``(−hi, −lo)`` over ``T_k`` rows and ``T_q`` columns.
+    """
+    if bounds is None and blocks is None:
+        return True
+    lo, hi = bounds or (None, None)
+    if blocks is None:
+        flipped = (None if hi is None else -hi, None if lo is None else -lo)
+        return _band_leaves_every_row_a_key(flipped, t_k, t_q)
+    if device.type == "cpu" or torch.compiler.is_compiling():
+        return False  # the CPU reads its own check back for free; a traced graph takes the long way
+    return _layout_coverage(_layout_key(blocks, (lo, hi), t_q, t_k), blocks)[1]
 
 
 def _seen_in_blocks(

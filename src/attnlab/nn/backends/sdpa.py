@@ -77,15 +77,7 @@ def sdpa_attention(
 
     groups = head_groups(query, key)
     kwargs: dict[str, bool] = {}
-    half = query.dtype in (torch.float16, torch.bfloat16)
-    # torch's enable_gqa sums the grouped heads' key/value gradients after rounding each to a half
-    # type (2x the error of repeating the heads first); half types that need gradients repeat
-    half_grad = half and (key.requires_grad or value.requires_grad)
-    # only the flash kernel takes enable_gqa: on the CPU in every dtype and with a mask, on CUDA in
-    # half types without one (the memory-efficient and cuDNN kernels need as many key/value heads
-    # as query heads, so enable_gqa would fall back to the unfused math kernel)
-    flash_gqa = query.device.type == "cpu" or (half and attn_mask is None)
-    if groups > 1 and _HAS_GQA and not half_grad and flash_gqa:
+    if groups > 1 and uses_enable_gqa(query, key, value, attn_mask):
         kwargs["enable_gqa"] = True
     else:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
@@ -103,3 +95,32 @@ def sdpa_attention(
     if need_weights:
         _, weights = math_attention(query, key, value, masking, scale, 0.0, True)
     return out, weights
+
+
+def uses_enable_gqa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None
+) -> bool:
+    """Whether grouped-query heads go to PyTorch as they are (``enable_gqa``) rather than repeated.
+
+    Only the flash kernel takes ``enable_gqa``: on the CPU in every dtype and with a mask, on CUDA
+    in half types without a mask (the memory-efficient and cuDNN kernels need as many key/value
+    heads as query heads, so ``enable_gqa`` would fall back to the unfused math kernel). And half
+    types whose keys or values need gradients repeat: the fused backward sums the grouped heads'
+    gradients after rounding each to the half type (2x the error of repeating the heads first).
+
+    Args:
+        query: the queries.
+        key: the keys, fewer heads than ``query``.
+        value: the values.
+        attn_mask: the mask passed to PyTorch, or ``None`` (``is_causal`` alone).
+
+    Returns:
+        ``True`` to pass ``enable_gqa=True``, ``False`` to repeat the key/value heads.
+
+    Shape:
+        as :func:`sdpa_attention`.
+    """
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if not _HAS_GQA or (half and (key.requires_grad or value.requires_grad)):
+        return False
+    return query.device.type == "cpu" or (half and attn_mask is None)
