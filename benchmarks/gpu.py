@@ -5,25 +5,25 @@ Three sections (``--sections``, all by default), each a table of ratios:
 
 * **attention** — forward + backward, bf16, causal, ``B = 1``, ``H · d = 1024``, d = 64 and 128:
   attnlab's ``sdpa`` backend against raw ``F.scaled_dot_product_attention`` (goal <= 1.02x) at
-  every ``--lengths``, the kernels of one length run in turn (``interleaved_medians``); the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
+  every ``--lengths``; the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
   causal flash at 32k) and with a causal BigBird layout (blocks of 128, 3-block band, 1 global,
   2 random) against the same dense kernel, at ``--flex-lengths`` (each compiles its kernels);
+  the kernels of one length are timed in turn (``interleaved_medians``);
 * **train** — GPT-2 small (124M), batch 8 x 1024, bf16 autocast, AdamW: attnlab's ``GPT``
   under ``torch.compile`` against Hugging Face's ``GPT2LMHeadModel`` (SDPA; eager unless
   ``--compile-hf``), same weights, same batches: tokens/s, model FLOPs utilisation
   (``attnlab.inspect.flops`` of a training step / step time / the GPU's dense bf16 peak) and the
   first step's loss of each;
 * **decode** — greedy decoding, 32-token prompt, 128 new tokens, batch 1, fp32 (``--decode-dtype``):
-  GPT-2 small and
-  the bundled SmolLM2-135M (``attnlab.load_pretrained("smollm2-135m")``; a row that cannot load
-  says why) against ``transformers``' ``generate``: the same tokens, tokens/s, eager and with
-  ``compile=True``.
+  GPT-2 small and the bundled SmolLM2-135M (``attnlab.load_pretrained("smollm2-135m")``; where
+  it cannot load, the row says why and its architecture runs on random weights) against
+  ``transformers``' ``generate``: the same tokens, tokens/s, eager and with ``compile=True``.
 
 Results go to ``--out`` as ``gpu.json`` and ``gpu.md`` (the tables). ``--quick`` (``--smoke``)
 runs tiny sizes in seconds on any device — on the CPU it is what CI runs (no ``torch.compile``
 there, and ``flex`` runs its exact fallback as its CPU backward does).
 
-    python benchmarks/gpu.py --out build/gpu          # on one H100: under 5 minutes
+    python benchmarks/gpu.py --out build/gpu          # on one H100: 2.5 minutes (measured)
     python benchmarks/gpu.py --quick --out build/gpu  # tiny sizes, seconds, CPU or GPU
     attnlab bench gpu --args "--out build/gpu"
 """
