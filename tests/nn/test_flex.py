@@ -212,8 +212,8 @@ def test_padding_reuses_the_structure_tiles(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(built) == 1
 
 
-def test_structure_tiles_list_every_visited_tile() -> None:
-    """The tiles a padded call visits are exactly the structure's partial and full tiles."""
+def test_structure_visited_tiles_are_its_partial_and_full_tiles() -> None:
+    """The tiles a padded call may visit are exactly the structure's partial and full tiles."""
     q = torch.zeros(1, 1, 300, 8)
     for masking in (
         normalize_mask(q, q, None, True, 100),
@@ -222,11 +222,51 @@ def test_structure_tiles_list_every_visited_tile() -> None:
         ),
     ):
         structure = flex._structure(masking, 300, 300, q.device)
-        counts, order = structure.tiles
-        dense = structure.block_mask.to_dense()[0, 0] > 0
-        for row in range(3):
-            listed = order[0, 0, row, : counts[0, 0, row]].tolist()
-            assert listed == dense[row].nonzero().flatten().tolist()
+        assert torch.equal(structure.visited, structure.block_mask.to_dense() > 0)
+
+
+def test_padding_skips_the_tiles_it_hides() -> None:
+    """Per sequence, a tile whose keys are all padding is not listed, so the kernel skips it
+    (it is not merely masked); the kept tiles come first, in column order, and the call stays
+    exact against the float64 reference."""
+    t = 520  # five 128-tiles, the last one short
+    pad = torch.ones(3, 1, 1, t, dtype=torch.bool)
+    pad[0, ..., 130:] = False  # keys of tiles 0 and 1 (two keys) only
+    pad[1, ..., :300] = False  # left padding: tiles 2 … 4
+    q = torch.randn(3, 2, t, 16)
+    for window, lead_rows in ((None, [2, 2, 2, 2, 2]), (100, [1, 2, 1, 0, 0])):
+        masking = normalize_mask(q, q, pad, True, window)
+        block_mask = flex._block_mask(masking, q.shape[:-3], t, t, q.device)
+        counts = block_mask.kv_num_blocks
+        assert counts[0, 0].tolist() == [min(r + 1, c) for r, c in enumerate(lead_rows)]
+        listed = [
+            block_mask.kv_indices[1, 0, row, : counts[1, 0, row]].tolist() for row in range(5)
+        ]
+        if window is None:  # causal: row r sees tiles 0 … r, of which padding keeps 2 … 4
+            assert listed == [[], [], [2], [2, 3], [2, 3, 4]]
+        assert counts[2, 0].tolist() == ([1, 2, 3, 4, 5] if window is None else [1, 2, 2, 2, 2])
+    k, v = torch.randn(3, 2, t, 16), torch.randn(3, 2, t, 16)
+    for window in (None, 100):
+        band = sliding_window_mask(t, t, (window if window else t, 0))
+        out = al.scaled_dot_product_attention(
+            q, k, v, mask=pad, is_causal=True, window=window, backend="flex"
+        )
+        ref_out, _ = attention_ref(q, k, v, pad & band)
+        base_out, _ = attention_ref(q, k, v, pad & band, upcast=False)
+        assert_close_rule(out, ref_out, base_out, f"padding skipped, window {window}")
+
+
+def test_a_padded_block_mask_reads_nothing_back() -> None:
+    """Which tiles padding keeps is decided on the device: on ``meta`` (no value can be read
+    back, the CPU's stand-in for a CUDA sync check) the ``BlockMask`` of a padded call builds."""
+    meta = torch.device("meta")
+    q = torch.randn(3, 2, 520, 16, device=meta)
+    pad = torch.ones(3, 1, 1, 520, dtype=torch.bool, device=meta)
+    for window in (None, 100):
+        masking = normalize_mask(q, q, pad, True, window)
+        block_mask = flex._block_mask(masking, q.shape[:-3], 520, 520, meta)
+        assert block_mask.kv_num_blocks.shape == (3, 1, 5)
+        assert block_mask.kv_num_blocks.device == meta
 
 
 def test_allow_recompiles_sets_dynamos_limit_under_this_torchs_name() -> None:

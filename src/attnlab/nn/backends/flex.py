@@ -16,11 +16,12 @@ in one compiled kernel that skips every ``128 × 128`` tile the ``BlockMask`` ma
 
 The ``BlockMask`` of the structure is built once per shape and kept in a small LRU cache keyed by
 the structure, the lengths and the device (:func:`structure_block_mask`), so a training loop and
-every layer of a model share it. A call with an ``allowed`` mask builds no ``BlockMask`` of its
-own: it reuses the structure's tiles, each marked *partial* so that the kernel evaluates the
-``mask_mod`` (which reads ``allowed``) on every entry of them. So no call evaluates a mask over
-``T_q × T_k`` entries, reads anything back to the host or builds the same mask once per layer;
-the price is that tiles hidden by padding alone are visited (masked, not skipped).
+every layer of a model share it. A call with an ``allowed`` mask does not evaluate a mask over
+``T_q × T_k`` entries either: it keeps the structure's tiles in which ``allowed`` lets some entry
+through — ``allowed`` reduced over each tile, ``O(B · T_k)`` for padding — each marked *partial*
+so that the kernel evaluates the ``mask_mod`` (which reads ``allowed``) on every entry of them,
+and ``BlockMask.from_kv_blocks`` lists them on the device. Tiles hidden by padding are skipped;
+nothing is read back to the host.
 FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
 ``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
 eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes
@@ -75,17 +76,16 @@ class _Structure:
         mod: their ``mask_mod`` (the layout's block matrix already on the device), or ``None``
             when they hide nothing.
         block_mask: their ``BlockMask`` (tiles empty, partial or full), or ``None`` likewise.
-        tiles: ``(kv_num_blocks, kv_indices)`` listing every tile that is not empty, all as
-            partial tiles: the sparsity of a call that also reads an ``allowed`` mask.
+        visited: ``True`` for each tile the structure does not hide entirely (partial or full):
+            what a call that also reads an ``allowed`` mask may visit.
 
     Shape:
-        ``kv_num_blocks`` ``(1, 1, n_q)``, ``kv_indices`` ``(1, 1, n_q, n_k)``, int32, with
-        ``n = ⌈T / 128⌉`` tiles.
+        ``visited`` ``(1, 1, n_q, n_k)`` boolean, with ``n = ⌈T / 128⌉`` tiles.
     """
 
     mod: MaskMod | None
     block_mask: Any | None
-    tiles: tuple[torch.Tensor, torch.Tensor]
+    visited: torch.Tensor
 
 
 _STRUCTURES: OrderedDict[tuple[Any, ...], _Structure] = OrderedDict()
@@ -237,15 +237,9 @@ def _build_structure(masking: Masking, t_q: int, t_k: int, device: torch.device)
     mod = _structure_mod(masking, t_q, t_k, device)
     if mod is None:
         n_q, n_k = -(-t_q // FLEX_BLOCK), -(-t_k // FLEX_BLOCK)
-        counts = torch.full((1, 1, n_q), n_k, dtype=torch.int32, device=device)
-        order = torch.arange(n_k, dtype=torch.int32, device=device).expand(1, 1, n_q, n_k)
-        return _Structure(None, None, (counts, order.contiguous()))
+        return _Structure(None, None, torch.ones(1, 1, n_q, n_k, dtype=torch.bool, device=device))
     block_mask = _create(mod, None, None, t_q, t_k, device)
-    # tile (r, c) is visited when it is partial or full; listed first, in column order
-    visited = block_mask.to_dense() > 0
-    counts = visited.sum(-1, dtype=torch.int32)
-    order = torch.argsort(visited.to(torch.int8), dim=-1, descending=True, stable=True)
-    return _Structure(mod, block_mask, (counts, order.to(torch.int32)))
+    return _Structure(mod, block_mask, block_mask.to_dense() > 0)  # partial or full
 
 
 @functools.cache
@@ -315,10 +309,12 @@ def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -
 def _block_mask(
     masking: Masking, lead: torch.Size, t_q: int, t_k: int, device: torch.device
 ) -> Any | None:
-    """The call's ``BlockMask``: the structure's, or with ``allowed`` its tiles, all partial.
+    """The call's ``BlockMask``: the structure's, or with ``allowed`` its tiles in which
+    ``allowed`` lets something through, all partial.
 
     ``allowed`` is read in the ``mask_mod``, ``allowed[b, h, i, j] and structure(i, j)``, on
-    every tile the structure leaves, so that nothing is evaluated over ``T_q × T_k`` here.
+    every tile kept; which tiles is decided per tile on the device (:func:`_tiles_allowed`),
+    without evaluating anything over ``T_q × T_k`` beyond the mask itself.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -332,10 +328,31 @@ def _block_mask(
         ok = _index(allowed, b, h, i, j)
         return ok if rule is None else ok & rule(b, h, i, j)
 
-    counts, order = structure.tiles
+    # the kept tiles of each row first, in column order (a stable sort of the flags)
+    visited = structure.visited & _tiles_allowed(allowed, t_q, t_k)  # (B | 1, H | 1, n_q, n_k)
+    counts = visited.sum(-1, dtype=torch.int32)
+    order = torch.argsort(visited.to(torch.int8), dim=-1, descending=True, stable=True)
     return BlockMask.from_kv_blocks(
-        counts, order, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mod, seq_lengths=(t_q, t_k)
+        counts, order.to(torch.int32), BLOCK_SIZE=FLEX_BLOCK, mask_mod=mod, seq_lengths=(t_q, t_k)
     )
+
+
+def _tiles_allowed(allowed: torch.Tensor, t_q: int, t_k: int) -> torch.Tensor:
+    """``True`` for each ``128 × 128`` tile in which ``allowed`` lets some entry through: the
+    mask reduced over the tile (a size-1 dimension stays one, broadcasting over the tiles).
+
+    Shape:
+        allowed ``(B | 1, H | 1, T_q | 1, T_k | 1)`` → ``(B | 1, H | 1, n_q | 1, n_k | 1)``.
+    """
+    for dim, t in ((-1, t_k), (-2, t_q)):
+        if allowed.shape[dim] == 1:
+            continue
+        n = -(-t // FLEX_BLOCK)
+        pad = [0, 0] * (-dim - 1) + [0, n * FLEX_BLOCK - t]  # pad the end of `dim` with False
+        allowed = torch.nn.functional.pad(allowed, pad)
+        shape = (*allowed.shape[:dim], n, FLEX_BLOCK) + ((allowed.shape[-1],) if dim == -2 else ())
+        allowed = allowed.reshape(shape).any(dim=dim)
+    return allowed
 
 
 def _bias_mod(bias: torch.Tensor, lead: torch.Size) -> Callable[..., torch.Tensor]:
