@@ -247,3 +247,21 @@ def test_non_finite_weights_are_refused(strategy: str) -> None:
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(al.errors.ArgumentError, match="not finite"):
         al.generate(model, ids, max_new_tokens=2, strategy=strategy)
+
+
+def test_all_finite_is_exact_where_sums_are_not() -> None:
+    """``all_finite`` decides from each tensor's sum where that proves finiteness and falls back
+    to the exact check where a finite tensor's sum overflows: NaN, +inf, -inf and both infinities
+    in one tensor are found in every floating dtype; huge finite values are finite."""
+    from attnlab._checks import all_finite
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        big = torch.finfo(dtype).max
+        assert all_finite([torch.randn(300).to(dtype), torch.arange(5)])
+        assert all_finite([torch.full((1000,), big, dtype=dtype)])  # the sum overflows
+        assert all_finite([torch.tensor([big, -big, big], dtype=dtype)])
+        for bad in ([float("nan")], [float("inf")], [float("-inf")], [float("inf"), float("-inf")]):
+            t = torch.zeros(7, dtype=dtype)
+            t[2 : 2 + len(bad)] = torch.tensor(bad, dtype=dtype)
+            assert not all_finite([torch.ones(3), t]), (dtype, bad)
+    assert all_finite([]) and all_finite([torch.tensor([True]), torch.arange(3)])
