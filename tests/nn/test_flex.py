@@ -256,6 +256,27 @@ def test_padding_skips_the_tiles_it_hides() -> None:
         assert_close_rule(out, ref_out, base_out, f"padding skipped, window {window}")
 
 
+def test_a_mask_per_row_skips_the_tiles_it_hides() -> None:
+    """A boolean mask with rows (``(B, H, T_q, T_k)``, as a floating mask's ``-inf`` become) is
+    reduced over rows and columns of each tile: a tile it hides entirely is not listed, the
+    call is exact against float64 (``T_q != T_k``, the last tiles short, under a window)."""
+    t_q, t_k = 300, 290
+    gen = torch.Generator().manual_seed(3)
+    allowed = torch.rand(2, 2, t_q, t_k, generator=gen) > 0.3
+    allowed[0, 1, 128:256, :128] = False  # one whole tile of one head of one sequence
+    q = torch.randn(2, 2, t_q, 16, generator=gen)
+    k, v = (torch.randn(2, 2, t_k, 16, generator=gen) for _ in range(2))
+    masking = normalize_mask(q, k, allowed, False, None)
+    counts = flex._block_mask(masking, q.shape[:-3], t_q, t_k, q.device).kv_num_blocks
+    assert counts[0, 1].tolist() == [3, 2, 3] and counts[1, 0].tolist() == [3, 3, 3]
+    band = sliding_window_mask(t_q, t_k, (150, 20))
+    for window, dense in ((None, allowed), ((150, 20), allowed & band)):
+        out = al.scaled_dot_product_attention(q, k, v, mask=allowed, window=window, backend="flex")
+        ref_out, _ = attention_ref(q, k, v, dense)
+        base_out, _ = attention_ref(q, k, v, dense, upcast=False)
+        assert_close_rule(out, ref_out, base_out, f"a mask per row, window {window}")
+
+
 def test_a_padded_block_mask_reads_nothing_back() -> None:
     """Which tiles padding keeps is decided on the device: on ``meta`` (no value can be read
     back, the CPU's stand-in for a CUDA sync check) the ``BlockMask`` of a padded call builds."""
