@@ -175,7 +175,6 @@ def test_empty_rows_account_for_the_window(is_causal: bool) -> None:
 def test_band_coverage_decided_from_the_bounds_equals_the_dense_answer() -> None:
     """Whether every row keeps a key, and every key is seen, from ``(lo, hi)`` and the lengths
     alone (what lets a device skip the read-back): every bound and length up to 7, exhaustively."""
-    cpu = torch.device("cpu")
     sides = [None, *range(-7, 8)]
     for t_q in range(1, 8):
         for t_k in range(1, 8):
@@ -190,7 +189,7 @@ def test_band_coverage_decided_from_the_bounds_equals_the_dense_answer() -> None
                     bounds = (lo, hi)
                     rows = _band_leaves_every_row_a_key(bounds, t_q, t_k)
                     assert rows == bool(vis.any(-1).all()), (bounds, t_q, t_k)
-                    keys = _structure_sees_every_key(bounds, None, t_q, t_k, cpu)
+                    keys = _structure_sees_every_key(bounds, None, t_q, t_k)
                     assert keys == bool(vis.any(-2).all()), (bounds, t_q, t_k)
 
 

@@ -25,8 +25,6 @@ __all__ = ["Masking", "empty_rows", "hide_unseen_keys", "normalize_mask"]
 
 # the keys row ``i`` sees as offsets from ``i``: ``i + lo <= j <= i + hi`` (``None``: unbounded)
 Bounds = tuple[int | None, int | None]
-# a layout's block size and bytes, the bounds, T_q and T_k (see _layout_coverage)
-_LayoutKey = tuple[int, bytes, Bounds, int, int]
 
 
 @dataclass(frozen=True)
@@ -134,9 +132,8 @@ class Masking:
         if self.blocks is not None:
             # the structure stays when it leaves every row some key (the opened rows see the keys
             # of their blocks), so that a backend still visits the visible tiles only
-            if self.allowed is not None and (
-                _empty_rows_in_blocks(None, self.blocks, self.bounds(t_q, t_k), t_q, t_k, device)
-                is None
+            if self.allowed is not None and _layout_leaves_every_row_a_key(
+                self.blocks, self.bounds(t_q, t_k), t_q, t_k
             ):
                 return Masking(
                     self.allowed | rows,
@@ -349,9 +346,10 @@ def empty_rows(masking: Masking, t_q: int, t_k: int, device: torch.device) -> to
     if t_k == 0:  # no key at all: every row is empty
         return torch.ones(t_q, 1, dtype=torch.bool, device=device) if t_q else None
     if masking.blocks is not None:
-        return _empty_rows_in_blocks(
-            allowed, masking.blocks, masking.bounds(t_q, t_k), t_q, t_k, device
-        )
+        bounds = masking.bounds(t_q, t_k)
+        if allowed is None and _layout_leaves_every_row_a_key(masking.blocks, bounds, t_q, t_k):
+            return None  # the layout alone decides: no tensor, no read-back
+        return _empty_rows_in_blocks(allowed, masking.blocks, bounds, t_q, t_k, device)
     if masking.window is not None:
         return _empty_rows_in_band(allowed, masking.bounds(t_q, t_k), t_q, t_k, device)
     if allowed is None:
@@ -450,7 +448,7 @@ def hide_unseen_keys(
         ``(..., H_kv, T_k, D_v)``; the outputs have the inputs' shapes.
     """
     t_k = key.shape[-2]
-    if allowed is None and _structure_sees_every_key(bounds, blocks, t_q, t_k, key.device):
+    if allowed is None and _structure_sees_every_key(bounds, blocks, t_q, t_k):
         return key, value  # decided on the host from the structure alone: no read-back
     if blocks is not None:
         seen = _seen_in_blocks(allowed, blocks, bounds or (None, None), t_q, t_k, key.device)
@@ -520,12 +518,6 @@ def _empty_rows_in_blocks(
     if allowed is not None and allowed.shape[-2] > 1:  # a mask per row: dense already
         vis = allowed & expand_blocks(layout.blocks, layout.block_size, t_q, t_k, allowed.device)
         return _empty_rows_in_band(vis, bounds, t_q, t_k, torch.device(device))
-    off_cpu = torch.device(device).type != "cpu"
-    if allowed is None and off_cpu and not torch.compiler.is_compiling():
-        # the layout alone decides, and it lives on the CPU: read back there (free), and build
-        # the rows on the device only when some row is empty
-        if _layout_coverage(_layout_key(layout, bounds, t_q, t_k), layout)[0]:
-            return None
     lo, hi = bounds
     rows = torch.arange(t_q, device=device)
     start = torch.zeros_like(rows) if lo is None else (rows + lo).clamp(0, t_k)
@@ -547,26 +539,26 @@ def _empty_rows_in_blocks(
     return empty
 
 
-def _layout_key(layout: BlockLayout, bounds: Bounds, t_q: int, t_k: int) -> _LayoutKey:
-    """What :func:`_layout_coverage` depends on: the layout's block size and bytes, the bounds,
-    ``T_q`` and ``T_k``."""
-    return (layout.block_size, layout.blocks.numpy().tobytes(), bounds, t_q, t_k)
-
-
 @functools.lru_cache(maxsize=16)
-def _layout_coverage(key: _LayoutKey, layout: BlockLayout) -> tuple[bool, bool]:
+def _layout_coverage(layout: BlockLayout, bounds: Bounds, t_q: int, t_k: int) -> tuple[bool, bool]:
     """``(no row is empty, every key is seen)`` under a layout and bounds, without a mask:
-    computed on the CPU, where the layout lives, once per ``key`` (:func:`_layout_key`);
-    ``O(T · runs)``, 5 ms at ``T = 32768``, too slow for every layer of every call."""
-    _, _, bounds, t_q, t_k = key
+    computed on the CPU, where the layout lives, once per layout (immutable, compared by
+    identity, as its cached ``runs``) and shape; ``O(T · runs)``, 5 ms at ``T = 32768``, too slow
+    for every layer of every call."""
     cpu = torch.device("cpu")
     rows = _empty_rows_in_blocks(None, layout, bounds, t_q, t_k, cpu) is None
     keys = bool(_seen_in_blocks(None, layout, bounds, t_q, t_k, cpu).all())
     return rows, keys
 
 
+def _layout_leaves_every_row_a_key(layout: BlockLayout, bounds: Bounds, t_q: int, t_k: int) -> bool:
+    """Whether the layout and bounds leave every row a key (``False`` while ``torch.compile``
+    traces: a graph takes the long way, no host-side cache inside it)."""
+    return not torch.compiler.is_compiling() and _layout_coverage(layout, bounds, t_q, t_k)[0]
+
+
 def _structure_sees_every_key(
-    bounds: Bounds | None, blocks: BlockLayout | None, t_q: int, t_k: int, device: torch.device
+    bounds: Bounds | None, blocks: BlockLayout | None, t_q: int, t_k: int
 ) -> bool:
     """Whether the causal rule, the window and the layout alone let some query see every key,
     decided without reading a device tensor (``False``: not known here, take the long way).
@@ -580,9 +572,9 @@ def _structure_sees_every_key(
     if blocks is None:
         flipped = (None if hi is None else -hi, None if lo is None else -lo)
         return _band_leaves_every_row_a_key(flipped, t_k, t_q)
-    if device.type == "cpu" or torch.compiler.is_compiling():
-        return False  # the CPU reads its own check back for free; a traced graph takes the long way
-    return _layout_coverage(_layout_key(blocks, (lo, hi), t_q, t_k), blocks)[1]
+    if torch.compiler.is_compiling():
+        return False  # a traced graph takes the long way (no host-side cache inside a graph)
+    return _layout_coverage(blocks, (lo, hi), t_q, t_k)[1]
 
 
 def _seen_in_blocks(
