@@ -223,6 +223,13 @@ def test_a_layout_decides_off_the_cpu_as_on_it(is_causal: bool) -> None:
                 assert (rows_meta, kk is k) == (rows_cpu, keys_cpu), (name, t_q, t_k, window)
                 covered += rows_cpu and keys_cpu
     assert covered > 0
+    # with padding, rows opened on the device keep the layout (the backends keep skipping tiles)
+    layout = al.masks.bigbird_layout(130, block_size=BLOCK, causal=is_causal)
+    q = torch.randn(2, 2, 130, 4, device=meta)
+    pad = torch.ones(2, 1, 1, 130, dtype=torch.bool, device=meta)
+    m = normalize_mask(q, q, pad, is_causal, None, layout)
+    rows = empty_rows(m, 130, 130, meta)
+    assert rows is not None and m.open_rows(rows, 130, 130, meta).blocks is layout
 
 
 # --------------------------------------------------------------------- blockwise: visible tiles only
