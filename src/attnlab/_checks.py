@@ -93,10 +93,10 @@ def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
         return True
     # a NaN or an infinity makes its tensor's sum non-finite (inf − inf = NaN), so finite sums
     # prove every entry finite: one read of each tensor (11x faster than isfinite's passes on
-    # the CPU, 23 ms for SmolLM2-135M); half types are summed in float32, where they cannot
-    # overflow. A sum that overflows is only sent to the exact check below.
-    sums = [t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum() for t in floating]
-    if bool(torch.isfinite(torch.stack([s.to(torch.float64) for s in sums])).all()):
+    # the CPU, 23 ms for SmolLM2-135M), summed in float32, where half types cannot overflow.
+    # A sum that overflows on finite values is only sent to the exact check below.
+    sums = torch.stack([t.sum(dtype=torch.float32) for t in floating])
+    if bool(torch.isfinite(sums).all()):
         return True
     return bool(torch.stack([torch.isfinite(t).all() for t in floating]).all())
 
