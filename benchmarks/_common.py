@@ -47,12 +47,19 @@ def median_times(
     *,
     warm_up: bool = True,
     enough_seconds: float | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     """Median wall time of each step; the steps take turns, so that a load spike hits all alike.
 
     ``warm_up=False`` skips the untimed first run (for slow cases, after a small warm-up); with
-    ``enough_seconds`` a step stops after three runs that took longer than that in all.
+    ``enough_seconds`` a step stops after three runs that took longer than that in all; a CUDA
+    ``device`` is synchronised around each timed run (its kernels run asynchronously).
     """
+
+    def sync() -> None:
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     if warm_up:
         for step in steps.values():
             step()
@@ -62,8 +69,10 @@ def median_times(
             if enough_seconds is not None and len(times[name]) >= 3:
                 if sum(times[name]) > enough_seconds:
                     continue
+            sync()
             t0 = time.perf_counter()
             step()
+            sync()
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(t) for name, t in times.items()}
 

@@ -8,7 +8,7 @@ Three sections (``--sections``, all by default), each a table of ratios:
   every ``--lengths``; the ``flex`` backend with a sliding window of 256 (goal <= 0.1x of dense
   causal flash at 32k) and with a causal BigBird layout (blocks of 128, 3-block band, 1 global,
   2 random) against the same dense kernel, at ``--flex-lengths`` (each compiles its kernels);
-  the kernels of one length are timed in turn (``interleaved_medians``);
+  the kernels of one length are timed in turn (``_common.median_times``);
 * **train** — GPT-2 small (124M), batch 8 x 1024, bf16 autocast, AdamW: attnlab's ``GPT``
   under ``torch.compile`` against Hugging Face's ``GPT2LMHeadModel`` (SDPA; eager unless
   ``--compile-hf``), same weights, same batches: tokens/s, model FLOPs utilisation
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import as_step, median_times  # benchmarks/_common.py (the script's folder)
 
 import attnlab as al
 from attnlab.inspect import flops
@@ -57,66 +57,10 @@ Row = dict[str, Any]
 Section = Callable[[argparse.Namespace, torch.device, list[Row], Callable[[], None]], None]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median wall time of ``fn`` after one untimed call (the device synchronised around each)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def fwd_bwd(
-    fn: Callable[..., torch.Tensor], q: torch.Tensor, kv: torch.Tensor
-) -> Callable[[], None]:
-    """One forward + backward of ``fn(q, k, v)`` (k = v = ``kv``), gradients cleared after."""
-
-    def step() -> None:
-        out = fn(q, kv, kv)
-        out.backward(torch.ones_like(out))
-        q.grad = kv.grad = None
-
-    return step
-
-
 def failed(err: BaseException) -> str:
     """One line for a row or section that raised (an out-of-memory, a compile error)."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
-
-
-def interleaved_medians(
-    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int
-) -> dict[str, float | BaseException]:
-    """Median seconds of each function, run in turn ``repeats`` times (after one untimed call
-    each), so that clocks and caches drift alike for all; a function that raises gives its error."""
-    results: dict[str, float | BaseException] = {}
-    live: dict[str, Callable[[], object]] = {}
-    for name, fn in fns.items():
-        try:
-            fn()
-            live[name] = fn
-        except Exception as err:  # e.g. out of memory at 32k: its row says so, the rest runs
-            results[name] = err
-    times: dict[str, list[float]] = {name: [] for name in live}
-    for _ in range(repeats):
-        for name, fn in live.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    results.update({name: statistics.median(t) for name, t in times.items()})
-    return results
 
 
 def attention_rows(
@@ -143,9 +87,19 @@ def attention_rows(
                 layout = bigbird_layout(t, block_size=block, num_random_blocks=2, causal=True)
                 kernels["flex, window 256"] = ours("flex", is_causal=True, window=256)
                 kernels[f"flex, BigBird b={block}"] = ours("flex", block_mask=layout)
-            steps = {name: fwd_bwd(fn, q, kv) for name, fn in kernels.items()}
-            measured = interleaved_medians(steps, device, args.repeats)
-            q.grad = kv.grad = None
+            steps = {
+                name: as_step(lambda fn=fn, q=q, kv=kv: fn(q, kv, kv), True, (q, kv))
+                for name, fn in kernels.items()
+            }
+            measured: dict[str, float | BaseException] = {}
+            for name, step in list(steps.items()):  # the warm-up run; one that fails is a row
+                try:
+                    step()
+                except Exception as err:  # e.g. out of memory at 32k: the row says so
+                    measured[name] = err
+                    del steps[name]
+                    q.grad = kv.grad = None
+            measured.update(median_times(steps, args.repeats, warm_up=False, device=device))
             raw = measured.pop("raw")
             for name, seconds in measured.items():
                 row: Row = {"d": d, "T": t, "what": name}
@@ -207,9 +161,10 @@ def train_rows(
 
         first_start = time.perf_counter()
         step()  # the first step (compiles); its loss is the one compared
-        sync(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         first = time.perf_counter() - first_start
-        seconds = median_seconds(step, device, args.train_steps)
+        seconds = median_times({name: step}, args.train_steps, device=device)[name]
         rows.append(
             {
                 "model": name,
@@ -283,7 +238,7 @@ def decode_rows(
             for name, fn in runs.items():
                 try:
                     got = fn()
-                    seconds = median_seconds(fn, device, args.decode_repeats)
+                    seconds = median_times({name: fn}, args.decode_repeats, device=device)[name]
                 except Exception as err:  # a compile failure: the row says so, the rest runs
                     rows.append({"model": label, "run": name, "error": failed(err)})
                 else:
