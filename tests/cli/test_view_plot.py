@@ -215,3 +215,29 @@ def test_plot_effective_on_full_attention_says_why(
     assert main([*argv, "-o", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the model has no layer with projected keys" in err
+
+
+def test_plot_draws_a_dollar_token_and_greys_the_masked_future(tmp_path: Path) -> None:
+    """``plot heads|layers --text 'a $$ b'`` used to end in mathtext's ParseException (in the
+    tick labels, and in the title of ``layers``); ``layers`` painted the future as weight 0."""
+    from attnlab.cli import build_parser
+    from attnlab.cli.plot import _model_figure
+
+    tok = CharTokenizer(list("ab$ "), [PAD, UNK, BOS, EOS])
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, n_positions=16, n_embd=16, n_layer=2, n_head=2)
+    )
+    run = tmp_path / "gpt"
+    save_checkpoint(
+        run, step=1, model=model.eval(), config={"model": config_to_dict(model.config)},
+        files={"tokenizer.json": tok.to_json()},
+    )  # fmt: skip
+    argv = ["plot", "layers", "--model", str(run), "--text", "a $$ b", "--layer", "1"]
+    plot = _model_figure(build_parser().parse_args(argv))
+    assert list(plot.data["layers"]) == ["transformer.h.1.attn"]  # --layer chose the layer
+    future = ~torch.ones(6, 6, dtype=torch.bool).tril()
+    assert np.isnan(plot.data["weights"][0][:, future]).all()  # drawn in the "bad" grey
+    assert not np.isnan(plot.data["weights"][0][:, ~future]).any()
+    out = tmp_path / "layers.png"
+    assert main([*argv, "-o", str(out)]) == 0 and out.stat().st_size > 1000
+    assert main(["plot", "heads", *argv[2:6], "-o", str(tmp_path / "heads.png")]) == 0

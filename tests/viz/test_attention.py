@@ -126,3 +126,68 @@ def test_layer_head_grid_self_and_cross_rows_carry_their_own_labels(tmp_path):
         ValueError, match=r"query_tokens has 4 entries but layer 'encoder.layers.0.self_attn' has 7"
     ):
         layer_head_grid(att, query_tokens=tgt)
+
+
+_ODD_TOKENS = ["a", "$$", "$x", " ", "b"]  # "$$": empty mathtext; " ": a character model's space
+
+
+def _odd_token_figures():
+    """Every figure that labels tokens, drawn with ``_ODD_TOKENS``."""
+    from attnlab.inspect.patching import PatchResult
+    from attnlab.viz import alignment_heatmap, mask_panel, patching_figure
+    from attnlab.viz.steps_by_hand import step_panel_by_hand
+
+    toks, t = _ODD_TOKENS, len(_ODD_TOKENS)
+    w = torch.softmax(torch.randn(2, t, t, generator=torch.Generator().manual_seed(0)), -1)
+    x = torch.randn(t, 4, generator=torch.Generator().manual_seed(1))
+    patched = PatchResult("positions", torch.rand(2, t), 1.0, 0.0, ("0", "1"))
+    return {
+        "heatmap": lambda: attention_heatmap(w[0], query_tokens=toks, key_tokens=toks),
+        "heads": lambda: head_grid(w, query_tokens=toks, key_tokens=toks),
+        "layers": lambda: layer_head_grid([w, w], query_tokens=toks, key_tokens=toks),
+        "masks": lambda: mask_panel(toks),
+        "steps": lambda: step_panel_by_hand(x, tokens=toks, mask="none"),  # viz.step_panel
+        "alignment": lambda: alignment_heatmap(w[0], source_tokens=toks, target_tokens=toks),
+        "patching": lambda: patching_figure(patched, tokens=toks),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_odd_token_figures()))
+def test_a_dollar_or_space_token_is_drawn_as_it_reads(kind, tmp_path):
+    """A ``$…$`` token is a dollar sign, not mathtext (``$$`` used to raise a ParseException
+    when the figure was drawn), and a space is ``␣``, not a blank label."""
+    plot = _odd_token_figures()[kind]()
+    assert plot.save(tmp_path / "odd.png", dpi=30).stat().st_size > 500  # drawn, no error
+    labels = [t for ax in plot.figure.axes for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    texts = {t.get_text() for t in labels}
+    assert any("$$" in s for s in texts) and any("␣" in s for s in texts), sorted(texts)
+    assert not any(t.get_text() == " " for t in labels)
+    assert not any(t.get_parse_math() for t in labels if "$" in t.get_text())
+
+
+def test_layers_grey_the_masked_future_and_say_so(tmp_path):
+    w, _, _ = capture_weights()  # (1, H, 6, 6), causal
+    future = al.masks.causal_mask(6)
+    plot = layer_head_grid({"a": w, "b": w}, masks={"a": future})
+    grid = plot.data["weights"]
+    assert np.isnan(grid[0][:, ~future.numpy()]).all()  # masked: NaN, drawn as "bad" (grey)
+    np.testing.assert_array_equal(grid[0][:, future.numpy()], w[0][:, future].numpy())
+    assert not np.isnan(grid[1]).any()  # a layer without a mask hides nothing
+    assert plot.data["mask"][0, 0].tolist() == future.tolist() and plot.data["mask"][1].all()
+    images = [
+        ax.images[0]
+        for ax in plot.figure.axes
+        if ax.images and len(ax.images[0].get_array().shape) == 2
+    ]
+    assert tuple(images[0].cmap.get_bad()[:3]) == pytest.approx((0xBD / 255,) * 3)
+    legend = [t.get_text() for leg in plot.figure.legends for t in leg.get_texts()]
+    assert any("masked" in t for t in legend)
+    with pytest.raises(al.errors.ArgumentError, match="masks\\['a'\\] must have"):
+        layer_head_grid({"a": w}, masks={"a": future[:5]})
+
+
+def test_many_layers_fit_a_figure_a_person_can_open():
+    w = torch.softmax(torch.randn(1, 3, 3), -1)
+    plot = layer_head_grid({f"model.layers.{i}.self_attn": w for i in range(30)})
+    width, height = plot.figure.get_size_inches()
+    assert height <= 24.0 and width <= 24.0  # at most 2,880 px at 120 dpi (was 62 in)

@@ -11,7 +11,9 @@ see :mod:`attnlab.viz.steps_by_hand`). With ``--model RUN`` it draws the model's
 ``--layer`` among its ``--kind`` layers (default the first), with the masks the model applied, on
 the text's real tokens. Figures of a trained model (``--model RUN --text TEXT``, through the run's task, so
 the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (every head of one
-layer), ``layers`` (layers × heads), each for ``--kind self|cross|all`` layers. ``training RUN``:
+layer), ``layers`` (layers × heads; ``--layer 0,15,29`` draws those layers only; keys a layer
+masked, e.g. a causal model's future, are light grey, not weight 0), each for
+``--kind self|cross|all`` layers. ``training RUN``:
 how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
 with the heads' entropy per step in ``FILE_entropy.png``. ``roles --model MODEL``: the
 previous-token, duplicate-token, induction and copying scores of every head as one layers × heads
@@ -83,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--layer",
         type=_layer_list,
         default=None,
-        help="layer index among --kind's layers; spectrum: 1 to 4 indices among all attention "
-        "layers, comma-separated (e.g. 0,15,29)",
+        help="layer index among --kind's layers; layers: the layers to draw, comma-separated "
+        "(default all); spectrum: 1 to 4 indices among all attention layers, comma-separated "
+        "(e.g. 0,15,29)",
     )
     p.add_argument("--head", type=int, default=0, help="head index (heatmap, steps)")
     p.add_argument(
@@ -186,7 +189,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
 
     if args.text is None and args.ids is None:
         raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
-    index = _one_layer(args)
+    index = None if args.kind == "layers" else _one_layer(args)
     loaded = load_run(args.model, device=args.device)
     inputs = model_inputs(loaded, args)
     if args.kind == "steps":
@@ -223,12 +226,18 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     # a Linformer layer's columns are its projected rows (E·K row j), not tokens
     labels = {n: layer_labels(inputs, n, cache.kinds.get(n, "self"), cache) for n in names}
     if args.kind == "layers":
+        which = ""
+        if args.layer is not None:  # the layers the user chose, in their order
+            which = f" (--layer {','.join(str(i) for i in args.layer)})"
+            names = [_pick(names, i, "--layer", args.attention) for i in args.layer]
         return F.layer_head_grid(
             {n: cache.attentions[n] for n in names},
             query_tokens={n: labels[n][0] for n in names},
             key_tokens={n: labels[n][1] for n in names},
+            masks={n: _unseen(cache.attentions[n][0]) for n in names},
             max_tokens=args.max_tokens,
-            title=f"{inputs.output!r}: {args.attention} attention, layers × heads",
+            title=f"{_literal(repr(inputs.output))}: {args.attention} attention, layers × heads"
+            f"{which}",
         )
     name = _pick(names, -1 if index is None else index, "--layer", args.attention)
     w = cache.attentions[name][0]
@@ -248,7 +257,21 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     return F.attention_heatmap(
         w[args.head], max_tokens=args.max_tokens, title=f"{name} head {args.head}{what}",
         query_tokens=rows, key_tokens=cols, value_label=value,
+        mask=None if args.effective else _unseen(w),
     )  # fmt: skip
+
+
+def _literal(text: str) -> str:
+    """``text`` for a figure title as it reads: its ``$`` drawn, not starting mathtext."""
+    return text.replace("$", r"\$")
+
+
+def _unseen(weights: torch.Tensor) -> torch.Tensor:
+    """The keys a layer let its queries see, read from its weights ``(H, T_q, T_k)``: a softmax
+    gives every key it saw a weight above 0, so a key of weight exactly 0 in every head is drawn
+    as masked (a causal model's future, a window's outside, a padding key); a key it saw reaches
+    exactly 0 only with a score about 100 below its row's largest (float32)."""
+    return (weights != 0).any(dim=0)
 
 
 def _check_projected(cache: ActivationCache, names: list[str], name: str, kind: str) -> None:

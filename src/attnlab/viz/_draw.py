@@ -143,6 +143,17 @@ def _short(label: str, n: int = 12) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
+# how a tick label shows a token made only of white space (a character model's " "), else blank
+_VISIBLE_SPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
+
+
+def _shown(label: str) -> str:
+    """A token as a tick label shows it: white space alone made visible (``" "`` → ``"␣"``,
+    ``"\\n"`` → ``"↵"``); every other label unchanged (its ``$`` is drawn as a ``$``: tick labels
+    are not parsed as mathtext, see :func:`_tick_labels`)."""
+    return label.translate(_VISIBLE_SPACE) if label and not label.strip() else label
+
+
 def _tick_labels(
     ax: Axes,
     rows: list[str],
@@ -160,8 +171,13 @@ def _tick_labels(
     Labels in a script the default font cannot draw (Japanese, …) get a font that can when the
     :class:`Plot` is made (:func:`~attnlab.viz.fonts.fit_figure`). A thinned axis whose labels are
     one per position (``numbered``: rows, columns) writes each label as ``"position token"``, so a
-    reader knows which positions are labelled (reduced sides already carry their positions). An axis with ``show_* = False`` keeps its ticks (at the same
-    positions) but no text, for panels that share their labels with a neighbour.
+    reader knows which positions are labelled (reduced sides already carry their positions). An
+    axis with ``show_* = False`` keeps its ticks (at the same positions) but no text, for panels
+    that share their labels with a neighbour.
+
+    Labels are drawn as the tokens read: never parsed as mathtext (a ``$`` token, or ``$$``, is a
+    dollar sign, not an error at drawing), and a token of white space alone is drawn visibly
+    (``␣`` for a space, :func:`_shown`).
     """
     for labels, set_ticks, set_labels, rot, show, most, number in (
         (
@@ -180,12 +196,12 @@ def _tick_labels(
         set_ticks(idx)
         size = fontsize if fontsize is not None else (8 if len(idx) <= 32 else 6)
         texts = [
-            _short(labels[i])
+            _short(_shown(labels[i]))
             if step == 1 or not number or labels[i] == str(i)
-            else f"{i} {_short(labels[i], 9)}"
+            else f"{i} {_short(_shown(labels[i]), 9)}"
             for i in idx
         ]
-        set_labels(texts if show else [], rotation=rot, fontsize=size)
+        set_labels(texts if show else [], rotation=rot, fontsize=size, parse_math=False)
     ax.tick_params(length=2, pad=1)
 
 

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from matplotlib.image import AxesImage
+from matplotlib.patches import Patch
 
 from attnlab._checks import check_choice, check_positive_int, shape_str
 from attnlab.errors import ArgumentError
 from attnlab.viz._draw import (
     CMAP,
     DIVERGING,
+    MASKED,
     ArrayLike,
     Plot,
     _draw_matrix,
@@ -243,6 +245,11 @@ def attention_heatmap(
     return Plot(fig, data)
 
 
+def _name_inches(text: str, points: float) -> float:
+    """About how long ``text`` runs at ``points`` (an average glyph is 0.6 em wide)."""
+    return len(text) * points * 0.6 / 72
+
+
 def _draw_grid(
     axes: np.ndarray,
     cells: list[list[Reduced | None]],
@@ -253,8 +260,12 @@ def _draw_grid(
     vmax: float | None = 1.0,
     vmin: float = 0.0,
     cmap: str = CMAP,
+    row_height: float | None = None,
 ) -> AxesImage | None:
     """Heatmaps in a grid; each panel carries token labels unless its neighbour shows the same.
+
+    A row name longer than its panel is high (``row_height``, inches) is written across, left of
+    the row, rather than along the panel's side where it would run into its neighbours' names.
 
     Row labels (queries) are written on a panel when it is the first of its grid row or its
     left neighbour has other row labels; column labels (keys) when no panel below it has the same
@@ -289,7 +300,11 @@ def _draw_grid(
                 numbered=(not _reduced(cell.row_index), not _reduced(cell.col_index)),
             )
             if row_names is not None and c == 0:
-                ax.set_ylabel(row_names[r], fontsize=8)
+                name = row_names[r]
+                if row_height is not None and _name_inches(name, 8) > row_height:
+                    ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+                else:
+                    ax.set_ylabel(name, fontsize=8)
     return img
 
 
@@ -398,11 +413,57 @@ def _layer_labels(
     return labels
 
 
+# layers × heads: the figure's largest side (inches) and the smallest panel it shrinks to
+_GRID_MAX_INCHES = 24.0
+_GRID_MIN_CELL = 0.5
+
+
+def _reduce_mask(mask: np.ndarray, red: Reduced, method: Reduction) -> np.ndarray:
+    """The cells of a :class:`Reduced` a query may see: for ``"block"`` a block is visible when
+    any of its entries is, for ``"topk"`` the kept entries' own."""
+    if method == "topk":
+        return mask[np.ix_(red.row_index, red.col_index)]
+    rows = np.logical_or.reduceat(mask, red.row_index, axis=0)
+    return np.logical_or.reduceat(rows, red.col_index, axis=1)
+
+
+def _grid_masks(
+    masks: Mapping[str, ArrayLike] | Sequence[ArrayLike] | None,
+    names: list[str],
+    shapes: list[tuple[int, int]],
+) -> list[np.ndarray | None]:
+    """One boolean ``(T_q, T_k)`` mask per layer (``None``: nothing hidden), shapes checked."""
+    if masks is None:
+        return [None] * len(names)
+    if isinstance(masks, Mapping):
+        given = [masks.get(n) for n in names]
+    else:
+        given = list(masks)
+        if len(given) != len(names):
+            raise ArgumentError(
+                f"masks must hold one mask per layer ({len(names)}), got {len(given)}"
+            )
+    out: list[np.ndarray | None] = []
+    for name, m, shape in zip(names, given, shapes):
+        if m is None:
+            out.append(None)
+            continue
+        arr = _to_numpy(f"masks[{name!r}]", m, 2).astype(bool)
+        if arr.shape != shape:
+            raise ArgumentError(
+                f"masks[{name!r}] must have the layer's shape (T_q, T_k) = {shape_str(shape)}, "
+                f"got {shape_str(arr.shape)}"
+            )
+        out.append(arr)
+    return out
+
+
 def layer_head_grid(
     attentions: Mapping[str, ArrayLike] | Sequence[ArrayLike],
     *,
     query_tokens: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     key_tokens: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    masks: Mapping[str, ArrayLike] | Sequence[ArrayLike] | None = None,
     batch_index: int = 0,
     title: str | None = None,
     max_tokens: int = 32,
@@ -413,7 +474,10 @@ def layer_head_grid(
     Each row carries its own labels, so layers of different lengths (an encoder-decoder's
     self-attention ``T × T`` and cross-attention ``T × S``) share one figure. Labels shared with the
     neighbouring panel (left, or below) are written once; long sides are thinned and reduced sides
-    show the reduced labels (see :func:`head_grid`).
+    show the reduced labels (see :func:`head_grid`). Cells a query may not see (``masks``: a
+    causal model's future) are light grey, not weight 0, and a legend under the grid says so.
+    The figure fits in 24 × 24 inches (2,880 pixels at the default 120 dpi): many layers or heads
+    (SmolLM2's 30 × 9) shrink the panels, down to half an inch; draw fewer layers for larger ones.
 
     Args:
         attentions: per layer ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)`` — a mapping
@@ -423,15 +487,23 @@ def layer_head_grid(
             mapping ``layer name -> tokens`` (layer names are the mapping's keys, or
             ``"layer i"`` for a list); layers missing from a mapping are labelled by position.
         key_tokens: labels of the keys, in the same form as ``query_tokens``.
+        masks: per layer a boolean ``(T_q, T_k)``, ``True = may attend`` (every head of the
+            layer), as a mapping ``layer name -> mask`` (layers missing from it hide nothing) or
+            a list; default ``None``: nothing is drawn as hidden.
         batch_index: which sequence of the batch to draw. Default 0.
         title: figure title.
         max_tokens: per-side limit before reduction.
         method: ``"block"`` or ``"topk"``.
 
     Returns:
-        :class:`Plot` with ``data["weights"]`` ``(L, H, R_q, R_k)`` (drawn; heads missing in a
-        layer with fewer heads, and cells past a shorter layer's side, are NaN) and the row names
-        in ``data["layers"]``.
+        :class:`Plot` with ``data["weights"]`` ``(L, H, R_q, R_k)`` (drawn; hidden cells, heads
+        missing in a layer with fewer heads, and cells past a shorter layer's side, are NaN), the
+        row names in ``data["layers"]`` and, with ``masks``, ``data["mask"]`` ``(L, H, R_q, R_k)``
+        (``True`` = drawn; ``False`` where hidden, for a missing head or past a shorter side).
+
+    Shape:
+        attentions: per layer ``(B, H, T_q, T_k)`` or ``(H, T_q, T_k)``; masks: per layer
+        ``(T_q, T_k)``.
     """
     if isinstance(attentions, Mapping):
         names, items = list(attentions.keys()), list(attentions.values())
@@ -440,7 +512,7 @@ def layer_head_grid(
         names = [f"layer {i}" for i in range(len(items))]
     if not items:
         raise ArgumentError("attentions must hold at least one layer, got none")
-    reds: list[list[Reduced]] = []
+    arrays = []
     for name, a in zip(names, items):
         arr = _to_numpy(f"attentions[{name!r}]", a, (3, 4))
         if arr.ndim == 4:
@@ -449,16 +521,26 @@ def layer_head_grid(
                     f"batch_index must be in [0, {arr.shape[0]}), got {batch_index}"
                 )
             arr = arr[batch_index]
+        arrays.append(arr)
+    hidden = _grid_masks(masks, names, [(a.shape[1], a.shape[2]) for a in arrays])
+    reds: list[list[Reduced]] = []
+    seen: list[list[np.ndarray] | None] = []  # per layer and head: the cells drawn
+    for name, arr, m in zip(names, arrays, hidden):
         q_lab = _layer_labels("query_tokens", query_tokens, name, arr.shape[1])
         k_lab = _layer_labels("key_tokens", key_tokens, name, arr.shape[2])
-        reds.append(
-            [
-                reduce_attention(
-                    x, max_tokens=max_tokens, method=method, query_tokens=q_lab, key_tokens=k_lab
-                )
-                for x in arr
+        row = [
+            reduce_attention(
+                x, max_tokens=max_tokens, method=method, query_tokens=q_lab, key_tokens=k_lab
+            )
+            for x in arr
+        ]
+        shown = None if m is None else [_reduce_mask(m, red, method) for red in row]
+        if shown is not None:  # hidden cells are NaN: drawn in the colour map's "bad" grey
+            row = [
+                replace(red, matrix=np.where(v, red.matrix, np.nan)) for red, v in zip(row, shown)
             ]
-        )
+        reds.append(row)
+        seen.append(shown)
     mats = [np.stack([r.matrix for r in row]) for row in reds]
     n_layers = len(mats)
     n_heads = max(m.shape[0] for m in mats)
@@ -467,8 +549,15 @@ def layer_head_grid(
     grid = np.full((n_layers, n_heads, r, c), np.nan, dtype=mats[0].dtype)
     for i, m in enumerate(mats):
         grid[i, : m.shape[0], : m.shape[1], : m.shape[2]] = m
-    cell = 1.8 if n_heads > 6 else 2.4
-    fig = _new_figure(cell * n_heads + 2.2, (cell + 0.25) * n_layers + 1.0)
+    cell = min(
+        1.8 if n_heads > 6 else 2.4,
+        (_GRID_MAX_INCHES - 2.2) / n_heads,
+        (_GRID_MAX_INCHES - 1.0) / n_layers - 0.25,
+    )
+    cell = max(cell, _GRID_MIN_CELL)
+    across = [_name_inches(n, 7) for n in names if _name_inches(n, 8) > cell]  # see _draw_grid
+    names_width = max(across) + 0.2 if across else 0.0
+    fig = _new_figure(cell * n_heads + 2.2 + names_width, (cell + 0.25) * n_layers + 1.0)
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
     cells: list[list[Reduced | None]] = [
         [row[h] if h < len(row) else None for h in range(n_heads)] for row in reds
@@ -476,13 +565,28 @@ def layer_head_grid(
     img = _draw_grid(
         axes,
         cells,
-        col_titles=[f"head {h}" for h in range(n_heads)],
+        col_titles=[f"head {h}" if cell >= 0.9 else f"H{h}" for h in range(n_heads)],
         row_names=names,
         max_labels=_labels_that_fit(cell - 0.4),
         vmax=1.0,
+        row_height=cell,
     )
     if title:
         fig.suptitle(title)
     if img is not None:
         fig.colorbar(img, ax=axes, shrink=0.5, label="weight")
-    return Plot(fig, {"weights": grid, "layers": np.array(names)})
+    data = {"weights": grid, "layers": np.array(names)}
+    if masks is not None:
+        drawn = np.zeros((n_layers, n_heads, r, c), dtype=bool)
+        for i, (shown, row) in enumerate(zip(seen, reds)):
+            for h, red in enumerate(row):
+                q, k = red.matrix.shape
+                drawn[i, h, :q, :k] = True if shown is None else shown[h]
+        data["mask"] = drawn
+        if any(shown is not None and not all(v.all() for v in shown) for shown in seen):
+            grey = Patch(facecolor=MASKED, edgecolor="0.4", linewidth=0.5)
+            fig.legend(
+                [grey], ["masked: the query cannot see this key (not weight 0)"],
+                loc="outside lower center", fontsize=8, frameon=False,
+            )  # fmt: skip
+    return Plot(fig, data)

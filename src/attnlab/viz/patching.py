@@ -20,7 +20,15 @@ import numpy as np
 
 from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.viz._draw import DIVERGING, Plot, _annotate, _draw_matrix, _new_figure, _readable
+from attnlab.viz._draw import (
+    DIVERGING,
+    Plot,
+    _annotate,
+    _draw_matrix,
+    _new_figure,
+    _readable,
+    _shown,
+)
 
 if TYPE_CHECKING:
     from attnlab.inspect.attribution import LogitAttribution
@@ -65,7 +73,7 @@ def patching_figure(
             raise ArgumentError(
                 f"tokens must label the {n_cols} positions, got {len(tokens)} labels"
             )
-        cols = [f"{t} {tok}" for t, tok in enumerate(tokens)]
+        cols = [f"{t} {_shown(tok)}" for t, tok in enumerate(tokens)]
     rows = [r if r == "final" else f"layer {r}" for r in result.rows]
     finite = np.abs(scores[np.isfinite(scores)])
     lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
