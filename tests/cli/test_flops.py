@@ -62,3 +62,20 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "num_kv_heads = 5" in err[0] and "seq_len must be a positive int" in err[1]
     with pytest.raises(SystemExit):
         main(["flops", "--preset", "nope"])
+
+
+def test_a_causal_model_is_told_its_scores_are_counted_over_the_full_matrix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["flops", "--preset", "gpt2", "--seq-len", "1024"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    r = flops(GPTConfig(), 1024)
+    full = r.forward["attention/scores"] + r.forward["attention/reduce"]
+    kept = full * 1025 / 2048  # T(T+1)/2 of the T² pairs
+    assert "counted over the full T × T = 1024 × 1024 matrix" in out
+    assert f"{full / 1e9:,.2f} GFLOPs counted, {int(kept) / 1e9:,.2f} over the kept pairs" in out
+    assert main(["flops", "--attention", "sliding", "--window", "64"]) == 0
+    assert "note:" not in capsys.readouterr().out  # a pattern's count is already its own
+    with pytest.raises(SystemExit):
+        main(["flops", "--help"])
+    assert "T(T+1)/2 pairs the causal mask keeps" in " ".join(capsys.readouterr().out.split())

@@ -457,3 +457,25 @@ def test_flops_refuses_a_length_the_model_cannot_hold(capsys: pytest.CaptureFixt
     assert "--n-positions sets a model with a longer context" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_help_is_plain_text_and_per_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """``plot steps --help`` used to print the help of every figure; ``demo --help`` showed
+    reStructuredText (````attnlab demo````); ``attnlab --help`` did not name ``inspect``'s
+    ``--roles``/``--qk-spectrum``/``--ablate``."""
+    with pytest.raises(SystemExit):
+        main(["plot", "steps", "--help"])
+    steps = capsys.readouterr().out
+    assert steps.startswith("usage: attnlab plot steps") and "--inputs" in steps
+    assert "--warmup" not in steps and "--roles-seed" not in steps  # noam's, roles' options
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    assert "--warmup" in capsys.readouterr().out  # without a KIND: every option
+    for command in ("demo", "generate", "train", "translate", "bench"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "``" not in capsys.readouterr().out, command
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert all(flag in top for flag in ("--roles", "--qk-spectrum", "--ablate"))

@@ -50,6 +50,8 @@ def test_plot_spectrum_draws_the_chosen_layers_of_the_model(gpt_run: Path) -> No
     assert torch.equal(torch.from_numpy(plot.data["singular_values"][1]), expected.qk[0].double())
     default = _spectrum(build_parser().parse_args(["plot", "spectrum", "--model", str(gpt_run)]))
     assert default.data["shown"].tolist() == [0, 1, 2]  # first, middle, last
+    bars = [ax.get_ylabel() for ax in plot.figure.axes if ax.get_label() == "<colorbar>"]
+    assert bars == ["effective rank exp(−Σ p log p), p = σ / Σσ"]  # the bar says what it maps
 
 
 @pytest.mark.parametrize(

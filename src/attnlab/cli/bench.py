@@ -25,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from attnlab.cli import CLIError
+from attnlab.cli._help import plain
 
 __all__ = ["benchmarks_dir", "find_benchmarks", "register", "run"]
 
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="run the benchmarks (attention backends, long-context attention, generation, "
         "training step)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     parser.add_argument(
         "names", nargs="*", metavar="NAME", help="benchmarks to run (default: all), e.g. attention"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import CLIError
 from attnlab.distributed.checkpoint import consolidate
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = actions.add_parser(
         "convert",
         help="write a sharded (--parallel fsdp) checkpoint as a single-folder run",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     c.add_argument(
         "path",

@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from attnlab.cli._help import plain
 from attnlab.cli.errors import CLIError
 from attnlab.cli.options import seed
 from attnlab.nn.attention import scaled_dot_product_attention
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="the main job: train a Transformer to reverse strings (about 2 minutes on a CPU)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     p.add_argument(
         "--out",

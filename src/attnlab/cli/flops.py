@@ -69,7 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="FLOPs of a forward pass and a training step, term by term, with parameters, "
         "training memory and KV-cache bytes for MHA / GQA / MQA. A length longer than the model "
         "holds (--seq-len or --src-len past its positions, 1024 for every preset) is refused: "
-        "the model could not run it; --n-positions sets a model with a longer context.",
+        "the model could not run it; --n-positions sets a model with a longer context. "
+        "A causal self-attention's QKᵀ and weights · V are counted over the full T × T matrix, "
+        "as the math backend computes them and torch's FlopCounterMode counts them; a note "
+        "under the table gives the count over the T(T+1)/2 pairs the causal mask keeps.",
     )
     p.add_argument(
         "model",
@@ -270,5 +273,30 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{name}[/] ({report.model}, {lengths}, batch {report.batch}, {args.dtype}{pattern})"
     )
     console.print(_flop_table(report))
+    note = _causal_note(config, report)
+    if note:
+        console.print(note, soft_wrap=False)
     console.print(_memory_table(report))
     return 0
+
+
+def _causal_note(config: GPTConfig | TransformerConfig, report: FlopReport) -> str | None:
+    """What the table counts for a full causal self-attention, and the count over the pairs
+    the mask keeps: ``T(T+1)/2`` of the ``T²`` (``None`` for other attention kinds)."""
+    if config.attention.label():  # a sparse or linear kind: its own pattern's count already
+        return None
+    part = "attention" if isinstance(config, GPTConfig) else "decoder/self_attention"
+    full = sum(report.forward.get(f"{part}/{term}", 0) for term in ("scores", "reduce"))
+    if not full:
+        return None
+    t = report.seq_len
+    causal = full * (t + 1) / (2 * t)
+    total = report.forward_total - full + causal
+    where = "" if isinstance(config, GPTConfig) else "decoder self-attention: "
+    return (
+        f"note: {where}QKᵀ and weights · V are counted over the full T × T = {t} × {t} matrix, "
+        f"as the math backend computes them (and FlopCounterMode counts them), though the causal "
+        f"mask keeps T(T+1)/2 of those pairs: {_g(full)} GFLOPs counted, {_g(int(causal))} over "
+        f"the kept pairs (a kernel that skips masked blocks gets near that), forward "
+        f"{_g(int(total))} GFLOPs instead of {_g(report.forward_total)}."
+    )

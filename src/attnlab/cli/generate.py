@@ -20,6 +20,7 @@ import argparse
 
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
+from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.options import beams, positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="continue a prompt with a trained language model",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     p.add_argument(
         "run",

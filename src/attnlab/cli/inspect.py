@@ -70,7 +70,8 @@ STREAM_BYTES = 256 * 2**20
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
-        help="health of every attention head of a trained model on a text",
+        help="health of every attention head of a model on a text; --roles: what each head "
+        "does, --qk-spectrum: heads as low-rank relations, --ablate: head importance, pruning",
         description="Run TEXT through a run's latest checkpoint (or a checkpoint / GPT-2 folder) "
         "and print entropy, max weight, row sums, masked rows and NaN/inf per layer and head.",
     )

@@ -42,6 +42,7 @@ from rich.console import Console
 
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
+from attnlab.cli._help import KindHelp
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
@@ -60,9 +61,78 @@ KINDS = (
 )  # fmt: skip
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
+_INPUTS = ("--text", "--ids", "--target", "--beams", "--generate", "--max-new-tokens")
+_OF_A_MODEL = ("--model", *_INPUTS, "--kind", "--layer", "--max-tokens", "--device")
+# `attnlab plot KIND --help`: what KIND draws, and the options it reads (see cli/_help.py)
+_KIND_TEXT = {
+    "noam": "The Noam learning-rate schedule (Vaswani et al. 2017): a linear warm-up over "
+    "--warmup steps, then a decay ∝ 1/√step, for a model of width --d-model.",
+    "positional": "The sinusoidal position encodings of Vaswani et al. (2017): the table of "
+    "--max-len positions × --d-model dimensions, and a few of its dimensions as curves.",
+    "masks": "The padding mask, the look-ahead mask and both combined for the words of --text "
+    "(default 'the cat sat on the mat <pad> <pad>'; <pad> marks a padding token).",
+    "steps": "One head of attention step by step: x → Q, K, V → scores S = QKᵀ/√d → weights "
+    "A = softmax(S) → output Z = A V. Without --model: computed by hand on the words of --text "
+    "with the masks of plot masks (none with --no-mask), from random x of width --d-model "
+    "(default 8) and random weights (--seed), or from your own x and W_q/W_k/W_v in --inputs "
+    "FILE. With --model RUN: the model's own layer --layer of --kind (default the first) and "
+    "head --head, with the masks it applied, on the text's tokens.",
+    "heatmap": "One head's attention weights (--layer of --kind, default the last; --head) of "
+    "--model on the tokens of --text: rows are queries, columns keys; keys the layer masked are "
+    "light grey. --effective: a Linformer layer's effective weights A·F over the key tokens.",
+    "heads": "Every head of one layer (--layer of --kind, default the last) of --model on the "
+    "tokens of --text, one heatmap each. --effective: a Linformer layer's effective weights A·F.",
+    "layers": "Layers × heads: every head of every --kind layer of --model on the tokens of "
+    "--text (--layer 0,15,29: those layers only); keys a layer masked (a causal model's future) "
+    "are light grey, not weight 0. A long side is block-averaged past --max-tokens.",
+    "training": "How the heads of run RUN changed while it trained (attnlab plot training RUN; "
+    "the run must have been trained with --probe), and the heads' entropy per step in "
+    "FILE_entropy.png.",
+    "roles": "The previous-token, duplicate-token, induction and copying scores of every head "
+    "of --model, as one layers × heads heatmap each, measured on random tokens repeated once "
+    "(no --text).",
+    "spectrum": "Every head of --model as a low-rank relation, from the weights alone: the "
+    "singular values of each head's QK circuit W_Q W_Kᵀ/√d_head for 1 to 4 layers (--layer "
+    "0,15,29: indices among all attention layers; default the first, middle and last), and the "
+    "effective rank of every head of every layer.",
+}
+_KIND_OPTIONS = {
+    "noam": ("--d-model", "--warmup", "--steps"),
+    "positional": ("--d-model", "--max-len"),
+    "masks": ("--text",),
+    "steps": (
+        "--model",
+        *_INPUTS,
+        "--kind",
+        "--layer",
+        "--head",
+        "--device",
+        "--d-model",
+        "--no-mask",
+        "--inputs",
+        "--seed",
+    ),
+    "heatmap": (*_OF_A_MODEL, "--head", "--effective"),
+    "heads": (*_OF_A_MODEL, "--effective"),
+    "layers": _OF_A_MODEL,
+    "training": ("--max-tokens",),
+    "roles": ("--model", "--roles-seq-len", "--roles-batch", "--roles-seed", "--device"),
+    "spectrum": ("--model", "--layer", "--device"),
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="draw a figure (PNG or SVG): " + ", ".join(KINDS))
+    p = sub.add_parser(
+        "plot",
+        help="draw a figure (PNG or SVG): " + ", ".join(KINDS),
+        description="Draw a figure as PNG or SVG. attnlab plot KIND --help: what KIND draws "
+        "and the options it reads.",
+        add_help=False,
+    )
+    p.add_argument(
+        "-h", "--help", action=KindHelp, texts=_KIND_TEXT, options=_KIND_OPTIONS,
+        help="show this help and exit (after KIND: that figure's help)",
+    )  # fmt: skip
     p.add_argument("kind", choices=KINDS, metavar="KIND", help=" | ".join(KINDS))
     p.add_argument("run", nargs="?", default=None, metavar="RUN", help="the run folder (training)")
     p.add_argument(

@@ -28,6 +28,7 @@ import dataclasses
 from rich.console import Console
 
 from attnlab.cli._device import device
+from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.options import attention_spec, non_negative_int, positive_int, seed
 from attnlab.cli.task_arguments import add_task_arguments
@@ -175,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model on a task (resumable; torchrun-ready)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     tasks = p.add_subparsers(dest="task", metavar="TASK", parser_class=type(p))
     tasks.required = True

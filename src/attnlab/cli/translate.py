@@ -24,6 +24,7 @@ import warnings
 
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
+from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import report
 from attnlab.cli.options import beams
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "translate",
         help="translate sentences with a trained encoder-decoder (beam search)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__),
     )
     p.add_argument("run", metavar="RUN", help="run folder or checkpoint")
     p.add_argument(

@@ -105,7 +105,7 @@ def head_spectrum_figure(
     ax.set_yticklabels([str(spectrum.indices[i]) for i in range(0, n_layers, step)], fontsize=7)
     ax.set_ylabel("layer")
     ax.set_title(f"effective rank (of at most {d_head})", fontsize=9)
-    fig.colorbar(img, ax=ax, shrink=0.85)
+    fig.colorbar(img, ax=ax, shrink=0.85, label="effective rank exp(−Σ p log p), p = σ / Σσ")
     fig.suptitle(
         title
         or f"Every head as a bilinear relation of rank ≤ d_head = {d_head}: {_NAMES[circuit]}",
