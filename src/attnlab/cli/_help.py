@@ -78,7 +78,7 @@ class KindHelp(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         kind = getattr(namespace, "kind", None)
-        if kind not in self.texts:
+        if not isinstance(kind, str) or kind not in self.texts:
             parser.print_help()
             parser.exit()
         listed = {flag for flags in self.options.values() for flag in flags}
