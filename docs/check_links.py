@@ -4,7 +4,10 @@ An internal link is an ``href`` or ``src`` without a scheme (``https:``, ``mailt
 relative to its page, it must name a file of the site (a folder stands for its ``index.html``),
 and its ``#anchor``, where it has one and points at a page, an ``id`` (or ``name``) in that page.
 Nothing a page loads (a ``src``, a stylesheet or icon ``<link>``) may come from the network: the
-site works offline. A hyperlink (``<a href>``) to another site is the reader's choice, not checked.
+site works offline, and neither may a page's own script name a file on the network: a quoted
+``https://…`` (or ``//…``) in an inline ``<script>`` counts as a load (nbconvert's mermaid loader
+``import("https://cdnjs…")``, dormant or not). A hyperlink (``<a href>``) to another site is the
+reader's choice, not checked.
 A link from the site root (``/…``) counts as broken: it breaks when the site is opened from a
 subfolder or from ``file://``; only the root's ``404.html``, which a server shows at any depth,
 links that way (and its links must name files). ``make docs`` runs this check after the build
@@ -14,6 +17,7 @@ links that way (and its links must name files). ``make docs`` runs this check af
 from __future__ import annotations
 
 import posixpath
+import re
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -25,6 +29,8 @@ LINK_ATTRS = {"href", "src"}
 LINK_NOT_LOADED = {"canonical", "alternate", "next", "prev", "author", "license", "help"}
 # the one page that links from the site root: a server shows it for a missing page at any depth
 ROOTED = "404.html"
+# a quoted remote URL in a page's inline script: what the script could fetch or import
+SCRIPT_URL = re.compile(r"""["'`]((?:https?:|wss?:)?//[^"'`\s]+)""")
 
 
 class _Page(HTMLParser):
@@ -35,9 +41,11 @@ class _Page(HTMLParser):
         self.links: list[str] = []
         self.loads: list[str] = []
         self.anchors: set[str] = set()
+        self._in_script = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         rel = dict(attrs).get("rel") or ""
+        self._in_script = tag == "script" and not dict(attrs).get("src")
         for name, value in attrs:
             if value is None:
                 continue
@@ -47,6 +55,14 @@ class _Page(HTMLParser):
                     self.loads.append(value)
             elif name == "id" or (name == "name" and tag == "a"):
                 self.anchors.add(value)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:  # an inline script: the remote URLs it names count as loads
+            self.loads += [m.group(1) for m in SCRIPT_URL.finditer(data)]
 
 
 def _parse(path: Path) -> _Page:

@@ -12,7 +12,11 @@
   into ``assets/mathjax/`` and each page with maths loads it by a relative URL, so the site works
   from a subfolder and from ``file://``. The notebooks' maths is configured by nbconvert's
   template, the markdown pages' by ``pymdownx.arithmatex``.
-- After the build every internal link must resolve (``docs/check_links.py``), or the build fails.
+- nbconvert's template puts a loader of mermaid (diagrams) in every notebook page, which imports
+  mermaid from a CDN when a page holds a diagram; no notebook does, and the site names nothing on
+  the network, so :func:`drop_network_scripts` removes it.
+- After the build every internal link must resolve (``docs/check_links.py``), or the build fails;
+  nothing a page loads, nor any URL its inline scripts name, may come from the network.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ MathJax.Ajax.loadComplete("[MathJax]/config/local/attnlab.js");
 # nbconvert's template writes this URL into every notebook page; on_post_page makes it relative
 MATHJAX_PLACEHOLDER = f"__mathjax__/MathJax.js?config={MATHJAX_CONFIG}"
 NOTEBOOK_LIST_MARK = "<!-- notebooks -->"
+# an inline module script of nbconvert's template that imports mermaid from a CDN
+MERMAID_LOADER = re.compile(
+    r'<script type="module">(?:(?!</script>).)*?mermaid.*?</script>\s*', re.S
+)
 # a link in a notebook's rendered markdown to another notebook: href="NN_name.ipynb#anchor"
 _NOTEBOOK_HREF = re.compile(r'href="([^":#?]+\.ipynb)(#[^"]*)?"')
 _HEADING_ID = re.compile(r'<h([1-6])[^>]*\bid="([^"]+)"')
@@ -264,10 +272,16 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
     return html
 
 
+def drop_network_scripts(html: str) -> str:
+    """A notebook page without nbconvert's mermaid loader (a module script that imports mermaid
+    from ``cdnjs.cloudflare.com`` when the page holds a diagram: none of ours does)."""
+    return MERMAID_LOADER.sub("", html)
+
+
 def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
     url = mathjax_url(page.file.dest_uri)
     if MATHJAX_PLACEHOLDER in output:  # a notebook: nbconvert's template loads and configures it
-        return output.replace(MATHJAX_PLACEHOLDER, url)
+        return drop_network_scripts(output.replace(MATHJAX_PLACEHOLDER, url))
     if '<script type="math/tex' in output:  # a markdown page's maths (pymdownx.arithmatex)
         return output.replace("</body>", f'<script src="{url}"></script></body>', 1)
     return output

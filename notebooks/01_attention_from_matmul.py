@@ -33,7 +33,7 @@ D_KS = [2**i for i in range(2, 13 if FULL else 11)]  # 4 â€¦ 1024 (small) or 4 â
 SAMPLES = 4096 if FULL else 512  # random queries per d_k
 NUM_KEYS = 16  # keys each query sees
 torch.set_printoptions(precision=3, sci_mode=False)
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## A toy input: 3 tokens of width 4

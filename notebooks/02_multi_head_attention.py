@@ -35,7 +35,7 @@ STEPS = 2000 if FULL else 800
 HEADS = (1, 2, 4) if FULL else (1, 2)
 BATCH = 128
 torch.set_printoptions(precision=3, sci_mode=False)
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## Heads by hand

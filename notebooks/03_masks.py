@@ -25,7 +25,7 @@ TRIALS = 200 if FULL else 10  # random masks per backend and dtype in the last c
 BACKENDS = ("math", "sdpa", "blockwise")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 torch.set_printoptions(precision=3, sci_mode=False)
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## Padding and look-ahead masks

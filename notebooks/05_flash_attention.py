@@ -40,7 +40,7 @@ from attnlab.viz.costs import memory_figure
 # before anything big is allocated: freed buffers go back to the OS, so the resident set
 # follows the live tensors (see attnlab.inspect.memory)
 assert stabilize_allocator()
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## 1. The online softmax

@@ -48,7 +48,7 @@ from attnlab.viz import Plot
 from attnlab.viz.evolution import attention_evolution
 from attnlab.viz.probe_history import ProbeHistory
 
-torch.manual_seed(SEED)
+_ = torch.manual_seed(SEED)
 
 # %% [markdown]
 # ## 1 · Data where copying pays, and only by content

@@ -57,7 +57,7 @@ from attnlab.nn.linformer import linformer_attention, random_projection
 from attnlab.nn.performer import favor_attention, orthogonal_random_features
 from attnlab.viz import Plot, approximation_error_figure
 
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## 1 · What each pattern lets a query see

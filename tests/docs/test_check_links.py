@@ -61,3 +61,17 @@ def test_each_kind_of_broken_link_is_reported(site: Path, capsys) -> None:
 def test_the_404_page_links_from_the_root_but_to_real_files(site: Path) -> None:
     _write(site, "404.html", '<a href="/pages/two/">two</a><a href="/gone/">gone</a>')
     assert check_links.broken_links(site) == ["404.html -> /gone/"]
+
+
+def test_an_inline_script_naming_a_remote_url_is_a_load_from_the_network(site: Path) -> None:
+    """nbconvert's dormant mermaid loader (``import("https://cdnjs…")`` in a module script) was
+    not seen: only ``src``/``href`` attributes were checked."""
+    _write(
+        site,
+        "nb.html",
+        '<script type="module">const m = (await import("https://cdn.example.org/m.mjs"));'
+        "</script><script>var here = 'assets/x.js', ns = 'no URL';</script>",
+    )
+    assert check_links.broken_links(site) == [
+        "nb.html -> https://cdn.example.org/m.mjs (loaded from the network)"
+    ]

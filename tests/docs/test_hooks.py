@@ -81,3 +81,24 @@ def test_the_notebooks_toc_takes_the_ids_of_its_headings() -> None:
     assert (top.id, top.children[0].id) == ("Title", "2-backend-same-numbers")
     hooks.align_toc("<h1 id='x'>only one</h1>", toc)  # levels differ: left alone
     assert top.id == "Title"
+
+
+def test_a_notebook_page_names_nothing_on_the_network(tmp_path: Path) -> None:
+    """nbconvert's template loads mermaid from a CDN (dormant: no notebook holds a diagram); the
+    page the hooks write holds no such loader, and the link check finds no remote URL."""
+    from types import SimpleNamespace
+
+    from mkdocs_jupyter.nbconvert2 import nb2html
+
+    from tests.docs.site_modules import check_links
+
+    source = _notebook(tmp_path, "t.ipynb", "T")
+    html = nb2html(str(source), custom_mathjax_url=hooks.MATHJAX_PLACEHOLDER)
+    assert "cdnjs.cloudflare.com" in html  # what nbconvert writes
+    page = SimpleNamespace(file=SimpleNamespace(dest_uri="notebooks/t/index.html"))
+    out = hooks.on_post_page(html, page, config=None)
+    assert "cdnjs" not in out and "mermaid.esm" not in out and "import(" not in out
+    site = tmp_path / "site"
+    (site / "notebooks" / "t").mkdir(parents=True)
+    (site / "notebooks" / "t" / "index.html").write_text(out, encoding="utf-8")
+    assert not [b for b in check_links.broken_links(site) if "network" in b]

@@ -47,6 +47,37 @@ def _printed(nb: nbformat.NotebookNode) -> str:
     )
 
 
+def _stderr(nb: nbformat.NotebookNode) -> str:
+    return "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "stream" and o.get("name") == "stderr"
+    )
+
+
+def test_no_cell_shows_the_generator_that_manual_seed_returns():
+    """``torch.manual_seed(0)`` as a cell's last line printed ``Out: <torch._C.Generator …>`` on
+    the pages of notebooks 01, 02, 03, 05, 10 and 14."""
+    import ast
+
+    import jupytext
+
+    shown = []
+    for source in SOURCES:
+        for cell in jupytext.read(source).cells:
+            if cell.cell_type != "code":
+                continue
+            body = ast.parse(cell.source).body
+            last = body[-1] if body else None
+            if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+                func = last.value.func
+                if isinstance(func, ast.Attribute) and func.attr == "manual_seed":
+                    shown.append(f"{source.name}: {ast.unparse(last)}")
+    assert shown == []
+
+
 def test_the_learning_path_is_complete():
     names = [s.stem for s in SOURCES]
     assert len(names) >= 8, names
@@ -62,6 +93,9 @@ def test_notebook_executes(source: Path):
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert errors == []
     assert _outputs(nb, "image/png"), f"{source.name} shows no figure"
+    assert not [t for t in _outputs(nb, "text/plain") if "torch._C.Generator" in t]
+    if source.stem.startswith("04"):  # transformers' warnings and progress bars, silenced
+        assert _stderr(nb) == "", _stderr(nb)[:300]
     if source.stem.startswith("07"):
         viewers = [h for h in _outputs(nb, "text/html") if 'class="attnlab-viewer"' in h]
         assert viewers, "notebook 07 must show the viewer inline"
