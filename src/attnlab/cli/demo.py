@@ -1,7 +1,8 @@
 """``attnlab demo`` — the main job: train a Transformer to reverse strings, on the CPU.
 
 It trains the ``reverse`` task of ``attnlab train`` (an encoder-decoder, 2 + 2 layers,
-``d_model = 128``) for about two minutes with a progress bar (plain lines, e.g.
+``d_model = 128``) for about two minutes on an idle 2-core CPU (87 s measured; longer when
+other work shares the cores) with a progress bar (plain lines, e.g.
 ``reverse step 120/1200  loss …``, when standard error is not a terminal), then prints
 ``exact-match accuracy: NN.N%`` on held-out strings with a few decoded examples, and leaves a
 run folder (``--out``) with the checkpoint, ``metrics.jsonl``, ``attention.png`` (where the
@@ -29,7 +30,7 @@ from attnlab.cli.errors import CLIError
 from attnlab.cli.options import seed
 from attnlab.nn.attention import scaled_dot_product_attention
 
-# the demo's length: about two minutes on a 2-core laptop CPU (see benchmarks/reverse.py)
+# the demo's length: about two minutes on an idle 2-core CPU (see benchmarks/reverse.py)
 DEMO_STEPS = 1200
 # the string whose attention is recorded while the demo trains (ten distinct letters)
 DEMO_PROBE = "abcdefghij"
@@ -54,7 +55,8 @@ def demo_train_argv(out: str, steps: int, seed: int) -> list[str]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job: train a Transformer to reverse strings (about 2 minutes on a CPU)",
+        help="the main job: train a Transformer to reverse strings (about 2 minutes on an idle "
+        "2-core CPU)",
         description=plain(__doc__),
     )
     p.add_argument(
