@@ -76,9 +76,43 @@ print(f"max |by hand − attnlab.MultiHeadAttention| = {diff:.2e}")
 assert diff < 1e-6
 
 # %% [markdown]
+# ### One token, every head
+#
+# Say the five positions read "we sat by the bank". The last token's query, key and value are
+# one row each of $Q$, $K$, $V$ ($d_\text{model} = 8$ numbers); head $i$ sees only its 4 of
+# them. So "bank" asks a different question in each head — one head may look for "river", another
+# for "money" — and the per-head slices are all there is to it:
+
+# %%
+sentence = ["we", "sat", "by", "the", "bank"]
+bank = sentence.index("bank")
+for name, proj in (("q", q), ("k", k), ("v", v)):
+    per_head = proj[0, bank].view(num_heads, d_head)  # (H, d_head): row i is head i's slice
+    for i in range(num_heads):
+        print(f"head {i} {name}('bank') = {per_head[i]}")
+        assert torch.equal(per_head[i], proj[0, bank, i * d_head : (i + 1) * d_head])
+
+# %% [markdown]
 # In attnlab the split is a reshape, not a loop: `(B, T, d_model)` → `(B, T, H, d_head)` →
-# `(B, H, T, d_head)`, so all heads go through `scaled_dot_product_attention` at once. PyTorch's
-# own layer computes the same thing; `MultiHeadAttention.from_torch` copies its weights.
+# `(B, H, T, d_head)`, so all heads go through `scaled_dot_product_attention` at once. The way
+# back, `(B, H, T, d_head)` → `(B, T, H·d_head)`, needs a **copy**: `transpose` only swaps two
+# strides, so the numbers of one token are no longer next to each other in memory, and `view`
+# (which never copies) refuses. `.contiguous()` makes the copy first (`reshape` does it when it
+# must):
+
+# %%
+split = q.view(1, 5, num_heads, d_head).transpose(1, 2)  # (B, H, T, d_head): no copy
+print("contiguous after transpose?", split.is_contiguous())
+merged = split.transpose(1, 2)  # (B, T, H, d_head), still the transposed strides
+try:
+    merged.view(1, 5, d_model)
+except RuntimeError as error:
+    print("RuntimeError:", str(error).split(";")[0])
+merged = merged.contiguous().view(1, 5, d_model)  # copy into token-major order, then view
+assert torch.equal(merged, q)
+
+# %% [markdown]
+# PyTorch's own layer computes the same thing; `MultiHeadAttention.from_torch` copies its weights.
 
 # %%
 torch_mha = nn.MultiheadAttention(d_model, num_heads, batch_first=True).eval()
@@ -173,6 +207,19 @@ print("partner ", target[0, :, 1].tolist())
 # at $i$ is *one* weighted average $\sum_j a_{ij} v_j$ of values made by *one* $W^V$: the numbers
 # of the previous token and of the partner land in the same subspace, mixed. With two heads each
 # relation gets its own $W_i^V$ and its own slice of $W^O$.
+
+#
+# `nn.Embedding` is a lookup table: `E(ids)` returns rows `ids` of `E.weight`, the same numbers
+# as the one-hot vectors of the ids times the table, without the multiplication:
+
+# %%
+table = nn.Embedding(NUMBERS, D_MODEL)
+ids = torch.tensor([3, 0, 3])
+one_hot = F.one_hot(ids, NUMBERS).float()  # (3, NUMBERS)
+print(f"max |E(ids) − one_hot(ids) @ E.weight| = "
+      f"{(table(ids) - one_hot @ table.weight).abs().max().item():.1e}")
+assert torch.equal(table(ids), table.weight[ids])
+assert torch.allclose(table(ids), one_hot @ table.weight)
 
 
 # %%
@@ -280,6 +327,24 @@ p, c = relation_weights(w1, test[3])[0].tolist()
 print(f"one head: weight on previous token {p:.2f}, on partner {c:.2f}")
 assert min(p, c) > 0.3  # both relations, mixed in one head
 viz.attention_heatmap(w1[ex, 0], query_tokens=toks, key_tokens=toks, title="the single head")
+
+# %% [markdown]
+# The bottleneck in numbers, with the learning taken out: 8 tokens whose values are one-hot
+# vectors (all of a token's identity), and every ordered pair (previous token $a$, partner $b$),
+# $a \ne b$. One head that attends half to each hands on $(v_a + v_b)/2$, the same for $(a, b)$
+# and $(b, a)$: which number came from which relation is lost, whatever the read-out. Two heads
+# of half the width, each attending to one token through its own $W_i^V$, hand on
+# $[v_a W_1^V;\ v_b W_2^V]$, and no pair is confused:
+
+# %%
+values = torch.eye(8)  # token j's value: one-hot, 8 numbers
+pairs = [(a, b) for a in range(8) for b in range(8) if a != b]
+one_head = {tuple((0.5 * values[a] + 0.5 * values[b]).tolist()) for a, b in pairs}
+w_v1, w_v2 = torch.randn(8, 4), torch.randn(8, 4)  # two heads, d_head = 4 each
+two_heads = {tuple(torch.cat([values[a] @ w_v1, values[b] @ w_v2]).tolist()) for a, b in pairs}
+print(f"{len(pairs)} ordered pairs: one head hands on {len(one_head)} distinct outputs, "
+      f"two heads {len(two_heads)}")
+assert len(one_head) == len(pairs) // 2 and len(two_heads) == len(pairs)
 
 # %% [markdown]
 # With more heads than relations (`FULL = True` trains 4), the spare heads duplicate one of the

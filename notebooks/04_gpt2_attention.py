@@ -236,12 +236,13 @@ residual_growth_figure(stds, title=f"Residual stream of a {DEPTH}-block GPT at i
 import warnings
 
 from tqdm import TqdmWarning
-from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.utils import logging as hf_logging
 
-hf_logging.disable_progress_bar()  # no "Writing model shards" bar from save_pretrained
 # tqdm's notebook bars need ipywidgets, which this offline set-up does not install
 warnings.filterwarnings("ignore", "IProgress not found", TqdmWarning)
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+hf_logging.disable_progress_bar()  # no "Writing model shards" bar from save_pretrained
 
 torch.manual_seed(0)
 # GPT2Config's default <|endoftext|> id (50256) is outside this 1000-token vocabulary

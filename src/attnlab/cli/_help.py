@@ -9,16 +9,10 @@ steps --help``): given that argument it prints that kind's text and only the opt
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["KindHelp", "plain"]
-
-_ROLE = re.compile(
-    r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`"
-)  # :func:`x` / :mod:`~a.b` / :ref:`t <x>`
-_LITERAL = re.compile(r"``(.+?)``")
 
 
 def plain(doc: str | None, paragraphs: int = 1) -> str | None:
@@ -38,13 +32,16 @@ def plain(doc: str | None, paragraphs: int = 1) -> str | None:
     """
     if doc is None:
         return None
-    text = "\n\n".join(doc.strip().split("\n\n")[:paragraphs])
-
-    def role(m: re.Match[str]) -> str:
-        target = m.group(1)
-        return target.rsplit(".", 1)[-1] if m.group(0).split("`")[1].startswith("~") else target
-
-    return _LITERAL.sub(r"\1", _ROLE.sub(role, text))
+    text = "\n\n".join(doc.strip().split("\n\n")[:paragraphs]).replace("``", "")
+    parts = text.split("`")  # outside, inside, outside, …: the inside of :role:`…`
+    for i in range(1, len(parts) - 1, 2):
+        before = parts[i - 1]
+        head, colon, role = before[:-1].rpartition(":")
+        if before.endswith(":") and colon and role.isalpha():
+            parts[i - 1] = head  # ":func:" dropped
+        target = parts[i].split("<")[0].strip() if "<" in parts[i] else parts[i]
+        parts[i] = target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+    return "".join(parts)
 
 
 class KindHelp(argparse.Action):
