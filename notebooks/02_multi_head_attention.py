@@ -101,13 +101,16 @@ for name, proj in (("q", q), ("k", k), ("v", v)):
 # must):
 
 # %%
-split = q.view(1, 5, num_heads, d_head).transpose(1, 2)  # (B, H, T, d_head): no copy
-print("contiguous after transpose?", split.is_contiguous())
-merged = split.transpose(1, 2)  # (B, T, H, d_head), still the transposed strides
+per_head = q.view(1, 5, num_heads, d_head).transpose(1, 2).contiguous()  # (B, H, T, d_head)
+merged = per_head.transpose(1, 2)  # (B, T, H, d_head): the same memory, strides swapped
+print("contiguous after transpose?", merged.is_contiguous(), "strides", merged.stride())
+refused = False
 try:
     merged.view(1, 5, d_model)
 except RuntimeError as error:
+    refused = True
     print("RuntimeError:", str(error).split(";")[0])
+assert refused
 merged = merged.contiguous().view(1, 5, d_model)  # copy into token-major order, then view
 assert torch.equal(merged, q)
 

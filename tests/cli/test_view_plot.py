@@ -241,3 +241,5 @@ def test_plot_draws_a_dollar_token_and_greys_the_masked_future(tmp_path: Path) -
     out = tmp_path / "layers.png"
     assert main([*argv, "-o", str(out)]) == 0 and out.stat().st_size > 1000
     assert main(["plot", "heads", *argv[2:6], "-o", str(tmp_path / "heads.png")]) == 0
+    heatmap = _model_figure(build_parser().parse_args(["plot", "heatmap", *argv[2:6]]))
+    np.testing.assert_array_equal(heatmap.data["mask"], ~future.numpy())  # the future: grey
