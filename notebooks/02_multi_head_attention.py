@@ -241,6 +241,9 @@ class TwoRelations(nn.Module):
         return self.out(h).unflatten(-1, (2, NUMBERS))  # (B, T, 2, NUMBERS)
 
 
+losses: dict[int, list[float]] = {}  # per number of heads: the training loss of every step
+
+
 def train(num_heads: int, seed: int = 0) -> TwoRelations:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -249,6 +252,7 @@ def train(num_heads: int, seed: int = 0) -> TwoRelations:
     for _ in range(STEPS):
         colours, numbers, target, _ = make_batch(BATCH, gen)
         loss = F.cross_entropy(model(colours, numbers).flatten(0, 2), target.flatten())
+        losses.setdefault(num_heads, []).append(loss.item())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -275,6 +279,20 @@ for h in HEADS:
 assert accuracy[1]["both"] < 0.5  # one head gets one relation, not both
 for h in HEADS[1:]:
     assert accuracy[h]["both"] > 0.95
+
+# %% [markdown]
+# The optimisation side of the same argument, from the losses of those runs: both models have the
+# same parameters ($d_\text{model}$ split into 1 or 2 heads), the same data and the same steps.
+# Each head gets its own softmax, so gradient descent can grow the two relations side by side;
+# one softmax has to share its weight between them, and its loss stalls. The mean training loss
+# over each quarter of the run:
+
+# %%
+quarters = [len(losses[1]) * q // 4 for q in range(5)]
+for h in HEADS:
+    means = [sum(losses[h][a:b]) / (b - a) for a, b in zip(quarters, quarters[1:])]
+    print(f"{h} head(s): " + "  ".join(f"{m:.3f}" for m in means))
+assert sum(losses[2][-50:]) < 0.5 * sum(losses[1][-50:])
 
 # %% [markdown]
 # One head gets one of the two numbers right, and the other little more often than chance
