@@ -243,3 +243,6 @@ def test_plot_draws_a_dollar_token_and_greys_the_masked_future(tmp_path: Path) -
     assert main(["plot", "heads", *argv[2:6], "-o", str(tmp_path / "heads.png")]) == 0
     heatmap = _model_figure(build_parser().parse_args(["plot", "heatmap", *argv[2:6]]))
     np.testing.assert_array_equal(heatmap.data["mask"], ~future.numpy())  # the future: grey
+    heads = _model_figure(build_parser().parse_args(["plot", "heads", *argv[2:6]]))
+    assert np.isnan(heads.data["weights"][:, future]).all()
+    assert not np.isnan(heads.data["weights"][:, ~future]).any()

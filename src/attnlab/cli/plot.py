@@ -11,7 +11,7 @@ see :mod:`attnlab.viz.steps_by_hand`). With ``--model RUN`` it draws the model's
 ``--layer`` among its ``--kind`` layers (default the first), with the masks the model applied, on
 the text's real tokens. Figures of a trained model (``--model RUN --text TEXT``, through the run's task, so
 the tokens are exactly what the model read): ``heatmap`` (one head), ``heads`` (every head of one
-layer), ``layers`` (layers × heads; ``--layer 0,15,29`` draws those layers only; keys a layer
+layer; in these two, keys the layer masked are light grey too), ``layers`` (layers × heads; ``--layer 0,15,29`` draws those layers only; keys a layer
 masked, e.g. a causal model's future, are light grey, not weight 0), each for
 ``--kind self|cross|all`` layers. ``training RUN``:
 how the heads changed from step 0 to the end (the run must have been trained with ``--probe``),
@@ -81,7 +81,8 @@ _KIND_TEXT = {
     "--model on the tokens of --text: rows are queries, columns keys; keys the layer masked are "
     "light grey. --effective: a Linformer layer's effective weights A·F over the key tokens.",
     "heads": "Every head of one layer (--layer of --kind, default the last) of --model on the "
-    "tokens of --text, one heatmap each. --effective: a Linformer layer's effective weights A·F.",
+    "tokens of --text, one heatmap each; keys the layer masked are light grey. --effective: a "
+    "Linformer layer's effective weights A·F.",
     "layers": "Layers × heads: every head of every --kind layer of --model on the tokens of "
     "--text (--layer 0,15,29: those layers only); keys a layer masked (a causal model's future) "
     "are light grey, not weight 0. A long side is block-averaged past --max-tokens.",
@@ -321,7 +322,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     if args.kind == "heads":
         return F.head_grid(
             w, max_tokens=args.max_tokens, title=f"{name}{what}", query_tokens=rows,
-            key_tokens=cols, value_label=value,
+            key_tokens=cols, value_label=value, mask=None if args.effective else _unseen(w),
         )  # fmt: skip
     _check_head(args.head, w.shape[0])
     return F.attention_heatmap(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.patches import Patch
 
@@ -245,6 +246,15 @@ def attention_heatmap(
     return Plot(fig, data)
 
 
+def _masked_legend(fig: Figure) -> None:
+    """A legend under the figure: light grey cells are masked keys, not weight 0."""
+    grey = Patch(facecolor=MASKED, edgecolor="0.4", linewidth=0.5)
+    fig.legend(
+        [grey], ["masked: the query cannot see this key (not weight 0)"],
+        loc="outside lower center", fontsize=8, frameon=False,
+    )  # fmt: skip
+
+
 def _name_inches(text: str, points: float) -> float:
     """About how long ``text`` runs at ``points`` (an average glyph is 0.6 em wide)."""
     return len(text) * points * 0.6 / 72
@@ -313,6 +323,7 @@ def head_grid(
     *,
     query_tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
+    mask: ArrayLike | None = None,
     title: str | None = None,
     max_tokens: int = 48,
     method: Reduction = "block",
@@ -335,6 +346,8 @@ def head_grid(
         weights: ``(H, T_q, T_k)`` (or ``(1, H, T_q, T_k)``).
         query_tokens: query labels (default: positions).
         key_tokens: key labels (default: positions).
+        mask: boolean ``(T_q, T_k)``, ``True = may attend`` (every head); hidden cells are light
+            grey (NaN in ``data["weights"]``) and a legend says so. Default ``None``.
         title: figure title.
         max_tokens: per-side limit before reduction.
         method: ``"block"`` or ``"topk"``.
@@ -345,7 +358,7 @@ def head_grid(
         :class:`Plot` with ``data["weights"]`` ``(H, R_q, R_k)`` as drawn.
 
     Shape:
-        weights ``(H, T_q, T_k)`` or ``(1, H, T_q, T_k)``.
+        weights ``(H, T_q, T_k)`` or ``(1, H, T_q, T_k)``; mask ``(T_q, T_k)``.
     """
     w = _to_numpy("weights", weights, (3, 4))
     if w.ndim == 4:
@@ -367,6 +380,15 @@ def head_grid(
         )
         for i in range(h)
     ]
+    hidden = None if mask is None else _to_numpy("mask", mask, 2).astype(bool)
+    if hidden is not None and hidden.shape != w.shape[1:]:
+        raise ArgumentError(
+            f"mask must have the weights' shape (T_q, T_k) = {shape_str(w.shape[1:])}, "
+            f"got {shape_str(hidden.shape)}"
+        )
+    if hidden is not None:  # hidden cells are NaN: drawn in the colour map's "bad" grey
+        reds = [replace(r, matrix=np.where(_reduce_mask(hidden, r, method), r.matrix, np.nan))
+                for r in reds]  # fmt: skip
     fig = _new_figure(3.2 * ncols + 1.4, 3.3 * nrows + 0.6 + (0.4 if title else 0.0))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     cells: list[list[Reduced | None]] = [
@@ -390,6 +412,8 @@ def head_grid(
         fig.suptitle(title)
     if img is not None:
         fig.colorbar(img, ax=axes, shrink=0.6, label=value_label)
+    if hidden is not None and not hidden.all():
+        _masked_legend(fig)
     return Plot(fig, {"weights": drawn})
 
 
@@ -584,9 +608,5 @@ def layer_head_grid(
                 drawn[i, h, :q, :k] = True if shown is None else shown[h]
         data["mask"] = drawn
         if any(shown is not None and not all(v.all() for v in shown) for shown in seen):
-            grey = Patch(facecolor=MASKED, edgecolor="0.4", linewidth=0.5)
-            fig.legend(
-                [grey], ["masked: the query cannot see this key (not weight 0)"],
-                loc="outside lower center", fontsize=8, frameon=False,
-            )  # fmt: skip
+            _masked_legend(fig)
     return Plot(fig, data)
