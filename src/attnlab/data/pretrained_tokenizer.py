@@ -19,17 +19,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from attnlab._checks import json_bool, read_small_json, read_small_text
 from attnlab.data.tokenizers import HFTokenizer, _hf
 from attnlab.errors import ArgumentError
 
 __all__ = ["PretrainedTokenizer", "tokenizer_from_folder", "tokenizer_from_gguf"]
 
 log = logging.getLogger(__name__)
+
+#: the largest ``tokenizer.json`` read (a vocabulary of a few hundred thousand tokens and their
+#: merges takes tens of megabytes)
+TOKENIZER_FILE_BYTES = 512 * 2**20
 
 # llama.cpp's token types (llama_token_type): the ones that become added tokens
 _CONTROL, _USER_DEFINED = 3, 4
@@ -323,8 +329,8 @@ def _token_text(value: Any) -> str | None:
 def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
     """The chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s."""
     jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+    if os.path.lexists(jinja_file):
+        return read_small_text(jinja_file)
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
@@ -350,21 +356,17 @@ def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
     """
     folder = Path(path)
     tokenizer_file = folder / "tokenizer.json"
-    if not tokenizer_file.is_file():
+    if not os.path.lexists(tokenizer_file):
         raise FileNotFoundError(f"no tokenizer.json in {folder}")
+    vocabulary = read_small_text(tokenizer_file, TOKENIZER_FILE_BYTES)
     try:
-        backend = _hf().Tokenizer.from_file(str(tokenizer_file))
+        backend = _hf().Tokenizer.from_str(vocabulary)
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ArgumentError(f"{tokenizer_file}: not a valid tokenizers file: {exc}") from exc
     config: dict[str, Any] = {}
     config_file = folder / "tokenizer_config.json"
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArgumentError(f"{config_file}: not valid JSON: {exc}") from exc
-        if not isinstance(config, dict):
-            raise ArgumentError(f"{config_file}: must hold a JSON object")
+    if os.path.lexists(config_file):
+        config = read_small_json(config_file)
     ids: dict[str, int | None] = {}
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         text = _token_text(config.get(name))
@@ -379,5 +381,5 @@ def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
         pad_id=ids["pad_token"],
         unk_id=ids["unk_token"],
         chat_template=_folder_template(folder, config),
-        add_bos=bool(config.get("add_bos_token", False)),
+        add_bos=json_bool(config, "add_bos_token", False, where=str(config_file)),
     )

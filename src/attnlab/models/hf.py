@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from attnlab._checks import is_path_inside, read_small_json
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import family_named, family_of
@@ -267,17 +268,20 @@ def _weight_files(path: Path) -> list[Path]:
     if (path / _WEIGHTS).is_file():
         return [path / _WEIGHTS]
     if (path / _INDEX).is_file():
-        try:
-            weight_map = json.loads((path / _INDEX).read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ArgumentError(f"{path / _INDEX} is not a safetensors index") from None
-        shards = [path / n for n in names if isinstance(n, str)]
-        if len(shards) != len(names) or any(
-            not s.resolve().is_relative_to(path.resolve()) or not s.is_file() for s in shards
-        ):
-            raise ArgumentError(f"{path / _INDEX} names shards that are not files of {path}")
-        return shards
+        index = read_small_json(path / _INDEX)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ArgumentError(f"{path / _INDEX} is not a safetensors index (no weight_map)")
+        names = sorted({n for n in weight_map.values() if isinstance(n, str)})
+        # the names are checked, not where their links lead: a Hugging Face cache's snapshot
+        # links every file to ../../blobs/<sha>
+        bad = [n for n in names if not is_path_inside(n) or not (path / n).is_file()]
+        if bad or len(names) != len(set(map(repr, weight_map.values()))):
+            shown = repr(bad[0]) if bad else "a name that is not a string"
+            raise ArgumentError(
+                f"{path / _INDEX} names shards that are not files of {path} ({shown})"
+            )
+        return [path / n for n in names]
     pickled = [p.name for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))]
     held = (
         f" (it holds {', '.join(pickled)}, a pickle, which attnlab never loads)" if pickled else ""
@@ -302,14 +306,7 @@ def _stored_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ArgumentError(
-            f"{path / 'config.json'} is not a readable JSON config ({exc})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ArgumentError(f"{path / 'config.json'} must hold a JSON object")
+    data: dict[str, Any] = read_small_json(path / "config.json")
     return data
 
 
@@ -339,9 +336,9 @@ def check_directory(path: str | Path) -> GPTConfig:
     try:
         config = family.config_from_hf(data)
     except (ValueError, TypeError) as exc:
-        raise ArgumentError(
-            f"{path / 'config.json'} is not a {family.name} config ({exc})"
-        ) from None
+        kind = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentError
+        detail = str(exc).removeprefix("config.json's ")
+        raise kind(f"{path / 'config.json'}: {detail} ({family.name} config)") from None
     shapes = _stored_shapes(files)
     layers = {m.group(1) for n in shapes if (m := _LAYER.search(n))}
     if len(layers) != config.n_layer:

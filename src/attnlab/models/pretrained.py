@@ -18,6 +18,7 @@ The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's par
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -78,18 +79,20 @@ def _is_hub_id(text: str) -> bool:
 
 
 def _hf_folder(path: Path) -> bool:
-    import json
-
+    """A folder with a ``config.json`` of a supported ``model_type`` and no ``manifest.json``;
+    also one whose ``config.json`` cannot be read (a link to a device, a FIFO, a giant, not
+    JSON), which the folder's reader then refuses in one line naming it."""
+    from attnlab._checks import read_small_json
     from attnlab.models.families import supported_model_types
 
     config = path / "config.json"
-    if not path.is_dir() or not config.is_file() or (path / "manifest.json").exists():
+    if not path.is_dir() or not os.path.lexists(config) or (path / "manifest.json").exists():
         return False
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("model_type") in supported_model_types()
+        data = read_small_json(config)
+    except ArgumentError:
+        return True
+    return data.get("model_type") in supported_model_types()
 
 
 def load_pretrained(
