@@ -126,7 +126,8 @@ def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 
 def check_finite_weights(model: torch.nn.Module) -> None:
-    """Refuse to decode with a model whose weights hold NaN or infinities (a diverged run).
+    """Refuse to decode with a model whose weights hold NaN or infinities (a diverged run, or
+    a pretrained file that holds them).
 
     Its logits would be NaN: sampling would fail deep in torch and greedy decoding would return
     token 0 over and over. One device sync when the weights are finite.
@@ -142,7 +143,8 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     name = first_non_finite(model.named_parameters())
     raise ArgumentError(
         f"the model's weights are not finite (NaN or infinity in {name}), so it cannot decode: "
-        f"the run diverged; use a checkpoint from before it diverged"
+        "the checkpoint or pretrained file it was loaded from holds them (a run that diverged: "
+        "use a checkpoint from before it; a damaged file: use another copy)"
     )
 
 

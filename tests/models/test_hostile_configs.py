@@ -333,3 +333,35 @@ def test_llama_partial_rotary_factor_with_a_scaling_is_refused() -> None:
 def test_a_llama_with_a_partial_rotary_is_not_exported() -> None:
     with pytest.raises(ArgumentError, match="rotary_dim must be None for llama, got 4"):
         to_hf(tiny("llama", rotary_dim=4))
+
+
+# ----------------------------------------------------------------------------------------------
+# messages
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_pretrained_file_with_nan_weights_is_not_called_a_diverged_run(tmp_path: Path) -> None:
+    path = folder(tmp_path)
+    state = load_file(str(path / "model.safetensors"))
+    state["model.layers.0.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(ArgumentError) as err:
+        al.generate(from_hf(path), torch.tensor([[1, 2]]), max_new_tokens=1)
+    text = str(err.value)
+    assert "transformer.h.0.mlp.c_fc.weight" in text and "pretrained file" in text
+    assert "the run diverged" not in text
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "message"),
+    [
+        ("hidden_act", ["silu"], ArgumentError, "hidden_act must be one of"),
+        ("rope_scaling", False, ArgumentTypeError, "rope_scaling must be a dict, got bool"),
+        ("rope_scaling", "linear", ArgumentTypeError, "rope_scaling must be a dict, got str"),
+    ],
+)
+def test_other_values_of_the_wrong_type_are_one_line_errors(
+    key: str, value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        config_from_hf({**_dict("llama"), key: value})

@@ -333,7 +333,11 @@ def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
         return read_small_text(jinja_file)
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        named = {
+            t.get("name"): t.get("template")
+            for t in template
+            if isinstance(t, Mapping) and isinstance(t.get("name"), str)
+        }
         template = named.get("default")
     return template if isinstance(template, str) else None
 

@@ -100,9 +100,9 @@ def build_config(config: Mapping[str, Any], positions_key: str, **fields: Any) -
 
 def activation_of(name: object) -> str:
     """attnlab's activation of Hugging Face's ``hidden_act``."""
-    if name not in _ACTIVATIONS:
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
         raise ArgumentError(f"hidden_act must be one of {', '.join(_ACTIVATIONS)}, got {name!r}")
-    return _ACTIVATIONS[str(name)]
+    return _ACTIVATIONS[name]
 
 
 def hf_activation(name: str) -> str:
@@ -149,7 +149,9 @@ def rope_fields(config: Mapping[str, Any], d_head: int, *, partial: bool) -> dic
         (params, "partial_rotary_factor", inner), (config, "partial_rotary_factor", "config.json"),
         (config, "rotary_pct", "config.json"), default=1.0,
     )  # fmt: skip
-    scaling = RopeScaling.from_dict(config.get("rope_scaling") or params or None)
+    scaling = config.get("rope_scaling")  # null or {}: the scaling, if any, is rope_parameters'
+    empty = scaling is None or (isinstance(scaling, Mapping) and not scaling)
+    scaling = RopeScaling.from_dict((params or None) if empty else scaling)
     if not partial:
         if fraction != 1.0 and scaling is not None:
             raise ArgumentError(
