@@ -365,3 +365,17 @@ def test_other_values_of_the_wrong_type_are_one_line_errors(
 ) -> None:
     with pytest.raises(error, match=message):
         config_from_hf({**_dict("llama"), key: value})
+
+
+def test_the_cli_names_a_config_json_that_is_a_fifo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to call the folder a run and say that its manifest.json is missing."""
+    from attnlab.cli import main
+
+    path = folder(tmp_path)
+    (path / "config.json").unlink()
+    os.mkfifo(path / "config.json")
+    assert main(["flops", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"attnlab: error: {path / 'config.json'} must be a regular file, got a FIFO"]
