@@ -23,6 +23,7 @@ from attnlab.models.hf import check_directory, config_from_hf, from_hf, save_hf,
 from attnlab.models.pretrained import is_pretrained_source
 
 VOCAB = 32
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
 def tiny(family: str, **fields: Any) -> al.GPT:
@@ -263,7 +264,9 @@ def test_index_names_that_leave_the_folder_are_refused(tmp_path: Path, name: str
 
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder"])
-@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "chat_template.jinja"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+)
 def test_a_small_file_that_is_not_a_regular_file_is_refused_without_reading(
     tmp_path: Path, kind: str, name: str
 ) -> None:
@@ -286,6 +289,8 @@ def test_a_small_file_that_is_not_a_regular_file_is_refused_without_reading(
         if name == "config.json":
             assert is_pretrained_source(str(path))  # not "manifest.json is missing"
             check_directory(path)
+        elif name == "tokenizer.json":
+            al.load_pretrained(str(path))  # no longer read as a folder without a tokenizer
         else:
             tokenizer_from_folder(path)
 
@@ -358,6 +363,18 @@ def test_a_pretrained_file_with_nan_weights_is_not_called_a_diverged_run(tmp_pat
         ("hidden_act", ["silu"], ArgumentError, "hidden_act must be one of"),
         ("rope_scaling", False, ArgumentTypeError, "rope_scaling must be a dict, got bool"),
         ("rope_scaling", "linear", ArgumentTypeError, "rope_scaling must be a dict, got str"),
+        (
+            "rope_scaling",
+            {"rope_type": "linear", "factor": float("inf")},
+            ArgumentError,
+            "factor must be a finite positive number, got inf",
+        ),
+        (
+            "rope_scaling",
+            {**LLAMA3, "original_max_position_embeddings": 16.5},
+            ArgumentError,
+            "original_max_position_embeddings must be an integer",
+        ),
     ],
 )
 def test_other_values_of_the_wrong_type_are_one_line_errors(

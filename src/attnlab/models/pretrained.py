@@ -198,7 +198,7 @@ def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
 
     config, state = read_directory(path, dtype=dtype)
     model = model_from_state(config, state)
-    tokenizer = tokenizer_from_folder(path) if (path / "tokenizer.json").is_file() else None
+    tokenizer = tokenizer_from_folder(path) if os.path.lexists(path / "tokenizer.json") else None
     return model, tokenizer
 
 
