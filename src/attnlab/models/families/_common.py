@@ -43,13 +43,13 @@ _BACK = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu
 #: the largest value of each kind of size a ``config.json`` may give, checked before anything is
 #: built from it (the largest published decoders stay far below: 126 layers, 128 heads, widths
 #: of 53 248, vocabularies of 256 000, contexts of 10⁷); the positions are bounded by the memory
-#: of their rotary tables (:func:`build_config`)
+#: of their rotary tables too (:func:`build_config`)
 SIZE_CAPS = {
     "width": (2**20, "a model width or hidden size"),
     "heads": (2**14, "a number of attention heads"),
     "layers": (2**14, "a number of layers"),
     "vocab": (2**24, "a vocabulary size"),
-    "positions": (2**40, "a context length"),
+    "positions": (2**27, "a context length"),
 }
 
 
