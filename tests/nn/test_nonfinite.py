@@ -303,28 +303,36 @@ def test_performer_nonfinite_reaches_exactly_the_rows_that_see_it(
     entry: str, is_causal: bool
 ) -> None:
     """Causal FAVOR+: a future token's inf must not reach the rows before it (the keys'
-    stabiliser is one maximum over all keys; the chunk products multiply hidden values by 0)."""
+    stabiliser is one maximum over all keys; the chunk products multiply hidden values by 0);
+    backward, the same rule as exact attention."""
     gen = torch.Generator().manual_seed(5)
-    q0, k0, v0 = (torch.randn(1, 2, T_K, D, generator=gen, dtype=torch.float64) for _ in "qkv")
+    clean = [torch.randn(1, 2, T_K, D, generator=gen, dtype=torch.float64) for _ in "qkv"]
     features = al.nn.performer.orthogonal_random_features(16, D, generator=gen)
     features = features.to(torch.float64)
-    q, k, v = q0.clone(), k0.clone(), v0.clone()
+    inputs = [t.clone() for t in clean]
     if entry == "query_nan":
-        q[0, 1, 7] = float("nan")
+        inputs[0][0, 1, 7] = float("nan")
     elif entry == "key_nan":
-        k[0, 0, BAD_KEY, 3] = float("nan")
+        inputs[1][0, 0, BAD_KEY, 3] = float("nan")
     elif entry == "key_inf":
-        k[0, 0, BAD_KEY, 3] = float("inf")
+        inputs[1][0, 0, BAD_KEY, 3] = float("inf")
     else:
-        v[0, 1, BAD_KEY, 2] = float("inf")
+        inputs[2][0, 1, BAD_KEY, 2] = float("inf")
+    q, k, v = (t.requires_grad_() for t in inputs)
     out = al.nn.performer.favor_attention(q, k, v, features, is_causal, chunk_size=8)
-    ref = al.nn.performer.favor_attention(q0, k0, v0, features, is_causal, chunk_size=8)
-    reach = torch.zeros(1, 2, T_K, dtype=torch.bool)
-    if entry == "query_nan":
-        reach[0, 1, 7] = True
-    else:
-        head = 1 if entry == "value_inf" else 0
-        reach[0, head, BAD_KEY if is_causal else 0 :] = True
-    rows_bad = ~torch.isfinite(out).all(-1)
-    assert torch.equal(rows_bad, reach), rows_bad.nonzero().tolist()
-    torch.testing.assert_close(out[~reach], ref[~reach], rtol=1e-12, atol=1e-12)
+    grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    refs = [t.clone().requires_grad_() for t in clean]
+    ref = al.nn.performer.favor_attention(*refs, features, is_causal, chunk_size=8)
+    want = (ref, *torch.autograd.grad(ref, refs, grad))
+    vis = torch.ones(1, 2, T_K, T_K, dtype=torch.bool)
+    if is_causal:
+        vis = vis & al.masks.causal_mask(T_K, T_K)
+    bad_q = ~torch.isfinite(inputs[0]).all(-1)
+    bad_kv = ~(torch.isfinite(inputs[1]).all(-1) & torch.isfinite(inputs[2]).all(-1))
+    rows, keys = expected_nan(vis, bad_q, bad_kv)
+
+    def close(name: str, g: torch.Tensor, r: torch.Tensor, ok: torch.Tensor) -> None:
+        torch.testing.assert_close(g[ok], r[ok], rtol=1e-10, atol=1e-10, msg=name)
+
+    _check_rule(got, want, rows, keys, close)
