@@ -81,8 +81,9 @@ def guard_nonfinite(
     t_q, t_k = query.shape[-2], key.shape[-2]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # every row sees the same keys (those no row sees are zeroed already): a non-finite key or
-    # value then reaches every row through the backend itself, and only the queries are checked
-    # — forward only: the backends' backward passes spread its NaN over keys no row sees
+    # value then reaches the rows through the backend itself, and only the queries are checked —
+    # without a gradient only: an infinite key scored −∞ leaves a row finite, and the backends'
+    # backward passes do not keep the rule
     alike = not grad and _rows_alike(masking, t_k)
     # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
     # that overflows only sends the call down the guarded path, which is exact as well)
