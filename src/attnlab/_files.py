@@ -214,7 +214,7 @@ def replace_folder(
                 if entry.name not in written and not replaced(entry.name):
                     _carry(entry, stage / entry.name)
         fsync_dir(stage)
-        if not target.exists() or not any(target.iterdir()):
+        if not target.exists() or (swap and not any(target.iterdir())):
             os.replace(stage, target)  # onto nothing, or onto an empty folder: one rename
         elif swap and _exchange(stage, target):
             shutil.rmtree(stage, ignore_errors=True)  # the old folder, now under the stage's name

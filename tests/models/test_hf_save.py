@@ -40,7 +40,9 @@ def _same(folder: Path, gpt: al.GPT) -> bool:
 
 
 def _siblings(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.parent.iterdir() if p.name != folder.name)
+    """The staging folders beside ``folder``."""
+    stage = f".{folder.name}.save-"
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(stage))
 
 
 class _Killed(BaseException):
@@ -125,3 +127,15 @@ def test_save_refuses_a_file_for_a_folder(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("")
     with pytest.raises(ArgumentError, match="must be a folder"):
         save_hf(_model(0), tmp_path / "x")
+
+
+def test_a_save_into_the_working_directory_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The working directory is never swapped away (the process would sit in a deleted
+    folder): its files are renamed in."""
+    monkeypatch.chdir(tmp_path)
+    save_hf(_model(0), ".")
+    new = _model(4)
+    save_hf(new, ".")
+    assert Path.cwd().exists() and _same(tmp_path, new) and _siblings(tmp_path) == []
