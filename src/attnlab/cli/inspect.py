@@ -44,6 +44,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnlab.cli import CLIError
@@ -360,20 +361,20 @@ def _print_curve(console: Console, curve: Any, metric_name: str) -> None:
 def _roles(loaded: Run, args: argparse.Namespace) -> int:
     roles = measure_roles(loaded, args)
     if args.json:
-        out = {"model": str(loaded.path), **roles.to_dict()}
+        out = {"model": str(loaded.path), "roles_bos": args.roles_bos, **roles.to_dict()}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
     console = TextConsole(width=None if sys.stdout.isatty() else 120)
-    console.print(_roles_table(roles, str(loaded.path)))
+    console.print(_roles_table(roles, str(loaded.path), args.roles_bos))
     return 0
 
 
-def _roles_table(roles: HeadRoles, name: str, k: int = 8) -> Table:
-    bos = " after bos" if roles.bos is not None else ""
+def _roles_table(roles: HeadRoles, name: str, bos: str | int, k: int = 8) -> Table:
     chance = roles.to_dict()["copying_chance"]
     t = Table(
-        title=f"{name}: the best heads per role on {roles.seq_len} random tokens repeated once"
-        f"{bos} (batch {roles.tokens.shape[0]}, seed {roles.seed}) — previous: weight on t−1; "
+        title=f"{name}: the best heads per role on {roles.seq_len} random tokens repeated once, "
+        f"{escape(roles.convention)} (--roles-bos {bos}) (batch {roles.tokens.shape[0]}, seed "
+        f"{roles.seed}) — previous: weight on t−1; "
         "duplicate: on the earlier copy of the token; induction: on the token after it; "
         f"copying: fraction of the tokens in their own OV top-{roles.top_k} "
         f"(chance {chance:.3f})",
