@@ -53,12 +53,13 @@ print(f"SmolLM2-135M: {L} layers × {H} query heads ({cfg.num_kv_heads} key/valu
 # plain test). TransformerLens prepends the tokenizer's BOS by default
 # (`HookedTransformer.from_pretrained(..., default_prepend_bos=True)`, `to_tokens(prepend_bos=True)`),
 # so the induction scores published from TransformerLens are measured on $[\text{bos}]\,r\,r$.
-# The BOS changes where heads park unused weight (it becomes the sink instead of $r_0$), and with
-# it single scores: on SmolLM2 by up to 0.21 (layer 8 head 0, duplicate-token 0.71 without a BOS,
-# 0.49 with one), while the top induction heads stay the top ones. To compare with TransformerLens
-# numbers, measure as it does: `head_roles(model, ..., bos=tokenizer.bos_id)`, or
-# `attnlab inspect smollm2-135m --roles --roles-bos tokenizer`; `roles.convention` says which was
-# used.
+# A token before $r$ changes where heads park unused weight (it becomes the sink instead of
+# $r_0$), and with it single scores. Measured with `attnlab inspect smollm2-135m --roles --json`
+# (50 tokens a copy, batch 8): SmolLM2's own BOS (`<|im_start|>`, id 1; `--roles-bos tokenizer`)
+# moves no head by more than 0.07, `<|endoftext|>` (`--roles-bos 0`) by up to 0.28 (layer 8
+# head 0, duplicate-token 0.71 without → 0.43); the top induction heads stay the top ones. To
+# compare with TransformerLens numbers, measure as it does: `head_roles(model, ...,
+# bos=tokenizer.bos_id)`; `roles.convention` says which was used.
 
 # %%
 special = [i for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) if i is not None]
