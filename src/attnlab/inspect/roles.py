@@ -27,6 +27,19 @@ have a target, so a perfect head scores 1 (TransformerLens' score = this score �
 target / ``T``). The tokens of ``r`` are drawn *without replacement*, so a token of ``r`` occurs
 once in each copy and the duplicate and induction targets are exactly ``t − n`` and ``t − n + 1``.
 
+**The BOS convention.** The scores depend on whether a begin-of-sequence token comes first:
+with none, the first random token is where a head parks unused weight (its attention sink);
+with one, the BOS is. TransformerLens prepends the tokenizer's BOS by default
+(``HookedTransformer(default_prepend_bos=True)``, ``to_tokens(prepend_bos=True)``), so published
+TransformerLens scores are measured on ``[bos] + r + r``; Olsson et al.'s plain test, and this
+module's default (``bos=None``), on ``r + r``. On SmolLM2-135M (``seq_len`` 50, batch 8, seed 0)
+its tokenizer's BOS (id 1) moves single heads by at most 0.07, ``<|endoftext|>`` (id 0) first by
+up to 0.28 (layer 8 head 0, duplicate 0.71 → 0.43); the top heads stay on top. :attr:`HeadRoles.convention`
+names the one used; ``attnlab inspect --roles`` chooses it with ``--roles-bos
+{none,tokenizer,ID}``. The tokens of ``r`` are the same either way (same seed, same range): a BOS
+moves every position by one and nothing else — unless the BOS id lies in ``token_range`` and is
+drawn into ``r``, when its occurrences count as earlier occurrences like any other token.
+
 Examples:
     >>> model, tokenizer = attnlab.load_pretrained("smollm2-135m")
     >>> roles = head_roles(model, seq_len=50, batch=4, token_range=(17, 49152))
@@ -362,7 +375,7 @@ class HeadRoles:
         layers: the attention layers' module paths, one per row.
         tokens: the input the scores were measured on, ``[bos] + r + r`` per row.
         seq_len: ``n``, the length of ``r``.
-        bos: the first id of each row, or ``None``.
+        bos: the first id of each row, or ``None`` (see :attr:`convention`).
         token_range: ``(lo, hi)`` the tokens of ``r`` were drawn from.
         seed: the generator's seed.
         top_k: the ``k`` of the copying score.
@@ -382,6 +395,14 @@ class HeadRoles:
     token_range: tuple[int, int] = (0, 0)
     seed: int = 0
     top_k: int = 5
+
+    @property
+    def convention(self) -> str:
+        """The BOS convention in words: ``"no BOS: r + r"`` or ``"BOS id 1 first: [bos] + r +
+        r"`` (TransformerLens' default is a BOS; see the module docstring)."""
+        if self.bos is None:
+            return "no BOS: r + r"
+        return f"BOS id {self.bos} first: [bos] + r + r"
 
     def score(self, name: str) -> torch.Tensor:
         """One score's matrix by name.
@@ -427,9 +448,9 @@ class HeadRoles:
         """The scores and the input as plain JSON types (lists of floats, ``null`` for NaN).
 
         Returns:
-            ``{"layers", "seq_len", "batch", "bos", "token_range", "seed", "top_k",
-            "copying_chance", "scores": {role: [[…] per layer]}, "top": {role: [{layer, head,
-            score}]}}``.
+            ``{"layers", "seq_len", "batch", "bos", "convention", "token_range", "seed",
+            "top_k", "copying_chance", "scores": {role: [[…] per layer]}, "top": {role:
+            [{layer, head, score}]}}``; ``convention`` is :attr:`convention`.
         """
 
         def plain(t: torch.Tensor) -> list[list[float | None]]:
@@ -441,6 +462,7 @@ class HeadRoles:
             "seq_len": self.seq_len,
             "batch": int(self.tokens.shape[0]),
             "bos": self.bos,
+            "convention": self.convention,
             "token_range": list(self.token_range),
             "seed": self.seed,
             "top_k": self.top_k,
@@ -487,7 +509,9 @@ def head_roles(
         seed: the seed of the token generator. Default 0.
         token_range: ``(lo, hi)``, the ids ``r`` is drawn from; default the whole vocabulary.
             Pass one that avoids special tokens (:func:`ordinary_token_range`).
-        bos: an id put before each sequence (``None``, default: none).
+        bos: an id put before each sequence, ``0 <= bos < vocab_size`` (``None``, default:
+            none — the scores of ``r + r``). TransformerLens prepends the tokenizer's BOS by
+            default: pass ``bos=tokenizer.bos_id`` to measure as it does.
         top_k: the ``k`` of the copying score. Default 5.
 
     Returns:
@@ -509,6 +533,8 @@ def head_roles(
         )
     cfg = model.config
     n = _check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    if bos is not None:  # an id of the vocabulary, checked before anything uses it
+        _check_int("bos", bos, 0, cfg.vocab_size - 1)
     length = 2 * n + (bos is not None)
     if length > cfg.n_positions:
         raise ArgumentError(
@@ -518,8 +544,6 @@ def head_roles(
         )
     allowed = (0, cfg.vocab_size) if token_range is None else token_range
     lo, hi = _check_range(allowed, cfg.vocab_size, n)
-    if bos is not None:
-        _check_int("bos", bos, 0, cfg.vocab_size - 1)
     _check_int("top_k", top_k, 1)
     tokens = repeated_tokens(n, batch=batch, token_range=(lo, hi), bos=bos, seed=seed)
     device = model.transformer.wte.weight.device

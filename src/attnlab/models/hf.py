@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from attnlab._checks import is_path_inside, read_small_json
+from attnlab._files import replace_folder, safetensors_bytes, write_synced
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import family_named, family_of
@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # transformers' shard names
 _LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 
 
@@ -244,6 +245,12 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     and ``model.safetensors`` (Hugging Face's names), which ``transformers``'
     ``AutoModelForCausalLM.from_pretrained`` loads with the same logits.
 
+    The folder is replaced as a whole (:func:`attnlab._files.replace_folder`): a process killed
+    at any moment leaves the old model or the new one, never new weights under an old config,
+    and no temporary file in it. Its ``config.json`` and safetensors weights (``model.safetensors``,
+    or an index and its ``model-…-of-….safetensors`` shards) are replaced; its other files (a
+    tokenizer, a README) are kept.
+
     Args:
         gpt: the model.
         directory: the folder (made when missing).
@@ -254,13 +261,22 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     family = family_named(gpt.config.family)
     data = family.config_to_hf(gpt.config)
     data["torch_dtype"] = str(gpt.transformer.wte.weight.dtype).removeprefix("torch.")
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     state = family.state_to_hf(gpt.state_dict(), gpt.config)  # a tied head written once
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in state.items()}
-    save_file(tensors, str(out / _WEIGHTS), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return out
+    config = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+
+    def write(stage: Path) -> None:
+        write_synced(stage / _WEIGHTS, safetensors_bytes(tensors, {"format": "pt"}))
+        write_synced(stage / "config.json", config)
+
+    replace_folder(directory, write, _model_file, last="config.json")
+    return Path(directory)
+
+
+def _model_file(name: str) -> bool:
+    """Whether a file of a Hugging Face folder belongs to the model :func:`save_hf` replaces:
+    ``config.json`` and the safetensors weights (one file, or an index and its shards)."""
+    return name in ("config.json", _WEIGHTS, _INDEX) or _SHARD.fullmatch(name) is not None
 
 
 def _weight_files(path: Path) -> list[Path]:
