@@ -7,6 +7,7 @@ metadata key replaced (any type the format has), or with their tensor table patc
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,41 @@ def test_the_tiny_file_still_loads(tmp_path: Path) -> None:
     assert model.model.config.n_layer == LAYERS and model.model.config.n_embd == D
     assert model.model.config.n_head == H
     assert np.isfinite(model.model.config.layer_norm_epsilon)
+
+
+def header(*kvs: bytes, tensors: int = 0, keys: int | None = None) -> bytes:
+    """A GGUF v3 header of raw key/value entries."""
+    count = len(kvs) if keys is None else keys
+    return b"GGUF" + struct.pack("<IQQ", 3, tensors, count) + b"".join(kvs)
+
+
+def kv(key: str, kind: int, payload: bytes) -> bytes:
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", kind) + payload
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        # an array of 2**40 bytes in a 60-byte file: the reader looped over them, reading nothing
+        (header(kv("general.x", 9, struct.pack("<IQ", 0, 2**40))), f"declares {2**40} items"),
+        (header(kv("general.x", 9, struct.pack("<IQ", 8, 2**40))), f"declares {2**40} items"),
+        (header(kv("general.x", 8, struct.pack("<Q", 2**62))), f"declares {2**62} items"),
+        (header(keys=2**60), f"the key count declares {2**60} items"),
+        (header(tensors=2**60), f"the tensor count declares {2**60} items"),
+    ],
+    ids=["byte-array", "string-array", "string", "keys", "tensors"],
+)
+def test_header_counts_past_the_end_are_refused_at_once(
+    tmp_path: Path, data: bytes, says: str
+) -> None:
+    path = tmp_path / "h.gguf"
+    path.write_bytes(data)
+    message = refused(path, config_only=True)
+    assert "truncated or damaged GGUF file" in message and says in message
+
+
+@pytest.mark.parametrize("dims", [5, 2**31])
+def test_a_tensor_of_more_than_four_dimensions(tmp_path: Path, dims: int) -> None:
+    path = tiny(tmp_path)
+    patch_tensor_info(path, "output_norm.weight", 2, dims)
+    assert f"a tensor has {dims} dimensions" in refused(path, config_only=True)

@@ -46,6 +46,7 @@ from attnlab._budget import check_fits
 from attnlab.data.gguf_metadata import GGUFMetadata
 from attnlab.data.pretrained_tokenizer import PretrainedTokenizer, tokenizer_from_gguf
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.models.gguf_header import check_header
 from attnlab.models.gguf_quants import dequantize, ggml_type_name, tensor_nbytes
 
 __all__ = [
@@ -224,6 +225,7 @@ def _open(path: Path) -> Any:
         raise ArgumentError(
             "reading GGUF files needs the gguf package: pip install 'attnlab[gguf]'"
         ) from None
+    check_header(path)  # before the reader trusts the header's counts
     try:
         reader = GGUFReader(str(path), "r")
     except Exception as exc:  # numpy and gguf raise ValueError, IndexError, … on a bad file
