@@ -265,6 +265,8 @@ def test_wrong_typed_tokenizer_metadata(changes: dict[str, Any], message: str) -
         ({"tokenizer__ggml__bos_token_id": 3}, "'tokenizer.ggml.bos_token_id' must be in [0, 2], got 3"),
         ({"tokenizer__ggml__bos_token_id": -1}, "'tokenizer.ggml.bos_token_id' must be in [0, 2], got -1"),
         ({"tokenizer__ggml__token_type": [1]}, "one type per token (3), got 1"),
+        ({"tokenizer__ggml__tokens": ["a", "b", "a"]}, "holds the token 'a' twice (ids 0 and 2)"),
+        ({"tokenizer__ggml__tokens": ["a", "b", "ab", "Ġ", " "], "tokenizer__ggml__token_type": None}, "two tokens that spell the same bytes"),
     ],
 )  # fmt: skip
 def test_damaged_tokenizer_metadata(changes: dict[str, Any], message: str) -> None:

@@ -234,6 +234,17 @@ def tokenizer_from_gguf(
         t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
         for i, t in enumerate(tokens)
     }
+    if len(vocab) != len(tokens):  # one text, two ids: the tokenizers library panics on it
+        seen: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if seen.setdefault(t, i) != i:
+                raise ArgumentError(
+                    f"GGUF key 'tokenizer.ggml.tokens' holds the token {t!r} twice "
+                    f"(ids {seen[t]} and {i})"
+                )
+        raise ArgumentError(
+            "GGUF key 'tokenizer.ggml.tokens' holds two tokens that spell the same bytes"
+        )
     merges = []
     for i, merge in enumerate(meta.array("tokenizer.ggml.merges", "string")):
         left, space, right = merge.partition(" ")
@@ -245,7 +256,9 @@ def tokenizer_from_gguf(
         merges.append((left, right))
     try:
         backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
-    except Exception as exc:  # tokenizers raises its own Exception type
+    except BaseException as exc:  # tokenizers raises Exception, or a PanicException
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ArgumentError(
             f"GGUF key 'tokenizer.ggml.merges' is refused by the tokenizers library: {reason}"
