@@ -260,3 +260,19 @@ def test_a_tensor_of_more_than_four_dimensions(tmp_path: Path, dims: int) -> Non
     path = tiny(tmp_path)
     patch_tensor_info(path, "output_norm.weight", 2, dims)
     assert f"a tensor has {dims} dimensions" in refused(path, config_only=True)
+
+
+def test_rope_scaling_types(tmp_path: Path) -> None:
+    """Before: a 'yarn' file was read, then refused by the model without naming file or key;
+    a linear scaling with llama.cpp's original_context_length could not be loaded at all."""
+    scaling = {"llama__rope__scaling__factor": (2.0, V.FLOAT32)}
+    path = tiny(tmp_path, llama__rope__scaling__type=("yarn", V.STRING), **scaling)
+    assert "GGUF key 'llama.rope.scaling.type' is 'yarn'; attnlab implements" in refused(path)
+    path = tiny(
+        tmp_path,
+        llama__rope__scaling__type=("linear", V.STRING),
+        llama__rope__scaling__original_context_length=(64, V.UINT32),
+        **scaling,
+    )
+    rope = load_pretrained(path).model.config.rope_scaling
+    assert rope is not None and (rope.rope_type, rope.factor) == ("linear", 2.0)

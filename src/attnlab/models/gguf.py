@@ -305,14 +305,19 @@ def _metadata(reader: Any, path: Path) -> GGUFMetadata:
 
 def _rope_scaling(meta: GGUFMetadata, arch: str) -> dict[str, Any] | None:
     """``rope_scaling`` from ``{arch}.rope.scaling.*`` (``None`` when absent or ``"none"``)."""
-    kind = meta.string(f"{arch}.rope.scaling.type", None)
+    kind_key = f"{arch}.rope.scaling.type"
+    kind = meta.string(kind_key, None)
     factor = meta.number(f"{arch}.rope.scaling.factor", None, positive=True)
     if kind in (None, "none") or factor is None:
         return None
+    if kind != "linear":  # llama.cpp also writes "yarn" and "longrope"
+        raise ArgumentError(
+            f"{meta.where}: GGUF key {kind_key!r} is {kind!r}; attnlab implements the rotary "
+            "scalings 'none' and 'linear'"
+        )
     scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
-    original = meta.integer(f"{arch}.rope.scaling.original_context_length", None, low=1)
-    if original is not None:
-        scaling["original_max_position_embeddings"] = original
+    # read for its type; a linear scaling has no use for it (RopeScaling refuses it there)
+    meta.integer(f"{arch}.rope.scaling.original_context_length", None, low=1)
     attn_factor = meta.number(f"{arch}.rope.scaling.attn_factor", None, positive=True)
     if attn_factor is not None:
         scaling["attention_factor"] = attn_factor
