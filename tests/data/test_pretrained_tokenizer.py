@@ -276,6 +276,11 @@ def test_damaged_tokenizer_metadata(changes: dict[str, Any], message: str) -> No
     assert "\n" not in str(exc.value)
 
 
+# a string doubled 40 times (a terabyte) unless something stops it
+DOUBLING = (
+    "{{% set ns = namespace(s='a') %}}{{% for i in range(40) %}}{{% set ns.s = {} %}}"
+    "{{% endfor %}}{{{{ ns.s }}}}"
+)
 HOSTILE_TEMPLATES = [
     ("{{ 1 / 0 }}", "failed: ZeroDivisionError"),
     ("{% for i in range(10**9) %}{% endfor %}", "range(1000000000,) gives more than 10000 items"),
@@ -290,6 +295,13 @@ HOSTILE_TEMPLATES = [
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "failed: RecursionError"),
     ("{{ raise_exception('no\nway') }}", "refused the conversation: no way"),
     ("{% for %}", "is not valid jinja2: "),
+    (DOUBLING.format("ns.s ~ ns.s"), "it made a str of 33554432 items, more than 16777216"),
+    (DOUBLING.format("ns.s + ns.s"), "it made a str of 33554432 items, more than 16777216"),
+    (DOUBLING.format("ns.s | replace('a', 'aa')"), "it made a str of 33554432 items"),
+    (DOUBLING.format("'%s%s' % (ns.s, ns.s)"), "it made a str of 33554432 items"),
+    (DOUBLING.format("'{}{}'.format(ns.s, ns.s)"), "it made a str of 33554432 items"),
+    ("{{ 'x'.ljust(10**10) }}", "a call with the argument 10000000000"),
+    ("{{ 'x\nx' | indent(10**10) }}", "a call with the argument 10000000000"),
 ]
 
 

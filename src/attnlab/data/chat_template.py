@@ -9,8 +9,11 @@ exhaust the machine is bounded:
 
 - ``range`` gives at most :data:`MAX_TEMPLATE_RANGE` items;
 - ``*`` makes a string or list of at most :data:`MAX_TEMPLATE_REPEAT` items, and ``**`` a number
-  of at most ``2 ** 65536``;
-- the output is at most :data:`MAX_CHAT_PROMPT_CHARS` characters (it is read as it is written).
+  of at most ``2 ** 65536``; a call (a method such as ``ljust``, a filter such as ``indent``)
+  takes no integer argument above :data:`MAX_TEMPLATE_REPEAT`;
+- no string or list that ``+``, ``%``, ``~``, a call or a filter makes is longer than
+  :data:`MAX_CHAT_PROMPT_CHARS` (a loop that doubles a string stops there), and the output is at
+  most :data:`MAX_CHAT_PROMPT_CHARS` characters (it is read as it is written).
 
 Whatever goes wrong — a syntax error, a division by zero, a bound passed, a ``MemoryError``, the
 template's own ``raise_exception`` — is one :class:`~attnlab.errors.ArgumentError` line that
@@ -19,6 +22,7 @@ names where the template comes from.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any
@@ -91,6 +95,34 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
         raise _Bound(f"{left} ** {right} has more than {_MAX_POWER_BITS} bits")
 
 
+def _sized(value: Any) -> Any:
+    """``value``, unless it is a string or list longer than any prompt may be."""
+    if isinstance(value, (str, list, tuple)) and len(value) > MAX_CHAT_PROMPT_CHARS:
+        raise _Bound(
+            f"it made a {type(value).__name__} of {len(value)} items, more than "
+            f"{MAX_CHAT_PROMPT_CHARS}"
+        )
+    return value
+
+
+def _check_arguments(args: Any, kwargs: Any) -> None:
+    """Refuse a call with an integer argument no chat template needs (``ljust(10**10)``)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and abs(value) > MAX_TEMPLATE_REPEAT:
+            raise _Bound(f"a call with the argument {value} (more than {MAX_TEMPLATE_REPEAT})")
+
+
+def _bounded_filter(function: Any) -> Any:
+    """A filter whose integer arguments and result are bounded (its jinja2 marks kept)."""
+
+    @functools.wraps(function)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _check_arguments(args, kwargs)
+        return _sized(function(*args, **kwargs))
+
+    return bounded
+
+
 def _environment() -> Any:
     """transformers' sandboxed environment, with the bounds of this module."""
     import jinja2
@@ -98,11 +130,16 @@ def _environment() -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Bounded(ImmutableSandboxedEnvironment):  # type: ignore[misc]
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _check_binop(operator, left, right)
-            return super().call_binop(context, operator, left, right)
+            return _sized(super().call_binop(context, operator, left, right))
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if __obj is not _bounded_range:
+                _check_arguments(args, kwargs)
+            return _sized(super().call(__context, __obj, *args, **kwargs))
 
     def raise_exception(message: str) -> None:
         raise _Refused(message)
@@ -126,7 +163,17 @@ def _environment() -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["range"] = _bounded_range
+    env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
     return env
+
+
+def _bound_concatenation(compiled: Any) -> None:
+    """Bound ``~``: the compiled template joins its operands with ``str_join``, a global of its
+    module (shared by its blocks and macros), replaced here by a join whose result is sized."""
+    namespace = compiled.root_render_func.__globals__
+    join = namespace.get("str_join")
+    if join is not None:
+        namespace["str_join"] = lambda parts: _sized(join(parts))
 
 
 def render_chat_template(template: str, where: str, **variables: Any) -> str:
@@ -152,6 +199,7 @@ def render_chat_template(template: str, where: str, **variables: Any) -> str:
     env = _environment()
     try:
         compiled = env.from_string(template)
+        _bound_concatenation(compiled)
     except jinja2.TemplateSyntaxError as exc:
         raise ArgumentError(f"{where} is not valid jinja2: {_one_line(exc)}") from None
     except Exception as exc:  # an untrusted template: e.g. a RecursionError of deep nesting
