@@ -210,8 +210,8 @@ def read_small_text(path: str | os.PathLike[str], limit: int = SMALL_FILE_BYTES)
     """
     try:
         return read_small_bytes(path, limit).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ArgumentError(f"{path} must be UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 #: the deepest JSON tree :func:`read_small_json` accepts (configs nest a few levels)

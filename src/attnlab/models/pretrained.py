@@ -138,8 +138,7 @@ def _from_path(text: str, dtype: torch.dtype) -> tuple[GPT, Any]:
         return _from_gguf(gguf.bundled_model_path(text), dtype)
     path = Path(text)
     if text.lower().endswith(".gguf"):
-        if not path.is_file():
-            raise FileNotFoundError(f"no such GGUF file: {path}")
+        gguf.check_gguf_path(path)  # a directory or a FIFO is named as what it is
         return _from_gguf(path, dtype)
     if path.is_dir():
         return _from_folder(path, dtype)
@@ -174,8 +173,7 @@ def pretrained_config(source: str | Path) -> GPTConfig:
     if text in gguf.BUNDLED_MODELS:
         return config_from_hf(gguf.read_gguf_config(gguf.bundled_model_path(text)))
     if text.lower().endswith(".gguf"):
-        if not Path(text).is_file():
-            raise FileNotFoundError(f"no such GGUF file: {text}")
+        gguf.check_gguf_path(Path(text))
         return config_from_hf(gguf.read_gguf_config(text))
     if Path(text).is_dir():
         return check_directory(text)
