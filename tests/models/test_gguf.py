@@ -8,6 +8,7 @@ distribution (installed ``--no-deps`` by the test set-up); the small files are w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +228,10 @@ def write_tiny(
     untied: bool = True,
     bias: bool = False,
     raw_type: Q | None = None,
+    extra: Callable[[gguf.GGUFWriter], object] | None = None,
 ) -> dict[str, np.ndarray]:
-    """A tiny model file with random weights; returns the stored float32 weights by GGUF name."""
+    """A tiny model file with random weights; returns the stored float32 weights by GGUF name.
+    ``extra(writer)`` adds more metadata (a tokenizer) before the file is written."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -281,6 +284,8 @@ def write_tiny(
         else:
             w.add_tensor(name, values)
         stored[name] = values
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

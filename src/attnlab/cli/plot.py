@@ -43,7 +43,7 @@ from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
-from attnlab.cli.options import seed
+from attnlab.cli.options import add_cache_argument, seed
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ActivationCache
@@ -122,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="longer sides are block-averaged")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", type=device, default="cpu")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -187,7 +188,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     if args.text is None and args.ids is None:
         raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
     index = _one_layer(args)
-    loaded = load_run(args.model, device=args.device)
+    loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
     if args.kind == "steps":
         # --layer indexes the layers of --kind (self / cross / all), in execution order
@@ -298,7 +299,7 @@ def _weights_model(args: argparse.Namespace) -> Run:
     if args.text is not None or args.ids is not None:
         what = "on random repeated tokens" if args.kind == "roles" else "from the weights alone"
         raise CLIError(f"plot {args.kind} measures heads {what}; it takes no --text/--ids")
-    return load_run(args.model, device=args.device)
+    return load_run(args.model, device=args.device, cache=not args.no_cache)
 
 
 def _spectrum(args: argparse.Namespace) -> Plot:
