@@ -148,6 +148,21 @@ def test_a_changed_file_is_never_read_from_its_old_entry(tmp_path: Path, cache: 
     assert cache_path(path) != entries(cache)[0]
 
 
+def test_a_killed_writers_old_temporary_file_is_removed(tmp_path: Path, cache: Path) -> None:
+    path = tiny(tmp_path / "tiny.gguf")
+    entry = cache_path(path)
+    entry.parent.mkdir(parents=True)
+    prefix = entry.name.rsplit("-", 1)[0]
+    killed = entry.with_name(f".{entry.name}.0123456789ab.tmp")
+    running = entry.with_name(f".{entry.name}.ba9876543210.tmp")
+    for tmp in (killed, running):
+        tmp.write_bytes(b"half an entry")
+    os.utime(killed, (1, 1))
+    (cache / "weights" / f"{prefix}-0000000000000000.safetensors").write_bytes(b"older version")
+    read_gguf_cached(path)
+    assert entries(cache) == sorted([entry, running])  # another writer's file is left to it
+
+
 def damage_truncate(entry: Path) -> None:
     os.truncate(entry, entry.stat().st_size - 100)
 

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -309,9 +310,14 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _prune(entry: Path, fields: dict[str, str]) -> None:
-    """Delete the entries of older versions of the same file in the same dtype."""
+    """Delete the entries of older versions of the same file in the same dtype, and the
+    temporary files of writers killed more than an hour ago."""
     prefix = entry.name.rsplit("-", 1)[0] + "-"
-    for other in entry.parent.glob(f"{prefix}*.safetensors"):
-        if other != entry:
-            with contextlib.suppress(OSError):
+    old = time.time() - 3600
+    for other in entry.parent.iterdir():
+        name = other.name
+        stale = name.startswith(prefix) and name.endswith(".safetensors") and other != entry
+        with contextlib.suppress(OSError):
+            if stale or (name.startswith("." + prefix) and name.endswith(".tmp")
+                         and other.stat().st_mtime < old):  # fmt: skip
                 other.unlink()
