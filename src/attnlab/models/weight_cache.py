@@ -14,7 +14,8 @@ An entry is the file's identity, and nothing else is trusted: its key (:func:`ca
 resolved path, size and modification time (ns) of the GGUF file, a BLAKE2b of its first 4 MiB
 (the header: metadata and tensor list), the cache format version and the dtype; the key's fields
 are also stored in the entry and compared on reading. A changed file gets another key; its old
-entry is deleted when the new one is written.
+entry is deleted when the new one is written, and so is the temporary file of a writer killed
+more than an hour before.
 
 An entry is written atomically (a uniquely named temporary file in the same folder, fsynced,
 ``os.replace``-d over the entry, the folder fsynced): two processes writing the same entry leave
