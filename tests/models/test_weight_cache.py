@@ -229,6 +229,24 @@ def test_a_full_disk_leaves_no_entry_and_no_temporary_file(
     assert entries(cache) == []
 
 
+def test_metadata_that_is_no_json_is_not_cached_and_fails_nothing(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    path = tiny(tmp_path / "tiny.gguf")
+    read = weight_cache.read_gguf
+
+    def odd(*args: Any, **kwargs: Any) -> Any:
+        model = read(*args, **kwargs)
+        model.metadata["odd"] = object()  # not JSON: the entry cannot hold it
+        return model
+
+    monkeypatch.setattr(weight_cache, "read_gguf", odd)
+    with caplog.at_level(logging.WARNING):
+        assert "odd" in read_gguf_cached(path).metadata
+    assert "warning: cannot cache the weights in" in caplog.text
+    assert entries(cache) == []
+
+
 def test_concurrent_writers_leave_one_valid_entry(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

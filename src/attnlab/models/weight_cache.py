@@ -251,24 +251,25 @@ def _store(entry: Path, fields: dict[str, str], read: GGUFModel, meta: dict[str,
     """Write ``read`` as ``entry``, atomically; a folder that cannot be written: a warning."""
     tokenizer_meta = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     state = {name: t.contiguous() for name, t in read.state.items()}
-    header = {
-        **fields,
-        "data_bytes": str(sum(t.numel() * t.element_size() for t in state.values())),
-        "config": json.dumps(read.hf_config),
-        "tokenizer": json.dumps(tokenizer_meta if read.tokenizer is not None else {}),
-        "info": json.dumps(read.metadata),
-    }
-    header["crc32"] = _crc32(state, header)
     tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
+        header = {
+            **fields,
+            "data_bytes": str(sum(t.numel() * t.element_size() for t in state.values())),
+            "config": json.dumps(read.hf_config),
+            "tokenizer": json.dumps(tokenizer_meta if read.tokenizer is not None else {}),
+            "info": json.dumps(read.metadata),
+        }
+        header["crc32"] = _crc32(state, header)
         entry.parent.mkdir(parents=True, exist_ok=True)
         _write(tmp, state, header)
+        size = tmp.stat().st_size
         os.replace(tmp, entry)
         _fsync_dir(entry.parent)
-    except OSError as exc:
+    except (OSError, TypeError, ValueError) as exc:  # ValueError, TypeError: metadata not JSON
         with contextlib.suppress(OSError):
             tmp.unlink()
-        reason = exc.strerror or type(exc).__name__
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
         logger.warning(
             "attnlab: warning: cannot cache the weights in %s (%s); reading the GGUF file each "
             "time (--no-cache skips the cache)",
@@ -282,7 +283,7 @@ def _store(entry: Path, fields: dict[str, str], read: GGUFModel, meta: dict[str,
         "them; --no-cache skips the cache)",
         Path(fields["source"]).name,
         entry,
-        entry.stat().st_size / 1e6,
+        size / 1e6,
     )
 
 
