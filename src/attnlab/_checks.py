@@ -211,7 +211,9 @@ def read_small_text(path: str | os.PathLike[str], limit: int = SMALL_FILE_BYTES)
     try:
         return read_small_bytes(path, limit).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ArgumentError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise ArgumentError(
+            f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 #: the deepest JSON tree :func:`read_small_json` accepts (configs nest a few levels)

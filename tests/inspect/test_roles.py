@@ -403,3 +403,97 @@ def test_figure_holds_the_scores() -> None:
     assert head_roles_figure(roles, title="mine").figure._suptitle.get_text().startswith("mine\n")
     with pytest.raises(ArgumentTypeError):
         head_roles_figure(object())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------ plot roles --from
+
+
+def test_from_dict_inverts_to_dict() -> None:
+    roles = head_roles(_hand_built(), seq_len=5, batch=2, token_range=(1, V), bos=0)
+    roles.copying[0, 1] = float("nan")  # a NaN score travels as null
+    data = json.loads(json.dumps(roles.to_dict()))
+    again = type(roles).from_dict(data)
+    assert again.to_dict() == roles.to_dict()
+    assert torch.equal(again.tokens, roles.tokens)
+    assert again.copying[0, 1].isnan()
+
+
+def test_cli_plot_roles_from_file_draws_the_same_figure(
+    hand_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import numpy as np
+
+    from attnlab import viz
+
+    drawn = []
+    draw = viz.head_roles_figure
+
+    def recorded(roles, **kwargs):  # type: ignore[no-untyped-def]
+        plot = draw(roles, **kwargs)
+        drawn.append((plot.data, plot.figure._suptitle.get_text()))
+        return plot
+
+    monkeypatch.setattr(viz, "head_roles_figure", recorded)
+    options = ["--roles-seq-len", "6", "--roles-batch", "2", "--roles-seed", "3"]
+    assert main(["inspect", str(hand_run), "--roles", "--json", *options]) == 0
+    saved = tmp_path / "roles.json"
+    saved.write_text(capsys.readouterr().out)
+    assert main(["plot", "roles", "--model", str(hand_run), "-o", str(tmp_path / "a.png"),
+                 *options]) == 0  # fmt: skip
+    assert main(["plot", "roles", "--from", str(saved), "-o", str(tmp_path / "b.png")]) == 0
+    (model_data, model_title), (file_data, file_title) = drawn
+    assert model_data.keys() == file_data.keys()
+    for name in model_data:
+        assert np.array_equal(model_data[name], file_data[name], equal_nan=True), name
+    # the same title, naming the model as the file does (inspect names the checkpoint it read)
+    assert file_title.split(": ", 1)[1] == model_title.split(": ", 1)[1]
+    assert file_title.startswith(str(hand_run))
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "the file does not exist"),
+        ("{not json", "not a JSON file"),
+        ("[1, 2]", "must be a JSON object, got list"),
+        ('{"layers": ["a"]}', "lack 'seq_len'"),
+        ("ROWS", "one row per layer"),
+        ("STRING", "numbers or null"),
+        ("NAN", "finite numbers"),
+        ("BATCH", "over 4194304 tokens"),
+    ],
+)
+def test_cli_plot_roles_from_a_bad_file_is_one_line(
+    hand_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None,
+    message: str,
+) -> None:  # fmt: skip
+    good = head_roles(_hand_built(), seq_len=4, batch=1).to_dict()
+    scores = good["scores"]
+    edits = {
+        "NAN": {**good, "scores": {**scores, "duplicate": [[float("nan")] * 4] * 2}},
+        "ROWS": {**good, "scores": {**scores, "previous": scores["previous"][:1]}},
+        "STRING": {**good, "scores": {**scores, "copying": [["x"] * 4] * 2}},
+        "BATCH": {**good, "batch": 10**9},
+    }
+    path = tmp_path / "roles.json"
+    if content in edits:
+        path.write_text(json.dumps(edits[content]))
+    elif content is not None:
+        path.write_text(content)
+    code = main(["plot", "roles", "--from", str(path), "-o", str(tmp_path / "r.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("attnlab: error: ")
+    assert str(path) in err and message in err
+
+
+def test_cli_plot_roles_from_takes_no_model(hand_run: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    path = tmp_path / "roles.json"
+    path.write_text(json.dumps(head_roles(_hand_built(), seq_len=4, batch=1).to_dict()))
+    out = str(tmp_path / "r.png")
+    assert main(["plot", "roles", "--from", str(path), "--model", str(hand_run), "-o", out]) == 2
+    assert "takes no --model" in capsys.readouterr().err
+    assert main(["plot", "heads", "--from", str(path), "-o", out]) == 2
+    assert "--from FILE is for plot roles" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from attnlab.inspect.roles import HeadRoles, head_roles, ordinary_token_range
 from attnlab.models.gpt import GPT
 from attnlab.tasks.run import Run
 
-__all__ = ["add_roles_arguments", "measure_roles", "roles_bos", "special_ids"]
+__all__ = ["add_roles_arguments", "measure_roles", "read_roles", "roles_bos", "special_ids"]
 
 
 def add_roles_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,3 +118,17 @@ def _bos(choice: str | int, tokenizer: Any, vocab: int, name: str) -> int | None
     if not isinstance(choice, int) or not 0 <= choice < vocab:
         raise CLIError(f"--roles-bos must be a token id in [0, {vocab}), got {choice}")
     return choice
+
+
+def read_roles(path: str) -> tuple[HeadRoles, str | None]:
+    """``plot roles --from FILE``: the role scores ``attnlab inspect MODEL --roles --json``
+    wrote to ``path`` (:func:`~attnlab.inspect.roles.load_head_roles`), and the model named."""
+    from pathlib import Path
+
+    from attnlab.inspect.roles import load_head_roles
+
+    if not Path(path).is_file():
+        what = "is a folder" if Path(path).is_dir() else "does not exist"
+        raise CLIError(f"--from {path}: the file {what} (write it with attnlab inspect MODEL "
+                       "--roles --json > FILE)")  # fmt: skip
+    return load_head_roles(path)

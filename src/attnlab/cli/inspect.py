@@ -53,7 +53,7 @@ from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import non_negative_float, positive_int
+from attnlab.cli.options import add_cache_argument, non_negative_float, positive_int
 from attnlab.inspect.ablation import (
     HeadImportance,
     head_importance,
@@ -149,6 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         raise CLIError("--qk-spectrum reads the weights only; it takes no "
                        "--text/--ids/--roles/--ablate")  # fmt: skip
-    loaded = load_run(args.run, device=args.device)
+    loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     if args.qk_spectrum:
         return _spectrum(loaded, args)
     if args.roles:

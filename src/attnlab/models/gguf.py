@@ -57,6 +57,7 @@ __all__ = [
     "check_gguf_path",
     "read_gguf",
     "read_gguf_config",
+    "read_gguf_metadata",
     "unpermute_rotary_rows",
 ]
 
@@ -587,3 +588,21 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> GGUFMo
         "parameters": int(sum(np.prod(t.shape.tolist()) for t in tensors)),
     }
     return GGUFModel(path=path, hf_config=config, state=state, tokenizer=tokenizer, metadata=info)
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file as Python values (strings, numbers, lists), the
+    reader's own ``GGUF.*`` fields left out; no tensor is read.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        ``{"general.architecture": "llama", "tokenizer.ggml.tokens": [...], …}``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ArgumentError: not a GGUF file, or a damaged one.
+    """
+    path = Path(path)
+    return dict(_metadata(_open(path), path).values)

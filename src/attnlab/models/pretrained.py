@@ -6,7 +6,9 @@ Sources, tried in this order:
 2. a bundled name, ``"smollm2-135m"``: the GGUF file an installed package ships
    (:func:`attnlab.models.gguf.bundled_model_path`);
 3. a ``.gguf`` file: read with the ``gguf`` package, dequantised, its tokenizer and chat template
-   from its metadata (:mod:`attnlab.models.gguf`);
+   from its metadata (:mod:`attnlab.models.gguf`); the dequantised weights are cached on disk the
+   first time, and later loads of the same file read them from there
+   (:mod:`attnlab.models.weight_cache`; ``cache=False`` skips it);
 4. a Hugging Face folder: ``config.json`` + safetensors (never a pickle), its tokenizer from
    ``tokenizer.json`` / ``tokenizer_config.json`` (:mod:`attnlab.models.hf`);
 5. a Hub id (``"HuggingFaceTB/SmolLM2-135M"``): downloaded into the Hugging Face cache when the
@@ -100,6 +102,7 @@ def load_pretrained(
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    cache: bool = True,
 ) -> Pretrained:
     """A pretrained decoder and its tokenizer (see the module docstring for the sources).
 
@@ -108,6 +111,10 @@ def load_pretrained(
             folder or a Hub id.
         dtype: the weights' dtype. Default float32 (a GGUF's quantised weights dequantised).
         device: where to put the model. Default ``"cpu"``.
+        cache: a GGUF source (a bundled name, a ``.gguf`` file): read its dequantised weights
+            from the cache of :mod:`attnlab.models.weight_cache`, written there by the first
+            load (default ``True``); ``False`` dequantises the file and leaves the cache alone.
+            Other sources read no cache.
 
     Returns:
         ``(model, tokenizer)``, a :class:`Pretrained`; the model in eval mode.
@@ -123,23 +130,25 @@ def load_pretrained(
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if not isinstance(cache, bool):
+        raise ArgumentTypeError(f"cache must be a bool, got {type(cache).__name__}")
     if not isinstance(source, (str, Path)):
         from attnlab.models.hf import from_hf
 
         return Pretrained(from_hf(source, dtype=dtype).to(device).eval(), None)
-    model, tokenizer = _from_path(str(source), dtype)
+    model, tokenizer = _from_path(str(source), dtype, cache)
     return Pretrained(model.to(device).eval(), tokenizer)
 
 
-def _from_path(text: str, dtype: torch.dtype) -> tuple[GPT, Any]:
+def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     from attnlab.models import gguf
 
     if text in gguf.BUNDLED_MODELS:
-        return _from_gguf(gguf.bundled_model_path(text), dtype)
+        return _from_gguf(gguf.bundled_model_path(text), dtype, cache)
     path = Path(text)
     if text.lower().endswith(".gguf"):
         gguf.check_gguf_path(path)  # a directory or a FIFO is named as what it is
-        return _from_gguf(path, dtype)
+        return _from_gguf(path, dtype, cache)
     if path.is_dir():
         return _from_folder(path, dtype)
     if path.exists():
@@ -182,11 +191,11 @@ def pretrained_config(source: str | Path) -> GPTConfig:
     raise FileNotFoundError(f"no such model: {text!r}")
 
 
-def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
-    from attnlab.models.gguf import read_gguf
+def _from_gguf(path: Path, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     from attnlab.models.hf import model_from_state
+    from attnlab.models.weight_cache import read_gguf_cached
 
-    read = read_gguf(path)
+    read = read_gguf_cached(path, cache=cache)
     return model_from_state(read.hf_config, read.state, dtype=dtype), read.tokenizer
 
 
