@@ -48,6 +48,18 @@ print(f"SmolLM2-135M: {L} layers × {H} query heads ({cfg.num_kv_heads} key/valu
 # ordinary part of the vocabulary (no special token), then the same $n$ again
 # (`repeated_tokens`). Nothing in $r$ can be predicted from language; everything in the second
 # copy can be predicted from the first.
+#
+# **Which convention?** We put nothing before $r$ (`bos=None`, `--roles-bos none`: Olsson et al.'s
+# plain test). TransformerLens prepends the tokenizer's BOS by default
+# (`HookedTransformer.from_pretrained(..., default_prepend_bos=True)`, `to_tokens(prepend_bos=True)`),
+# so the induction scores published from TransformerLens are measured on $[\text{bos}]\,r\,r$.
+# A token before $r$ changes where heads park unused weight (it becomes the sink instead of
+# $r_0$), and with it single scores. Measured with `attnlab inspect smollm2-135m --roles --json`
+# (50 tokens a copy, batch 8): SmolLM2's own BOS (`<|im_start|>`, id 1; `--roles-bos tokenizer`)
+# moves no head by more than 0.07, `<|endoftext|>` (`--roles-bos 0`) by up to 0.28 (layer 8
+# head 0, duplicate-token 0.71 without → 0.43); the top induction heads stay the top ones. To
+# compare with TransformerLens numbers, measure as it does: `head_roles(model, ...,
+# bos=tokenizer.bos_id)`; `roles.convention` says which was used.
 
 # %%
 special = [i for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) if i is not None]
@@ -84,6 +96,7 @@ for layer, _, head, score in top:
 print(
     "top previous-token heads:", [f"L{i}.H{h} {s:.2f}" for i, _, h, s in roles.top("previous", 4)]
 )
+print("measured with", roles.convention)  # no BOS; TransformerLens' default would prepend one
 assert top[0][3] > 0.5  # a real induction head: most of its weight on the token to copy
 viz.head_roles_figure(roles, title=f"SmolLM2-135M: head roles on {SEQ_LEN} random tokens repeated")
 

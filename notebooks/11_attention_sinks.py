@@ -104,6 +104,12 @@ assert late > 50 * uniform and share[3:10].mean() > 10 * uniform
 # layers, and layers 10–11, read the text and leave it alone (their weight on it is at or below
 # the uniform level). The map of every head shows that within a sink layer nearly every head
 # shares the habit, a few almost entirely (up to 100% in layer 18).
+#
+# Those last ones are what the health check (`attnlab.inspect.diagnose`, `attnlab inspect`) calls
+# a **sink**: every row puts ≥ 0.99 of its weight on the first token. It reports them (status
+# `sink`, `SINK` in the table) and does not count them as failures — a model is broken only by
+# NaN/inf values, rows that do not sum to 1, or a *collapse*, every head uniform or a sink — and
+# the HTML viewer never opens on one.
 
 # %%
 fig = Figure(figsize=(12, 4.5))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time (``--maxschedchunk 1``), so the slow ones spread over the workers while the many short
     tests are left to even out the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: else as found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _weight_cache() -> Iterator[None]:
+    """The cache of dequantised GGUF weights (``attnlab.models.weight_cache``) in a folder of
+    this session, deleted at its end: the suite never writes into the user's ``~/.cache``
+    (SmolLM2's entry is 540 MB), the loads of the bundled model after the first one in a
+    process read the entry, and no run relies on what an earlier run left."""
+    folder = tempfile.mkdtemp(prefix="attnlab-test-cache-")
+    previous = os.environ.get("ATTNLAB_CACHE")
+    os.environ["ATTNLAB_CACHE"] = folder
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("ATTNLAB_CACHE", None)
+        else:
+            os.environ["ATTNLAB_CACHE"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

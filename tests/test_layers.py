@@ -4,8 +4,8 @@ The package reads bottom-up:
 
     nn  ←  models  ←  decoding, training  ←  inspect  ←  viz  ←  tasks  ←  cli
 
-A package may import the ones below it (and ``attnlab._checks``, ``attnlab._budget`` and
-``attnlab.errors``), never one above or beside it;
+A package may import the ones below it (and ``attnlab._checks``, ``attnlab._budget``,
+``attnlab._files`` and ``attnlab.errors``), never one above or beside it;
 ``data`` is a leaf that every layer may use and that imports nothing of attnlab's but
 ``_checks``, ``_budget`` and ``errors`` — no model, trainer, figure or console code; nothing imports ``cli`` but
 ``attnlab.__main__``. Deferred imports inside functions and ``TYPE_CHECKING`` imports count too:
@@ -33,7 +33,7 @@ RANK = {
     "tasks": 6,
     "cli": 7,
 }
-EVERYONE_MAY_IMPORT = {"_checks", "_budget", "errors", "data"}
+EVERYONE_MAY_IMPORT = {"_checks", "_budget", "_files", "errors", "data"}
 # the root re-exports the public API and __main__ starts the CLI: they sit above everything
 ROOT_MODULES = {"__init__", "__main__"}
 # the leaf's own rule: third-party packages of figures and consoles stay out of data/
@@ -82,7 +82,7 @@ def _violations() -> list[str]:
                 continue
             elif own == "errors":
                 problems.append(f"{where}:{line} errors is the root leaf but imports {module}")
-            elif own in ("_checks", "_budget") and target != "errors":
+            elif own in ("_checks", "_budget", "_files") and target != "errors":
                 problems.append(f"{where}:{line} {own} is a leaf but imports {module}")
             elif target not in RANK or own not in RANK:
                 problems.append(f"{where}:{line} {own} → {module}: a package the rules do not know")

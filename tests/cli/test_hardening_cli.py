@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import attnlab.training.files
+import attnlab._files
 from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
 from attnlab.cli import main
 from attnlab.cli._terminal import TextConsole, escape_controls
@@ -151,7 +151,7 @@ def _failing_folder(
             raise OSError(code, os.strerror(code))
         return real_open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
 
-    monkeypatch.setattr(attnlab.training.files, "open", failing_open, raising=False)
+    monkeypatch.setattr(attnlab._files, "open", failing_open, raising=False)
     return where
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,9 +124,10 @@ def test_hugging_face_gpt2_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(hf_cfg).save_pretrained(tmp_path / "hf")
-    # a randomly initialised GPT-2 has uniform heads: reported, exit code 1
+    # a randomly initialised GPT-2 has uniform heads only: collapsed, exit code 1
     assert main(["inspect", str(tmp_path / "hf"), "--ids", "1 2 3", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
+    assert report["collapsed"] is True and report["counts"]["uniform"] == 2
     assert report["source_tokens"] == ["1", "2", "3"] and report["output"] == "1 2 3"
     assert [h["layer"] for h in report["heads"]] == ["transformer.h.0.attn"] * 2
 
@@ -153,3 +155,62 @@ def test_an_inf_weight_is_traced_to_its_module(
         and report["origin"]["parameter"] == "transformer.h.1.attn.c_attn.weight"
     )
     assert report["problems"][0].startswith("first non-finite output: ")
+
+
+def test_a_sink_head_is_reported_not_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: pretrained models have attention sinks (every row ≥ 0.99 on the first token);
+    `inspect` reports them as SINK and exits 0 — only what is broken exits 1."""
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    model = _sharp(GPT(cfg))
+    d, dh = 32, 8
+    with torch.no_grad():  # head 2 of layer 0: constant queries, keys that read channel 0,
+        model.transformer.wpe.weight[0, 0] = 1.0  # large at position 0 only
+        w, b = model.transformer.h[0].attn.c_attn.weight, model.transformer.h[0].attn.c_attn.bias
+        q, k = slice(2 * dh, 3 * dh), slice(d + 2 * dh, d + 3 * dh)
+        w[q], b[q], w[k], b[k] = 0.0, 1.0, 0.0, 0.0
+        w[k, 0] = 10.0
+    _save(tmp_path / "sink", model)
+    assert main(["inspect", str(tmp_path / "sink"), "--text", "abc dea", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["problems"] == [] and report["collapsed"] is False
+    assert [(h["layer"], h["head"]) for h in report["heads"] if h["status"] == "sink"] == [
+        ("transformer.h.0.attn", 2)
+    ]
+    assert report["counts"]["sink"] == 1 and report["counts"]["fail"] == 0
+    assert report["notes"][0].startswith("transformer.h.0.attn head 2: sink")
+    assert main(["inspect", str(tmp_path / "sink"), "--text", "abc dea"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if re.search(r" \d+/\d+ ", line)]
+    status = [row[-1] for row in rows]  # the last column of each head's row
+    assert sorted(status) == ["SINK"] + ["ok"] * 7
+    assert "all 8 heads healthy (7 ok, 1 sinks)" in " ".join(out.split())
+
+
+def test_a_collapsed_model_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    _save(tmp_path / "fresh", GPT(cfg))  # weights of std 0.02: every head uniform
+    assert main(["inspect", str(tmp_path / "fresh"), "--text", "abc dea"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "collapsed: every head is uniform (8) or a sink (0)" in out
+    assert "broken: 1 problems (8 uniform)" in out
+
+
+def test_atol_must_be_a_finite_tolerance(gpt_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--atol nan` passed every row ("all heads healthy"): refused in one line, exit 2."""
+    for bad in ("nan", "inf", "-1e-3", "x"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["inspect", str(gpt_run), "--text", "abc", f"--atol={bad}"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "expected a finite non-negative float" in err
+    assert main(["inspect", str(gpt_run), "--text", "abc", "--atol", "0.5"]) == 0
+
+
+def test_help_says_what_the_exit_status_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 nothing broken" in out and "collapsed model" in out
+    assert "2 a usage error" in out

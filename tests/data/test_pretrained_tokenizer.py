@@ -16,7 +16,7 @@ from attnlab.data.pretrained_tokenizer import (
     tokenizer_from_gguf,
 )
 from attnlab.data.tokenizers import HFTokenizer
-from attnlab.errors import ArgumentError
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gguf import bundled_model_path
 
 TEXTS = [
@@ -209,3 +209,135 @@ def test_llama3_pre_tokenizer_equals_transformers(
         assert llama3.encode(text) == theirs.encode(text, add_special_tokens=False), text
     # the split is not GPT-2's: some text comes out differently than with SmolLM's own
     assert any(llama3.encode(text) != ours.encode(text) for text in TEXTS)
+
+
+# ----------------------------------------------------------------------------------------------
+# hostile metadata and templates: one typed line naming the key or the template's source
+# ----------------------------------------------------------------------------------------------
+
+
+def tiny_metadata(**changes: Any) -> dict[str, Any]:
+    """A three-token byte-level BPE as GGUF metadata; ``changes`` by key (``.`` spelled ``__``),
+    ``None`` to drop one."""
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["a", "b", "ab"],
+        "tokenizer.ggml.token_type": [1, 1, 1],
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.bos_token_id": 0,
+    }
+    for key, value in changes.items():
+        meta[key.replace("__", ".")] = value
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_tiny_metadata_is_a_tokenizer() -> None:
+    tok = tokenizer_from_gguf(tiny_metadata())
+    assert tok.encode("ab") == [2]
+    assert tok.bos_id == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"tokenizer__ggml__bos_token_id": "one"}, "'tokenizer.ggml.bos_token_id' must be an integer, got the string 'one'"),
+        ({"tokenizer__ggml__eos_token_id": 2.0}, "'tokenizer.ggml.eos_token_id' must be an integer, got the float 2.0"),
+        ({"tokenizer__ggml__tokens": [1, 2]}, "'tokenizer.ggml.tokens' must be an array of strings, got a list of 2 integers"),
+        ({"tokenizer__ggml__merges": "a b"}, "'tokenizer.ggml.merges' must be an array of strings, got the string 'a b'"),
+        ({"tokenizer__ggml__token_type": ["x", "y", "z"]}, "'tokenizer.ggml.token_type' must be an array of integers"),
+        ({"tokenizer__ggml__pre": ["llama3"]}, "'tokenizer.ggml.pre' must be a string"),
+        ({"tokenizer__ggml__add_bos_token": "yes"}, "'tokenizer.ggml.add_bos_token' must be a bool"),
+        ({"tokenizer__chat_template": 7}, "'tokenizer.chat_template' must be a string"),
+    ],
+)  # fmt: skip
+def test_wrong_typed_tokenizer_metadata(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentTypeError) as exc:
+        tokenizer_from_gguf(tiny_metadata(**changes))
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"tokenizer__ggml__merges": ["a c"]}, "'tokenizer.ggml.merges' is refused by the tokenizers library"),
+        ({"tokenizer__ggml__merges": ["ab"]}, "must hold pairs 'left right', got 'ab' (merge 0)"),
+        ({"tokenizer__ggml__bos_token_id": 3}, "'tokenizer.ggml.bos_token_id' must be in [0, 2], got 3"),
+        ({"tokenizer__ggml__bos_token_id": -1}, "'tokenizer.ggml.bos_token_id' must be in [0, 2], got -1"),
+        ({"tokenizer__ggml__token_type": [1]}, "one type per token (3), got 1"),
+        ({"tokenizer__ggml__tokens": ["a", "b", "a"]}, "holds the token 'a' twice (ids 0 and 2)"),
+        ({"tokenizer__ggml__tokens": ["a", "b", "ab", "Ġ", " "], "tokenizer__ggml__token_type": None}, "two tokens that spell the same bytes"),
+    ],
+)  # fmt: skip
+def test_damaged_tokenizer_metadata(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentError) as exc:
+        tokenizer_from_gguf(tiny_metadata(**changes))
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+# a string doubled 40 times (a terabyte) unless something stops it
+DOUBLING = (
+    "{{% set ns = namespace(s='a') %}}{{% for i in range(40) %}}{{% set ns.s = {} %}}"
+    "{{% endfor %}}{{{{ ns.s }}}}"
+)
+HOSTILE_TEMPLATES = [
+    ("{{ 1 / 0 }}", "failed: ZeroDivisionError"),
+    ("{% for i in range(10**9) %}{% endfor %}", "range(1000000000,) gives more than 10000 items"),
+    ("{{ 'a' * 10**12 }}", "'*' would make a str of 1000000000000 items"),
+    ("{{ [0] * 10**12 }}", "'*' would make a list of 1000000000000 items"),
+    ("{{ 2 ** (10 ** 10) }}", "2 ** 10000000000 has more than 65536 bits"),
+    (
+        "{% for i in range(10000) %}{{ 'a' * 100000 }}{% endfor %}",
+        "its output passed 16777216 characters",
+    ),
+    ("{{ messages[5]['content'] }}", "failed: UndefinedError"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "failed: RecursionError"),
+    ("{{ raise_exception('no\nway') }}", "refused the conversation: no way"),
+    ("{% for %}", "is not valid jinja2: "),
+    (DOUBLING.format("ns.s ~ ns.s"), "it made a str of 33554432 items, more than 16777216"),
+    (DOUBLING.format("ns.s + ns.s"), "it made a str of 33554432 items, more than 16777216"),
+    (DOUBLING.format("ns.s | replace('a', 'aa')"), "it made a str of 33554432 items"),
+    (DOUBLING.format("'%s%s' % (ns.s, ns.s)"), "it made a str of 33554432 items"),
+    (DOUBLING.format("'{}{}'.format(ns.s, ns.s)"), "it made a str of 33554432 items"),
+    ("{{ 'x'.ljust(10**10) }}", "a call with the argument 10000000000"),
+    ("{{ 'x\nx' | indent(10**10) }}", "a call with the argument 10000000000"),
+]
+
+
+@pytest.mark.parametrize(("template", "message"), HOSTILE_TEMPLATES)
+def test_hostile_chat_templates_are_one_line(template: str, message: str) -> None:
+    """A template is untrusted: any failure is one ArgumentError line naming its source."""
+    tok = PretrainedTokenizer(
+        tokenizer_from_gguf(tiny_metadata()).tokenizer,
+        chat_template=template,
+        chat_template_source="/models/evil.gguf's chat template",
+    )
+    with pytest.raises(ArgumentError) as exc:
+        tok.apply_chat_template(MESSAGES)
+    text = str(exc.value)
+    assert "\n" not in text
+    assert text.startswith("/models/evil.gguf's chat template ")
+    assert message in text
+
+
+def test_gguf_chat_template_names_its_file() -> None:
+    meta = tiny_metadata(tokenizer__chat_template="{{ 1 // 0 }}")
+    with pytest.raises(
+        ArgumentError, match=r"^m\.gguf's chat template \(tokenizer\.chat_template\) failed"
+    ):
+        tokenizer_from_gguf(meta, source="m.gguf").apply_chat_template(MESSAGES)
+
+
+def test_folder_chat_template_not_utf8_or_failing(tmp_path: Path) -> None:
+    backend = tokenizer_from_gguf(tiny_metadata()).tokenizer
+    backend.save(str(tmp_path / "tokenizer.json"))
+    jinja_file = tmp_path / "chat_template.jinja"
+    jinja_file.write_bytes(b"{{ messages[0]['content'] }}\xff\xfe")
+    with pytest.raises(ArgumentError, match="not UTF-8") as exc:
+        tokenizer_from_folder(tmp_path)
+    assert str(jinja_file) in str(exc.value)
+    jinja_file.write_text("{{ 1 / 0 }}")
+    with pytest.raises(ArgumentError) as exc:
+        tokenizer_from_folder(tmp_path).apply_chat_template(MESSAGES)
+    assert str(exc.value).startswith(f"{jinja_file} failed: ZeroDivisionError")

@@ -17,6 +17,7 @@ import torch
 
 import attnlab
 from attnlab.cli import main
+from attnlab.data.tokenizers import BOS, EOS, PAD, UNK, CharTokenizer
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect import (
     copying_scores,
@@ -24,6 +25,7 @@ from attnlab.inspect import (
     ordinary_token_range,
     repeated_tokens,
     role_scores,
+    run_with_cache,
 )
 from attnlab.models.config import config_to_dict
 from attnlab.training.checkpoint import save_checkpoint
@@ -230,6 +232,89 @@ def test_mode_is_restored_and_dict_is_json() -> None:
     assert out["batch"] == 2 and out["token_range"] == [1, V] and out["bos"] == 0
 
 
+# ------------------------------------------------------------------------ the BOS convention
+
+
+def test_a_bos_id_is_prepended_and_the_positions_shift() -> None:
+    """``bos=ID`` puts ID before the same ``r + r`` (same seed, same range), and the scores are
+    those of the prepended ids: every target one position later, computed here directly."""
+    model, n, b = _hand_built(), 5, 3
+    plain = head_roles(model, seq_len=n, batch=b, token_range=(1, V), seed=3)
+    roles = head_roles(model, seq_len=n, batch=b, token_range=(1, V), seed=3, bos=0)
+    assert roles.tokens.shape == (b, 2 * n + 1) and (roles.tokens[:, 0] == 0).all()
+    assert torch.equal(roles.tokens[:, 1:], plain.tokens)
+    _, cache = run_with_cache(model, roles.tokens)
+    # with the bos at position 0: r_i at 1 + i and at 1 + n + i
+    rows = torch.arange(1, 2 * n + 1)  # every position after the bos has a previous token
+    second = torch.arange(n + 1, 2 * n + 1)  # the second copy: duplicate t − n, induction t − n + 1
+    for li, name in enumerate(roles.layers):
+        a = cache.attentions[name].double()  # (B, H, T, T)
+        expected = {
+            "previous": a[:, :, rows, rows - 1].mean((0, 2)),
+            "duplicate": a[:, :, second, second - n].mean((0, 2)),
+            "induction": a[:, :, second, second - n + 1].mean((0, 2)),
+        }
+        for role, value in expected.items():
+            torch.testing.assert_close(roles.score(role)[li], value, atol=1e-12, rtol=0)
+    assert not torch.equal(roles.previous, plain.previous)  # the convention changes scores
+    assert plain.convention == "no BOS: r + r" and plain.to_dict()["convention"] == "no BOS: r + r"
+    assert roles.convention == "BOS id 0 first: [bos] + r + r"
+    assert roles.to_dict()["bos"] == 0 and roles.to_dict()["convention"] == roles.convention
+
+
+@pytest.mark.parametrize(
+    ("bos", "error", "message"),
+    [
+        (True, ArgumentTypeError, "bos must be an int, got bool"),
+        ("1", ArgumentTypeError, "bos must be an int, got str"),
+        (1.0, ArgumentTypeError, "bos must be an int, got float"),
+        (-1, ArgumentError, r"bos must be in \[0, 15\], got -1"),
+        (V, ArgumentError, r"bos must be in \[0, 15\], got 16"),
+    ],
+)
+def test_bos_must_be_an_id_of_the_vocabulary(bos: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        head_roles(_hand_built(), seq_len=8, bos=bos)  # type: ignore[arg-type]
+
+
+def test_cli_roles_bos_convention(
+    hand_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["inspect", str(hand_run), "--roles", "--roles-seq-len", "5", "--roles-batch", "2"]
+    assert main([*base, "--json"]) == 0  # default: none
+    out = json.loads(capsys.readouterr().out)
+    assert (out["roles_bos"], out["bos"], out["convention"]) == ("none", None, "no BOS: r + r")
+    assert main([*base, "--json", "--roles-bos", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["roles_bos"], out["bos"]) == (3, 3)
+    assert out["convention"] == "BOS id 3 first: [bos] + r + r"
+    assert main([*base, "--roles-bos", "3"]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert "BOS id 3 first: [bos] + r + r (--roles-bos 3)" in table
+    # tokenizer: the model tokenizer's bos id, a clear error when there is none
+    assert main([*base, "--roles-bos", "tokenizer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--roles-bos tokenizer: " in err and "no tokenizer" in err
+    tokenizer = CharTokenizer(list("abcdefghijkl"), [PAD, UNK, BOS, EOS])  # 16 ids, <bos> = 2
+    save_checkpoint(tmp_path / "tok", step=1, model=_hand_built(),
+                    config={"model": config_to_dict(_hand_built().config)},
+                    files={"tokenizer.json": tokenizer.to_json()})  # fmt: skip
+    tok = ["inspect", str(tmp_path / "tok"), "--roles", "--roles-seq-len", "5", "--json"]
+    assert main([*tok, "--roles-bos", "tokenizer"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["roles_bos"], out["bos"]) == ("tokenizer", tokenizer.bos_id)
+    # an id outside the vocabulary, or not an id: one line, exit 2
+    assert main([*base, "--roles-bos", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--roles-bos must be a token id in [0, 16), got 16" in err
+    for bad in ("x", "-1", "1.5", ""):
+        with pytest.raises(SystemExit) as exit_:
+            main([*base, f"--roles-bos={bad}"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "expected none, tokenizer or a token id" in err
+
+
 # ------------------------------------------------------------------------ hostile input
 
 
@@ -313,5 +398,102 @@ def test_figure_holds_the_scores() -> None:
     plot = head_roles_figure(roles)
     for name in ("previous", "duplicate", "induction", "copying"):
         assert (plot.data[name] == roles.score(name).numpy()).all()
+    title = plot.figure._suptitle.get_text()  # the convention, whatever the title
+    assert title.endswith("\nBOS id 0 first: [bos] + r + r")
+    assert head_roles_figure(roles, title="mine").figure._suptitle.get_text().startswith("mine\n")
     with pytest.raises(ArgumentTypeError):
         head_roles_figure(object())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------ plot roles --from
+
+
+def test_from_dict_inverts_to_dict() -> None:
+    roles = head_roles(_hand_built(), seq_len=5, batch=2, token_range=(1, V), bos=0)
+    roles.copying[0, 1] = float("nan")  # a NaN score travels as null
+    data = json.loads(json.dumps(roles.to_dict()))
+    again = type(roles).from_dict(data)
+    assert again.to_dict() == roles.to_dict()
+    assert torch.equal(again.tokens, roles.tokens)
+    assert again.copying[0, 1].isnan()
+
+
+def test_cli_plot_roles_from_file_draws_the_same_figure(
+    hand_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import numpy as np
+
+    from attnlab import viz
+
+    drawn = []
+    draw = viz.head_roles_figure
+
+    def recorded(roles, **kwargs):  # type: ignore[no-untyped-def]
+        plot = draw(roles, **kwargs)
+        drawn.append((plot.data, plot.figure._suptitle.get_text()))
+        return plot
+
+    monkeypatch.setattr(viz, "head_roles_figure", recorded)
+    options = ["--roles-seq-len", "6", "--roles-batch", "2", "--roles-seed", "3"]
+    assert main(["inspect", str(hand_run), "--roles", "--json", *options]) == 0
+    saved = tmp_path / "roles.json"
+    saved.write_text(capsys.readouterr().out)
+    assert main(["plot", "roles", "--model", str(hand_run), "-o", str(tmp_path / "a.png"),
+                 *options]) == 0  # fmt: skip
+    assert main(["plot", "roles", "--from", str(saved), "-o", str(tmp_path / "b.png")]) == 0
+    (model_data, model_title), (file_data, file_title) = drawn
+    assert model_data.keys() == file_data.keys()
+    for name in model_data:
+        assert np.array_equal(model_data[name], file_data[name], equal_nan=True), name
+    # the same title, naming the model as the file does (inspect names the checkpoint it read)
+    assert file_title.split(": ", 1)[1] == model_title.split(": ", 1)[1]
+    assert file_title.startswith(str(hand_run))
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "the file does not exist"),
+        ("{not json", "not a JSON file"),
+        ("[1, 2]", "must be a JSON object, got list"),
+        ('{"layers": ["a"]}', "lack 'seq_len'"),
+        ("ROWS", "one row per layer"),
+        ("STRING", "numbers or null"),
+        ("NAN", "finite numbers"),
+        ("BATCH", "over 4194304 tokens"),
+    ],
+)
+def test_cli_plot_roles_from_a_bad_file_is_one_line(
+    hand_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None,
+    message: str,
+) -> None:  # fmt: skip
+    good = head_roles(_hand_built(), seq_len=4, batch=1).to_dict()
+    scores = good["scores"]
+    edits = {
+        "NAN": {**good, "scores": {**scores, "duplicate": [[float("nan")] * 4] * 2}},
+        "ROWS": {**good, "scores": {**scores, "previous": scores["previous"][:1]}},
+        "STRING": {**good, "scores": {**scores, "copying": [["x"] * 4] * 2}},
+        "BATCH": {**good, "batch": 10**9},
+    }
+    path = tmp_path / "roles.json"
+    if content in edits:
+        path.write_text(json.dumps(edits[content]))
+    elif content is not None:
+        path.write_text(content)
+    code = main(["plot", "roles", "--from", str(path), "-o", str(tmp_path / "r.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("attnlab: error: ")
+    assert str(path) in err and message in err
+
+
+def test_cli_plot_roles_from_takes_no_model(hand_run: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    path = tmp_path / "roles.json"
+    path.write_text(json.dumps(head_roles(_hand_built(), seq_len=4, batch=1).to_dict()))
+    out = str(tmp_path / "r.png")
+    assert main(["plot", "roles", "--from", str(path), "--model", str(hand_run), "-o", out]) == 2
+    assert "takes no --model" in capsys.readouterr().err
+    assert main(["plot", "heads", "--from", str(path), "-o", out]) == 2
+    assert "--from FILE is for plot roles" in capsys.readouterr().err

@@ -8,6 +8,7 @@ distribution (installed ``--no-deps`` by the test set-up); the small files are w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +228,14 @@ def write_tiny(
     untied: bool = True,
     bias: bool = False,
     raw_type: Q | None = None,
+    meta: dict[str, tuple[Any, ...] | None] | None = None,
+    extra: Callable[[gguf.GGUFWriter], object] | None = None,
 ) -> dict[str, np.ndarray]:
-    """A tiny model file with random weights; returns the stored float32 weights by GGUF name."""
+    """A tiny model file with random weights; returns the stored float32 weights by GGUF name.
+
+    ``meta`` replaces metadata: key → ``(value, GGUFValueType[, array item type])``, or
+    ``None`` to leave the key out; ``extra(writer)`` adds more metadata (a tokenizer) before the
+    file is written."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -243,6 +250,10 @@ def write_tiny(
     w.add_rope_dimension_count(D // H)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    for key, typed in (meta or {}).items():
+        w.kv_data[0].pop(key, None)
+        if typed is not None:
+            w.add_key_value(key, *typed)
     head = D // H
     shapes = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}
     if untied:
@@ -281,6 +292,8 @@ def write_tiny(
         else:
             w.add_tensor(name, values)
         stored[name] = values
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -204,3 +204,20 @@ def test_resume_refuses_a_crafted_training_state(
     with pytest.raises(CheckpointError, match=message) as info:
         resumed.resume()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_read_json_refuses_a_file_that_is_not_a_regular_file_unread(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO blocks ``open`` forever and ``/dev/zero`` reads until memory runs out: both are
+    refused from ``os.stat`` before anything is opened."""
+    from attnlab.training.jsonio import read_json
+
+    path = tmp_path / "state.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"state\.json must be a regular file, got a"):
+        read_json(path)

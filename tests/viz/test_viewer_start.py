@@ -114,3 +114,18 @@ def test_a_given_start_is_checked_and_kept() -> None:
         most_informative_head(data, sink_share=0)
     with pytest.raises(TypeError, match="sink_share must be a float"):
         most_informative_head(data, sink_share="0.5")  # type: ignore[arg-type]
+
+
+def test_a_sink_as_diagnose_calls_it_is_left_out_whatever_sink_share() -> None:
+    """One rule for sinks: a head `inspect` reports as SINK (every row ≥ 0.99 on the first key)
+    is never the opening head, even when its mean share is below ``sink_share``."""
+    t = 8
+    w = _gpt(t, heads=2)
+    logits = torch.zeros(t, t)
+    logits[:, 0] = 12.0  # all but ~1e-4 of every row on key 0: mean share < 1
+    w["transformer.h.0.attn"][0, 0] = _soft(logits, True)
+    heads = diagnose({k: v.clone() for k, v in w.items()}).heads
+    assert heads[0].status == "sink" and heads[0].first_token_share < 1.0
+    assert min(heads, key=lambda h: h.entropy_mean) is heads[0]  # the test can fail
+    start = most_informative_head(viewer_data(w, tokens=list("abcdefgh")), sink_share=1.0)
+    assert (start.layer, start.head) != (0, 0) and "sink" in start.reason

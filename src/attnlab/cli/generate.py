@@ -22,7 +22,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import beams, positive_int, seed
+from attnlab.cli.options import add_cache_argument, beams, positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.run import load_run
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beams", type=beams, default=4, help="beams for --strategy beam (default 4)")
     p.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
+    add_cache_argument(p)
     p.add_argument(
         "--raw",
         action="store_true",
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_run(args.run, device=args.device)
+    loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     console = TextConsole(raw=args.raw)
     if not isinstance(loaded.io, LMIO):
         k = args.beams if args.strategy == "beam" else 1

@@ -12,8 +12,14 @@ statistics of each layer's rotated queries and keys instead, without ever formin
 weights (no row-sum or uniformity check then); ``"streamed"`` in the JSON says which. For the encoder-decoder the text is
 the source; the target is the model's own decoded output (what ``attnlab translate`` prints) or
 ``--target``. ``--json`` prints one JSON object instead: ``source_tokens``, ``target_tokens``
-(what the decoder wrote, the labels of the figures), ``output`` and the per-head report. Exit
-code 0 when every head is healthy, 1 otherwise.
+(what the decoder wrote, the labels of the figures), ``output`` and the per-head report.
+
+Each head gets a status (:func:`attnlab.inspect.diagnose` defines them): ``ok``; ``SINK``
+(every row ≥ 0.99 on the first token — an attention sink, normal in pretrained models),
+``one token`` (on another key) and ``uniform`` — patterns, reported, not failures — or
+``FAIL``. Exit status (:data:`EXIT_STATUS`): 0 when nothing is broken, 1 when something is — a
+non-finite weight or module output, a row that does not sum to 1 within ``--atol``, or a
+collapsed model (every head uniform or a sink) — and 2 for a usage error.
 
 ``--roles`` instead scores every head's role on random tokens repeated once (Olsson et al. 2022;
 :mod:`attnlab.inspect.roles`): previous-token, duplicate-token, induction (prefix matching) and
@@ -38,6 +44,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnlab.cli import CLIError
@@ -46,7 +53,7 @@ from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import positive_int
+from attnlab.cli.options import add_cache_argument, non_negative_float, positive_int
 from attnlab.inspect.ablation import (
     HeadImportance,
     head_importance,
@@ -66,6 +73,14 @@ from attnlab.tasks.run import Run, load_run
 #: the bytes of captured weights (all layers, fp32) above which ``inspect`` streams statistics
 STREAM_BYTES = 256 * 2**20
 
+#: what the exit status of the health check means (printed by ``--help``)
+EXIT_STATUS = (
+    "exit status: 0 nothing broken (sink, one-token and uniform heads are reported, not "
+    "failures); 1 broken — a NaN/inf weight or module output, a row that does not sum to 1 "
+    "within --atol, or a collapsed model (every head uniform or a sink: the weights depend on "
+    "no token); 2 a usage error. --roles, --qk-spectrum and --ablate exit 0 when they ran."
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -73,7 +88,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="health of every attention head of a model on a text; --roles: what each head "
         "does, --qk-spectrum: heads as low-rank relations, --ablate: head importance, pruning",
         description="Run TEXT through a run's latest checkpoint (or a checkpoint / GPT-2 folder) "
-        "and print entropy, max weight, row sums, masked rows and NaN/inf per layer and head.",
+        "and print entropy, max weight, row sums, masked rows and NaN/inf per layer and head, "
+        "and each head's status: ok, SINK (every row ≥ 0.99 on the first token: an attention "
+        "sink), one token, uniform, or FAIL.",
+        epilog=EXIT_STATUS,
     )
     p.add_argument("run", metavar="RUN", help="run folder, checkpoint folder or GPT-2 directory")
     add_input_arguments(p, text_required=False)
@@ -118,7 +136,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--figure", default="pruning.png", help="--ablate: the figure to write")
     p.add_argument("--layer", action="append", help="only layers whose path contains this")
-    p.add_argument("--atol", type=float, default=None, help="row-sum tolerance")
+    p.add_argument(
+        "--atol",
+        type=non_negative_float,
+        default=None,
+        help="row-sum tolerance, a finite float >= 0 (default 1e-4; 2e-2 for fp16/bf16)",
+    )
     p.add_argument(
         "--long",
         action="store_true",
@@ -127,6 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -134,11 +158,22 @@ def _fmt(v: float, spec: str) -> str:
     return "—" if isinstance(v, float) and math.isnan(v) else format(v, spec)
 
 
+#: how the table shows each :attr:`~attnlab.inspect.diagnostics.HeadHealth.status`
+_STATUS = {
+    "ok": "[green]ok[/]",
+    "sink": "[yellow]SINK[/]",
+    "one_token": "[yellow]one token[/]",
+    "uniform": "[yellow]uniform[/]",
+    "fail": "[bold red]FAIL[/]",
+}
+
+
 def _table(report: HealthReport) -> Table:
     t = Table(
         title="attention health per query head — entropy_mean (nats): mean \\[min, max] over "
         "rows; max_weight_mean: mean largest weight; first_token_share: mean weight on key 0; "
-        "sum err: max |row sum − 1|; masked: rows that see no key",
+        "sum err: max |row sum − 1|; masked: rows that see no key; status: ok, SINK (every row "
+        "≥ 0.99 on the first token), one token, uniform — reported, not failures — or FAIL",
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
@@ -150,7 +185,7 @@ def _table(report: HealthReport) -> Table:
     t.add_column("sum err", justify="right", no_wrap=True)
     t.add_column("masked", justify="right")
     t.add_column("NaN/inf", justify="right")
-    t.add_column("", no_wrap=True)
+    t.add_column("status", no_wrap=True)
     previous = None
     for h in report.heads:
         t.add_row(
@@ -162,7 +197,7 @@ def _table(report: HealthReport) -> Table:
             _fmt(h.row_sum_error, ".0e"),
             f"{h.masked_rows}/{h.rows}",
             str(h.nonfinite),
-            "[green]ok[/]" if h.ok else "[bold red]FAIL[/]",
+            _STATUS[h.status],
         )
         previous = h.layer
     return t
@@ -179,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         raise CLIError("--qk-spectrum reads the weights only; it takes no "
                        "--text/--ids/--roles/--ablate")  # fmt: skip
-    loaded = load_run(args.run, device=args.device)
+    loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     if args.qk_spectrum:
         return _spectrum(loaded, args)
     if args.roles:
@@ -224,12 +259,24 @@ def run(args: argparse.Namespace) -> int:
     if streamed:
         console.print("(blockwise statistics: no T×T weights formed, no row-sum check)")
     console.print(_table(report))
-    if report.ok:
-        console.print(f"[green]all {len(report.heads)} heads healthy[/]")
-    else:
-        for line in report.problems():
-            console.print(f"[red]{line}[/]")
+    for line in report.notes():
+        console.print(line, style="yellow", markup=False, highlight=False)
+    for line in report.problems():
+        console.print(line, style="red", markup=False, highlight=False)
+    console.print(_summary(report))
     return 0 if report.ok else 1
+
+
+def _summary(report: HealthReport) -> str:
+    """The last line: healthy or not, and how many heads have each status."""
+    c = report.counts()
+    parts = [f"{c[k]} {word}" for k, word in (("ok", "ok"), ("sink", "sinks"),
+             ("one_token", "one-token"), ("uniform", "uniform"), ("fail", "FAIL")) if c[k]]  # fmt: skip
+    counts = ", ".join(parts)
+    if report.ok:
+        patterns = f" ({counts})" if c["ok"] < len(report.heads) else ""
+        return f"[green]all {len(report.heads)} heads healthy[/]{patterns}"
+    return f"[bold red]broken[/]: {len(report.problems())} problems ({counts})"
 
 
 def _weight_bytes(loaded: Run, inputs: ModelInputs) -> int:
@@ -316,20 +363,20 @@ def _print_curve(console: Console, curve: Any, metric_name: str) -> None:
 def _roles(loaded: Run, args: argparse.Namespace) -> int:
     roles = measure_roles(loaded, args)
     if args.json:
-        out = {"model": str(loaded.path), **roles.to_dict()}
+        out = {"model": str(loaded.path), "roles_bos": args.roles_bos, **roles.to_dict()}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
     console = TextConsole(width=None if sys.stdout.isatty() else 120)
-    console.print(_roles_table(roles, str(loaded.path)))
+    console.print(_roles_table(roles, str(loaded.path), args.roles_bos))
     return 0
 
 
-def _roles_table(roles: HeadRoles, name: str, k: int = 8) -> Table:
-    bos = " after bos" if roles.bos is not None else ""
+def _roles_table(roles: HeadRoles, name: str, bos: str | int, k: int = 8) -> Table:
     chance = roles.to_dict()["copying_chance"]
     t = Table(
-        title=f"{name}: the best heads per role on {roles.seq_len} random tokens repeated once"
-        f"{bos} (batch {roles.tokens.shape[0]}, seed {roles.seed}) — previous: weight on t−1; "
+        title=f"{name}: the best heads per role on {roles.seq_len} random tokens repeated once, "
+        f"{escape(roles.convention)} (--roles-bos {bos}) (batch {roles.tokens.shape[0]}, seed "
+        f"{roles.seed}) — previous: weight on t−1; "
         "duplicate: on the earlier copy of the token; induction: on the token after it; "
         f"copying: fraction of the tokens in their own OV top-{roles.top_k} "
         f"(chance {chance:.3f})",

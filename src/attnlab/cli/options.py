@@ -14,6 +14,7 @@ Number = TypeVar("Number", int, float)
 
 __all__ = [
     "add_attention_arguments",
+    "add_cache_argument",
     "add_transformer_arguments",
     "attention_spec",
     "beams",
@@ -37,6 +38,17 @@ def _parse(
     if not accept(value):
         raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def add_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-cache``, for a command that loads a pretrained model: ``args.no_cache``."""
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="a GGUF model (smollm2-135m, a .gguf file): dequantise it again instead of reading "
+        "the cached weights, and write no cache ($ATTNLAB_CACHE, else $XDG_CACHE_HOME/attnlab, "
+        "else ~/.cache/attnlab)",
+    )
 
 
 def positive_int(text: str) -> int:

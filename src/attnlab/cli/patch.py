@@ -29,7 +29,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._terminal import TextConsole
-from attnlab.cli.options import positive_int
+from attnlab.cli.options import add_cache_argument, positive_int
 from attnlab.inspect.attribution import direct_logit_attribution
 from attnlab.inspect.patching import logit_difference, patch_heads, patch_residual
 from attnlab.tasks.base import token_labels
@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dla-figure", default=None, metavar="FIGURE", help="the DLA bar chart")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.position is not None and args.by != "heads":
         raise CLIError("--position is for --by heads (--by positions patches every position)")
-    loaded = load_run(args.model, device=args.device)
+    loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
     if loaded.is_seq2seq:
         raise CLIError("patch is for language models; this run is an encoder-decoder")
     clean = _tokens(loaded, args.clean, "--clean")

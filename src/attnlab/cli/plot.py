@@ -18,7 +18,8 @@ how the heads changed from step 0 to the end (the run must have been trained wit
 with the heads' entropy per step in ``FILE_entropy.png``. ``roles --model MODEL``: the
 previous-token, duplicate-token, induction and copying scores of every head as one layers × heads
 heatmap each (:func:`attnlab.viz.head_roles_figure`), measured on random tokens repeated once
-(no ``--text``; ``--roles-seq-len``, ``--roles-batch``, ``--roles-seed``). ``spectrum --model
+(no ``--text``; ``--roles-seq-len``, ``--roles-batch``, ``--roles-seed``); ``roles --from FILE``
+draws the scores ``attnlab inspect MODEL --roles --json > FILE`` wrote, without loading a model. ``spectrum --model
 MODEL``: every head as a low-rank relation, from the weights alone
 (:func:`attnlab.viz.head_spectrum_figure` of :func:`attnlab.inspect.qk_spectrum`): the singular
 values of each head's QK circuit ``W_Q W_Kᵀ/√d_head`` for 1 to 4 layers (``--layer 0,15,29``,
@@ -45,8 +46,8 @@ from attnlab.cli._device import device
 from attnlab.cli._help import KindHelp
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
-from attnlab.cli._roles import add_roles_arguments, measure_roles
-from attnlab.cli.options import seed
+from attnlab.cli._roles import add_roles_arguments, measure_roles, read_roles
+from attnlab.cli.options import add_cache_argument, seed
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ActivationCache
@@ -62,7 +63,7 @@ KINDS = (
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
 _INPUTS = ("--text", "--ids", "--target", "--beams", "--generate", "--max-new-tokens")
-_OF_A_MODEL = ("--model", *_INPUTS, "--kind", "--layer", "--max-tokens", "--device")
+_OF_A_MODEL = ("--model", "--no-cache", *_INPUTS, "--kind", "--layer", "--max-tokens", "--device")
 # `attnlab plot KIND --help`: what KIND draws, and the options it reads (see cli/_help.py)
 _KIND_TEXT = {
     "noam": "The Noam learning-rate schedule (Vaswani et al. 2017): a linear warm-up over "
@@ -91,7 +92,7 @@ _KIND_TEXT = {
     "FILE_entropy.png.",
     "roles": "The previous-token, duplicate-token, induction and copying scores of every head "
     "of --model, as one layers × heads heatmap each, measured on random tokens repeated once "
-    "(no --text).",
+    "(no --text), or read --from the file attnlab inspect MODEL --roles --json wrote.",
     "spectrum": "Every head of --model as a low-rank relation, from the weights alone: the "
     "singular values of each head's QK circuit W_Q W_Kᵀ/√d_head for 1 to 4 layers (--layer "
     "0,15,29: indices among all attention layers; default the first, middle and last), and the "
@@ -103,6 +104,7 @@ _KIND_OPTIONS = {
     "masks": ("--text",),
     "steps": (
         "--model",
+        "--no-cache",
         *_INPUTS,
         "--kind",
         "--layer",
@@ -117,8 +119,17 @@ _KIND_OPTIONS = {
     "heads": (*_OF_A_MODEL, "--effective"),
     "layers": _OF_A_MODEL,
     "training": ("--max-tokens",),
-    "roles": ("--model", "--roles-seq-len", "--roles-batch", "--roles-seed", "--device"),
-    "spectrum": ("--model", "--layer", "--device"),
+    "roles": (
+        "--model",
+        "--no-cache",
+        "--from",
+        "--roles-seq-len",
+        "--roles-batch",
+        "--roles-seed",
+        "--roles-bos",
+        "--device",
+    ),
+    "spectrum": ("--model", "--no-cache", "--layer", "--device"),
 }
 
 
@@ -169,6 +180,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_roles_arguments(p)
     p.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        default=None,
+        help="roles: draw the scores that attnlab inspect MODEL --roles --json wrote to FILE, "
+        "instead of measuring them again (no model is loaded)",
+    )
+    p.add_argument(
         "--d-model",
         type=int,
         default=None,
@@ -196,6 +215,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="longer sides are block-averaged")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", type=device, default="cpu")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -261,7 +281,7 @@ def _model_figure(args: argparse.Namespace) -> Plot:
     if args.text is None and args.ids is None:
         raise CLIError(f"plot {args.kind} --model needs --text TEXT (or --ids)")
     index = None if args.kind == "layers" else _one_layer(args)
-    loaded = load_run(args.model, device=args.device)
+    loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
     if args.kind == "steps":
         # --layer indexes the layers of --kind (self / cross / all), in execution order
@@ -392,7 +412,25 @@ def _weights_model(args: argparse.Namespace) -> Run:
     if args.text is not None or args.ids is not None:
         what = "on random repeated tokens" if args.kind == "roles" else "from the weights alone"
         raise CLIError(f"plot {args.kind} measures heads {what}; it takes no --text/--ids")
-    return load_run(args.model, device=args.device)
+    return load_run(args.model, device=args.device, cache=not args.no_cache)
+
+
+def _roles(args: argparse.Namespace) -> Plot:
+    """``plot roles``: the role scores of ``--model``, measured, or read ``--from`` a file."""
+    from attnlab.viz import head_roles_figure
+
+    if args.from_file is None:
+        roles, name = measure_roles(_weights_model(args), args), args.model
+    else:
+        if args.model is not None or args.text is not None or args.ids is not None:
+            raise CLIError("plot roles --from FILE draws the scores in FILE; it takes no "
+                           "--model/--text/--ids")  # fmt: skip
+        roles, name = read_roles(args.from_file)
+    return head_roles_figure(
+        roles,
+        title=f"{name or args.from_file}: head roles on {roles.seq_len} random tokens repeated "
+        f"once (batch {roles.tokens.shape[0]})",
+    )
 
 
 def _spectrum(args: argparse.Namespace) -> Plot:
@@ -434,6 +472,8 @@ def run(args: argparse.Namespace) -> int:
             f"masks and weights it has), got plot {args.kind}"
             + (" --model" if args.model and args.kind == "steps" else "")
         )
+    if args.from_file is not None and args.kind != "roles":
+        raise CLIError(f"--from FILE is for plot roles, got plot {args.kind}")
     written = [out]
     if args.kind == "noam":
         plot = F.noam_curve(
@@ -457,12 +497,7 @@ def run(args: argparse.Namespace) -> int:
         head_entropy_curves(history).save(entropy)
         written.append(entropy)
     elif args.kind == "roles":
-        roles = measure_roles(_weights_model(args), args)
-        plot = F.head_roles_figure(
-            roles,
-            title=f"{args.model}: head roles on {roles.seq_len} random tokens repeated once "
-            f"(batch {roles.tokens.shape[0]})",
-        )
+        plot = _roles(args)
     elif args.kind == "spectrum":
         plot = _spectrum(args)
     elif args.kind == "steps" and args.model is None:

@@ -27,7 +27,7 @@ from attnlab.cli._device import device
 from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import report
-from attnlab.cli.options import beams
+from attnlab.cli.options import add_cache_argument, beams
 from attnlab.errors import ArgumentError, UntrainedLengthWarning
 from attnlab.tasks.run import load_run
 from attnlab.tasks.seq2seq import Seq2SeqIO
@@ -50,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="beam size; 1 is greedy (default: the run's own evaluation)",
     )
     p.add_argument("--device", type=device, default="cpu", help="default cpu")
+    add_cache_argument(p)
     p.add_argument(
         "--raw",
         action="store_true",
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     sentences = (
         [line.rstrip("\n") for line in sys.stdin] if args.sentences == ["-"] else args.sentences
     )
-    loaded = load_run(args.run, device=args.device)
+    loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     if not isinstance(loaded.io, Seq2SeqIO):
         raise CLIError(
             f"{loaded.path} holds a language model, not an encoder-decoder; use generate"

@@ -20,6 +20,7 @@ from rich.console import Console
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli.options import add_cache_argument
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.run import load_run
 from attnlab.viz.files import check_output_path
@@ -52,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
     p.add_argument("--device", type=device, default="cpu")
+    add_cache_argument(p)
     p.set_defaults(func=run)
 
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return _training_view(args)
     if args.text is None and args.ids is None:
         raise CLIError("view needs --text TEXT (or --ids), or --training")
-    loaded = load_run(args.path, device=args.device)
+    loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
     cache = capture_inputs(loaded.model, inputs)
     title = f"attnlab · {Path(args.path).name} · {inputs.output}"

@@ -17,19 +17,25 @@ non-ASCII text, and the special tokens as variables (``bos_token``, ``eos_token`
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from attnlab._checks import json_bool, read_small_json, read_small_text
+from attnlab.data.chat_template import render_chat_template
+from attnlab.data.gguf_metadata import GGUFMetadata
 from attnlab.data.tokenizers import HFTokenizer, _hf
 from attnlab.errors import ArgumentError
 
 __all__ = ["PretrainedTokenizer", "tokenizer_from_folder", "tokenizer_from_gguf"]
 
 log = logging.getLogger(__name__)
+
+#: the largest ``tokenizer.json`` read (a vocabulary of a few hundred thousand tokens and their
+#: merges takes tens of megabytes)
+TOKENIZER_FILE_BYTES = 512 * 2**20
 
 # llama.cpp's token types (llama_token_type): the ones that become added tokens
 _CONTROL, _USER_DEFINED = 3, 4
@@ -67,6 +73,8 @@ class PretrainedTokenizer(HFTokenizer):
         unk_id: the unknown-token id, or ``None``.
         chat_template: the jinja2 chat template, or ``None``.
         add_bos: whether the model expects ``bos_id`` before a text (``encode`` never adds it).
+        chat_template_source: where the template comes from (a file, a GGUF key), for the
+            messages of a template that fails.
     """
 
     def __init__(
@@ -79,6 +87,7 @@ class PretrainedTokenizer(HFTokenizer):
         unk_id: int | None = None,
         chat_template: str | None = None,
         add_bos: bool = False,
+        chat_template_source: str | None = None,
     ) -> None:
         super().__init__(tokenizer)
         size = self.vocab_size
@@ -89,6 +98,7 @@ class PretrainedTokenizer(HFTokenizer):
             raise ArgumentError(f"unk_id must be in [0, {size}), got {unk_id}")
         self._bos, self._eos, self._pad, self._unk = bos_id, eos_id, pad_id, unk_id
         self.chat_template = chat_template
+        self.chat_template_source = chat_template_source or "the tokenizer's chat template"
         self.add_bos = bool(add_bos)
 
     # the special ids are the pretrained ones, not looked up by attnlab's own names
@@ -137,7 +147,11 @@ class PretrainedTokenizer(HFTokenizer):
 
         Raises:
             ArgumentError: the tokenizer has no chat template, a message is not a mapping, or
-                the template refuses the conversation (its ``raise_exception``).
+                the template refuses the conversation (its ``raise_exception``) or fails in any
+                other way (a template is untrusted input: it runs sandboxed, with ``range`` and
+                repetitions bounded and its output at most
+                :data:`~attnlab.data.chat_template.MAX_CHAT_PROMPT_CHARS`); the
+                message names the template's source.
         """
         if self.chat_template is None:
             raise ArgumentError("this tokenizer has no chat template (the model ships none)")
@@ -147,56 +161,15 @@ class PretrainedTokenizer(HFTokenizer):
                     f"messages[{i}] must be a mapping with 'role' and 'content', "
                     f"got {type(message).__name__}"
                 )
-        import jinja2
-
-        template = _compile(self.chat_template)
-        try:
-            return str(
-                template.render(
-                    messages=[dict(m) for m in messages],
-                    add_generation_prompt=add_generation_prompt,
-                    tools=None,
-                    documents=None,
-                    **self.special_tokens(),
-                )
-            )
-        except jinja2.TemplateError as exc:
-            raise ArgumentError(f"the chat template refused the conversation: {exc}") from exc
-
-
-def _compile(source: str) -> Any:
-    """The chat template compiled in transformers' sandboxed jinja2 environment."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
-    ) -> str:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        return render_chat_template(
+            self.chat_template,
+            self.chat_template_source,
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+            documents=None,
+            **self.special_tokens(),
         )
-
-    def strftime_now(fmt: str) -> str:
-        return datetime.now().strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ArgumentError(f"the chat template is not valid jinja2: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,33 +194,44 @@ def _byte_alphabet() -> dict[int, str]:
     return spelling
 
 
-def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
+def tokenizer_from_gguf(
+    metadata: Mapping[str, Any], *, source: str | None = None
+) -> PretrainedTokenizer:
     """The tokenizer a GGUF file's metadata describes (byte-level BPE, ``"gpt2"``).
 
     Args:
         metadata: the file's key/value metadata as Python values (``tokenizer.ggml.tokens`` a
             list of strings, …), e.g. ``{k: f.contents() for k, f in reader.fields.items()}``;
             :func:`attnlab.models.gguf.read_gguf` passes it.
+        source: the file the metadata comes from, to name in the messages of its chat template.
 
     Returns:
         The tokenizer, with the file's special ids, ``add_bos`` and chat template.
 
     Raises:
         ArgumentError: the metadata holds no tokenizer, or one of another kind than byte-level
-            BPE (``tokenizer.ggml.model`` ``"llama"`` SentencePiece files are not read yet).
+            BPE (``tokenizer.ggml.model`` ``"llama"`` SentencePiece files are not read yet), or
+            merges the ``tokenizers`` library refuses.
+        ArgumentTypeError: a key of the wrong type (a ``bos_token_id`` that is a string, …).
     """
-    model = metadata.get("tokenizer.ggml.model")
-    if model is None or "tokenizer.ggml.tokens" not in metadata:
+    meta = GGUFMetadata(metadata)
+    model = meta.string("tokenizer.ggml.model", None)
+    if model is None or "tokenizer.ggml.tokens" not in meta:
         raise ArgumentError("the GGUF metadata holds no tokenizer (no tokenizer.ggml.model/tokens)")
     if model != "gpt2":
         raise ArgumentError(
             f"tokenizer.ggml.model is {model!r}; attnlab reads byte-level BPE ('gpt2') tokenizers"
         )
-    if "tokenizer.ggml.merges" not in metadata:
+    if "tokenizer.ggml.merges" not in meta:
         raise ArgumentError("the GGUF tokenizer is BPE but holds no tokenizer.ggml.merges")
     tk = _hf()
-    tokens = [str(t) for t in metadata["tokenizer.ggml.tokens"]]
-    types = list(metadata.get("tokenizer.ggml.token_type") or ())
+    tokens = meta.array("tokenizer.ggml.tokens", "string")
+    types = meta.array("tokenizer.ggml.token_type", "integer", [])
+    if types and len(types) != len(tokens):
+        raise ArgumentError(
+            f"GGUF key 'tokenizer.ggml.token_type' must hold one type per token "
+            f"({len(tokens)}), got {len(types)}"
+        )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     # a token outside the byte alphabet (a file that stores raw text) is spelled in bytes
@@ -255,12 +239,36 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
         t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
         for i, t in enumerate(tokens)
     }
+    if len(vocab) != len(tokens):  # one text, two ids: the tokenizers library panics on it
+        seen: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if seen.setdefault(t, i) != i:
+                raise ArgumentError(
+                    f"GGUF key 'tokenizer.ggml.tokens' holds the token {t!r} twice "
+                    f"(ids {seen[t]} and {i})"
+                )
+        raise ArgumentError(
+            "GGUF key 'tokenizer.ggml.tokens' holds two tokens that spell the same bytes"
+        )
     merges = []
-    for merge in metadata["tokenizer.ggml.merges"]:
-        left, _, right = str(merge).partition(" ")
+    for i, merge in enumerate(meta.array("tokenizer.ggml.merges", "string")):
+        left, space, right = merge.partition(" ")
+        if not (left and space and right):
+            raise ArgumentError(
+                f"GGUF key 'tokenizer.ggml.merges' must hold pairs 'left right', got {merge!r} "
+                f"(merge {i})"
+            )
         merges.append((left, right))
-    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
-    pre = metadata.get("tokenizer.ggml.pre", "default")
+    try:
+        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
+    except BaseException as exc:  # tokenizers raises Exception, or a PanicException
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ArgumentError(
+            f"GGUF key 'tokenizer.ggml.merges' is refused by the tokenizers library: {reason}"
+        ) from None
+    pre = meta.string("tokenizer.ggml.pre", "default")
     split = PRE_TOKENIZER_SPLITS.get(pre)
     if split is None:
         if pre not in _GPT2_SPLIT_NAMES:
@@ -293,18 +301,18 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
         backend.add_tokens(user)
 
     def special(key: str) -> int | None:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        return None if value is None else int(value)
+        return meta.integer(f"tokenizer.ggml.{key}", None, low=0, high=len(tokens) - 1)
 
-    template = metadata.get("tokenizer.chat_template")
+    where = f"{source}'s " if source else "the GGUF key "
     return PretrainedTokenizer(
         backend,
         bos_id=special("bos_token_id"),
         eos_id=special("eos_token_id"),
         pad_id=special("padding_token_id"),
         unk_id=special("unknown_token_id"),
-        chat_template=None if template is None else str(template),
-        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=meta.string("tokenizer.chat_template", None),
+        add_bos=meta.flag("tokenizer.ggml.add_bos_token", False),
+        chat_template_source=f"{where}chat template (tokenizer.chat_template)",
     )
 
 
@@ -320,16 +328,22 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
-    """The chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s."""
+def _folder_template(folder: Path, config: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s; and
+    where it comes from, for the messages of a template that fails."""
     jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+    if os.path.lexists(jinja_file):  # a FIFO, a device or a huge file: one line (read_small_text)
+        return read_small_text(jinja_file), str(jinja_file)
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        named = {
+            t.get("name"): t.get("template")
+            for t in template
+            if isinstance(t, Mapping) and isinstance(t.get("name"), str)
+        }
         template = named.get("default")
-    return template if isinstance(template, str) else None
+    source = f"{folder / 'tokenizer_config.json'}'s chat_template"
+    return (template if isinstance(template, str) else None), source
 
 
 def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
@@ -350,21 +364,17 @@ def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
     """
     folder = Path(path)
     tokenizer_file = folder / "tokenizer.json"
-    if not tokenizer_file.is_file():
+    if not os.path.lexists(tokenizer_file):
         raise FileNotFoundError(f"no tokenizer.json in {folder}")
+    vocabulary = read_small_text(tokenizer_file, TOKENIZER_FILE_BYTES)
     try:
-        backend = _hf().Tokenizer.from_file(str(tokenizer_file))
+        backend = _hf().Tokenizer.from_str(vocabulary)
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ArgumentError(f"{tokenizer_file}: not a valid tokenizers file: {exc}") from exc
     config: dict[str, Any] = {}
     config_file = folder / "tokenizer_config.json"
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArgumentError(f"{config_file}: not valid JSON: {exc}") from exc
-        if not isinstance(config, dict):
-            raise ArgumentError(f"{config_file}: must hold a JSON object")
+    if os.path.lexists(config_file):
+        config = read_small_json(config_file)
     ids: dict[str, int | None] = {}
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         text = _token_text(config.get(name))
@@ -372,12 +382,14 @@ def tokenizer_from_folder(path: str | Path) -> PretrainedTokenizer:
         if text is not None and token_id is None:
             raise ArgumentError(f"{config_file}: {name} {text!r} is not in the vocabulary")
         ids[name] = token_id
+    template, source = _folder_template(folder, config)
     return PretrainedTokenizer(
         backend,
         bos_id=ids["bos_token"],
         eos_id=ids["eos_token"],
         pad_id=ids["pad_token"],
         unk_id=ids["unk_token"],
-        chat_template=_folder_template(folder, config),
-        add_bos=bool(config.get("add_bos_token", False)),
+        chat_template=template,
+        add_bos=json_bool(config, "add_bos_token", False, where=str(config_file)),
+        chat_template_source=source,
     )

@@ -11,20 +11,38 @@ For each head, over every query row ``p = (p_1 … p_T_k)`` of every sequence in
     non-finite   NaN / ±inf entries, and the first one in execution order located to
                  (layer, head, batch, query, key)
 
-Two patterns make a head suspicious even when every number is fine. Call a query row
-*informative* when it sees at least two keys. The keys a row sees are those with weight
-``p_j > 0`` in that row — in any head of the layer, since the heads of a layer share one mask:
-a head that puts everything on one key drives the others to exactly 0 by underflow, and they
-must still count as seen (``n = |{j : ∃ head h, p^h_j > 0}|``). A row that sees one key is
-trivially both patterns and does not count:
+**Broken** — what makes a report not :attr:`HealthReport.ok` (and ``attnlab inspect`` exit 1):
+
+- a non-finite weight, or a module output holding a NaN/inf (:attr:`HealthReport.origin`);
+- an unmasked row whose sum is off 1 by more than ``atol``;
+- a **collapsed** model: every head that has an informative row (below) is uniform or a sink,
+  and there is at least one such head. Both patterns are fixed points that do not depend on the
+  tokens — a uniform head averages whatever it sees (``p_j = 1/n``), a sink head returns the
+  first token's value (``p_0 ≈ 1``) — so when no head escapes them the attention routes nothing
+  by content: the state of a freshly initialised model (weights of std 0.02 give scores ≈ 0),
+  of query/key weights that did not load, or of a softmax temperature gone wrong. Trained models
+  have some heads of either kind, never only those. A sharp head on another key (one token but
+  not the first: a previous-token head) depends on positions or tokens and is no sign of
+  collapse. The rule reads the heads of the report, so a capture of chosen layers (``names=``,
+  ``inspect --layer``) is judged on those layers.
+
+**Patterns** — reported per head (:attr:`HeadHealth.status`), never failures on their own. Call
+a query row *informative* when it sees at least two keys. The keys a row sees are those with
+weight ``p_j > 0`` in that row — in any head of the layer, since the heads of a layer share one
+mask: a head that puts everything on one key drives the others to exactly 0 by underflow, and
+they must still count as seen (``n = |{j : ∃ head h, p^h_j > 0}|``). A row that sees one key is
+trivially every pattern and does not count:
 
     uniform      every informative row has  H(p) ≥ (1 − uniform_tol) · log n     (uniform_tol = 1%)
                  — the head averages its visible keys and selects nothing
     one token    every informative row has  max_j p_j ≥ one_token_weight          (0.99)
-                 — the head copies a single key (e.g. always the first token)
+                 — the head copies a single key (a sharp previous-token head, say)
+    sink         every informative row has  p_0 ≥ one_token_weight
+                 — a one-token head whose key is the first: an *attention sink* (Xiao et al.
+                 2024; notebook 11), where a pretrained head parks the weight it has no use for
 
-A head without an informative row is flagged for neither. Either flag makes the head not
-:attr:`HeadHealth.ok`. (A freshly initialised model, weights of std 0.02, has uniform heads.)
+A head without an informative row has no pattern. (A freshly initialised model has uniform
+heads only: collapsed. SmolLM2-135M has a few sink heads among its 270: healthy.)
 
 :func:`diagnose_model` also runs :func:`~attnlab.inspect.nonfinite.watch_nonfinite` during the
 same forward, so its report names the first module whose output held a NaN/inf.
@@ -137,6 +155,9 @@ class HeadHealth:
         one_token: every informative row puts at least ``one_token_weight`` (0.99) on one key,
             and there is at least one such row. From blockwise statistics a row counts as
             informative when its max weight is below 1 in some head of the layer.
+        sink: every informative row puts at least ``one_token_weight`` on key 0 (the first
+            token), and there is at least one such row: a one-token head whose key is the first.
+        informative_rows: the rows that see at least two keys (by the rules above).
     """
 
     layer: str
@@ -155,25 +176,35 @@ class HeadHealth:
     atol: float
     uniform: bool = False
     one_token: bool = False
+    sink: bool = False
+    informative_rows: int = 0
 
     @property
     def ok(self) -> bool:
-        """No non-finite weight, every unmasked row sums to one within ``atol``, and the head is
-        neither uniform nor one-token."""
-        return (
-            self.nonfinite == 0
-            and not (self.row_sum_error > self.atol)
-            and not self.uniform
-            and not self.one_token
-        )
+        """The head's numbers are sound: no non-finite weight, and every unmasked row sums to one
+        within ``atol``. A pattern (sink, uniform, one token) does not make a head not ok."""
+        return self.nonfinite == 0 and not (self.row_sum_error > self.atol)
+
+    @property
+    def status(self) -> str:
+        """One word for the head: ``"fail"`` (not :attr:`ok`), else its pattern — ``"sink"``,
+        ``"one_token"`` (on a key other than the first), ``"uniform"`` — else ``"ok"``."""
+        if not self.ok:
+            return "fail"
+        if self.sink:
+            return "sink"
+        if self.one_token:
+            return "one_token"
+        return "uniform" if self.uniform else "ok"
 
     def to_dict(self) -> dict[str, Any]:
         """The head's statistics as plain data, for JSON.
 
         Returns:
-            The attributes by name, plus ``ok``; ``nan`` becomes ``None``.
+            The attributes by name, plus ``ok`` and ``status``; ``nan`` becomes ``None``.
         """
-        return {k: _json_float(v) for k, v in asdict(self).items()} | {"ok": self.ok}
+        extra = {"ok": self.ok, "status": self.status}
+        return {k: _json_float(v) for k, v in asdict(self).items()} | extra
 
 
 @dataclass(frozen=True)
@@ -194,9 +225,29 @@ class HealthReport:
     origin: NonFiniteOrigin | None = None
 
     @property
+    def collapsed(self) -> bool:
+        """Every head with an informative row is uniform or a sink, and there is one such head
+        at least (the module docstring says why): the attention routes nothing by content."""
+        seen = [h for h in self.heads if h.informative_rows > 0]
+        return bool(seen) and all(h.uniform or h.sink for h in seen)
+
+    @property
     def ok(self) -> bool:
-        """Every head is :attr:`HeadHealth.ok` and no module output held a NaN/inf."""
-        return self.origin is None and all(h.ok for h in self.heads)
+        """Nothing is broken: every head is :attr:`HeadHealth.ok`, no module output held a
+        NaN/inf, and the heads have not :attr:`collapsed`. Sink, uniform and one-token heads
+        alone do not make a report not ok."""
+        return self.origin is None and all(h.ok for h in self.heads) and not self.collapsed
+
+    def counts(self) -> dict[str, int]:
+        """How many heads have each :attr:`HeadHealth.status`.
+
+        Returns:
+            ``{"ok", "sink", "one_token", "uniform", "fail"}`` → number of heads.
+        """
+        out = dict.fromkeys(("ok", "sink", "one_token", "uniform", "fail"), 0)
+        for h in self.heads:
+            out[h.status] += 1
+        return out
 
     def layers(self) -> list[str]:
         """The layers of the report.
@@ -224,12 +275,12 @@ class HealthReport:
         return heads
 
     def problems(self) -> list[str]:
-        """What is wrong, in words.
+        """What is broken, in words: the reasons the report is not :attr:`ok`.
 
         Returns:
-            One line per problem: the first non-finite output and weight, then per head non-finite
-            weights, rows that do not sum to one, uniform and one-token heads (empty when all
-            is well).
+            One line per problem: the first non-finite output and weight, then per head
+            non-finite weights and rows that do not sum to one, then a collapse (empty when
+            nothing is broken).
         """
         out = []
         if self.origin is not None:
@@ -245,32 +296,48 @@ class HealthReport:
                     f"{h.layer} head {h.head}: rows sum to 1 ± {h.row_sum_error:.2e} "
                     f"(tolerance {h.atol:.0e})"
                 )
-            if h.uniform:
-                out.append(
-                    f"{h.layer} head {h.head}: uniform — every row spreads its weight evenly "
-                    f"over the keys it sees (entropy ≈ log of their number)"
-                )
-            if h.one_token:
-                out.append(
-                    f"{h.layer} head {h.head}: one token — every row puts almost all its weight "
-                    f"on a single key"
-                )
+        if self.collapsed:
+            c = self.counts()
+            out.append(
+                f"collapsed: every head is uniform ({c['uniform']}) or a sink ({c['sink']}) — "
+                "no head's weights depend on the tokens (an untrained model, or query/key "
+                "weights that did not load?)"
+            )
         return out
+
+    def notes(self) -> list[str]:
+        """The heads' patterns, in words: reported, not failures (see :attr:`HeadHealth.status`).
+
+        Returns:
+            One line per sink, one-token or uniform head that is otherwise ok.
+        """
+        words = {
+            "sink": "sink — every row puts almost all its weight on the first token "
+            "(an attention sink, normal in a pretrained model)",
+            "one_token": "one token — every row puts almost all its weight on a single key",
+            "uniform": "uniform — every row spreads its weight evenly over the keys it sees "
+            "(entropy ≈ log of their number)",
+        }
+        return [f"{h.layer} head {h.head}: {words[h.status]}" for h in self.heads
+                if h.status in words]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data, for JSON.
 
         Returns:
-            ``{"ok", "first_nonfinite", "origin", "problems", "heads"}``, the nested objects as
-            their own ``to_dict()``.
+            ``{"ok", "collapsed", "counts", "first_nonfinite", "origin", "problems", "notes",
+            "heads"}``, the nested objects as their own ``to_dict()``.
         """
         return {
             "ok": self.ok,
+            "collapsed": self.collapsed,
+            "counts": self.counts(),
             "first_nonfinite": None
             if self.first_nonfinite is None
             else self.first_nonfinite.to_dict(),
             "origin": None if self.origin is None else self.origin.to_dict(),
             "problems": self.problems(),
+            "notes": self.notes(),
             "heads": [h.to_dict() for h in self.heads],
         }
 
@@ -297,13 +364,21 @@ def diagnose(
         kinds: layer name → ``"self"``/``"cross"`` (taken from the cache when one is given).
         uniform_tol: a row is uniform when its entropy is at least ``(1 − uniform_tol) · log n``
             (``n`` keys with weight > 0). Default ``0.01``.
-        one_token_weight: a row attends to one token when its largest weight is at least this.
-            Default ``0.99``.
+        one_token_weight: a row attends to one token when its largest weight is at least this,
+            to the first token (a sink row) when its weight on key 0 is. Default ``0.99``.
         origin: a :class:`~attnlab.inspect.nonfinite.NonFiniteOrigin` found during the same run
             (see :func:`~attnlab.inspect.nonfinite.watch_nonfinite`), put into the report.
 
     Returns:
-        A :class:`HealthReport`.
+        A :class:`HealthReport`: its :attr:`~HealthReport.ok` is false only for what is broken
+        (non-finite values, row sums off by more than ``atol``, a collapsed model); sink,
+        uniform and one-token heads are reported in :attr:`HeadHealth.status` and
+        :meth:`HealthReport.notes` (the rules are in the module docstring).
+
+    Raises:
+        ValueError: ``atol`` negative or not finite, a threshold out of its range, or a tensor
+            of the wrong shape.
+        TypeError: an argument of the wrong type.
 
     Shape:
         weights ``(B, H, T_q, T_k)``: ``B`` sequences, ``H`` heads, ``T_q`` queries (rows),
@@ -312,12 +387,13 @@ def diagnose(
     Examples:
         >>> out, cache = run_with_cache(model, input_ids)
         >>> report = diagnose(cache)
-        >>> report.ok, report.heads[0].entropy_mean, report.heads[0].uniform
+        >>> report.ok, report.heads[0].entropy_mean, report.heads[0].status
     """
-    if atol is not None and (
-        isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol < 0
-    ):
-        raise ArgumentError(f"atol must be a non-negative float, got {atol!r}")
+    if atol is not None:
+        if isinstance(atol, bool) or not isinstance(atol, (int, float)):
+            raise ArgumentTypeError(f"atol must be a float or None, got {type(atol).__name__}")
+        if not 0 <= atol < math.inf:  # nan and inf would pass every row: no check at all
+            raise ArgumentError(f"atol must be a finite non-negative float, got {atol!r}")
     if isinstance(uniform_tol, bool) or not isinstance(uniform_tol, (int, float)):
         raise ArgumentTypeError(f"uniform_tol must be a float, got {type(uniform_tol).__name__}")
     if not 0 <= uniform_tol < 1:
@@ -422,11 +498,12 @@ def _layer_health(
     sink = safe[..., 0]  # the weight on key 0      (B, H, T_q)
     err = (sums - 1).abs()
     # uniform:  H(p) ≥ (1 − tol) · log n,  n = |{j : p_j > 0 in some head}|, rows with n ≥ 2
-    # one token: max_j p_j ≥ one_token_weight, over the same rows
+    # one token: max_j p_j ≥ one_token_weight, over the same rows; sink: p_0 ≥ one_token_weight
     visible = (safe > 0).any(dim=1, keepdim=True).sum(dim=-1)  # (B, 1, T_q)
     informative = valid & (visible >= 2)
     uniform_row = entropy >= (1 - uniform_tol) * visible.clamp(min=1).to(entropy.dtype).log()
     one_row = max_w >= one_token_weight
+    sink_row = sink >= one_token_weight
     out = []
     for head in range(h):
         v = valid[:, head]
@@ -451,6 +528,8 @@ def _layer_health(
                 atol=atol,
                 uniform=_flag(uniform_row[:, head], informative[:, head]),
                 one_token=_flag(one_row[:, head], informative[:, head]),
+                sink=_flag(sink_row[:, head], informative[:, head]),
+                informative_rows=int(informative[:, head].sum()),
             )
         )
     return out
@@ -462,9 +541,9 @@ def _from_stats(
     """Health from blockwise row statistics (``capture(stats=True, weights=False)``).
 
     Row sums are not measured there (``row_sum_error`` is ``nan``), nor is uniformity (the
-    number of keys a row sees is not recorded); a row counts as seeing ≥ 2 keys for the
-    one-token test when its max weight is below 1 in some head of the layer, and a non-finite
-    value is located to its row only (``key = -1``).
+    number of keys a row sees is not recorded), so only sinks can make a collapse; a row counts
+    as seeing ≥ 2 keys for the one-token and sink tests when its max weight is below 1 in some
+    head of the layer, and a non-finite value is located to its row only (``key = -1``).
     """
     heads: list[HeadHealth] = []
     first: NonFiniteLocation | None = None
@@ -474,6 +553,7 @@ def _from_stats(
         valid = ~bad_rows & ~masked
         informative = valid & (st.max_weight < 1).any(dim=1, keepdim=True)
         one_row = st.max_weight >= one_token_weight
+        sink_row = st.first_weight >= one_token_weight
         b, h, t_q = st.entropy.shape
         for head in range(h):
             v = valid[:, head]
@@ -492,6 +572,8 @@ def _from_stats(
                     first_token_share=float(sink.mean()) if n else math.nan,
                     row_sum_error=math.nan, nonfinite=int(bad_rows[:, head].sum()), atol=math.nan,
                     one_token=_flag(one_row[:, head], informative[:, head]),
+                    sink=_flag(sink_row[:, head], informative[:, head]),
+                    informative_rows=int(informative[:, head].sum()),
                 )
             )  # fmt: skip
         if first is None and bool(bad_rows.any()):

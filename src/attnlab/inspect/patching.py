@@ -24,9 +24,19 @@ so 1 means the activation alone restores the clean answer and 0 that it changes 
 The clean activations are recorded once; the patched runs are batched (all heads of a layer, or
 all positions, in one batch of rows of the corrupted prompt, row ``i`` patched at site ``i``), so
 a layer costs one forward. Nothing else changes between a row and the corrupted run, so patching
-an activation with its own value gives the corrupted logits exactly. Every model family
-(:class:`attnlab.GPT`: GPT-2, Llama, Mistral, Qwen2, NeoX) and every attention backend have the
-same hook points, so the same code holds for all of them.
+an activation with its own value gives the corrupted metric bit for bit, on every machine: the
+scan is *batch-invariant*. A CPU BLAS may block a product of 21 rows differently from one of 7,
+and even compute the last rows of one product differently from the first (the last bit of a
+float64 differs on an AMD EPYC, or under ``MKL_CBWR=COMPATIBLE``, not on an Intel Xeon), so no
+two rows are compared unless the kernels computed them alike: the clean run, the corrupted run
+and every patched chunk are forwards of one shape ``(n, T)`` (``n`` the chunk size, a last chunk
+filled up with unpatched rows), a site patched into row ``j`` takes the clean value of row ``j``,
+and its effect is measured against the corrupted run's row ``j``:
+
+    m_patched(site) = m_corrupted + (m_j(patched) − m_j(corrupted))     (j = the site's row)
+
+— the paired difference is exactly 0 for a patch that changes nothing, and within rounding of
+the row's own metric otherwise.
 """
 
 from __future__ import annotations
@@ -256,21 +266,33 @@ def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _record(
-    model: nn.Module, ids: torch.Tensor, names: Sequence[str]
+    model: nn.Module,
+    ids: torch.Tensor,
+    names: Sequence[str],
+    rows: int = 1,
+    select: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The logits of ``ids`` and the activations at the named hook points."""
+    """The logits of a forward of ``rows`` copies of ``ids`` (the shape a scan's chunks run at),
+    and at each named hook point ``select(x)`` of its activation ``x`` (default: row 0)."""
     seen: dict[str, torch.Tensor] = {}
+    pick = select or (lambda x: x[:1])
 
     def keep(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         def fn(x: torch.Tensor) -> torch.Tensor:
-            seen[name] = x.detach()
+            seen[name] = pick(x.detach()).clone()
             return x
 
         return fn
 
     with _replaced(model, {n: keep(n) for n in names}), torch.no_grad():
-        logits = _logits(model, ids)
+        logits = _logits(model, ids.expand(rows, -1))
     return logits, seen
+
+
+def _per_row(model: nn.Module, ids: torch.Tensor, metric: Metric, rows: int) -> torch.Tensor:
+    """``metric`` of the unpatched prompt in each row of a forward of ``rows`` copies of it."""
+    with torch.no_grad():
+        return _values(metric, _logits(model, ids.expand(rows, -1)))
 
 
 def _check_model(model: object) -> None:
@@ -355,7 +377,8 @@ def _layers(model: nn.Module, layers: Sequence[int] | None) -> list[int]:
 
 
 def _batch(batch_size: int | None, n: int) -> int:
-    return n if batch_size is None else check_positive_int("batch_size", batch_size)
+    """The rows of every forward of a scan of at most ``n`` sites a layer."""
+    return n if batch_size is None else min(n, check_positive_int("batch_size", batch_size))
 
 
 def _scan(
@@ -364,15 +387,17 @@ def _scan(
     metric: Metric,
     hook: str,
     sites: int,
-    batch_size: int,
+    base: torch.Tensor,
     patch_rows: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> torch.Tensor:
-    """The metric of ``sites`` patched runs of the corrupted prompt, ``batch_size`` rows a
-    forward; ``patch_rows(x, sites)`` writes site ``sites[i]``'s clean value into row ``i`` of
-    the activation ``x`` at ``hook`` (a copy)."""
+    """The metric of ``sites`` patched runs of the corrupted prompt, ``n = len(base)`` rows a
+    forward, site ``s`` in row ``s mod n``; ``patch_rows(x, sites)`` writes site ``sites[i]``'s
+    clean value into row ``i`` of the activation ``x`` at ``hook`` (a copy). ``base[j]`` is the
+    unpatched metric of row ``j``: each site is reported as ``base[0] + (m − base[j])``."""
+    n = len(base)
     out = torch.empty(sites, dtype=torch.float64)
-    for start in range(0, sites, batch_size):
-        chosen = torch.arange(start, min(sites, start + batch_size), device=corrupted.device)
+    for start in range(0, sites, n):
+        chosen = torch.arange(start, min(sites, start + n), device=corrupted.device)
 
         def patch(x: torch.Tensor, chosen: torch.Tensor = chosen) -> torch.Tensor:
             x = x.clone()
@@ -380,8 +405,9 @@ def _scan(
             return x
 
         with _replaced(model, {hook: patch}), torch.no_grad():
-            logits = _logits(model, corrupted.expand(len(chosen), -1))
-        out[start : start + len(chosen)] = _values(metric, logits)
+            values = _values(metric, _logits(model, corrupted.expand(n, -1)))[: len(chosen)]
+        # m_patched = m_corrupted + (m_j(patched) − m_j(corrupted))
+        out[start : start + len(chosen)] = base[0] + (values - base[: len(chosen)])
     return out
 
 
@@ -454,14 +480,20 @@ def patch_heads(
     pos = None if position is None else _position("position", position, t)
     blocks: Any = model.transformer.h  # type: ignore[union-attr]
     names = [f"transformer.h.{layer}.attn.hook_z" for layer in chosen]
+    heads = max(blocks[layer].attn.num_heads for layer in chosen)
+    rows = _batch(batch_size, heads)
+    site = torch.arange(heads, device=clean.device)
+
+    def own_row(z: torch.Tensor) -> torch.Tensor:  # head h's z from row h mod n  (H, T, d_head)
+        return z[site[: z.shape[1]] % rows, site[: z.shape[1]]]
+
     with _evaluating(model):
-        clean_logits, acts = _record(model, clean, names)
+        clean_logits, acts = _record(model, clean, names, rows, own_row)
         m_clean = float(_values(metric, clean_logits)[0])
-        m_corrupted = float(_values(metric, _logits_no_grad(model, corrupted))[0])
-        heads = max(blocks[layer].attn.num_heads for layer in chosen)
+        base = _per_row(model, corrupted, metric, rows)
         patched = torch.full((len(chosen), heads), math.nan, dtype=torch.float64)
         for i, name in enumerate(names):
-            z_clean = acts[name][0]  # (H, T, d_head)
+            z_clean = acts[name]  # (H, T, d_head)
             n = z_clean.shape[0]
 
             def patch_rows(z: torch.Tensor, hs: torch.Tensor, src: torch.Tensor = z_clean) -> None:
@@ -471,17 +503,10 @@ def patch_heads(
                 else:  # z[i, h_i, t] ← z_clean[h_i, t]
                     z[rows, hs, pos] = src[hs, pos].to(z.dtype)
 
-            patched[i, :n] = _scan(
-                model, corrupted, metric, name, n, _batch(batch_size, n), patch_rows
-            )
+            patched[i, :n] = _scan(model, corrupted, metric, name, n, base, patch_rows)
     return PatchResult(
-        "heads", patched, m_clean, m_corrupted, tuple(str(layer) for layer in chosen), pos
+        "heads", patched, m_clean, float(base[0]), tuple(str(layer) for layer in chosen), pos
     )
-
-
-def _logits_no_grad(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return _logits(model, ids)
 
 
 # ----------------------------------------------------------------------------- residual stream
@@ -545,17 +570,23 @@ def patch_residual(
         names.append(f"transformer.h.{n_layer - 1}.hook_resid_post")
         rows.append("final")
     t = clean.shape[1]
+    n = _batch(batch_size, t)
+    site = torch.arange(t, device=clean.device)
+
+    def own_row(h: torch.Tensor) -> torch.Tensor:  # position t's stream from row t mod n  (T, d)
+        return h[site % n, site]
+
     with _evaluating(model):
-        clean_logits, acts = _record(model, clean, names)
+        clean_logits, acts = _record(model, clean, names, n, own_row)
         m_clean = float(_values(metric, clean_logits)[0])
-        m_corrupted = float(_values(metric, _logits_no_grad(model, corrupted))[0])
+        base = _per_row(model, corrupted, metric, n)
         patched = torch.empty(len(names), t, dtype=torch.float64)
         for i, name in enumerate(names):
-            h_clean = acts[name][0]  # (T, d_model)
+            h_clean = acts[name]  # (T, d_model)
 
             def patch_rows(h: torch.Tensor, ts: torch.Tensor, src: torch.Tensor = h_clean) -> None:
                 # h[i, t_i] ← h_clean[t_i]                              (B, T, d_model)
                 h[torch.arange(len(ts), device=h.device), ts] = src[ts].to(h.dtype)
 
-            patched[i] = _scan(model, corrupted, metric, name, t, _batch(batch_size, t), patch_rows)
-    return PatchResult("positions", patched, m_clean, m_corrupted, tuple(rows))
+            patched[i] = _scan(model, corrupted, metric, name, t, base, patch_rows)
+    return PatchResult("positions", patched, m_clean, float(base[0]), tuple(rows))

@@ -27,6 +27,19 @@ have a target, so a perfect head scores 1 (TransformerLens' score = this score �
 target / ``T``). The tokens of ``r`` are drawn *without replacement*, so a token of ``r`` occurs
 once in each copy and the duplicate and induction targets are exactly ``t − n`` and ``t − n + 1``.
 
+**The BOS convention.** The scores depend on whether a begin-of-sequence token comes first:
+with none, the first random token is where a head parks unused weight (its attention sink);
+with one, the BOS is. TransformerLens prepends the tokenizer's BOS by default
+(``HookedTransformer(default_prepend_bos=True)``, ``to_tokens(prepend_bos=True)``), so published
+TransformerLens scores are measured on ``[bos] + r + r``; Olsson et al.'s plain test, and this
+module's default (``bos=None``), on ``r + r``. On SmolLM2-135M (``seq_len`` 50, batch 8, seed 0)
+its tokenizer's BOS (id 1) moves single heads by at most 0.07, ``<|endoftext|>`` (id 0) first by
+up to 0.28 (layer 8 head 0, duplicate 0.71 → 0.43); the top heads stay on top. :attr:`HeadRoles.convention`
+names the one used; ``attnlab inspect --roles`` chooses it with ``--roles-bos
+{none,tokenizer,ID}``. The tokens of ``r`` are the same either way (same seed, same range): a BOS
+moves every position by one and nothing else — unless the BOS id lies in ``token_range`` and is
+drawn into ``r``, when its occurrences count as earlier occurrences like any other token.
+
 Examples:
     >>> model, tokenizer = attnlab.load_pretrained("smollm2-135m")
     >>> roles = head_roles(model, seq_len=50, batch=4, token_range=(17, 49152))
@@ -37,8 +50,11 @@ Examples:
 from __future__ import annotations
 
 import copy
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +72,7 @@ __all__ = [
     "HeadRoles",
     "copying_scores",
     "head_roles",
+    "load_head_roles",
     "ordinary_token_range",
     "repeated_tokens",
     "role_scores",
@@ -362,7 +379,7 @@ class HeadRoles:
         layers: the attention layers' module paths, one per row.
         tokens: the input the scores were measured on, ``[bos] + r + r`` per row.
         seq_len: ``n``, the length of ``r``.
-        bos: the first id of each row, or ``None``.
+        bos: the first id of each row, or ``None`` (see :attr:`convention`).
         token_range: ``(lo, hi)`` the tokens of ``r`` were drawn from.
         seed: the generator's seed.
         top_k: the ``k`` of the copying score.
@@ -382,6 +399,14 @@ class HeadRoles:
     token_range: tuple[int, int] = (0, 0)
     seed: int = 0
     top_k: int = 5
+
+    @property
+    def convention(self) -> str:
+        """The BOS convention in words: ``"no BOS: r + r"`` or ``"BOS id 1 first: [bos] + r +
+        r"`` (TransformerLens' default is a BOS; see the module docstring)."""
+        if self.bos is None:
+            return "no BOS: r + r"
+        return f"BOS id {self.bos} first: [bos] + r + r"
 
     def score(self, name: str) -> torch.Tensor:
         """One score's matrix by name.
@@ -427,9 +452,9 @@ class HeadRoles:
         """The scores and the input as plain JSON types (lists of floats, ``null`` for NaN).
 
         Returns:
-            ``{"layers", "seq_len", "batch", "bos", "token_range", "seed", "top_k",
-            "copying_chance", "scores": {role: [[…] per layer]}, "top": {role: [{layer, head,
-            score}]}}``.
+            ``{"layers", "seq_len", "batch", "bos", "convention", "token_range", "seed",
+            "top_k", "copying_chance", "scores": {role: [[…] per layer]}, "top": {role:
+            [{layer, head, score}]}}``; ``convention`` is :attr:`convention`.
         """
 
         def plain(t: torch.Tensor) -> list[list[float | None]]:
@@ -441,6 +466,7 @@ class HeadRoles:
             "seq_len": self.seq_len,
             "batch": int(self.tokens.shape[0]),
             "bos": self.bos,
+            "convention": self.convention,
             "token_range": list(self.token_range),
             "seed": self.seed,
             "top_k": self.top_k,
@@ -454,6 +480,27 @@ class HeadRoles:
                 for name in ROLES
             },
         }
+
+    @classmethod
+    def from_dict(cls, data: object) -> HeadRoles:
+        """The scores :meth:`to_dict` wrote (``attnlab inspect MODEL --roles --json``), checked:
+        the inverse of :meth:`to_dict` (the input tokens are drawn again from its seed).
+
+        Args:
+            data: the JSON object (extra keys, such as ``"model"`` or ``"top"``, are ignored).
+
+        Returns:
+            The :class:`HeadRoles`; ``HeadRoles.from_dict(r.to_dict()).to_dict() == r.to_dict()``.
+
+        Raises:
+            ArgumentTypeError: ``data`` or one of its fields has the wrong type.
+            ArgumentError: a field is missing or out of range, or the score matrices do not
+                have one row per layer and one column per head alike.
+
+        Shape:
+            each score of the result ``(n_layer, n_head)``.
+        """
+        return _roles_from_dict(data)
 
     def _repeated(self) -> torch.Tensor:
         """The tokens of ``r + r`` (the input without its ``bos``)."""
@@ -487,7 +534,9 @@ def head_roles(
         seed: the seed of the token generator. Default 0.
         token_range: ``(lo, hi)``, the ids ``r`` is drawn from; default the whole vocabulary.
             Pass one that avoids special tokens (:func:`ordinary_token_range`).
-        bos: an id put before each sequence (``None``, default: none).
+        bos: an id put before each sequence, ``0 <= bos < vocab_size`` (``None``, default:
+            none — the scores of ``r + r``). TransformerLens prepends the tokenizer's BOS by
+            default: pass ``bos=tokenizer.bos_id`` to measure as it does.
         top_k: the ``k`` of the copying score. Default 5.
 
     Returns:
@@ -509,6 +558,8 @@ def head_roles(
         )
     cfg = model.config
     n = _check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    if bos is not None:  # an id of the vocabulary, checked before anything uses it
+        _check_int("bos", bos, 0, cfg.vocab_size - 1)
     length = 2 * n + (bos is not None)
     if length > cfg.n_positions:
         raise ArgumentError(
@@ -518,8 +569,6 @@ def head_roles(
         )
     allowed = (0, cfg.vocab_size) if token_range is None else token_range
     lo, hi = _check_range(allowed, cfg.vocab_size, n)
-    if bos is not None:
-        _check_int("bos", bos, 0, cfg.vocab_size - 1)
     _check_int("top_k", top_k, 1)
     tokens = repeated_tokens(n, batch=batch, token_range=(lo, hi), bos=bos, seed=seed)
     device = model.transformer.wte.weight.device
@@ -545,3 +594,112 @@ def head_roles(
         seed=seed,
         top_k=top_k,
     )
+
+
+#: the most tokens (batch × input length) :meth:`HeadRoles.from_dict` draws again
+MAX_TOKENS = 2**22
+
+#: the largest file :func:`load_head_roles` reads (100 layers × 100 heads write ~2 MB)
+MAX_ROLES_FILE = 64 * 2**20
+
+
+def load_head_roles(path: str | os.PathLike[str]) -> tuple[HeadRoles, str | None]:
+    """The role scores a JSON file holds (what ``attnlab inspect MODEL --roles --json`` writes:
+    :meth:`HeadRoles.to_dict` and ``"model"``), checked by :meth:`HeadRoles.from_dict`.
+
+    Args:
+        path: the ``.json`` file.
+
+    Returns:
+        The scores, and the model the file names (``None`` when it names none).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ArgumentError: a file over :data:`MAX_ROLES_FILE` bytes, not JSON, or JSON that is not
+            role scores (the message names the file and the field).
+
+    Shape:
+        each score of the result ``(n_layer, n_head)``.
+    """
+    import json
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"role scores file {file} does not exist")
+    size = file.stat().st_size
+    if size > MAX_ROLES_FILE:
+        raise ArgumentError(
+            f"{file}: {size} bytes, over the {MAX_ROLES_FILE} a role-score file can take"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArgumentError(f"{file}: not a JSON file ({reason[:120]})") from None
+    try:
+        roles = HeadRoles.from_dict(data)
+    except (ArgumentError, ArgumentTypeError) as exc:
+        raise type(exc)(
+            f"{file}: not the output of attnlab inspect MODEL --roles --json: {exc}"
+        ) from None
+    model = data.get("model") if isinstance(data, dict) else None
+    return roles, model if isinstance(model, str) else None
+
+
+def _roles_from_dict(data: object) -> HeadRoles:
+    """:meth:`HeadRoles.from_dict`."""
+    if not isinstance(data, dict):
+        raise ArgumentTypeError(f"role scores must be a JSON object, got {type(data).__name__}")
+    missing = [k for k in ("layers", "seq_len", "batch", "token_range", "seed", "scores")
+               if k not in data]  # fmt: skip
+    if missing:
+        raise ArgumentError(f"role scores lack {', '.join(repr(k) for k in missing)}")
+    layers = data["layers"]
+    if not isinstance(layers, list) or not layers or not all(isinstance(n, str) for n in layers):
+        raise ArgumentTypeError(f"'layers' must be a non-empty list of strings, got {layers!r:.80}")
+    n = _check_int("seq_len", data["seq_len"], 1, MAX_SEQ_LEN)
+    batch = _check_int("batch", data["batch"], 1)
+    bos = data.get("bos")
+    if bos is not None:
+        _check_int("bos", bos, 0)
+    if batch * (2 * n + (bos is not None)) > MAX_TOKENS:
+        raise ArgumentError(
+            f"batch {batch} × {2 * n + (bos is not None)} tokens is over {MAX_TOKENS} tokens"
+        )
+    lo, hi = _check_range(data["token_range"], 2**62, n)
+    seed = _check_int("seed", data["seed"], 0, 2**63 - 1)
+    top_k = _check_int("top_k", data.get("top_k", 5), 1)
+    scores = data["scores"]
+    if not isinstance(scores, dict) or sorted(scores) != sorted(ROLES):
+        got = sorted(scores) if isinstance(scores, dict) else type(scores).__name__
+        raise ArgumentError(f"'scores' must map each of {', '.join(ROLES)} to a matrix, got {got}")
+    matrices = {name: _score_matrix(name, scores[name], len(layers)) for name in ROLES}
+    shapes = {tuple(m.shape) for m in matrices.values()}
+    if len(shapes) != 1:
+        raise ArgumentError(f"the score matrices differ in shape: {sorted(shapes)}")
+    tokens = repeated_tokens(n, batch=batch, token_range=(lo, hi), bos=bos, seed=seed)
+    return HeadRoles(
+        **matrices, layers=list(layers), tokens=tokens, seq_len=n, bos=bos, token_range=(lo, hi),
+        seed=seed, top_k=top_k,
+    )  # fmt: skip
+
+
+def _score_matrix(name: str, rows: object, n_layer: int) -> torch.Tensor:
+    """One score's ``(n_layer, n_head)`` float64 matrix from lists of numbers (``null``: NaN)."""
+    where = f"scores[{name!r}]"
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise ArgumentTypeError(f"{where} must be a list of rows (lists), got {rows!r:.80}")
+    if len(rows) != n_layer or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+        lengths = sorted({len(r) for r in rows})
+        raise ArgumentError(
+            f"{where} must have one row per layer ({n_layer}) of equal, non-zero length, got "
+            f"{len(rows)} rows of length {', '.join(map(str, lengths)) or '-'}"
+        )
+    for r in rows:
+        for v in r:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ArgumentTypeError(f"{where} must hold numbers or null, got {v!r:.40}")
+            if v is not None and not math.isfinite(v):
+                raise ArgumentError(f"{where} must hold finite numbers or null, got {v!r}")
+    values = [[float("nan") if v is None else float(v) for v in r] for r in rows]
+    return torch.tensor(values, dtype=torch.float64)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import re
+import stat
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab._budget import check_fits
+from attnlab.data.gguf_metadata import GGUFMetadata
 from attnlab.data.pretrained_tokenizer import PretrainedTokenizer, tokenizer_from_gguf
-from attnlab.errors import ArgumentError, AttnlabError
+from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
+from attnlab.models.gguf_header import check_header
 from attnlab.models.gguf_quants import dequantize, ggml_type_name, tensor_nbytes
 
 __all__ = [
@@ -50,8 +54,10 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "GGUFModel",
     "bundled_model_path",
+    "check_gguf_path",
     "read_gguf",
     "read_gguf_config",
+    "read_gguf_metadata",
     "unpermute_rotary_rows",
 ]
 
@@ -203,14 +209,13 @@ def _open(path: Path) -> Any:
     and tensor list are parsed). Its tensors are views of the file's memory map, so they read the
     file as it is now.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
+    check_gguf_path(path)
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ArgumentError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    info = path.stat()
+    key = (str(path.resolve()), info.st_ino, info.st_size, info.st_mtime_ns)
     cached = _READERS.get(key)
     if cached is not None and _header_digest(path, cached[1].data_offset) == cached[0]:
         _READERS.move_to_end(key)
@@ -221,6 +226,7 @@ def _open(path: Path) -> Any:
         raise ArgumentError(
             "reading GGUF files needs the gguf package: pip install 'attnlab[gguf]'"
         ) from None
+    check_header(path)  # before the reader trusts the header's counts
     try:
         reader = GGUFReader(str(path), "r")
     except Exception as exc:  # numpy and gguf raise ValueError, IndexError, … on a bad file
@@ -234,14 +240,59 @@ def _open(path: Path) -> Any:
     return reader
 
 
+def check_gguf_path(path: Path) -> None:
+    """Refuse a path that is not a regular file, saying what it is, before it is opened (a
+    FIFO would block the read of its first bytes).
+
+    Args:
+        path: the ``.gguf`` path.
+
+    Raises:
+        FileNotFoundError: nothing is there.
+        IsADirectoryError: a directory.
+        ArgumentError: a FIFO, a socket or a device.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such GGUF file: {path}") from None
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path} is a directory, not a GGUF file")
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket"
+    if not stat.S_ISFIFO(mode) and not stat.S_ISSOCK(mode):
+        kind = "a device"
+    raise ArgumentError(f"{path} is {kind}, not a regular GGUF file")
+
+
+def _check_placement(
+    reader: Any, tensor: Any, shape: tuple[int, ...], size: int, what: str
+) -> None:
+    """Refuse a tensor whose bytes do not start on the file's alignment (``general.alignment``,
+    default 32: llama.cpp refuses such a file; read, it is garbage) or end past the file."""
+    alignment = int(reader.alignment)
+    relative = int(tensor.data_offset) - int(reader.data_offset)
+    if relative % alignment:
+        raise ArgumentError(
+            f"{what}: its data starts at offset {relative} of the data section, not a multiple "
+            f"of the file's alignment {alignment} (general.alignment): a damaged file"
+        )
+    end = int(tensor.data_offset) + tensor_nbytes(tensor.tensor_type, shape, what)
+    if end > size:
+        raise ArgumentError(
+            f"{what}: truncated: the tensor ends at byte {end}, the file has {size}"
+        )
+
+
 def _header_digest(path: Path, end: int) -> bytes:
     """BLAKE2b of the file's first ``end`` bytes (its header: metadata and tensor list)."""
     with path.open("rb") as handle:
         return hashlib.blake2b(handle.read(end), digest_size=16).digest()
 
 
-def _metadata(reader: Any, path: Path) -> dict[str, Any]:
-    """The key/value metadata as Python values (strings, numbers, lists)."""
+def _metadata(reader: Any, path: Path) -> GGUFMetadata:
+    """The key/value metadata as Python values (strings, numbers, lists), read by type."""
     values: dict[str, Any] = {}
     for key, item in reader.fields.items():
         if key.startswith("GGUF."):
@@ -250,84 +301,148 @@ def _metadata(reader: Any, path: Path) -> dict[str, Any]:
             values[key] = item.contents()
         except Exception as exc:  # a damaged field
             raise ArgumentError(f"{path}: metadata {key!r} cannot be read ({exc})") from None
-    return values
+    return GGUFMetadata(values, where=str(path))
 
 
-def _int(meta: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
-    value = meta.get(key, default)
-    if value is None:
-        raise ArgumentError(f"{path}: the metadata lacks {key!r}")
-    if isinstance(value, list):  # some files store one value per layer
-        if not value or len(set(value)) != 1:
-            raise ArgumentError(f"{path}: {key!r} differs between layers ({value!r})")
-        value = value[0]
-    return int(value)
-
-
-def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
+def _rope_scaling(meta: GGUFMetadata, arch: str) -> dict[str, Any] | None:
     """``rope_scaling`` from ``{arch}.rope.scaling.*`` (``None`` when absent or ``"none"``)."""
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    factor = meta.get(f"{arch}.rope.scaling.factor")
+    kind_key = f"{arch}.rope.scaling.type"
+    kind = meta.string(kind_key, None)
+    factor = meta.number(f"{arch}.rope.scaling.factor", None, positive=True)
     if kind in (None, "none") or factor is None:
         return None
-    scaling: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor)}
-    original = meta.get(f"{arch}.rope.scaling.original_context_length")
-    if original is not None:
-        scaling["original_max_position_embeddings"] = int(original)
-    attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if kind != "linear":  # llama.cpp also writes "yarn" and "longrope"
+        raise ArgumentError(
+            f"{meta.where}: GGUF key {kind_key!r} is {kind!r}; attnlab implements the rotary "
+            "scalings 'none' and 'linear'"
+        )
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
+    # read for its type; a linear scaling has no use for it (RopeScaling refuses it there)
+    meta.integer(f"{arch}.rope.scaling.original_context_length", None, low=1)
+    attn_factor = meta.number(f"{arch}.rope.scaling.attn_factor", None, positive=True)
     if attn_factor is not None:
-        scaling["attention_factor"] = float(attn_factor)
+        scaling["attention_factor"] = attn_factor
     return scaling
 
 
-def _hf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` of the model the metadata describes."""
-    arch = meta.get("general.architecture")
+def _hf_config(meta: GGUFMetadata, tensor_names: set[str], path: Path) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of the model the metadata describes, every value read
+    with its type and bounds (a bad one is refused naming its GGUF key and the file)."""
+    arch = meta.string("general.architecture", None)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ArgumentError(
             f"{path}: GGUF architecture {arch!r} is not supported; "
             f"attnlab reads {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     model_type, class_name, _, qkv_bias = SUPPORTED_ARCHITECTURES[arch]
-    hidden = _int(meta, f"{arch}.embedding_length", path)
-    heads = _int(meta, f"{arch}.attention.head_count", path)
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab_default = len(tokens) if tokens is not None else None
+    hidden = meta.integer(f"{arch}.embedding_length", low=1)
+    heads = meta.integer(f"{arch}.attention.head_count", low=1, high=hidden, per_layer=True)
+    kv_key = f"{arch}.attention.head_count_kv"
+    kv_heads = meta.integer(kv_key, heads, low=1, high=heads, per_layer=True)
+    if heads % kv_heads:
+        raise ArgumentError(
+            f"{path}: GGUF key {kv_key!r} must divide {arch}.attention.head_count = {heads} "
+            f"(each key/value head serves a whole group of query heads), got {kv_heads}"
+        )
+    layers_key = f"{arch}.block_count"
+    layers = meta.integer(layers_key, low=1)
+    if layers > len(tensor_names):  # before anything loops over the layers
+        raise ArgumentError(
+            f"{path}: GGUF key {layers_key!r} is {layers}, but the file holds "
+            f"{len(tensor_names)} tensors (each layer has several)"
+        )
+    tokens = meta.array("tokenizer.ggml.tokens", "string", None)
+    vocab_key = f"{arch}.vocab_size"
+    if tokens is None:
+        vocab = meta.integer(vocab_key, low=1)
+    else:
+        vocab = meta.integer(vocab_key, len(tokens), low=1)
+        if len(tokens) > vocab:
+            raise ArgumentError(
+                f"{path}: GGUF key 'tokenizer.ggml.tokens' holds {len(tokens)} tokens, more "
+                f"than the {vocab} rows of the embedding ({vocab_key})"
+            )
     config: dict[str, Any] = {
         "architectures": [class_name],
         "model_type": model_type,
-        "vocab_size": _int(meta, f"{arch}.vocab_size", path, vocab_default),
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": _int(meta, f"{arch}.feed_forward_length", path),
-        "num_hidden_layers": _int(meta, f"{arch}.block_count", path),
+        "intermediate_size": meta.integer(f"{arch}.feed_forward_length", low=1, per_layer=True),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": _int(meta, f"{arch}.attention.head_count_kv", path, heads),
+        "num_key_value_heads": kv_heads,
         "hidden_act": "silu",
-        "max_position_embeddings": _int(meta, f"{arch}.context_length", path),
-        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": meta.integer(f"{arch}.context_length", low=1),
+        "rms_norm_eps": meta.number(
+            f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, positive=True
+        ),
+        "rope_theta": meta.number(f"{arch}.rope.freq_base", 10000.0, positive=True),
         "rope_scaling": _rope_scaling(meta, arch),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
     if arch == "llama":
         # transformers reads the rotary width as the head size (Llama rotates whole heads)
-        head_dim = meta.get(
-            f"{arch}.rope.dimension_count", meta.get(f"{arch}.attention.key_length")
-        )
-        config["head_dim"] = int(head_dim) if head_dim is not None else hidden // heads
+        key = f"{arch}.rope.dimension_count"
+        if key not in meta:
+            key = f"{arch}.attention.key_length"
+        head_dim = meta.integer(key, None, low=1)
+        if head_dim is not None and head_dim * heads != hidden:
+            raise ArgumentError(
+                f"{path}: GGUF key {key!r} is {head_dim}, but {heads} heads of it must make "
+                f"{arch}.embedding_length = {hidden} (attnlab's heads split the model width)"
+            )
+        config["head_dim"] = head_dim if head_dim is not None else hidden // heads
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         config["mlp_bias"] = False
     elif qkv_bias:
         config["use_sliding_window"] = False
+    if hidden % heads or (hidden // heads) % 2:
+        raise ArgumentError(
+            f"{path}: GGUF keys {arch}.embedding_length = {hidden} and "
+            f"{arch}.attention.head_count = {heads} must give heads of an even size "
+            "(the rotary embedding turns pairs of dimensions)"
+        )
     for key, gguf_key in (
         ("bos_token_id", "bos_token_id"),
         ("eos_token_id", "eos_token_id"),
         ("pad_token_id", "padding_token_id"),
     ):
-        value = meta.get(f"tokenizer.ggml.{gguf_key}")
+        value = meta.integer(f"tokenizer.ggml.{gguf_key}", None, low=0)
         if value is not None:
-            config[key] = int(value)
+            config[key] = value
     return config
+
+
+def _parameter_count(config: dict[str, Any], arch: str) -> int:
+    """The parameters of the model ``config`` describes (:func:`_expected_shapes` summed, in
+    closed form: no loop over the layers)."""
+    d, ff, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = config.get("head_dim") or d // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    bias = SUPPORTED_ARCHITECTURES[arch][3] or config.get("attention_bias", False)
+    layer = 2 * d + 2 * q * d + 2 * kv * d + 3 * ff * d + ((q + 2 * kv) if bias else 0)
+    embeddings = vocab * d * (1 if config["tie_word_embeddings"] else 2)
+    return int(embeddings + d + config["num_hidden_layers"] * layer)
+
+
+def _check_sizes(config: dict[str, Any], arch: str, path: Path, dtype: torch.dtype) -> None:
+    """Refuse a model the machine cannot hold, before anything of its size is allocated: its
+    state dict in ``dtype`` (one float32 tensor at a time besides), and its rotary tables
+    (``cos`` and ``sin`` of every position, and the angles they are computed from)."""
+    count = _parameter_count(config, arch)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    check_fits(
+        f"{path} (GGUF keys {arch}.vocab_size, .embedding_length, .block_count, …)",
+        count * itemsize,
+        what=f"its {count} weights in {dtype}",
+    )
+    positions = config["max_position_embeddings"]
+    check_fits(
+        f"{path}'s GGUF key '{arch}.context_length' {positions}",
+        3 * positions * (head_dim // 2) * 4,
+        what="the rotary tables of every position",
+    )
 
 
 def _expected_shapes(config: dict[str, Any], arch: str) -> dict[str, tuple[int, ...]]:
@@ -419,7 +534,8 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> GGUFMo
     tensors = list(reader.tensors)
     names = {t.name for t in tensors}
     config = _hf_config(meta, names, path)
-    arch = str(meta["general.architecture"])
+    arch = meta.string("general.architecture")
+    _check_sizes(config, arch, path, dtype)
     expected = _expected_shapes(config, arch)
     file_size = path.stat().st_size
     state: dict[str, torch.Tensor] = {}
@@ -441,12 +557,7 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> GGUFMo
                 f"{expected[hf_name]}"
             )
         what = f"{path}: tensor {tensor.name!r}"
-        end = int(tensor.data_offset) + tensor_nbytes(tensor.tensor_type, shape, what)
-        if end > file_size:
-            raise ArgumentError(
-                f"{path}: truncated: tensor {tensor.name!r} ends at byte {end}, "
-                f"the file has {file_size}"
-            )
+        _check_placement(reader, tensor, shape, file_size, what)
         value = dequantize(tensor.data, tensor.tensor_type, shape, name=what)
         if arch == "llama" and hf_name.split(".")[-2] in ("q_proj", "k_proj"):
             heads = config["num_attention_heads"]
@@ -461,17 +572,37 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> GGUFMo
     tokenizer = None
     if "tokenizer.ggml.tokens" in meta:
         try:
-            tokenizer = tokenizer_from_gguf(meta)
+            tokenizer = tokenizer_from_gguf(meta.values, source=str(path))
+        except ArgumentTypeError as exc:
+            raise ArgumentTypeError(f"{path}: {exc}") from None
         except AttnlabError as exc:
             raise ArgumentError(f"{path}: {exc}") from None
     counts = Counter(ggml_type_name(t.tensor_type) for t in tensors)
     info = {
-        "name": meta.get("general.name"),
-        "license": meta.get("general.license"),
+        "name": meta.string("general.name", None),
+        "license": meta.string("general.license", None),
         "architecture": arch,
-        "file_type": meta.get("general.file_type"),
+        "file_type": meta.integer("general.file_type", None),
         "quantization": dict(counts.most_common()),
         "tensors": len(tensors),
         "parameters": int(sum(np.prod(t.shape.tolist()) for t in tensors)),
     }
     return GGUFModel(path=path, hf_config=config, state=state, tokenizer=tokenizer, metadata=info)
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file as Python values (strings, numbers, lists), the
+    reader's own ``GGUF.*`` fields left out; no tensor is read.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        ``{"general.architecture": "llama", "tokenizer.ggml.tokens": [...], …}``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ArgumentError: not a GGUF file, or a damaged one.
+    """
+    path = Path(path)
+    return dict(_metadata(_open(path), path).values)

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
+from attnlab._checks import is_path_inside, read_small_json
+from attnlab._files import replace_folder, safetensors_bytes, write_synced
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import family_named, family_of
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 _WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # transformers' shard names
 _LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 
 
@@ -243,6 +245,12 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     and ``model.safetensors`` (Hugging Face's names), which ``transformers``'
     ``AutoModelForCausalLM.from_pretrained`` loads with the same logits.
 
+    The folder is replaced as a whole (:func:`attnlab._files.replace_folder`): a process killed
+    at any moment leaves the old model or the new one, never new weights under an old config,
+    and no temporary file in it. Its ``config.json`` and safetensors weights (``model.safetensors``,
+    or an index and its ``model-…-of-….safetensors`` shards) are replaced; its other files (a
+    tokenizer, a README) are kept.
+
     Args:
         gpt: the model.
         directory: the folder (made when missing).
@@ -253,13 +261,22 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     family = family_named(gpt.config.family)
     data = family.config_to_hf(gpt.config)
     data["torch_dtype"] = str(gpt.transformer.wte.weight.dtype).removeprefix("torch.")
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     state = family.state_to_hf(gpt.state_dict(), gpt.config)  # a tied head written once
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in state.items()}
-    save_file(tensors, str(out / _WEIGHTS), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return out
+    config = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+
+    def write(stage: Path) -> None:
+        write_synced(stage / _WEIGHTS, safetensors_bytes(tensors, {"format": "pt"}))
+        write_synced(stage / "config.json", config)
+
+    replace_folder(directory, write, _model_file, last="config.json")
+    return Path(directory)
+
+
+def _model_file(name: str) -> bool:
+    """Whether a file of a Hugging Face folder belongs to the model :func:`save_hf` replaces:
+    ``config.json`` and the safetensors weights (one file, or an index and its shards)."""
+    return name in ("config.json", _WEIGHTS, _INDEX) or _SHARD.fullmatch(name) is not None
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -267,17 +284,20 @@ def _weight_files(path: Path) -> list[Path]:
     if (path / _WEIGHTS).is_file():
         return [path / _WEIGHTS]
     if (path / _INDEX).is_file():
-        try:
-            weight_map = json.loads((path / _INDEX).read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ArgumentError(f"{path / _INDEX} is not a safetensors index") from None
-        shards = [path / n for n in names if isinstance(n, str)]
-        if len(shards) != len(names) or any(
-            not s.resolve().is_relative_to(path.resolve()) or not s.is_file() for s in shards
-        ):
-            raise ArgumentError(f"{path / _INDEX} names shards that are not files of {path}")
-        return shards
+        index = read_small_json(path / _INDEX)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ArgumentError(f"{path / _INDEX} is not a safetensors index (no weight_map)")
+        names = sorted({n for n in weight_map.values() if isinstance(n, str)})
+        # the names are checked, not where their links lead: a Hugging Face cache's snapshot
+        # links every file to ../../blobs/<sha>
+        bad = [n for n in names if not is_path_inside(n) or not (path / n).is_file()]
+        if bad or len(names) != len(set(map(repr, weight_map.values()))):
+            shown = repr(bad[0]) if bad else "a name that is not a string"
+            raise ArgumentError(
+                f"{path / _INDEX} names shards that are not files of {path} ({shown})"
+            )
+        return [path / n for n in names]
     pickled = [p.name for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))]
     held = (
         f" (it holds {', '.join(pickled)}, a pickle, which attnlab never loads)" if pickled else ""
@@ -302,14 +322,7 @@ def _stored_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ArgumentError(
-            f"{path / 'config.json'} is not a readable JSON config ({exc})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ArgumentError(f"{path / 'config.json'} must hold a JSON object")
+    data: dict[str, Any] = read_small_json(path / "config.json")
     return data
 
 
@@ -339,9 +352,9 @@ def check_directory(path: str | Path) -> GPTConfig:
     try:
         config = family.config_from_hf(data)
     except (ValueError, TypeError) as exc:
-        raise ArgumentError(
-            f"{path / 'config.json'} is not a {family.name} config ({exc})"
-        ) from None
+        kind = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentError
+        detail = str(exc).removeprefix("config.json's ")
+        raise kind(f"{path / 'config.json'}: {detail} ({family.name} config)") from None
     shapes = _stored_shapes(files)
     layers = {m.group(1) for n in shapes if (m := _LAYER.search(n))}
     if len(layers) != config.n_layer:

@@ -6,7 +6,9 @@ Sources, tried in this order:
 2. a bundled name, ``"smollm2-135m"``: the GGUF file an installed package ships
    (:func:`attnlab.models.gguf.bundled_model_path`);
 3. a ``.gguf`` file: read with the ``gguf`` package, dequantised, its tokenizer and chat template
-   from its metadata (:mod:`attnlab.models.gguf`);
+   from its metadata (:mod:`attnlab.models.gguf`); the dequantised weights are cached on disk the
+   first time, and later loads of the same file read them from there
+   (:mod:`attnlab.models.weight_cache`; ``cache=False`` skips it);
 4. a Hugging Face folder: ``config.json`` + safetensors (never a pickle), its tokenizer from
    ``tokenizer.json`` / ``tokenizer_config.json`` (:mod:`attnlab.models.hf`);
 5. a Hub id (``"HuggingFaceTB/SmolLM2-135M"``): downloaded into the Hugging Face cache when the
@@ -18,6 +20,7 @@ The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's par
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -78,18 +81,20 @@ def _is_hub_id(text: str) -> bool:
 
 
 def _hf_folder(path: Path) -> bool:
-    import json
-
+    """A folder with a ``config.json`` of a supported ``model_type`` and no ``manifest.json``;
+    also one whose ``config.json`` cannot be read (a link to a device, a FIFO, a giant, not
+    JSON), which the folder's reader then refuses in one line naming it."""
+    from attnlab._checks import read_small_json
     from attnlab.models.families import supported_model_types
 
     config = path / "config.json"
-    if not path.is_dir() or not config.is_file() or (path / "manifest.json").exists():
+    if not path.is_dir() or not os.path.lexists(config) or (path / "manifest.json").exists():
         return False
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("model_type") in supported_model_types()
+        data = read_small_json(config)
+    except ArgumentError:
+        return True
+    return data.get("model_type") in supported_model_types()
 
 
 def load_pretrained(
@@ -97,6 +102,7 @@ def load_pretrained(
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    cache: bool = True,
 ) -> Pretrained:
     """A pretrained decoder and its tokenizer (see the module docstring for the sources).
 
@@ -105,6 +111,10 @@ def load_pretrained(
             folder or a Hub id.
         dtype: the weights' dtype. Default float32 (a GGUF's quantised weights dequantised).
         device: where to put the model. Default ``"cpu"``.
+        cache: a GGUF source (a bundled name, a ``.gguf`` file): read its dequantised weights
+            from the cache of :mod:`attnlab.models.weight_cache`, written there by the first
+            load (default ``True``); ``False`` dequantises the file and leaves the cache alone.
+            Other sources read no cache.
 
     Returns:
         ``(model, tokenizer)``, a :class:`Pretrained`; the model in eval mode.
@@ -120,24 +130,25 @@ def load_pretrained(
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if not isinstance(cache, bool):
+        raise ArgumentTypeError(f"cache must be a bool, got {type(cache).__name__}")
     if not isinstance(source, (str, Path)):
         from attnlab.models.hf import from_hf
 
         return Pretrained(from_hf(source, dtype=dtype).to(device).eval(), None)
-    model, tokenizer = _from_path(str(source), dtype)
+    model, tokenizer = _from_path(str(source), dtype, cache)
     return Pretrained(model.to(device).eval(), tokenizer)
 
 
-def _from_path(text: str, dtype: torch.dtype) -> tuple[GPT, Any]:
+def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     from attnlab.models import gguf
 
     if text in gguf.BUNDLED_MODELS:
-        return _from_gguf(gguf.bundled_model_path(text), dtype)
+        return _from_gguf(gguf.bundled_model_path(text), dtype, cache)
     path = Path(text)
     if text.lower().endswith(".gguf"):
-        if not path.is_file():
-            raise FileNotFoundError(f"no such GGUF file: {path}")
-        return _from_gguf(path, dtype)
+        gguf.check_gguf_path(path)  # a directory or a FIFO is named as what it is
+        return _from_gguf(path, dtype, cache)
     if path.is_dir():
         return _from_folder(path, dtype)
     if path.exists():
@@ -171,8 +182,7 @@ def pretrained_config(source: str | Path) -> GPTConfig:
     if text in gguf.BUNDLED_MODELS:
         return config_from_hf(gguf.read_gguf_config(gguf.bundled_model_path(text)))
     if text.lower().endswith(".gguf"):
-        if not Path(text).is_file():
-            raise FileNotFoundError(f"no such GGUF file: {text}")
+        gguf.check_gguf_path(Path(text))
         return config_from_hf(gguf.read_gguf_config(text))
     if Path(text).is_dir():
         return check_directory(text)
@@ -181,11 +191,11 @@ def pretrained_config(source: str | Path) -> GPTConfig:
     raise FileNotFoundError(f"no such model: {text!r}")
 
 
-def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
-    from attnlab.models.gguf import read_gguf
+def _from_gguf(path: Path, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     from attnlab.models.hf import model_from_state
+    from attnlab.models.weight_cache import read_gguf_cached
 
-    read = read_gguf(path)
+    read = read_gguf_cached(path, cache=cache)
     return model_from_state(read.hf_config, read.state, dtype=dtype), read.tokenizer
 
 
@@ -195,7 +205,7 @@ def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
 
     config, state = read_directory(path, dtype=dtype)
     model = model_from_state(config, state)
-    tokenizer = tokenizer_from_folder(path) if (path / "tokenizer.json").is_file() else None
+    tokenizer = tokenizer_from_folder(path) if os.path.lexists(path / "tokenizer.json") else None
     return model, tokenizer
 
 

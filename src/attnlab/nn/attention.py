@@ -29,7 +29,8 @@ Conventions every backend keeps:
   zero gradients — never NaN;
 * NaN or inf stored in keys/values that *no* query may see (padding) never reaches the output;
   a non-finite query row, key or value reaches exactly the rows that may see it (they are NaN)
-  and nothing else (:mod:`attnlab.nn.nonfinite`);
+  and nothing else; backward, those rows' queries and the keys and values they may see get NaN
+  gradients, every other gradient is exact (:mod:`attnlab.nn.nonfinite`);
 * ``is_causal=True`` together with an explicit ``mask``: both apply — a key is visible only where
   the mask allows it **and** it is not in the future (PyTorch's own function refuses the pair);
 * ``need_weights=True`` returns the exact softmax weights (before dropout) from any backend;

@@ -111,8 +111,11 @@ class RopeScaling:
 
 
 def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ArgumentError(f"{name} must be a positive number, got {value!r}")
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not 0 < value < math.inf:  # type: ignore[operator]
+        raise ArgumentError(f"{name} must be a finite positive number, got {value!r}")
+    if name == "original_max_position_embeddings" and not isinstance(value, int):
+        raise ArgumentError(f"{name} must be an integer (a context length), got {value!r}")
 
 
 def rope_frequencies(

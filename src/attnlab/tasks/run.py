@@ -104,12 +104,16 @@ class Run:
         return self.io.inputs(self.model, text, **options)
 
 
-def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Run:
+def load_run(
+    path: str | os.PathLike[str], *, device: str | torch.device = "cpu", cache: bool = True
+) -> Run:
     """Load the model and the task's text path of a run, a checkpoint or a GPT-2 directory.
 
     Args:
         path: see the module docstring.
         device: where to put the model. Default ``"cpu"``.
+        cache: a GGUF model: read its dequantised weights from the cache written by its first
+            load (:mod:`attnlab.models.weight_cache`); ``False`` skips the cache. Default ``True``.
 
     Returns:
         A :class:`Run` (model in eval mode).
@@ -119,7 +123,7 @@ def load_run(path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
         ValueError: the folder holds no loadable model or no tokenizer (one line naming why).
     """
     if is_pretrained_source(path):  # a bundled name, a .gguf, a Hugging Face folder, a Hub id
-        model, tokenizer = load_pretrained(str(path), device=device)
+        model, tokenizer = load_pretrained(str(path), device=device, cache=cache)
         eos = getattr(tokenizer, "eos_id", None)
         io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)
         return Run(model, model.config, io, None, {}, Path(path))

@@ -17,15 +17,15 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from attnlab._checks import JSON_MAX_DEPTH, json_depth, read_small_bytes
 from attnlab.errors import ArgumentError
 
 __all__ = ["MAX_DEPTH", "dumps_strict", "finite_or_none", "read_json", "tree_depth"]
 
 #: the deepest tree :func:`read_json` accepts (attnlab's own files nest fewer than 10 levels)
-MAX_DEPTH = 100
+MAX_DEPTH = JSON_MAX_DEPTH
 
 
 def _non_finite_path(tree: Any, path: str) -> str | None:
@@ -85,28 +85,11 @@ def finite_or_none(tree: Any) -> Any:
     return tree
 
 
-def tree_depth(tree: Any, limit: int = MAX_DEPTH) -> int:
-    """The nesting depth of a JSON tree, counted iteratively (no recursion limit to hit).
+#: the nesting depth of a JSON tree (:func:`attnlab._checks.json_depth`)
+tree_depth = json_depth
 
-    Args:
-        tree: a parsed JSON document.
-        limit: stop counting past this depth; default ``MAX_DEPTH``.
-
-    Returns:
-        The depth (a scalar: 0, ``[1]``: 1), at most ``limit + 1``.
-    """
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(tree, 0)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
+#: the largest JSON file :func:`read_json` reads (a training state's tree may list a data order)
+MAX_BYTES = 2**30
 
 
 def read_json(path: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> Any:
@@ -120,11 +103,12 @@ def read_json(path: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> An
         The parsed document.
 
     Raises:
-        ValueError: one line — the file is not UTF-8, not JSON, or nested deeper than
-            ``max_depth`` (a crafted file).
+        ValueError: one line — the file is not a regular file of at most
+            :data:`MAX_BYTES` (a FIFO, a link to a device), not UTF-8, not JSON, or nested
+            deeper than ``max_depth`` (a crafted file).
         OSError: the file cannot be read.
     """
-    text = Path(path).read_bytes()
+    text = read_small_bytes(path, MAX_BYTES)  # a FIFO or a link to /dev/zero refused unread
     try:
         tree = json.loads(text.decode("utf-8"))
     except UnicodeDecodeError:

@@ -40,6 +40,8 @@ def head_roles_figure(roles: HeadRoles, *, title: str | None = None) -> Plot:
     Args:
         roles: a :class:`~attnlab.inspect.roles.HeadRoles` (:func:`~attnlab.inspect.head_roles`).
         title: the figure title. Default names the input (``n`` random tokens repeated, batch).
+            A second line always names the BOS convention
+            (:attr:`~attnlab.inspect.roles.HeadRoles.convention`).
 
     Returns:
         :class:`~attnlab.viz.Plot` with ``data[score]`` ``(n_layer, n_head)`` for each score of
@@ -89,10 +91,10 @@ def head_roles_figure(roles: HeadRoles, *, title: str | None = None) -> Plot:
     axes[0].set_ylabel("layer")
     fig.colorbar(images[-1], ax=list(axes), label="score (fraction)", shrink=0.8)
     if title is None:
-        bos = " after bos" if roles.bos is not None else ""
         title = (
-            f"Head roles on {roles.seq_len} random tokens repeated once{bos} "
+            f"Head roles on {roles.seq_len} random tokens repeated once "
             f"(batch {roles.tokens.shape[0]})"
         )
-    fig.suptitle(title, fontsize=10)
+    convention = getattr(roles, "convention", None)  # the scores depend on it: say which
+    fig.suptitle(title if convention is None else f"{title}\n{convention}", fontsize=10)
     return Plot(fig, data)

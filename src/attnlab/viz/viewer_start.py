@@ -5,14 +5,17 @@ A page that opens on encoder layer 0, head 0 usually shows a blur. The viewer op
 1. for an encoder-decoder, the **decoder cross-attention** (where the target looks at the
    source: the alignment), otherwise every group whose keys are tokens;
 2. among those heads, the one with the **lowest mean row entropy** ``H(p) = −Σ_j p_j log p_j``
-   (the sharpest pattern), leaving out **sink heads** — those that put on average at least
-   ``sink_share`` (default 0.5) of their weight on the first key (Xiao et al. 2024) — and
-   **uniform heads** (every row spreads its weight evenly; see
-   :func:`attnlab.inspect.diagnose`). When every head is a sink or uniform, the lowest-entropy
-   head of all is chosen.
+   (the sharpest pattern), leaving out the heads :func:`attnlab.inspect.diagnose` calls
+   **sink** (every row ≥ 0.99 on the first key: Xiao et al. 2024's attention sink) or
+   **uniform** (every row spreads its weight evenly) — the same rule ``attnlab inspect``
+   reports them by — and, more widely, every head that puts on average at least ``sink_share``
+   (default 0.5) of its weight on the first key: a sharp head that mostly parks its weight
+   there is no good first view either. When every head is left out, the lowest-entropy head of
+   all is chosen.
 
 The statistics are :func:`attnlab.inspect.diagnose`'s (``entropy_mean``, ``first_token_share``,
-``uniform``), measured on the weights the page shows (with training ``steps``, the last step).
+``sink``, ``uniform``), measured on the weights the page shows (with training ``steps``, the
+last step).
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ def most_informative_head(data: ViewerData, *, sink_share: float = 0.5) -> Viewe
 
     Args:
         data: what the page shows.
-        sink_share: a head whose mean weight on the first key is at least this is a sink head
-            and is passed over (unless every head is one). Default ``0.5``.
+        sink_share: a head whose mean weight on the first key is at least this is passed over
+            like a sink head (unless every head is). Default ``0.5``.
 
     Returns:
         A :class:`ViewerStart`.
@@ -96,7 +99,8 @@ def most_informative_head(data: ViewerData, *, sink_share: float = 0.5) -> Viewe
             report = diagnose({layer.name: torch.from_numpy(np.ascontiguousarray(w))[None]})
             for h in report.heads:
                 entropy = h.entropy_mean if np.isfinite(h.entropy_mean) else np.inf
-                sink = bool(np.isfinite(h.first_token_share) and h.first_token_share >= sink_share)
+                share = h.first_token_share
+                sink = h.sink or bool(np.isfinite(share) and share >= sink_share)
                 heads.append((gi, li, h.head, float(entropy), sink, h.uniform))
     kept = [h for h in heads if not h[4] and not h[5]]
     pool, note = (kept, ", sink and uniform heads left out") if kept else (heads, "")

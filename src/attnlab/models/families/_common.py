@@ -9,10 +9,24 @@ from typing import Any
 
 import torch
 
+from attnlab._budget import check_fits
+from attnlab._checks import REQUIRED, json_bool, json_float, json_int, json_optional_int
 from attnlab.errors import ArgumentError
+from attnlab.models.config import GPTConfig
 from attnlab.nn.rope import RopeScaling
 
-__all__ = ["TensorTaker", "activation_of", "hf_activation", "positive", "rope_fields"]
+__all__ = [
+    "TensorTaker",
+    "activation_of",
+    "build_config",
+    "hf_activation",
+    "json_bool",
+    "json_float",
+    "json_optional_int",
+    "rope_fields",
+    "size",
+    "tied_head",
+]
 
 #: Hugging Face ``hidden_act`` → attnlab's ``activation``
 _ACTIVATIONS = {
@@ -26,24 +40,69 @@ _ACTIVATIONS = {
 }
 _BACK = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 
+#: the largest value of each kind of size a ``config.json`` may give, checked before anything is
+#: built from it (the largest published decoders stay far below: 126 layers, 128 heads, widths
+#: of 53 248, vocabularies of 256 000, contexts of 10⁷); the positions are bounded by the memory
+#: of their rotary tables too (:func:`build_config`)
+SIZE_CAPS = {
+    "width": (2**20, "a model width or hidden size"),
+    "heads": (2**14, "a number of attention heads"),
+    "layers": (2**14, "a number of layers"),
+    "vocab": (2**24, "a vocabulary size"),
+    "positions": (2**27, "a context length"),
+}
 
-def positive(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
-    """A positive number of ``config.json`` (or ``default`` when absent).
+
+def size(config: Mapping[str, Any], key: str, kind: str, default: Any = REQUIRED) -> int:
+    """A size of ``config.json``: a JSON integer ≥ 1 of at most the cap of its ``kind``
+    (:data:`SIZE_CAPS`).
+
+    Args:
+        config: the config dict.
+        key: its key.
+        kind: ``"width"``, ``"heads"``, ``"layers"``, ``"vocab"`` or ``"positions"``.
+        default: the value when absent (default: it must be present).
+
+    Returns:
+        The size.
+    """
+    cap, why = SIZE_CAPS[kind]
+    return json_int(config, key, default, cap=cap, why=f"the most attnlab reads for {why}")
+
+
+def build_config(config: Mapping[str, Any], positions_key: str, **fields: Any) -> GPTConfig:
+    """A :class:`~attnlab.models.config.GPTConfig` of a ``config.json``, refused before it is
+    built when its rotary tables (``cos`` and ``sin``, float32, one row per position, computed
+    from float32 angles) would not fit in memory: a context length of 10⁹ asks for 16 GB
+    even for a model built on the ``meta`` device.
+
+    Args:
+        config: the config dict (for the message).
+        positions_key: the key of the context length (``max_position_embeddings``).
+        **fields: the config's fields.
+
+    Returns:
+        The config.
 
     Raises:
-        ValueError: it is missing with no default, or not a positive number.
+        ArgumentError: one line naming the key, its value and the bytes needed and there are.
     """
-    value = config.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ArgumentError(f"config.json's {name} must be a positive number, got {value!r}")
-    return value
+    out = GPTConfig(**fields)
+    if out.positions == "rope":
+        needed = 6 * out.n_positions * out.rotary_width
+        check_fits(
+            f"config.json's {positions_key} = {config.get(positions_key)}",
+            needed,
+            what=f"the rotary tables of {out.rotary_width} dimensions at every position",
+        )
+    return out
 
 
 def activation_of(name: object) -> str:
     """attnlab's activation of Hugging Face's ``hidden_act``."""
-    if name not in _ACTIVATIONS:
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
         raise ArgumentError(f"hidden_act must be one of {', '.join(_ACTIVATIONS)}, got {name!r}")
-    return _ACTIVATIONS[str(name)]
+    return _ACTIVATIONS[name]
 
 
 def hf_activation(name: str) -> str:
@@ -51,34 +110,63 @@ def hf_activation(name: str) -> str:
     return _BACK[name]
 
 
-def rope_fields(config: Mapping[str, Any], d_head: int) -> dict[str, Any]:
+def _first_float(*sources: tuple[Mapping[str, Any], str, str], default: float) -> float:
+    """The first of ``(dict, key, where)`` that is set (not absent, not ``null``), as a float."""
+    for data, key, where in sources:
+        if data.get(key) is not None:
+            return json_float(data, key, where=where)
+    return default
+
+
+def rope_fields(config: Mapping[str, Any], d_head: int, *, partial: bool) -> dict[str, Any]:
     """The rotary fields of a :class:`~attnlab.models.config.GPTConfig` from ``config.json``:
     the base, the rotated dimensions and the scaling, read from the ``rope_parameters`` of
     ``transformers`` 5 or the ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` /
     ``rotary_pct`` / ``rotary_emb_base`` keys of older files.
 
+    Args:
+        config: the config dict.
+        d_head: the head width.
+        partial: whether the family's ``transformers`` class reads ``partial_rotary_factor``
+            (GPT-NeoX does; Llama's default rotary embedding rotates the whole head whatever
+            the factor, so a Llama family passes ``False`` and the factor is ignored as there,
+            or refused with a rope scaling, whose ``transformers`` tables would not fit the head).
+
     Returns:
         ``rope_base``, ``rotary_dim`` (``None`` for the whole head), ``rope_scaling``,
         ``rope_pairing="halves"`` (Hugging Face's ``rotate_half``).
     """
-    params = config.get("rope_parameters") or {}
+    params = config.get("rope_parameters")
+    params = {} if params is None else params
     if not isinstance(params, Mapping):
         raise ArgumentError(f"config.json's rope_parameters must be a dict, got {params!r}")
-    theta = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base")))
-    base = 10000.0 if theta is None else positive({"rope_theta": theta}, "rope_theta")
-    fraction = params.get(
-        "partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", 1.0))
-    )
-    fraction = positive({"partial_rotary_factor": fraction}, "partial_rotary_factor", 1.0)
+    inner = "config.json's rope_parameters"
+    theta = _first_float(
+        (params, "rope_theta", inner), (config, "rope_theta", "config.json"),
+        (config, "rotary_emb_base", "config.json"), default=10000.0,
+    )  # fmt: skip
+    fraction = _first_float(
+        (params, "partial_rotary_factor", inner), (config, "partial_rotary_factor", "config.json"),
+        (config, "rotary_pct", "config.json"), default=1.0,
+    )  # fmt: skip
+    scaling = config.get("rope_scaling")  # null or {}: the scaling, if any, is rope_parameters'
+    empty = scaling is None or (isinstance(scaling, Mapping) and not scaling)
+    scaling = RopeScaling.from_dict((params or None) if empty else scaling)
+    if not partial:
+        if fraction != 1.0 and scaling is not None:
+            raise ArgumentError(
+                f"partial_rotary_factor must be 1 with a rope scaling ({scaling.rope_type!r}) "
+                f"for this family, got {fraction}: its transformers class rotates whole heads"
+            )
+        fraction = 1.0
     rotary = int(d_head * fraction)
-    if rotary % 2 or rotary > d_head:
+    if rotary % 2 or rotary > d_head or rotary < 2:
         raise ArgumentError(
             f"partial_rotary_factor {fraction} of head_dim {d_head} gives {rotary} rotated "
-            "dimensions; they must be even and at most head_dim"
+            "dimensions; they must be even, at least 2 and at most head_dim"
         )
-    scaling = RopeScaling.from_dict(config.get("rope_scaling") or params or None)
     return {
-        "rope_base": float(base),
+        "rope_base": theta,
         "rotary_dim": None if rotary == d_head else rotary,
         "rope_scaling": scaling,
         "rope_pairing": "halves",
@@ -155,3 +243,31 @@ class TensorTaker:
             raise ArgumentError(
                 f"{self.where} has tensors this model does not use: {', '.join(left[:5])}{more}"
             )
+
+
+def tied_head(head: torch.Tensor | None, embedding: torch.Tensor, head_name: str) -> None:
+    """Refuse an output matrix stored beside the embedding of a tied config when it differs:
+    ``tie_word_embeddings: true`` makes the embedding the head, and silently dropping a head
+    of its own would give other logits than the file's (``transformers`` keeps the stored
+    head). A copy equal to the embedding, as some writers store, is accepted; the tensors of a
+    file's header (the ``meta`` device) have no values to compare.
+
+    Args:
+        head: the stored head, or ``None``.
+        embedding: the token embedding.
+        head_name: the head's name in the file.
+
+    Raises:
+        ArgumentError: the head differs from the embedding (one line naming both).
+
+    Shape:
+        ``head``, ``embedding``: ``(vocab_size, n_embd)``.
+    """
+    if head is None or "meta" in (head.device.type, embedding.device.type):
+        return
+    if head.shape != embedding.shape or not torch.equal(head, embedding):
+        raise ArgumentError(
+            f"the weights hold a {head_name} that differs from the token embedding, but "
+            "config.json's tie_word_embeddings is true (the head is the embedding), so the "
+            "stored head would be dropped"
+        )

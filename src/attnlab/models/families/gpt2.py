@@ -11,10 +11,18 @@ from typing import Any
 
 import torch
 
+from attnlab._checks import check_probability
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import Family, State, register_family
-from attnlab.models.families._common import positive
+from attnlab.models.families._common import (
+    build_config,
+    json_bool,
+    json_float,
+    json_optional_int,
+    size,
+    tied_head,
+)
 
 __all__ = ["GPT2"]
 
@@ -41,27 +49,36 @@ def config_from_hf(config: Mapping[str, Any]) -> GPTConfig:
         raise ArgumentError(
             f"activation_function must be one of {_GELU_TANH} (tanh GELU), got {act!r}"
         )
-    d = int(positive(config, "n_embd"))
-    n_inner = config.get("n_inner")
+    d = size(config, "n_embd", "width")
+    n_inner = json_optional_int(config, "n_inner")
     if n_inner is not None and n_inner != 4 * d:
         raise ArgumentError(f"n_inner must be None or 4 * n_embd = {4 * d}, got {n_inner}")
-    scaled = config.get("scale_attn_weights", True)
-    by_layer = config.get("scale_attn_by_inverse_layer_idx", False)
+    scaled = json_bool(config, "scale_attn_weights", True)
+    by_layer = json_bool(config, "scale_attn_by_inverse_layer_idx", False)
     if not scaled or by_layer:
         raise ArgumentError(
             "scale_attn_weights must be True and scale_attn_by_inverse_layer_idx False "
             f"(scores scaled by 1/sqrt(d_head)), got {scaled} and {by_layer}"
         )
-    if config.get("add_cross_attention", False):
+    if json_bool(config, "add_cross_attention", False):
         raise ArgumentError("add_cross_attention must be False: attnlab's GPT is decoder-only")
-    return GPTConfig(
-        vocab_size=int(positive(config, "vocab_size")),
-        n_positions=int(positive(config, "n_positions")),
+    if not json_bool(config, "tie_word_embeddings", True):
+        raise ArgumentError(
+            "tie_word_embeddings must be true for GPT-2 (attnlab's GPT-2 head is its token "
+            "embedding), got false"
+        )
+    return build_config(
+        config,
+        "n_positions",
+        vocab_size=size(config, "vocab_size", "vocab"),
+        n_positions=size(config, "n_positions", "positions"),
         n_embd=d,
-        n_layer=int(positive(config, "n_layer")),
-        n_head=int(positive(config, "n_head")),
-        dropout=float(config.get("resid_pdrop", 0.0)),
-        layer_norm_epsilon=float(positive(config, "layer_norm_epsilon", 1e-5)),
+        n_layer=size(config, "n_layer", "layers"),
+        n_head=size(config, "n_head", "heads"),
+        dropout=check_probability(
+            "resid_pdrop", json_float(config, "resid_pdrop", 0.0, positive=False)
+        ),
+        layer_norm_epsilon=json_float(config, "layer_norm_epsilon", 1e-5),
     )
 
 
@@ -126,6 +143,9 @@ def state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State
             continue
         key = name if name.startswith("transformer.") else f"transformer.{name}"
         out[key] = tensor.t() if name.endswith(CONV1D) else tensor
+    embedding = out.get("transformer.wte.weight")
+    if embedding is not None:
+        tied_head(state.get("lm_head.weight"), embedding, "lm_head.weight")
     return out
 
 

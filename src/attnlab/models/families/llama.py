@@ -34,10 +34,15 @@ from attnlab.models.families import Family, State, register_family
 from attnlab.models.families._common import (
     TensorTaker,
     activation_of,
+    build_config,
     hf_activation,
     hf_rope,
-    positive,
+    json_bool,
+    json_float,
+    json_optional_int,
     rope_fields,
+    size,
+    tied_head,
 )
 from attnlab.nn.kinds import FullSpec, SlidingSpec
 
@@ -47,48 +52,49 @@ _IGNORED = (".rotary_emb.inv_freq",)
 
 
 def _config_from_hf(config: Mapping[str, Any], family: str) -> GPTConfig:
-    d = int(positive(config, "hidden_size"))
-    heads = int(positive(config, "num_attention_heads"))
-    kv = int(positive(config, "num_key_value_heads", heads))
-    head_dim = config.get("head_dim") or d // heads
+    d = size(config, "hidden_size", "width")
+    heads = size(config, "num_attention_heads", "heads")
+    kv = size(config, "num_key_value_heads", "heads", heads)
+    head_dim = json_optional_int(config, "head_dim") or d // heads
     if head_dim * heads != d:
         raise ArgumentError(
             f"config.json's head_dim = {head_dim} times num_attention_heads = {heads} must be "
             f"hidden_size = {d} (attnlab's heads split the model width)"
         )
     attention: Any = FullSpec()
-    if family == "mistral" and config.get("sliding_window") is not None:
-        w = int(positive(config, "sliding_window"))
-        if w < 2:
-            raise ArgumentError(f"sliding_window must be at least 2, got {w}")
-        attention = SlidingSpec(w - 1)  # i − j < w: itself and w − 1 before it
-    if family == "qwen2" and config.get("use_sliding_window"):
+    if family == "mistral":
+        w = json_optional_int(config, "sliding_window", minimum=2)
+        if w is not None:
+            attention = SlidingSpec(w - 1)  # i − j < w: itself and w − 1 before it
+    if family == "qwen2" and json_bool(config, "use_sliding_window", False):
         raise ArgumentError(
             "use_sliding_window must be False for Qwen2 (attnlab does not mix full and "
             "windowed layers), got True"
         )
-    bias = bool(config.get("attention_bias", False))
-    return GPTConfig(
-        vocab_size=int(positive(config, "vocab_size")),
-        n_positions=int(positive(config, "max_position_embeddings")),
+    bias = json_bool(config, "attention_bias", False)
+    return build_config(
+        config,
+        "max_position_embeddings",
+        vocab_size=size(config, "vocab_size", "vocab"),
+        n_positions=size(config, "max_position_embeddings", "positions"),
         n_embd=d,
-        n_layer=int(positive(config, "num_hidden_layers")),
+        n_layer=size(config, "num_hidden_layers", "layers"),
         n_head=heads,
         num_kv_heads=None if kv == heads else kv,
         positions="rope",
-        layer_norm_epsilon=float(positive(config, "rms_norm_eps", 1e-6)),
+        layer_norm_epsilon=json_float(config, "rms_norm_eps", 1e-6),
         bias=False,
         attention=attention,
         norm="rmsnorm",
         activation=activation_of(config.get("hidden_act", "silu")),
         mlp="gated",
-        d_ff=int(positive(config, "intermediate_size")),
+        d_ff=size(config, "intermediate_size", "width"),
         qkv_bias=True if family == "qwen2" else bias,
         proj_bias=False if family == "qwen2" else bias,
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        mlp_bias=json_bool(config, "mlp_bias", False),
+        tie_embeddings=json_bool(config, "tie_word_embeddings", False),
         family=family,
-        **rope_fields(config, d // heads),
+        **rope_fields(config, d // heads, partial=False),
     )
 
 
@@ -126,7 +132,7 @@ def _check_exportable(config: GPTConfig, family: str) -> None:
     """Refuse a config the family's Hugging Face class cannot hold."""
     wants = {
         "positions": "rope", "norm": "rmsnorm", "mlp": "gated", "rope_pairing": "halves",
-        "parallel_residual": False,
+        "parallel_residual": False, "rotary_dim": None,
     }  # fmt: skip
     biases = {"llama": None, "mistral": (False, False, False), "qwen2": (True, False, False)}
     for name, value in wants.items():
@@ -174,6 +180,8 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
     head = src.maybe("lm_head.weight")
     if not config.tie_embeddings:
         out["lm_head.weight"] = src.take("lm_head.weight") if head is None else head
+    else:
+        tied_head(head, out["transformer.wte.weight"], "lm_head.weight")
     for i in range(config.n_layer):
         hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
         for theirs, ours in _NORMS:

@@ -36,10 +36,14 @@ from attnlab.models.families import Family, State, register_family
 from attnlab.models.families._common import (
     TensorTaker,
     activation_of,
+    build_config,
     hf_activation,
     hf_rope,
-    positive,
+    json_bool,
+    json_float,
     rope_fields,
+    size,
+    tied_head,
 )
 from attnlab.nn.kinds import FullSpec
 
@@ -57,28 +61,30 @@ _BACK = tuple((ours, theirs) for theirs, ours in _LAYER)
 
 
 def _config_from_hf(config: Mapping[str, Any]) -> GPTConfig:
-    d = int(positive(config, "hidden_size"))
-    heads = int(positive(config, "num_attention_heads"))
+    d = size(config, "hidden_size", "width")
+    heads = size(config, "num_attention_heads", "heads")
     if d % heads:
         raise ArgumentError(f"hidden_size = {d} must be divisible by num_attention_heads = {heads}")
-    bias = bool(config.get("attention_bias", True))
-    return GPTConfig(
-        vocab_size=int(positive(config, "vocab_size")),
-        n_positions=int(positive(config, "max_position_embeddings")),
+    bias = json_bool(config, "attention_bias", True)
+    return build_config(
+        config,
+        "max_position_embeddings",
+        vocab_size=size(config, "vocab_size", "vocab"),
+        n_positions=size(config, "max_position_embeddings", "positions"),
         n_embd=d,
-        n_layer=int(positive(config, "num_hidden_layers")),
+        n_layer=size(config, "num_hidden_layers", "layers"),
         n_head=heads,
         positions="rope",
-        layer_norm_epsilon=float(positive(config, "layer_norm_eps", 1e-5)),
+        layer_norm_epsilon=json_float(config, "layer_norm_eps", 1e-5),
         bias=True,
         activation=activation_of(config.get("hidden_act", "gelu")),
-        d_ff=int(positive(config, "intermediate_size")),
+        d_ff=size(config, "intermediate_size", "width"),
         qkv_bias=bias,
         proj_bias=bias,
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        parallel_residual=bool(config.get("use_parallel_residual", True)),
+        tie_embeddings=json_bool(config, "tie_word_embeddings", False),
+        parallel_residual=json_bool(config, "use_parallel_residual", True),
         family="neox",
-        **rope_fields(config, d // heads),
+        **rope_fields(config, d // heads, partial=True),
     )
 
 
@@ -129,10 +135,11 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
     for kind in ("weight", "bias"):
         out[f"transformer.ln_f.{kind}"] = src.take(f"gpt_neox.final_layer_norm.{kind}")
     # embed_out (the name in Pythia's files and transformers 4), lm_head (transformers 5)
-    head = src.maybe("embed_out.weight")
-    head = src.take("lm_head.weight") if head is None else head
+    name = "embed_out.weight" if "embed_out.weight" in src.left else "lm_head.weight"
     if not config.tie_embeddings:
-        out["lm_head.weight"] = head
+        out["lm_head.weight"] = src.take(name)
+    else:
+        tied_head(src.maybe(name), out["transformer.wte.weight"], name)
     for i in range(config.n_layer):
         hf, at = f"gpt_neox.layers.{i}.", f"transformer.h.{i}."
         for kind in ("weight", "bias"):
