@@ -367,16 +367,49 @@ runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
 """
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+
+
 @pytest.mark.parametrize("module", ["attnlab.cli", "attnlab.cli.flops"])
 def test_ctrl_c_during_start_up_of_python_m_attnlab(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", STOP_AT_IMPORT.format(module=module)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    done = _python(STOP_AT_IMPORT.format(module=module))
     assert (done.returncode, done.stderr) == (130, "attnlab: interrupted\n")
+
+
+SIGINT_AT_IMPORT = """
+import os, runpy, signal, sys, time
+
+class Interrupt:  # a real Ctrl-C (SIGINT) while {module} is being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+            try:  # as a library may: the interrupt turned into another error
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise ImportError("cannot load module more than once per process")
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["attnlab", "flops"]
+runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["torch", "numpy"])
+def test_a_real_ctrl_c_while_torch_imports_is_one_line_and_130(module: str) -> None:
+    # issue 32: `import attnlab` imported torch before __main__ could catch anything, and an
+    # interrupt inside numpy's import came back as numpy's ImportError: both were tracebacks
+    done = _python(SIGINT_AT_IMPORT.format(module=module))
+    assert (done.returncode, done.stderr) == (130, "attnlab: interrupted\n")
+
+
+def test_import_attnlab_imports_no_torch() -> None:
+    done = _python("import sys, attnlab, attnlab.cli; print('torch' in sys.modules, attnlab.GPT)")
+    assert done.stdout == "False <class 'attnlab.models.gpt.GPT'>\n", done.stderr
 
 
 @pytest.fixture
