@@ -139,3 +139,33 @@ def test_inspect_streams_a_long_text_by_itself(
     monkeypatch.setattr("attnlab.cli.inspect.STREAM_BYTES", 1000)
     main(["inspect", str(gpt_run), "--text", PROMPT, "--json"])
     assert json.loads(capsys.readouterr().out)["streamed"] is True
+
+
+@pytest.mark.parametrize("command", ["view", "inspect", "plot"])
+def test_generate_past_the_context_is_refused_before_generating(
+    command: str, gpt_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # issue 32: --generate 1000000 generated for minutes before the context error
+    import attnlab.tasks.lm
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated before the length was checked")
+
+    monkeypatch.setattr(attnlab.tasks.lm, "generate_text", never)
+    extra = {"view": ["-o", str(tmp_path / "v.html")], "inspect": [],
+             "plot": ["-o", str(tmp_path / "p.png")]}[command]  # fmt: skip
+    head = ["plot", "heads", "--model"] if command == "plot" else [command]
+    argv = [*head, str(gpt_run), "--text", PROMPT, "--generate", "1000000", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{len(PROMPT)} tokens and 1000000 new ones" in err and "limit of 64" in err
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(gpt_run: Path, capsys) -> None:
+    # issue 32: the prompt's head was dropped without a word (a --chat lost its template's head)
+    assert main(["generate", str(gpt_run), "--prompt", "abc " * 20, "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the prompt has 80 tokens" in err and "limit of 64" in err
+    # within the context it continues, and the continuation slides past the context as before
+    assert main(["generate", str(gpt_run), "--prompt", "abc " * 16, "--max-new-tokens", "40"]) == 0

@@ -6,8 +6,9 @@ GPT-NeoX) or a Hub id (see :func:`attnlab.load_pretrained`). ``--chat TEXT`` put
 the model's chat template as a user's message and prints the assistant's answer (generation stops
 at the model's end token). The prompt goes through the task's own text path
 (:mod:`attnlab.tasks`); the text is sampled (or greedy / beam decoded) with the KV cache of
-:func:`attnlab.generate`; past the model's context length the oldest tokens are dropped, as
-nanoGPT's ``sample.py`` does. For an encoder-decoder run (copy, reverse, sort, translate) the
+:func:`attnlab.generate`; once the continuation passes the model's context length the oldest
+tokens are dropped, as nanoGPT's ``sample.py`` does, but a prompt (or a ``--chat`` message in its
+template) longer than the context is refused in one line, never cut. For an encoder-decoder run (copy, reverse, sort, translate) the
 prompt is the source and the output its decoding (as ``attnlab translate``).
 
 On a terminal, control characters of the text (a model can write escape sequences) are shown
