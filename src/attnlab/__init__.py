@@ -76,18 +76,16 @@ __all__ = [
 ]
 
 
-# where each public name lives (a module's own name: the module itself)
+# the public modules, and where each other public name lives
+_MODULES = {"errors": "attnlab.errors", "inspect": "attnlab.inspect",
+            "training": "attnlab.training", "masks": "attnlab.nn.masks"}  # fmt: skip
 _PUBLIC = {
-    "errors": "attnlab.errors",
-    "inspect": "attnlab.inspect",
-    "training": "attnlab.training",
     "generate": "attnlab.decoding.generate",
     "GPTConfig": "attnlab.models.config",
     "TransformerConfig": "attnlab.models.config",
     "GPT": "attnlab.models.gpt",
     "load_pretrained": "attnlab.models.pretrained",
     "Transformer": "attnlab.models.transformer",
-    "masks": "attnlab.nn.masks",
     "scaled_dot_product_attention": "attnlab.nn.attention",
     **dict.fromkeys(
         (
@@ -122,9 +120,10 @@ def _load_public_api() -> None:
     global _loaded
     _loaded = True  # before importing: a module that reads ``attnlab.X`` meanwhile gets a submodule
     try:
+        for name, where in _MODULES.items():
+            globals()[name] = importlib.import_module(where)
         for name, where in _PUBLIC.items():
-            module = importlib.import_module(where)
-            globals()[name] = module if where.rpartition(".")[2] == name else getattr(module, name)
+            globals()[name] = getattr(importlib.import_module(where), name)
     except BaseException:
         _loaded = False
         raise
