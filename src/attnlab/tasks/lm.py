@@ -23,6 +23,7 @@ from rich.console import Console
 from torch import nn
 
 from attnlab._budget import check_bpe_vocab
+from attnlab._checks import check_seed
 from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
@@ -355,7 +356,9 @@ class LMIO:
             kwargs["eos_token_id"] = self.eos_id
         if strategy == "sample":
             device = next(model.parameters()).device
-            kwargs["generator"] = torch.Generator(device=device).manual_seed(seed)
+            kwargs["generator"] = torch.Generator(device=device).manual_seed(
+                check_seed("seed", seed)
+            )
             kwargs.update(
                 {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
             )
