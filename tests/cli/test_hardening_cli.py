@@ -208,7 +208,8 @@ def test_train_on_a_read_only_folder_is_one_line_and_changes_nothing(
     capsys.readouterr()
     reason = os.strerror(errno.EROFS)
     assert main([*train, "--steps", "4", "--resume"]) == 2
-    assert _one_line(capsys.readouterr().err).endswith(f": {reason}\n")
+    err = _one_line(capsys.readouterr().err)
+    assert err.startswith(f"attnlab: error: {run}/") and err.endswith(f": {reason}\n"), err
     new = ["train", "lm", "--data", str(data), "--out", str(where / "new"), "--steps", "2"]
     assert main([*new, *LM_TINY]) == 2
     assert _one_line(capsys.readouterr().err) == f"attnlab: error: {where / 'new'}: {reason}\n"
@@ -217,8 +218,12 @@ def test_train_on_a_read_only_folder_is_one_line_and_changes_nothing(
 
 
 @pytest.mark.skipif(not _can_mount(), reason="needs to mount a tmpfs (root)")
+@pytest.mark.parametrize("leave", [16 * 1024, 0], ids=["room-for-the-lock", "no-byte-left"])
 def test_train_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
-    tmpfs: Callable[[str, str], Path | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmpfs: Callable[[str, str], Path | None],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    leave: int,
 ) -> None:
     data = tmp_path / "text.txt"
     data.write_text(LM_TEXT, encoding="utf-8")
@@ -229,12 +234,13 @@ def test_train_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     assert main([*train, "--steps", "2"]) == 0
     latest = (run / "checkpoints" / "latest").read_text()
     checkpoint = _tree(run / "checkpoints")
-    _fill(where, leave=16 * 1024)  # room for the lock and a few metrics, not for a checkpoint
+    _fill(where, leave=leave)  # 16 KiB: room for the lock and a few metrics, not a checkpoint
     capsys.readouterr()
     assert main([*train, "--steps", "4", "--resume"]) == 2
     # off a terminal the progress is plain "lm step N/4 ..." lines; then the one error line
     err = "".join(x for x in capsys.readouterr().err.splitlines(True) if " step " not in x)
     assert _one_line(err).endswith(f": {os.strerror(errno.ENOSPC)}\n")
+    assert err.startswith(f"attnlab: error: {run}/"), err  # issue 32: the errno alone, no path
     assert (run / "checkpoints" / "latest").read_text() == latest
     assert _tree(run / "checkpoints") == checkpoint
     assert main(["generate", str(run), "--prompt", "to", "--max-new-tokens", "3"]) == 0
