@@ -230,3 +230,17 @@ def test_view_refuses_weights_beyond_the_memory(
     assert main(["view", str(long_run), "--text", "abc " * 50, "-o", str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the text (200 tokens) needs about" in err, err
+
+
+@pytest.mark.parametrize("ids", ["-1", str(2**70), "13"])
+@pytest.mark.parametrize("command", ["view", "inspect"])
+def test_ids_outside_the_vocabulary_name_ids(
+    command: str, ids: str, gpt_run: Path, tmp_path: Path, capsys
+) -> None:
+    # issue 32: --ids 2**70 was an OverflowError; out-of-range ids are named by the option
+    extra = ["-o", str(tmp_path / "v.html")] if command == "view" else []
+    assert main([command, str(gpt_run), "--ids", f"1 {ids}", *extra]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"attnlab: error: --ids must be token ids in [0, 13) (the vocabulary), got {ids}\n"
+    )
