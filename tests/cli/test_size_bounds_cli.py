@@ -103,6 +103,14 @@ def test_generate_beams_are_capped(tmp_path) -> None:
     )
 
 
+def test_generate_new_tokens_are_capped(tmp_path) -> None:
+    # issue 32: --max-new-tokens 10**12 slid past the context for days; refused before the run
+    _refused(
+        ["generate", str(tmp_path / "missing"), "--prompt", "to", "--max-new-tokens", str(10**12)],
+        "--max-new-tokens must be at most 1000000",
+    )
+
+
 @pytest.mark.parametrize(
     "extra",
     [["--attention", "bigbird", "--bigbird-block", "4", "--bigbird-seed", str(2**70)],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab._budget import check_at_most
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._terminal import TextConsole
@@ -26,6 +27,7 @@ from attnlab.cli.options import beams, positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.run import load_run
+from attnlab.tasks.train_options import CAPS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_at_most("--max-new-tokens", args.max_new_tokens, *CAPS["max_new_tokens"])
     loaded = load_run(args.run, device=args.device)
     console = TextConsole(raw=args.raw)
     if not isinstance(loaded.io, LMIO):
