@@ -20,6 +20,8 @@
 # %%
 FULL = False  # True: longer sequences, a wider model, 1/2/4 heads (about a minute)
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from IPython.display import display
@@ -219,8 +221,10 @@ print("partner ", target[0, :, 1].tolist())
 table = nn.Embedding(NUMBERS, D_MODEL)
 ids = torch.tensor([3, 0, 3])
 one_hot = F.one_hot(ids, NUMBERS).float()  # (3, NUMBERS)
-print(f"max |E(ids) − one_hot(ids) @ E.weight| = "
-      f"{(table(ids) - one_hot @ table.weight).abs().max().item():.1e}")
+print(
+    f"max |E(ids) − one_hot(ids) @ E.weight| = "
+    f"{(table(ids) - one_hot @ table.weight).abs().max().item():.1e}"
+)
 assert torch.equal(table(ids), table.weight[ids])
 assert torch.allclose(table(ids), one_hot @ table.weight)
 
@@ -290,7 +294,7 @@ for h in HEADS[1:]:
 # %%
 quarters = [len(losses[1]) * q // 4 for q in range(5)]
 for h in HEADS:
-    means = [sum(losses[h][a:b]) / (b - a) for a, b in zip(quarters, quarters[1:])]
+    means = [sum(losses[h][a:b]) / (b - a) for a, b in itertools.pairwise(quarters)]
     print(f"{h} head(s): " + "  ".join(f"{m:.3f}" for m in means))
 assert sum(losses[2][-50:]) < 0.5 * sum(losses[1][-50:])
 
@@ -363,8 +367,10 @@ pairs = [(a, b) for a in range(8) for b in range(8) if a != b]
 one_head = {tuple((0.5 * values[a] + 0.5 * values[b]).tolist()) for a, b in pairs}
 w_v1, w_v2 = torch.randn(8, 4), torch.randn(8, 4)  # two heads, d_head = 4 each
 two_heads = {tuple(torch.cat([values[a] @ w_v1, values[b] @ w_v2]).tolist()) for a, b in pairs}
-print(f"{len(pairs)} ordered pairs: one head hands on {len(one_head)} distinct outputs, "
-      f"two heads {len(two_heads)}")
+print(
+    f"{len(pairs)} ordered pairs: one head hands on {len(one_head)} distinct outputs, "
+    f"two heads {len(two_heads)}"
+)
 assert len(one_head) == len(pairs) // 2 and len(two_heads) == len(pairs)
 
 # %% [markdown]

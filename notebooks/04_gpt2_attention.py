@@ -239,16 +239,21 @@ from tqdm import TqdmWarning
 
 # tqdm's notebook bars need ipywidgets, which this offline set-up does not install
 warnings.filterwarnings("ignore", "IProgress not found", TqdmWarning)
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()  # no "Writing model shards" bar from save_pretrained
 
 torch.manual_seed(0)
 # GPT2Config's default <|endoftext|> id (50256) is outside this 1000-token vocabulary
 hf_config = GPT2Config(
-    vocab_size=1000, n_positions=128, n_embd=64, n_layer=3, n_head=4,
-    bos_token_id=999, eos_token_id=999,
+    vocab_size=1000,
+    n_positions=128,
+    n_embd=64,
+    n_layer=3,
+    n_head=4,
+    bos_token_id=999,
+    eos_token_id=999,
 )
 hf_model = GPT2LMHeadModel(hf_config).eval()
 folder = tempfile.mkdtemp()

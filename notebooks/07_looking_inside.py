@@ -165,7 +165,9 @@ assert all(h.status == "uniform" for h in fresh.heads) and fresh.collapsed and n
 report = diagnose(cache)
 print(f"{'layer':<30} head  entropy  max weight  status")
 for h in report.heads:
-    print(f"{h.layer:<30} {h.head:>4}  {h.entropy_mean:7.3f}  {h.max_weight_mean:10.3f}  {h.status}")
+    print(
+        f"{h.layer:<30} {h.head:>4}  {h.entropy_mean:7.3f}  {h.max_weight_mean:10.3f}  {h.status}"
+    )
 print("problems:", report.problems() or "none", "— ok:", report.ok)
 assert report.origin is None and report.first_nonfinite is None and report.ok
 assert not any(h.uniform for h in report.heads)

@@ -298,3 +298,22 @@ def test_nothing_is_read_back_off_the_cpu(kind: str, monkeypatch: pytest.MonkeyP
     model(torch.zeros(2, 5, dtype=torch.long, device=meta), cache=cache)
     logits = model(torch.zeros(2, 1, dtype=torch.long, device=meta), cache=cache).logits
     assert logits.device == meta and logits.shape == (2, 1, 61)
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "message"),
+    [("bogus", ValueError, "device 'bogus': torch knows no such device"),
+     ("cuda:99", ValueError, "device 'cuda:99': "),
+     (99, ValueError, "device 99: "),
+     (1.5, TypeError, "device must be a torch.device, a str such as 'cpu' or 'cuda:1', or a CUDA")],
+)  # fmt: skip
+def test_a_device_this_machine_lacks_is_refused_by_name(
+    device: object, error: type, message: str
+) -> None:
+    # issue 32: load_pretrained(device='cuda'|'bogus'|5) on a CPU machine raised torch's errors
+    from attnlab.tasks.run import load_run
+
+    with pytest.raises(error, match=message):
+        al.load_pretrained("smollm2-135m", device=device)  # type: ignore[arg-type]
+    with pytest.raises(error, match=message):
+        load_run("no-such-run", device=device)  # type: ignore[arg-type]

@@ -4,7 +4,9 @@ code rely on."""
 from __future__ import annotations
 
 import inspect
+import types
 
+import pytest
 import torch
 
 import attnlab as al
@@ -49,3 +51,17 @@ def test_noam_is_a_torch_scheduler_reachable_as_attnlab_training() -> None:
     assert isinstance(sched, torch.optim.lr_scheduler.LRScheduler)
     # the first optimizer step uses the rate of step 1
     assert opt.param_groups[0]["lr"] == 512**-0.5 * 4000**-1.5
+
+
+def test_every_public_name_is_what_its_module_defines() -> None:
+    # `import attnlab` loads its public names on first use: each is the object, not its module
+    from attnlab.decoding.generate import generate
+
+    assert al.generate is generate
+    modules = {"errors", "inspect", "training", "masks"}
+    for name in al.__all__:
+        value = getattr(al, name)
+        assert isinstance(value, types.ModuleType) == (name in modules), name
+    assert set(al.__all__) <= set(dir(al))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        al.nothing  # noqa: B018

@@ -1,7 +1,8 @@
 """``python -m attnlab`` — the same as the ``attnlab`` command.
 
 Ctrl-C while the command line is still being imported prints ``attnlab: interrupted`` and exits
-with 130, as it does once :func:`attnlab.cli.main` runs.
+with 130, as it does once :func:`attnlab.cli.main` runs: ``import attnlab`` imports no torch (its
+public names load on first use), so the handlers below are in place before anything heavy loads.
 """
 
 import sys

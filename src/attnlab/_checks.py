@@ -44,6 +44,63 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def find_device(value: str | int | torch.device) -> torch.device | str:
+    """The device ``value`` names on this machine, or why there is none.
+
+    ``cpu``, ``cuda`` / ``cuda:N`` or a CUDA index (when CUDA is available and has GPU N),
+    ``mps`` (when available); other device types torch knows (``meta``, …) are passed on.
+
+    Returns:
+        The ``torch.device``, or the reason as text (e.g. ``"CUDA is not available on this
+        machine"``) for the caller to put in its own error.
+    """
+    try:
+        dev = torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+    except RuntimeError:  # torch's error for a string that names no device type
+        return "torch knows no such device (expected e.g. 'cpu', 'cuda' or 'cuda:1')"
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return "CUDA is not available on this machine"
+        if dev.index is not None and dev.index >= count:
+            return f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available on this machine"
+    return dev
+
+
+def check_device(name: str, value: object) -> torch.device:
+    """A device this machine has (:func:`find_device`), from a ``torch.device``, its name or a
+    CUDA index.
+
+    Raises:
+        ArgumentTypeError: ``value`` is not a ``torch.device``, a str or an int.
+        ArgumentError: torch knows no such device, or this machine lacks it.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise ArgumentTypeError(
+            f"{name} must be a torch.device, a str such as 'cpu' or 'cuda:1', or a CUDA index, "
+            f"got {type(value).__name__}"
+        )
+    found = find_device(value)
+    if isinstance(found, str):
+        raise ArgumentError(f"{name} {value!r}: {found}")
+    return found
+
+
+#: seeds are 32-bit: python's, numpy's and torch's generators all take them
+SEED_LIMIT = 2**32
+
+
+def check_seed(name: str, value: object) -> int:
+    """A seed: an int in ``[0, 2**32)`` (larger ones overflow torch's and numpy's generators)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value < SEED_LIMIT:
+        raise ArgumentError(f"{name} must be in [0, 2**32), got {value}")
+    return value
+
+
 def check_sink_rows(value: object, batch: int) -> list[int]:
     """A cache's ``sinks``: a non-negative int for every row, or one per row of ``batch``."""
     rows = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]

@@ -17,7 +17,8 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,6 +30,7 @@ from attnlab.errors import ArgumentError
 __all__ = [
     "fsync_dir",
     "fsync_file",
+    "naming",
     "replace_file",
     "replace_folder",
     "replace_with",
@@ -75,15 +77,31 @@ def write_synced(path: Path, data: bytes) -> None:
     Raises:
         OSError: the write failed (a full disk, a read-only file system, …), naming ``path``.
     """
+    with naming(path), open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Give ``path`` to an ``OSError`` raised inside that names no file.
+
+    A write's error (``ENOSPC`` of a full disk, ``EIO``) carries only its errno, so the command
+    line would print ``[Errno 28] No space left on device`` without saying where.
+
+    Args:
+        path: the file being written.
+
+    Raises:
+        OSError: the error, with ``filename`` set to ``path`` where it had none.
+    """
     try:
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield
     except OSError as exc:
         if exc.filename is not None:
             raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
 
 
 def safetensors_bytes(

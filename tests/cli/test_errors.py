@@ -230,7 +230,7 @@ def test_an_output_path_that_is_a_folder_is_one_line(
     assert capsys.readouterr().err == f"attnlab: error: {folder}: {os.strerror(errno.EISDIR)}\n"
 
 
-@pytest.mark.parametrize("device", ["bogus", "cuda:99"])
+@pytest.mark.parametrize("device", ["bogus", "cuda:99", "meta"])  # meta: issue 32
 def test_an_unknown_device_is_one_line(device: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["generate", "run", "--prompt", "a", "--device", device])

@@ -208,7 +208,8 @@ def test_train_on_a_read_only_folder_is_one_line_and_changes_nothing(
     capsys.readouterr()
     reason = os.strerror(errno.EROFS)
     assert main([*train, "--steps", "4", "--resume"]) == 2
-    assert _one_line(capsys.readouterr().err).endswith(f": {reason}\n")
+    err = _one_line(capsys.readouterr().err)
+    assert err.startswith(f"attnlab: error: {run}/") and err.endswith(f": {reason}\n"), err
     new = ["train", "lm", "--data", str(data), "--out", str(where / "new"), "--steps", "2"]
     assert main([*new, *LM_TINY]) == 2
     assert _one_line(capsys.readouterr().err) == f"attnlab: error: {where / 'new'}: {reason}\n"
@@ -217,8 +218,12 @@ def test_train_on_a_read_only_folder_is_one_line_and_changes_nothing(
 
 
 @pytest.mark.skipif(not _can_mount(), reason="needs to mount a tmpfs (root)")
+@pytest.mark.parametrize("leave", [16 * 1024, 0], ids=["room-for-the-lock", "no-byte-left"])
 def test_train_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
-    tmpfs: Callable[[str, str], Path | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmpfs: Callable[[str, str], Path | None],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    leave: int,
 ) -> None:
     data = tmp_path / "text.txt"
     data.write_text(LM_TEXT, encoding="utf-8")
@@ -229,12 +234,13 @@ def test_train_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     assert main([*train, "--steps", "2"]) == 0
     latest = (run / "checkpoints" / "latest").read_text()
     checkpoint = _tree(run / "checkpoints")
-    _fill(where, leave=16 * 1024)  # room for the lock and a few metrics, not for a checkpoint
+    _fill(where, leave=leave)  # 16 KiB: room for the lock and a few metrics, not a checkpoint
     capsys.readouterr()
     assert main([*train, "--steps", "4", "--resume"]) == 2
     # off a terminal the progress is plain "lm step N/4 ..." lines; then the one error line
     err = "".join(x for x in capsys.readouterr().err.splitlines(True) if " step " not in x)
     assert _one_line(err).endswith(f": {os.strerror(errno.ENOSPC)}\n")
+    assert err.startswith(f"attnlab: error: {run}/"), err  # issue 32: the errno alone, no path
     assert (run / "checkpoints" / "latest").read_text() == latest
     assert _tree(run / "checkpoints") == checkpoint
     assert main(["generate", str(run), "--prompt", "to", "--max-new-tokens", "3"]) == 0
@@ -367,16 +373,49 @@ runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
 """
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+
+
 @pytest.mark.parametrize("module", ["attnlab.cli", "attnlab.cli.flops"])
 def test_ctrl_c_during_start_up_of_python_m_attnlab(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", STOP_AT_IMPORT.format(module=module)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    done = _python(STOP_AT_IMPORT.format(module=module))
     assert (done.returncode, done.stderr) == (130, "attnlab: interrupted\n")
+
+
+SIGINT_AT_IMPORT = """
+import os, runpy, signal, sys, time
+
+class Interrupt:  # a real Ctrl-C (SIGINT) while {module} is being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+            try:  # as a library may: the interrupt turned into another error
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise ImportError("cannot load module more than once per process")
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["attnlab", "flops"]
+runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["torch", "numpy"])
+def test_a_real_ctrl_c_while_torch_imports_is_one_line_and_130(module: str) -> None:
+    # issue 32: `import attnlab` imported torch before __main__ could catch anything, and an
+    # interrupt inside numpy's import came back as numpy's ImportError: both were tracebacks
+    done = _python(SIGINT_AT_IMPORT.format(module=module))
+    assert (done.returncode, done.stderr) == (130, "attnlab: interrupted\n")
+
+
+def test_import_attnlab_imports_no_torch() -> None:
+    done = _python("import sys, attnlab, attnlab.cli; print('torch' in sys.modules, attnlab.GPT)")
+    assert done.stdout == "False <class 'attnlab.models.gpt.GPT'>\n", done.stderr
 
 
 @pytest.fixture

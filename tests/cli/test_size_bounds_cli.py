@@ -86,7 +86,8 @@ def test_translate_vocabulary_beyond_the_machine(translate) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--n-layer", "100000"], "--n-layer must be at most 1000 "),
-     (["--eval-iters", "1000000000"], "--eval-iters must be at most 100000 ")],
+     (["--eval-iters", "1000000000"], "--eval-iters must be at most 100000 "),
+     (["--grad-accum", "1000000000"], "--grad-accum must be at most 10000 ")],  # issue 32
 )  # fmt: skip
 def test_lm_counts_are_capped(lm, extra, message) -> None:
     _refused([*lm, *extra], message)
@@ -99,6 +100,14 @@ def test_generate_beams_are_capped(tmp_path) -> None:
         "--beams",
         "at most 1000",
         "1000000",
+    )
+
+
+def test_generate_new_tokens_are_capped(tmp_path) -> None:
+    # issue 32: --max-new-tokens 10**12 slid past the context for days; refused before the run
+    _refused(
+        ["generate", str(tmp_path / "missing"), "--prompt", "to", "--max-new-tokens", str(10**12)],
+        "--max-new-tokens must be at most 1000000",
     )
 
 

@@ -139,3 +139,108 @@ def test_inspect_streams_a_long_text_by_itself(
     monkeypatch.setattr("attnlab.cli.inspect.STREAM_BYTES", 1000)
     main(["inspect", str(gpt_run), "--text", PROMPT, "--json"])
     assert json.loads(capsys.readouterr().out)["streamed"] is True
+
+
+@pytest.mark.parametrize("command", ["view", "inspect", "plot"])
+def test_generate_past_the_context_is_refused_before_generating(
+    command: str, gpt_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # issue 32: --generate 1000000 generated for minutes before the context error
+    import attnlab.tasks.lm
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated before the length was checked")
+
+    monkeypatch.setattr(attnlab.tasks.lm, "generate_text", never)
+    extra = {"view": ["-o", str(tmp_path / "v.html")], "inspect": [],
+             "plot": ["-o", str(tmp_path / "p.png")]}[command]  # fmt: skip
+    head = ["plot", "heads", "--model"] if command == "plot" else [command]
+    argv = [*head, str(gpt_run), "--text", PROMPT, "--generate", "1000000", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{len(PROMPT)} tokens and 1000000 new ones" in err and "limit of 64" in err
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(gpt_run: Path, capsys) -> None:
+    # issue 32: the prompt's head was dropped without a word (a --chat lost its template's head)
+    assert main(["generate", str(gpt_run), "--prompt", "abc " * 20, "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the prompt has 80 tokens" in err and "limit of 64" in err
+    # within the context it continues, and the continuation slides past the context as before
+    assert main(["generate", str(gpt_run), "--prompt", "abc " * 16, "--max-new-tokens", "40"]) == 0
+
+
+@pytest.fixture
+def long_run(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_positions=4096, n_embd=8, n_layer=2,
+                    n_head=2)  # fmt: skip
+    return _save(tmp_path / "long", GPT(cfg).eval())
+
+
+def _never_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnlab.cli.view
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("captured before the page's size was checked")
+
+    monkeypatch.setattr(attnlab.cli.view, "capture_inputs", never)
+
+
+def test_view_refuses_a_page_a_browser_cannot_open(
+    long_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # issue 32: 10,000 tokens on a tiny model wrote a 1.2 GB page Chromium cannot open (and
+    # 2000 tokens of SmolLM2 grew to 9.5 GB before an internal MemoryError)
+    _never_captured(monkeypatch)
+    out = tmp_path / "v.html"
+    assert main(["view", str(long_run), "--text", "abc " * 975, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists(), err
+    # 2 layers × 2 heads × 3900² float32 weights in base64: 324.5 MB
+    assert "2 attention layers, 4 heads of 3900 × 3900 weights: about 309.4 MiB" in err
+    assert "more than the 190.7 MiB a browser opens" in err
+    assert "--layer PATH (one layer: about 154.7 MiB; these layers take at most 3061 tokens)" in err
+
+
+def test_view_layer_keeps_the_page_under_the_limit(
+    gpt_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import attnlab.cli.view
+
+    # two layers of 4 heads × 60² weights: 153,600 bytes of page; one layer is half of it
+    monkeypatch.setattr(attnlab.cli.view, "MAX_PAGE_BYTES", 100_000)
+    out = tmp_path / "v.html"
+    assert main(["view", str(gpt_run), "--ids", "5 " * 60, "-o", str(out)]) == 2
+    assert "--layer PATH" in capsys.readouterr().err
+    argv = ["view", str(gpt_run), "--ids", "5 " * 60, "--layer", "h.1.", "-o", str(out)]
+    assert main(argv) == 0
+    layers = [layer["name"] for g in _embedded(out.read_text())["groups"] for layer in g["layers"]]
+    assert layers == ["transformer.h.1.attn"]
+
+
+def test_view_refuses_weights_beyond_the_memory(
+    long_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import attnlab._budget
+
+    _never_captured(monkeypatch)
+    monkeypatch.setattr(attnlab._budget, "_physical_memory", lambda: 10**6)
+    assert main(["view", str(long_run), "--text", "abc " * 50, "-o", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the text (200 tokens) needs about" in err, err
+
+
+@pytest.mark.parametrize("ids", ["-1", str(2**70), "13"])
+@pytest.mark.parametrize("command", ["view", "inspect"])
+def test_ids_outside_the_vocabulary_name_ids(
+    command: str, ids: str, gpt_run: Path, tmp_path: Path, capsys
+) -> None:
+    # issue 32: --ids 2**70 was an OverflowError; out-of-range ids are named by the option
+    extra = ["-o", str(tmp_path / "v.html")] if command == "view" else []
+    assert main([command, str(gpt_run), "--ids", f"1 {ids}", *extra]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"attnlab: error: --ids must be token ids in [0, 13) (the vocabulary), got {ids}\n"
+    )

@@ -205,3 +205,14 @@ def test_cli_qk_spectrum(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert f" {float(eff[1, 3]):.0f}/" in table
     assert main(["inspect", str(run_dir), "--qk-spectrum", "--roles"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_non_finite_weights_name_the_layer_and_head() -> None:
+    # issue 32: a NaN weight ended in linalg's LinAlgError (an internal error)
+    model = _model("llama")
+    d_head = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        model.transformer.h[1].attn.qkv_parameters()[0][2 * d_head, 0] = float("nan")
+    with pytest.raises(ArgumentError, match=r"layer 1 \(transformer.h.1.attn\) head 2: its W_Q"):
+        qk_spectrum(model)
+    assert qk_spectrum(model, layer=0).qk.isfinite().all()  # the finite layer still reads

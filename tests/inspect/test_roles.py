@@ -338,6 +338,24 @@ def test_hostile_arguments_are_refused(options: dict, error: type, message: str)
         head_roles(_hand_built(), **options)
 
 
+def test_a_batch_beyond_the_cap_or_the_memory_is_refused_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 32: --roles-batch was unbounded (a batch of 10**6 ran out of memory, or for hours)
+    import attnlab._budget
+    import attnlab.inspect.roles
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokens drawn before the batch was checked")
+
+    monkeypatch.setattr(attnlab.inspect.roles, "repeated_tokens", never)
+    with pytest.raises(ArgumentError, match=r"batch must be in \[1, 4096\], got 1000000"):
+        head_roles(_hand_built(), seq_len=4, batch=10**6)
+    monkeypatch.setattr(attnlab._budget, "_physical_memory", lambda: 10**4)
+    with pytest.raises(ArgumentError, match="batch=4096, seq_len=4 needs about"):
+        head_roles(_hand_built(), seq_len=4, batch=4096)
+
+
 def test_role_scores_refuses_bad_shapes() -> None:
     with pytest.raises(ArgumentError, match=r"\(B, H, T, T\)"):
         role_scores(torch.zeros(1, 1, 3, 4), torch.zeros(1, 3, dtype=torch.long))
@@ -382,6 +400,8 @@ def test_cli_roles_errors_are_one_line(
     assert capsys.readouterr().err.strip().count("\n") == 0
     assert main(["plot", "roles", "-o", str(tmp_path / "r.png")]) == 2
     assert "--model" in capsys.readouterr().err
+    assert main(["inspect", str(hand_run), "--roles", "--roles-batch", "5000"]) == 2
+    assert "--roles-batch must be at most 4096" in capsys.readouterr().err
 
 
 def test_cli_plot_roles(hand_run: Path, tmp_path: Path) -> None:

@@ -345,6 +345,9 @@ BAD = [
     ({"block_size": 4, "global_blocks": (0, 9)}, ValueError, "global_blocks holds block 9"),
     ({"block_size": 4, "global_blocks": "0"}, TypeError, "global_blocks must be an int"),
     ({"block_size": 4, "seed": 1.5}, TypeError, "seed must be an int"),
+    # seeds are 32-bit (issue 32: 2**70 was an OverflowError inside torch)
+    ({"block_size": 4, "seed": 2**70}, ValueError, rf"seed must be in \[0, 2\*\*32\), got {2**70}"),
+    ({"block_size": 4, "seed": -1}, ValueError, r"seed must be in \[0, 2\*\*32\), got -1"),
     ({"block_size": 4, "generator": 3}, TypeError, "generator must be a torch.Generator"),
     ({"block_size": 4, "causal": 1}, TypeError, "causal must be a bool"),
 ]
@@ -387,3 +390,10 @@ def test_bad_block_layouts_and_block_masks_are_refused_by_name() -> None:
         al.scaled_dot_product_attention(torch.randn(1, 2, 14, 4), k, k, block_mask=layout)
     with pytest.raises(ValueError, match="q_len must be at most seq_len = 13, got 14"):
         layout.to_dense(14)
+
+
+def test_a_spec_seed_is_32_bit() -> None:
+    from attnlab.nn.kinds import BigBirdSpec
+
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*32\)"):
+        BigBirdSpec(block_size=4, seed=2**70)

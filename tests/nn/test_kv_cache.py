@@ -46,3 +46,14 @@ def test_generation_cache_is_sized_prompt_plus_new_tokens() -> None:
     assert stepper.cache.length == 8
     with pytest.raises(ValueError, match="capacity exceeded"):
         stepper.step(torch.zeros(2, dtype=torch.long))
+
+
+def test_a_cache_beyond_the_memory_is_refused_before_it_is_allocated() -> None:
+    # issue 32: KVCache(1, 1, 10**12, 8) asked the allocator for 64 TB (its raw RuntimeError)
+    with pytest.raises(ValueError, match=r"KVCache\(batch=1, .*capacity=1000000000000.* needs"):
+        KVCache(1, 1, 10**12, 8)
+    assert KVCache(1, 1, 10**12, 8, device="meta").k.shape == (1, 1, 10**12, 8)  # shapes only
+    with pytest.raises(TypeError, match=r"dtype must be a torch\.dtype"):
+        KVCache(1, 1, 4, 8, dtype="float32")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device 'bogus': torch knows no such device"):
+        KVCache(1, 1, 4, 8, device="bogus")

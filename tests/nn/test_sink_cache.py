@@ -176,3 +176,18 @@ def test_sinks_per_row_are_checked() -> None:
         al.GPT(cfg).new_cache(2, 8, sinks=(0, 2), window=4)  # learned positions
     same = al.GPT(cfg).new_cache(2, 8, sinks=(2, 2), window=4).layers[0]
     assert same.row_sinks is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [({"cache_sinks": "2", "cache_window": 8}, TypeError, "cache_sinks must be an int, got str"),
+     ({"cache_sinks": -1, "cache_window": 8}, ValueError, "cache_sinks must be a non-negative"),
+     ({"cache_sinks": 2, "cache_window": 0}, ValueError, "cache_window must be a positive int"),
+     ({"cache_sinks": 2, "cache_window": 8.0}, TypeError, "cache_window must be an int")],
+)  # fmt: skip
+def test_generate_refuses_sink_options_of_the_wrong_type(
+    options: dict, error: type, message: str
+) -> None:
+    # issue 32: cache_sinks='2' ended in "can only concatenate str (not int) to str"
+    with pytest.raises(error, match=message):
+        al.generate(llama_like(), torch.randint(0, 53, (1, 10)), max_new_tokens=2, **options)

@@ -56,22 +56,24 @@ def test_a_signal_requests_a_stop(signum: int) -> None:
 
 
 @pytest.mark.usefixtures("previous_handlers")
-def test_a_second_ctrl_c_aborts_unless_it_is_the_first_delivered_twice(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_aborts_unless_it_is_the_first_delivered_twice(
+    signum: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # issue 32: a second SIGTERM only logged again, so a SIGTERM'd run waited for its step
     now = [100.0]
     monkeypatch.setattr(stop_module.time, "monotonic", lambda: now[0])
     with GracefulStop() as stop:
         try:
-            signal.raise_signal(signal.SIGINT)
-            now[0] += 0.5  # the same Ctrl-C, forwarded by torchrun
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
+            now[0] += 0.5  # the same signal, forwarded by torchrun
+            signal.raise_signal(signum)
         except KeyboardInterrupt:
-            pytest.fail("a first Ctrl-C, or the same one delivered twice, must not abort")
+            pytest.fail("a first signal, or the same one delivered twice, must not abort")
         assert stop.requested
         now[0] += 1.0
         with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
 
 
 def test_request_outside_the_main_thread_installs_nothing() -> None:

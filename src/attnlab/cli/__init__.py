@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from attnlab.cli.errors import CLIError, report
 
@@ -74,6 +78,34 @@ def interrupted() -> int:
     return INTERRUPTED_EXIT
 
 
+def _exit_interrupted(signum: int, frame: object) -> None:
+    os.write(2, b"attnlab: interrupted\n")
+    os._exit(INTERRUPTED_EXIT)
+
+
+@contextmanager
+def _exit_at_once_on_ctrl_c() -> Iterator[None]:
+    """Ctrl-C while the commands' modules import ends the process at once with 130.
+
+    Not as a ``KeyboardInterrupt``: one raised inside a library's import can leave it half
+    initialised, and the library may turn it into another error (numpy answers the retry with
+    ``ImportError: cannot load module more than once per process``, a traceback). Nothing has
+    been done yet, so there is nothing to save. Only where Python's own handler is installed
+    (an embedding program's handler is left alone) and in the main thread.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
@@ -88,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()  # imports every command's module (torch, rich, …)
+    with _exit_at_once_on_ctrl_c():
+        parser = build_parser()  # imports every command's module (torch, rich, …)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"

@@ -10,6 +10,7 @@ import argparse
 
 from attnlab.cli import CLIError
 from attnlab.cli.options import beams, non_negative_int
+from attnlab.models.config import TransformerConfig
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.run import Run
 
@@ -64,6 +65,14 @@ def _ids(text: str) -> list[int]:
 def model_inputs(run: Run, args: argparse.Namespace) -> ModelInputs:
     """What the run's model reads for the text (or ids) the options name, as its task says."""
     source_ids = _ids(args.ids) if args.ids is not None else None
+    if source_ids is not None:
+        cfg = run.config
+        vocab = cfg.src_vocab_size if isinstance(cfg, TransformerConfig) else cfg.vocab_size
+        bad = [i for i in source_ids if not 0 <= i < vocab]
+        if bad:
+            raise CLIError(
+                f"--ids must be token ids in [0, {vocab}) (the vocabulary), got {bad[0]}"
+            )
     if run.is_seq2seq:
         if args.max_new_tokens:
             raise CLIError(

@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from attnlab._budget import check_at_most
 from attnlab.cli.errors import CLIError
 from attnlab.cli.options import positive_int, seed
-from attnlab.inspect.roles import HeadRoles, head_roles, ordinary_token_range
+from attnlab.inspect.roles import MAX_BATCH, HeadRoles, head_roles, ordinary_token_range
 from attnlab.models.gpt import GPT
 from attnlab.tasks.run import Run
 
@@ -29,7 +30,7 @@ def add_roles_arguments(p: argparse.ArgumentParser) -> None:
         "--roles-batch",
         type=positive_int,
         default=8,
-        help="role scores: random sequences averaged over (default 8)",
+        help=f"role scores: random sequences averaged over (default 8, at most {MAX_BATCH})",
     )
     p.add_argument(
         "--roles-seed", type=seed, default=0, help="role scores: seed of the tokens (default 0)"
@@ -90,6 +91,7 @@ def measure_roles(loaded: Run, args: argparse.Namespace) -> HeadRoles:
         raise CLIError(
             f"role scores need a decoder-only language model; {loaded.path} is an encoder-decoder"
         )
+    check_at_most("--roles-batch", args.roles_batch, MAX_BATCH, "the scores settle long before")
     tokenizer = getattr(loaded.io, "tokenizer", None)
     vocab = loaded.model.config.vocab_size
     bos = _bos(getattr(args, "roles_bos", "none"), tokenizer, vocab, str(loaded.path))

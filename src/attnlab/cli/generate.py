@@ -6,8 +6,9 @@ GPT-NeoX) or a Hub id (see :func:`attnlab.load_pretrained`). ``--chat TEXT`` put
 the model's chat template as a user's message and prints the assistant's answer (generation stops
 at the model's end token). The prompt goes through the task's own text path
 (:mod:`attnlab.tasks`); the text is sampled (or greedy / beam decoded) with the KV cache of
-:func:`attnlab.generate`; past the model's context length the oldest tokens are dropped, as
-nanoGPT's ``sample.py`` does. For an encoder-decoder run (copy, reverse, sort, translate) the
+:func:`attnlab.generate`; once the continuation passes the model's context length the oldest
+tokens are dropped, as nanoGPT's ``sample.py`` does, but a prompt (or a ``--chat`` message in its
+template) longer than the context is refused in one line, never cut. For an encoder-decoder run (copy, reverse, sort, translate) the
 prompt is the source and the output its decoding (as ``attnlab translate``).
 
 On a terminal, control characters of the text (a model can write escape sequences) are shown
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab._budget import check_at_most
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._help import plain
@@ -26,6 +28,7 @@ from attnlab.cli.options import add_cache_argument, beams, positive_int, seed
 from attnlab.decoding.generate import STRATEGIES
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.run import load_run
+from attnlab.tasks.train_options import CAPS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_at_most("--max-new-tokens", args.max_new_tokens, *CAPS["max_new_tokens"])
     loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     console = TextConsole(raw=args.raw)
     if not isinstance(loaded.io, LMIO):

@@ -66,7 +66,7 @@ from attnlab.inspect.nonfinite import watch_nonfinite
 from attnlab.inspect.qk_circuits import CircuitSpectrum, qk_spectrum
 from attnlab.inspect.roles import ROLES, HeadRoles
 from attnlab.tasks.base import ModelInputs
-from attnlab.tasks.figures import capture_inputs
+from attnlab.tasks.figures import attention_size, capture_inputs
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.run import Run, load_run
 
@@ -281,9 +281,7 @@ def _summary(report: HealthReport) -> str:
 
 def _weight_bytes(loaded: Run, inputs: ModelInputs) -> int:
     """The bytes every attention layer's fp32 weights ``(H, T_q, T_k)`` would take together."""
-    lengths = (len(inputs.source_tokens), len(inputs.target_tokens))
-    t = sum(lengths) if inputs.kind == "lm" else max(lengths)
-    heads = sum(m.num_heads for m in attention_modules(loaded.model).values())
+    _, heads, t = attention_size(loaded.model, inputs)
     return 4 * heads * t * t
 
 

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from attnlab._checks import SEED_LIMIT
 from attnlab.nn.kinds import AttentionSpec, attention_kinds, cli_dests, spec_class, spec_from_cli
 from attnlab.tasks.train_options import CAPS
 
@@ -81,10 +82,6 @@ def non_negative_int(text: str) -> int:
             argparse prints it as a one-line usage error.
     """
     return _parse(text, int, "a non-negative int", lambda v: v >= 0)
-
-
-#: seeds are 32-bit: python's, numpy's and torch's generators all take them
-SEED_LIMIT = 2**32
 
 
 def seed(text: str) -> int:

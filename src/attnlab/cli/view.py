@@ -8,25 +8,44 @@ For an encoder-decoder the text is the source and the target is the model's own 
 linformer``) is shown as it computes: its ``T × k`` weights over the projected ``E·K`` rows, and
 the effective weights ``A · F`` over the source tokens (see :mod:`attnlab.viz.viewer`).
 The page opens on the most informative head (:func:`attnlab.viz.most_informative_head`).
+
+The page's size is known before anything runs: every captured layer's ``H × T × T`` weights, as
+base64 float32 (:data:`PAGE_BYTES_PER_WEIGHT`). A page over :data:`MAX_PAGE_BYTES` (a browser
+cannot open a 1.2 GB page, and building it takes several times its size in memory) is refused
+in one line that says how to reduce it: ``--layer`` keeps the layers whose path contains it, or a
+shorter text; ``attnlab inspect --long`` measures a long text without its ``T × T`` weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
+from attnlab._budget import check_fits, format_bytes
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli.options import add_cache_argument
-from attnlab.tasks.figures import capture_inputs, viewer_for
-from attnlab.tasks.run import load_run
+from attnlab.tasks.base import ModelInputs
+from attnlab.tasks.figures import attention_size, capture_inputs, viewer_for
+from attnlab.tasks.run import Run, load_run
 from attnlab.viz.files import check_output_path
 from attnlab.viz.viewer import write_viewer
 
-__all__ = ["register", "run"]
+__all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES_PER_WEIGHT", "register", "run"]
+
+#: the largest page ``view`` writes (Chromium does not open a 1.2 GB one; at 200 MB it takes
+#: seconds): a page over it is refused, naming ``--layer`` and the longest text that fits
+MAX_PAGE_BYTES = 200 * 10**6
+#: a weight's bytes on the page: float32 as base64 (4 bytes → 16/3 characters)
+PAGE_BYTES_PER_WEIGHT = 16 / 3
+#: the memory building the page takes per weight: the captured float32 tensor, its numpy copy,
+#: its base64 text, the JSON and the page around it (about 4 + 4 + 3 · 16/3 bytes)
+BUILD_BYTES_PER_WEIGHT = 24
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_input_arguments(p, text_required=False)
     p.add_argument(
+        "--layer",
+        action="append",
+        metavar="PATH",
+        help="only the attention layers whose module path contains this (repeatable, e.g. "
+        "h.3.); a long text's page holds fewer weights",
+    )
+    p.add_argument(
         "--training",
         action="store_true",
         help="the attention recorded while the run trained (--probe), with a step slider",
@@ -65,19 +91,48 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("view needs --text TEXT (or --ids), or --training")
     loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
-    cache = capture_inputs(loaded.model, inputs)
+    names = None
+    if args.layer:
+        names = lambda path: any(s in path for s in args.layer)  # noqa: E731
+    _check_page_size(loaded, inputs, names, args.device)
+    cache = capture_inputs(loaded.model, inputs, names=names)
     title = f"attnlab · {Path(args.path).name} · {inputs.output}"
     out = write_viewer(viewer_for(inputs, cache, title), args.output)
     Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 
+def _check_page_size(
+    loaded: Run, inputs: ModelInputs, names: Callable[[str], bool] | None, device: object
+) -> None:
+    """Refuse a page a browser could not open (:data:`MAX_PAGE_BYTES`), or whose weights would
+    not fit the memory, in one line saying how to reduce it, before anything is captured."""
+    layers, heads, t = attention_size(loaded.model, inputs, names)
+    if not layers:
+        return  # the capture says that --layer selects nothing
+    weights = heads * t * t
+    page = int(weights * PAGE_BYTES_PER_WEIGHT)
+    if page > MAX_PAGE_BYTES:
+        longest = math.isqrt(int(MAX_PAGE_BYTES / PAGE_BYTES_PER_WEIGHT / heads))
+        one = f"one layer: about {format_bytes(page // layers)}; " if layers > 1 else ""
+        raise CLIError(
+            f"the page would hold {layers} attention layers, {heads} heads of {t} × {t} "
+            f"weights: about {format_bytes(page)}, more than the {format_bytes(MAX_PAGE_BYTES)} "
+            f"a browser opens; choose layers with --layer PATH ({one}these layers take at most "
+            f"{longest} tokens) or shorten the text (inspect --long measures a long text)"
+        )
+    text = f"the text ({t} tokens)"
+    check_fits(text, weights * BUILD_BYTES_PER_WEIGHT, what="the attention weights and the page")
+    if str(device) != "cpu":
+        check_fits(text, weights * 4, what="the captured attention weights", device=device)
+
+
 def _training_view(args: argparse.Namespace) -> int:
     from attnlab.tasks.probe import load_probe_history
     from attnlab.viz.evolution_viewer import viewer_data_from_history
 
-    if args.text is not None or args.ids is not None:
-        raise CLIError("--training shows the recorded probe; it takes no --text or --ids")
+    if args.text is not None or args.ids is not None or args.layer:
+        raise CLIError("--training shows the recorded probe; it takes no --text, --ids or --layer")
     history = load_probe_history(args.path)
     title = f"attnlab · {Path(args.path).name} · attention during training"
     out = write_viewer(viewer_data_from_history(history, title=title), args.output)

@@ -358,6 +358,11 @@ def _check_sink_cache(
         raise ArgumentError(
             f"a sink cache needs both cache_sinks and cache_window, got {sinks!r} and {window!r}"
         )
+    if isinstance(sinks, bool) or not isinstance(sinks, int):
+        raise ArgumentTypeError(f"cache_sinks must be an int, got {type(sinks).__name__}")
+    if sinks < 0:
+        raise ArgumentError(f"cache_sinks must be a non-negative int, got {sinks}")
+    check_positive_int("cache_window", window)
     if attention_mask is not None:
         raise ArgumentError("attention_mask must be None with a sink cache (no left padding)")
     limit = model.config.n_positions

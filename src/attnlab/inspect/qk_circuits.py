@@ -52,6 +52,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import nn
 
+from attnlab._checks import all_finite
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 from attnlab.nn.multihead import MultiHeadAttention
@@ -318,6 +319,21 @@ def _chosen(layer: object, n: int) -> list[int]:
 
 
 @torch.no_grad()
+def _check_finite_heads(w: HeadWeights, where: str) -> None:
+    """Refuse non-finite weights (the SVD cannot converge on them), naming the head."""
+    parts = {"W_Q": w.query, "W_K": w.key, "W_V": w.value, "W_O": w.output}
+    if all_finite(parts.values()):
+        return
+    for name, t in parts.items():
+        bad = ~torch.isfinite(t).flatten(1).all(1)
+        if bool(bad.any()):
+            head = int(bad.nonzero()[0, 0])
+            raise ArgumentError(
+                f"{where} head {head}: its {name} holds NaN or infinity, so its circuits have "
+                "no singular values; the model's weights are damaged (or its training diverged)"
+            )
+
+
 def qk_spectrum(model: nn.Module, layer: int | Sequence[int] | None = None) -> CircuitSpectrum:
     """The singular values of every head's QK and OV circuits, layer by layer.
 
@@ -336,7 +352,8 @@ def qk_spectrum(model: nn.Module, layer: int | Sequence[int] | None = None) -> C
 
     Raises:
         ValueError: the model has no attention layer, a layer index outside
-            ``[0, number of layers)``, or the chosen layers differ in heads or width.
+            ``[0, number of layers)``, the chosen layers differ in heads or width, or a head's
+            weights hold NaN or infinity (the message names the layer and the head).
         TypeError: ``model`` is not a module, or ``layer`` is not an int, a sequence of ints or
             ``None``.
 
@@ -362,8 +379,9 @@ def qk_spectrum(model: nn.Module, layer: int | Sequence[int] | None = None) -> C
         )
     (_, kv_heads, d_head, d_model) = shapes.pop()
     qk, ov = [], []
-    for attn in chosen:
+    for i, attn in zip(indices, chosen, strict=True):
         w = head_weights(attn)
+        _check_finite_heads(w, f"layer {i} ({paths[i]})")
         # M_QK^h = W_Q^hᵀ W_K^g / √d_head: factors A = W_Q^hᵀ, B = W_K^gᵀ, scale 1/√d_head
         qk.append(_low_rank_singular_values(w.query.mT, w.key.mT, d_head**-0.5))
         # M_OV^h = W_V^gᵀ W_O^hᵀ: factors A = W_V^gᵀ, B = W_O^h                          (H, d, e)

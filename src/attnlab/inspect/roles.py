@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab._budget import check_fits
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import capture_attention
@@ -83,6 +84,9 @@ ROLES = ("previous", "duplicate", "induction", "copying")
 
 #: the longest repeated sequence (tokens per copy) :func:`head_roles` accepts
 MAX_SEQ_LEN = 4096
+#: the most random sequences :func:`head_roles` averages over (the scores settle long before;
+#: each sequence costs a forward and its attention weights)
+MAX_BATCH = 4096
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -545,7 +549,8 @@ def head_roles(
     Raises:
         ValueError: the input (``2 · seq_len``, plus ``bos``) is longer than ``n_positions``,
             ``token_range`` is out of the vocabulary or narrower than ``seq_len``, ``bos`` is
-            out of the vocabulary, or a count is below 1.
+            out of the vocabulary, a count is below 1 or ``batch`` above :data:`MAX_BATCH`, or
+            the weights of every layer would not fit the memory of the model's device.
         TypeError: ``model`` is not an ``attnlab.GPT``, or an argument has the wrong type.
 
     Shape:
@@ -570,8 +575,13 @@ def head_roles(
     allowed = (0, cfg.vocab_size) if token_range is None else token_range
     lo, hi = _check_range(allowed, cfg.vocab_size, n)
     _check_int("top_k", top_k, 1)
-    tokens = repeated_tokens(n, batch=batch, token_range=(lo, hi), bos=bos, seed=seed)
+    _check_int("batch", batch, 1, MAX_BATCH)
     device = model.transformer.wte.weight.device
+    # every attention layer's weights are held at once: (batch, H, T, T) each
+    held = cfg.n_layer * batch * cfg.n_head * length**2 * model.transformer.wte.weight.itemsize
+    what = "every layer's attention weights of the role scores"
+    check_fits(f"batch={batch}, seq_len={n}", held, what=what, device=device)
+    tokens = repeated_tokens(n, batch=batch, token_range=(lo, hi), bos=bos, seed=seed)
     was_training = model.training
     model.eval()
     try:

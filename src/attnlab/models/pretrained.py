@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from attnlab._checks import check_device
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
@@ -122,7 +123,8 @@ def load_pretrained(
     Raises:
         FileNotFoundError: a path that does not exist and is no Hub id.
         ValueError: a source of an unsupported family, a file that is not what it claims, a
-            Hub id that cannot be downloaded (one line each).
+            Hub id that cannot be downloaded, a ``device`` this machine lacks (one line each).
+        TypeError: ``dtype`` or ``device`` of the wrong type.
 
     Examples:
         >>> model, tokenizer = load_pretrained("smollm2-135m")
@@ -132,6 +134,7 @@ def load_pretrained(
         raise ArgumentTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(cache, bool):
         raise ArgumentTypeError(f"cache must be a bool, got {type(cache).__name__}")
+    device = check_device("device", device)  # before anything is read
     if not isinstance(source, (str, Path)):
         from attnlab.models.hf import from_hf
 

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import torch
 
-from attnlab._checks import check_positive_int, check_tensor, shape_str
+from attnlab._checks import check_positive_int, check_seed, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["BlockLayout", "bigbird_layout", "bigbird_mask", "expand_blocks"]
@@ -334,7 +334,8 @@ def bigbird_layout(
             ones count from the end, BigBird-ITC's ``(0, -1)``).
         window_blocks: the band's width in blocks: ``0`` (no band) or an odd int.
         num_random_blocks: random key blocks per query block, ``>= 0``.
-        seed: seeds the draw of the random blocks when ``generator`` is ``None``.
+        seed: seeds the draw of the random blocks when ``generator`` is ``None``: an int in
+            ``[0, 2**32)``.
         generator: a CPU ``torch.Generator`` to draw the random blocks from instead of ``seed``.
         causal: keep the blocks on or below the diagonal and the causal rule inside them.
 
@@ -365,9 +366,7 @@ def bigbird_layout(
         )
     k = _non_negative_int("num_random_blocks", num_random_blocks)
     if generator is None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ArgumentTypeError(f"seed must be an int, got {type(seed).__name__}")
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(check_seed("seed", seed))
     elif not isinstance(generator, torch.Generator):
         raise ArgumentTypeError(f"generator must be a torch.Generator or None, got {generator!r}")
     if not isinstance(causal, bool):

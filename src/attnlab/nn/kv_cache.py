@@ -39,7 +39,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from attnlab._checks import check_positive_int, check_sink_rows, shape_str
+from attnlab._budget import check_fits
+from attnlab._checks import check_device, check_positive_int, check_sink_rows, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState", "last_keys"]
@@ -74,6 +75,10 @@ class KVCache:
             buffers hold ``min(capacity, sinks + window)`` positions. A sequence gives each batch
             row its own (:meth:`key_places` then hides the others' sinks from it). Default
             ``None``: the positions are the tokens' own.
+
+    Raises:
+        ValueError: a size that is not a positive int, or buffers larger than the memory of
+            ``device`` (checked before they are allocated, :func:`attnlab._budget.check_fits`).
 
     Shape:
         ``keys``: ``(B, H_kv, held, d_head)``; ``values``: ``(B, H_kv, held, d_head_v)``, where
@@ -116,6 +121,17 @@ class KVCache:
             self._recent = capacity - sinks  # the window's slots (fewer if capacity is smaller)
         elif self.window is not None:
             capacity = min(capacity, self.window)
+        if not isinstance(dtype, torch.dtype):
+            raise ArgumentTypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        device = torch.get_default_device() if device is None else check_device("device", device)
+        if device.type != "meta":  # meta: shapes only, nothing held
+            check_fits(
+                f"KVCache(batch={batch}, num_kv_heads={num_kv_heads}, capacity={capacity}, "
+                f"d_head={d_head})",
+                batch * num_kv_heads * capacity * (d_head + d_v) * dtype.itemsize,
+                what="the cache's keys and values",
+                device=device,
+            )
         self.k = torch.zeros(batch, num_kv_heads, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros(batch, num_kv_heads, capacity, d_v, dtype=dtype, device=device)
         self.length = 0

@@ -8,6 +8,7 @@ what the model wrote.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,18 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from attnlab.inspect.capture import ActivationCache, capture, capture_attention
+from attnlab.inspect.capture import (
+    ActivationCache,
+    attention_modules,
+    capture,
+    capture_attention,
+)
 from attnlab.tasks.base import ModelInputs
 from attnlab.viz.attention import attention_heatmap, head_grid
 from attnlab.viz.viewer import ViewerData, viewer_data
 
 __all__ = [
+    "attention_size",
     "capture_inputs",
     "layer_labels",
     "layer_sequences",
@@ -58,6 +65,27 @@ def capture_inputs(
     finally:
         model.train(was_training)
     return cache
+
+
+def attention_size(
+    model: nn.Module, inputs: ModelInputs, names: Callable[[str], bool] | None = None
+) -> tuple[int, int, int]:
+    """How large a capture of the attention weights of ``inputs`` would be, before it is made.
+
+    Args:
+        model: the run's model.
+        inputs: what it reads.
+        names: which layers are captured (a module path → keep it), default every one.
+
+    Returns:
+        ``(layers, heads, T)``: the selected attention layers, their heads together and the
+        longest sequence they attend over (a language model's tokens, the longer side of an
+        encoder-decoder); the weights number at most ``heads · T²``.
+    """
+    lengths = (len(inputs.source_tokens), len(inputs.target_tokens))
+    t = sum(lengths) if inputs.kind == "lm" else max(lengths)
+    layers = [m for n, m in attention_modules(model).items() if names is None or names(n)]
+    return len(layers), sum(m.num_heads for m in layers), t
 
 
 def token_sequences(inputs: ModelInputs) -> dict[str, list[str]]:

@@ -23,6 +23,7 @@ from rich.console import Console
 from torch import nn
 
 from attnlab._budget import check_bpe_vocab
+from attnlab._checks import check_seed
 from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
@@ -258,6 +259,15 @@ def generate_text(
     return ids
 
 
+def _check_new_tokens(max_new_tokens: object) -> None:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 0
+    ):
+        raise ArgumentError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+
+
 @dataclass(frozen=True)
 class LMIO:
     """The one path between text and a language model's input (see :mod:`attnlab.tasks.base`):
@@ -322,20 +332,22 @@ class LMIO:
 
         Returns:
             The prompt's ids followed by the new ones (the prompt alone for ``max_new_tokens=0``).
+
+        Raises:
+            ValueError: the prompt alone has more tokens than the model's context (refused,
+                never cut; past the context the *continuation* slides, see :func:`generate_text`).
         """
         if strategy not in STRATEGIES:
             raise ArgumentError(
                 f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
             )
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
-            raise ArgumentError(
-                f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}"
-            )
+        _check_new_tokens(max_new_tokens)
         ids = list(source_ids) if source_ids is not None else self.encode(text or "")
+        if len(ids) > self.n_positions:  # never cut: its head (a chat template's) would be lost
+            raise ArgumentError(
+                f"the prompt has {len(ids)} tokens, more than the model's limit of "
+                f"{self.n_positions}; shorten it"
+            )
         if max_new_tokens == 0:
             return ids
         check_finite_weights(model)
@@ -344,7 +356,9 @@ class LMIO:
             kwargs["eos_token_id"] = self.eos_id
         if strategy == "sample":
             device = next(model.parameters()).device
-            kwargs["generator"] = torch.Generator(device=device).manual_seed(seed)
+            kwargs["generator"] = torch.Generator(device=device).manual_seed(
+                check_seed("seed", seed)
+            )
             kwargs.update(
                 {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
             )
@@ -387,18 +401,20 @@ class LMIO:
             The prompt and the continuation, with their token labels and the output text.
 
         Raises:
-            ValueError: the prompt and continuation do not fit the model's context, so one
-                forward could not see them all.
+            ValueError: the prompt and ``max_new_tokens`` do not fit the model's context, so one
+                forward could not see them all (checked before anything is generated).
         """
         prompt = list(source_ids) if source_ids is not None else self.encode(text or "")
+        _check_new_tokens(max_new_tokens)
+        if len(prompt) + max_new_tokens > self.n_positions:  # before generating any of them
+            more = f" and {max_new_tokens} new ones (max_new_tokens)" if max_new_tokens else ""
+            raise ArgumentError(
+                f"the text has {len(prompt)} tokens{more}: {len(prompt) + max_new_tokens}, "
+                f"more than the model's limit of {self.n_positions}"
+            )
         ids = self.generate(
             model, None, max_new_tokens=max_new_tokens, source_ids=prompt, **options
         )
-        if len(ids) > self.n_positions:
-            raise ArgumentError(
-                f"the text and continuation have {len(ids)} tokens, more than the model's "
-                f"limit of {self.n_positions}"
-            )
         return self._model_inputs(ids[: len(prompt)], ids[len(prompt) :])
 
     def probe_inputs(self, text: str) -> ModelInputs:

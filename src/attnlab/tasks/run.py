@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab._checks import check_device
 from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
@@ -122,6 +123,7 @@ def load_run(
         FileNotFoundError: ``path`` does not exist.
         ValueError: the folder holds no loadable model or no tokenizer (one line naming why).
     """
+    device = check_device("device", device)
     if is_pretrained_source(path):  # a bundled name, a .gguf, a Hugging Face folder, a Hub id
         model, tokenizer = load_pretrained(str(path), device=device, cache=cache)
         eos = getattr(tokenizer, "eos_id", None)

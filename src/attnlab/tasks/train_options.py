@@ -106,6 +106,8 @@ CAPS: dict[str, tuple[int, str]] = {
     "n_layer": (1000, "layers; deeper models take hours to build and never train here"),
     "layers": (1000, "layers each; deeper models take hours to build and never train here"),
     "beams": (1000, "beam search gains nothing from more; each costs a decoding"),
+    "grad_accum": (10_000, "micro-batches per optimizer step; a step of more never ends here"),
+    "max_new_tokens": (1_000_000, "tokens to generate, a forward pass each; more run for days"),
 }
 
 

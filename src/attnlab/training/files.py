@@ -6,6 +6,7 @@ from __future__ import annotations
 from attnlab._files import (
     fsync_dir,
     fsync_file,
+    naming,
     replace_file,
     replace_with,
     safetensors_bytes,
@@ -15,6 +16,7 @@ from attnlab._files import (
 __all__ = [
     "fsync_dir",
     "fsync_file",
+    "naming",
     "replace_file",
     "replace_with",
     "safetensors_bytes",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab._checks import check_seed
 
 __all__ = ["get_rng_state", "seed_everything", "set_rng_state"]
 
@@ -23,10 +23,7 @@ def seed_everything(seed: int) -> None:
     Args:
         seed: an int in [0, 2**32).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ArgumentTypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not 0 <= seed < 2**32:
-        raise ArgumentError(f"seed must be in [0, 2**32), got {seed}")
+    check_seed("seed", seed)
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 - the global generator is what we seed
     torch.manual_seed(seed)

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from attnlab.errors import ArgumentError
+from attnlab.training.files import naming
 
 try:
     import fcntl
@@ -121,7 +122,8 @@ class RunLock:
                     self.path,
                     stale,
                 )
-            self._write_pid(fd)
+            with naming(self.path):  # a full disk: the errno alone would name no file
+                self._write_pid(fd)
         except BaseException:
             os.close(fd)  # closing releases the flock
             raise

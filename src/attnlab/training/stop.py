@@ -11,9 +11,12 @@
                 break
                                     # previous handlers back, also after an exception
 
-The first signal only sets :attr:`GracefulStop.requested` and logs a warning. A second Ctrl-C
-aborts at once (``KeyboardInterrupt``), unless it comes within a second of the first: that is the
-same Ctrl-C delivered twice (the terminal, and ``torchrun`` forwarding it to its workers).
+The first signal only sets :attr:`GracefulStop.requested` and logs a warning. A second signal,
+Ctrl-C or SIGTERM (a scheduler or ``kill`` asking again), aborts at once (``KeyboardInterrupt``:
+``attnlab: interrupted``, exit 130, the last saved checkpoint kept), unless it comes within a
+second of the first: that is the same signal delivered twice (the terminal, and ``torchrun``
+forwarding it to its workers). A step is bounded (``--grad-accum`` is capped,
+:data:`attnlab.tasks.train_options.CAPS`), so the first signal is answered within a step.
 Python runs signal handlers in the main thread only, so in another thread entering installs
 nothing and the object is a flag that :meth:`GracefulStop.request` sets.
 """
@@ -31,7 +34,7 @@ __all__ = ["GracefulStop"]
 
 logger = logging.getLogger(__name__)
 
-#: seconds within which a second SIGINT is taken for the first one delivered again
+#: seconds within which a second signal is taken for the first one delivered again
 SAME_SIGNAL_WINDOW = 1.0
 
 
@@ -68,14 +71,12 @@ class GracefulStop:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if (
-            signum == signal.SIGINT
-            and self._signals
-            and now - self._first_signal > SAME_SIGNAL_WINDOW
-        ):
-            raise KeyboardInterrupt
+        if self._signals and now - self._first_signal > SAME_SIGNAL_WINDOW:
+            raise KeyboardInterrupt  # asked twice: a SIGTERM as much as a Ctrl-C
         if not self._signals:
             self._first_signal = now
         self._signals += 1
-        logger.warning("stopping after this step and saving a checkpoint (Ctrl-C again aborts)")
+        logger.warning(
+            "stopping after this step and saving a checkpoint (Ctrl-C or SIGTERM again aborts)"
+        )
         self.requested = True

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from attnlab._checks import check_positive_int
+from attnlab._checks import check_positive_int, check_seed
 from attnlab.errors import ArgumentError
 from attnlab.nn.block_layout import BlockLayout, bigbird_layout
 from attnlab.nn.kinds.base import (
@@ -133,7 +133,8 @@ class BigBirdSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         check_int_field(self, "block_size")
-        for name in ("global_blocks", "window_blocks", "num_random_blocks", "seed"):
+        check_seed("seed", self.seed)  # 32-bit, as every seed of the project
+        for name in ("global_blocks", "window_blocks", "num_random_blocks"):
             check_int_field(self, name, minimum=0)
         if self.window_blocks != 0 and self.window_blocks % 2 == 0:
             raise ArgumentError(
