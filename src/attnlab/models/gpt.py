@@ -136,6 +136,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
+        if self.lm_head.weight.is_meta:  # built to receive weights (model_from_state): a meta
+            return  # tensor holds no values to draw (0.4 s of a SmolLM2 command went to it)
         self.apply(self._init_weights)
         residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for name, p in self.named_parameters():
