@@ -422,7 +422,7 @@ def test_reverse_task_heads() -> None:
     """Michel et al. on a trained model: without its cross-attention the model cannot reverse
     anything; without the least important half of its heads (ablation, estimated again after
     every 4 heads) it still reverses almost every held-out string (measured: 100% → 94.5%);
-    without the other half, almost none.
+    without the other half, almost none (0% here, 6% under another BLAS's rounding).
 
     One test (not a module fixture) so that the training runs once under pytest-xdist."""
     task = SequenceTask(REVERSE_TASK, seed=0)
@@ -449,5 +449,8 @@ def test_reverse_task_heads() -> None:
     most = without(rest)
     summary = f"full {full:.3f}, without the least important half {least:.3f}, the rest {most:.3f}"
     assert least >= full - 0.1, summary
-    assert most <= 0.05, summary
+    # "almost none": a trained model's outcome, so its last digits follow the BLAS's rounding
+    # during training (the rest 0.000 on an Intel Xeon, 0.060 under MKL_CBWR=COMPATIBLE, the
+    # code path of an AMD EPYC); the claim is the contrast, not one machine's number
+    assert most <= 0.1 and least - most >= 0.8, summary
     assert model.training is False and all(not m._forward_pre_hooks for m in model.modules())
