@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from attnlab._files import fsync_dir, fsync_file
 from attnlab.errors import ArgumentTypeError
 from attnlab.models.gguf import GGUFModel, read_gguf, read_gguf_metadata
 
@@ -269,7 +270,7 @@ def _store(entry: Path, fields: dict[str, str], read: GGUFModel, meta: dict[str,
         _write(tmp, state, header)
         size = tmp.stat().st_size
         os.replace(tmp, entry)
-        _fsync_dir(entry.parent)
+        fsync_dir(entry.parent)
     except (OSError, TypeError, ValueError) as exc:  # ValueError, TypeError: metadata not JSON
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -302,17 +303,7 @@ def _write(tmp: Path, state: dict[str, torch.Tensor], header: dict[str, str]) ->
         raise OSError(
             0, str(exc).splitlines()[0] if str(exc) else "cannot write", str(tmp)
         ) from exc
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_file(tmp)
 
 
 def _prune(entry: Path, fields: dict[str, str]) -> None:
