@@ -8,7 +8,8 @@ ask ``hook.active`` first.
 
 from __future__ import annotations
 
-import torch
+from typing import Any
+
 from torch import nn
 
 __all__ = ["HookPoint", "hook_points"]
@@ -24,11 +25,12 @@ class HookPoint(nn.Module):
         >>> _ = hp(torch.ones(2)); handle.remove()
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Any) -> Any:
         """Return ``x`` unchanged (what the hooks registered on this point see).
 
         Args:
-            x: any tensor.
+            x: any tensor (an attention layer's ``hook_call`` passes its
+                :class:`~attnlab.nn.resolved_call.ResolvedCall`).
 
         Returns:
             ``x`` itself, not a copy.
@@ -38,11 +40,11 @@ class HookPoint(nn.Module):
         """
         return x
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: Any) -> Any:
         # what no one listens to costs one check, not nn.Module's call machinery: a model has
         # ~10 hook points a layer, and a decoding step passes every one of them
         if self._forward_hooks or self._forward_pre_hooks:
-            return super().__call__(x)  # type: ignore[no-any-return]
+            return super().__call__(x)
         return x
 
     @property

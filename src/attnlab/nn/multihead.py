@@ -39,7 +39,7 @@ from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.head_mask import check_head_mask
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, LayerCache, last_keys
-from attnlab.nn.mask_spec import normalize_mask
+from attnlab.nn.mask_spec import Masking, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, combine, normalize_window
 from attnlab.nn.multihead_call import AttentionCall
 
@@ -150,6 +150,7 @@ class MultiHeadAttention(nn.Module):
         self.hook_v = HookPoint()
         self.hook_weights = HookPoint()  # (B, H, T_q, T_k), computed only when something listens
         self.hook_z = HookPoint()  # per-head outputs, (B, H, T_q, d_head)
+        self.hook_call = HookPoint()  # the resolved call (ResolvedCall), built only when observed
         if rotary is not None:  # the queries and keys after the rotation, as the scores see them
             self.hook_rot_q = HookPoint()  # (B, H, T_q, d_head)
             self.hook_rot_k = HookPoint()  # (B, H_kv, T_new, d_head), before the cache
@@ -334,6 +335,8 @@ class MultiHeadAttention(nn.Module):
             window=self.window if window is None else normalize_window(window),
             block_mask=block_mask,
             cross=cross,
+            query=query,
+            memory=key if cross else None,
         )
         self.check_call(call)
         xi = (
@@ -449,7 +452,61 @@ class MultiHeadAttention(nn.Module):
             self.backend, call.need_weights, masking, q.shape[-2], k.shape[-2], q.device
         )
         dropout_p = self.dropout if self.training else 0.0
-        return attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
+        result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
+        if self.hook_call.active:
+            self.emit_call(call, q, k, v, masking, result)
+        return result
+
+    def emit_call(
+        self,
+        call: AttentionCall,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        masking: Masking,
+        result: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        **fields: object,
+    ) -> None:
+        """Hand the call as it ran to ``hook_call`` (:class:`~attnlab.nn.resolved_call.ResolvedCall`):
+        what inspection reads instead of re-deriving it. Called by :meth:`attend_heads` (and by
+        a variant's own, with its ``method`` and fields) only when something listens.
+
+        Args:
+            call: the call's options (its ``query``/``memory`` inputs included).
+            q: the queries as scored.
+            k: the keys as scored (cache included, rotated).
+            v: the values.
+            masking: the normalised mask.
+            result: what the kernel returned, ``z`` or ``(z, weights)``.
+            **fields: further :class:`~attnlab.nn.resolved_call.ResolvedCall` fields (``method``,
+                Linformer's projections, FAVOR+'s features).
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+        """
+        from attnlab.nn.resolved_call import ResolvedCall
+
+        z, weights = result if isinstance(result, tuple) else (result, None)
+        cache = call.cache
+        past = 0 if cache is None or call.cross else int(getattr(cache, "length", 0)) - q.shape[-2]
+        self.hook_call(
+            ResolvedCall(
+                query_input=call.query if call.query is not None else q.new_empty(0),
+                key_input=call.memory,
+                q=q,
+                k=k,
+                v=v,
+                masking=masking,
+                scale=self.d_head**-0.5,
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                cross=call.cross,
+                past=max(past, 0),
+                weights=weights,
+                output=z,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
 
     def _with_cache(
         self, k: torch.Tensor | None, v: torch.Tensor | None, call: AttentionCall

@@ -38,9 +38,13 @@ class AttentionCall:
             ``None``.
         block_mask: the call's block layout: ``None`` (the layer's own), a layout, or ``False``.
         cross: cross-attention (``key`` given and not ``query`` itself).
+        query: the layer's query input ``x``, for the resolved call the layer emits
+            (:class:`~attnlab.nn.resolved_call.ResolvedCall`); ``None`` when not given.
+        memory: the key/value input of a cross-attention call, likewise.
 
     Shape:
-        mask broadcastable to ``(B, H, T_q, T_k)``; positions ``(B, T_q)`` or ``(T_q,)``.
+        mask broadcastable to ``(B, H, T_q, T_k)``; positions ``(B, T_q)`` or ``(T_q,)``;
+        query ``(B, T_q, d_model)``; memory ``(B, T_k, d_model)``.
     """
 
     mask: torch.Tensor | None = None
@@ -52,6 +56,8 @@ class AttentionCall:
     window: tuple[int | None, int | None] | None = None
     block_mask: BlockLayout | Literal[False] | None = None
     cross: bool = False
+    query: torch.Tensor | None = None
+    memory: torch.Tensor | None = None
 
     def refuse(self, layer: str, *names: str) -> None:
         """Refuse the named options when set (not ``None``): a layer that does not implement

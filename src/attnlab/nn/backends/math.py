@@ -37,18 +37,9 @@ def math_attention(
         → output ``(..., H, T_q, D_v)``, weights ``(..., H, T_q, T_k)``.
     """
     groups = head_groups(query, key)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    t_q, t_k = query.shape[-2], key.shape[-2]
-
-    # S = Q Kᵀ · scale + B    (..., H, T_q, T_k); in fp32 for half types, as the fused kernels
-    # do: a half-precision Q Kᵀ overflows (fp16) or rounds (bf16) before it is scaled
+    value = repeat_kv(value, groups)
     acc = compute_dtype(query.dtype)
-    scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
-    if masking.bias is not None:
-        scores = scores + masking.bias
-    visible = masking.visible(t_q, t_k, query.device)
-    if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))
+    scores = attention_scores(query, key, masking, scale, dtype=acc)
 
     # P = softmax(S) along the keys (in fp32 for half types)
     weights = torch.softmax(scores, dim=-1)
@@ -57,3 +48,44 @@ def math_attention(
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = torch.matmul(dropped, value.to(acc)).to(query.dtype)
     return out, (weights.to(query.dtype) if need_weights else None)
+
+
+def attention_scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    masking: Masking,
+    scale: float,
+    *,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``S = Q Kᵀ · scale + bias``, hidden entries ``−∞``: the scores whose softmax is attention.
+
+    The one place the score equation is written out: the math backend and
+    :meth:`attnlab.nn.resolved_call.ResolvedCall.scores` (what inspection draws) both call it.
+
+    Args:
+        query: the queries.
+        key: the keys; ``H`` a multiple of ``H_kv`` (grouped-query attention).
+        masking: the normalised mask.
+        scale: the score scale.
+        dtype: the dtype of the product (default: fp32 for half types, as the fused kernels
+            accumulate, else the query's).
+
+    Returns:
+        The scores.
+
+    Shape:
+        query ``(..., H, T_q, D)``, key ``(..., H_kv, T_k, D)`` → ``(..., H, T_q, T_k)``.
+    """
+    key = repeat_kv(key, head_groups(query, key))
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    # S = Q Kᵀ · scale + B    (..., H, T_q, T_k); in fp32 for half types, as the fused kernels
+    # do: a half-precision Q Kᵀ overflows (fp16) or rounds (bf16) before it is scaled
+    acc = compute_dtype(query.dtype) if dtype is None else dtype
+    scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
+    if masking.bias is not None:
+        scores = scores + masking.bias.to(acc)
+    visible = masking.visible(t_q, t_k, query.device)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return scores
