@@ -94,7 +94,7 @@ def test_each_policy_refuses_the_others_use() -> None:
         sink.update(k, k, None, is_causal=False)
     assert rolling.length == sink.length == 0  # refused before they changed
     layer, x = _layer(), torch.randn(1, 2, 16)
-    with pytest.raises(ValueError, match="self-attention call needs a cache of its own keys"):
+    with pytest.raises(ValueError, match=r"self-attention call needs a KVCache.*got CrossKVCache"):
         layer.float()(x, is_causal=True, cache=CrossKVCache(1, 1, 8, 8))
     with pytest.raises(ValueError, match="cross-attention call needs a CrossKVCache"):
         layer(x, torch.randn(1, 3, 16), cache=KVCache(1, 1, 8, 8))

@@ -369,11 +369,10 @@ class MultiHeadAttention(nn.Module):
         if call.cache is not None:
             self.check_cache(call.cache)
             if call.cross != isinstance(call.cache, CrossKVCache):
-                need = "a CrossKVCache (filled once from the memory)" if call.cross else "a cache "
+                kind, need = ("cross", "a CrossKVCache") if call.cross else ("self", "a KVCache")
                 raise ArgumentError(
-                    f"cache: a {'cross' if call.cross else 'self'}-attention call needs {need}"
-                    f"{'' if call.cross else 'of its own keys (e.g. KVCache)'}, got "
-                    f"{type(call.cache).__name__}"
+                    f"cache: a {kind}-attention call needs {need} (or another {kind}-attention "
+                    f"cache policy), got {type(call.cache).__name__}"
                 )
         self._layout(call.block_mask, call.cache)
 
@@ -411,13 +410,8 @@ class MultiHeadAttention(nn.Module):
         q = self.hook_q(self._split_heads(q, self.num_heads))
         if k is not None and v is not None:
             k, v = self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
-        if self.rotary is not None and not cross and k is not None:
-            places = None if cache is None else cache.query_places(q.shape[-2])
-            if places is not None:  # the cache places them (a sink cache); keys turned after it
-                q = self._rotate_queries(q, places, cache.next_position)
-            else:
-                past = 0 if cache is None else cache.length
-                q, k = self._rotate(q, k, call.positions, past, call.check_positions)
+        if not cross and k is not None:
+            q, k = self._rotate(q, k, call)
         return q, k, v
 
     def attend_heads(
@@ -546,8 +540,7 @@ class MultiHeadAttention(nn.Module):
             The cache.
         """
         weight = self.qkv_parameters()[0]
-        dtype = weight.dtype if dtype is None else dtype
-        device = weight.device if device is None else device
+        dtype, device = dtype or weight.dtype, device or weight.device
         shape = (batch, self.num_kv_heads, capacity, self.d_head)
         left, right = (None, None) if self.window is None else self.window
         if left is not None and right == 0 and self.block_mask is None:
@@ -576,13 +569,9 @@ class MultiHeadAttention(nn.Module):
             The cache.
         """
         weight = self.qkv_parameters()[0]
+        dtype, device = dtype or weight.dtype, device or weight.device
         return CrossKVCache(
-            batch,
-            self.num_kv_heads,
-            src_len,
-            self.d_head,
-            dtype=weight.dtype if dtype is None else dtype,
-            device=weight.device if device is None else device,
+            batch, self.num_kv_heads, src_len, self.d_head, dtype=dtype, device=device
         )
 
     def check_cache(self, cache: object) -> None:
@@ -662,36 +651,30 @@ class MultiHeadAttention(nn.Module):
             return out, weights
         return out
 
-    def _rotate_queries(self, q: torch.Tensor, places: torch.Tensor, start: int) -> torch.Tensor:
-        """The new queries turned by the places a cache gives them (a sink cache's, ``start …``
-        with ``start`` the largest first place of any row, known on the host)."""
-        rotary = cast("RotaryEmbedding", self.rotary)
-        t_q = q.shape[-2]
-        if start + t_q > rotary.max_len:
-            raise ArgumentError(
-                f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
-                f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
-            )
-        return self.hook_rot_q(rotary(q, places.to(q.device), check=False))
-
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""
         return x.unflatten(-1, (heads, self.d_head)).transpose(1, 2)
 
     def _rotate(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None,
-        past: int,
-        check: bool,
+        self, q: torch.Tensor, k: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary embedding of the new queries and keys (before the keys enter the cache)."""
-        rotary = self.rotary
+        """Rotary embedding of the new queries and keys (before the keys enter the cache): at
+        the places the cache gives (a sink cache's; its keys are turned after it, by the view's
+        ``key_places``), else at ``call.positions``, else the next ``cache.length …``."""
+        rotary, cache, t_q = self.rotary, call.cache, q.shape[-2]
         if rotary is None:
             return q, k
-        t_q = q.shape[-2]
+        places = None if cache is None else cache.query_places(t_q)
+        if places is not None:  # the largest first place of any row is known on the host
+            if (start := cache.next_position) + t_q > rotary.max_len:
+                raise ArgumentError(
+                    f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
+                    f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
+                )
+            return self.hook_rot_q(rotary(q, places.to(q.device), check=False)), k
+        positions, check = call.positions, call.check_positions
         if positions is None:  # the next T_q positions: their range is known on the host
+            past = 0 if cache is None else cache.length
             if past + t_q > rotary.max_len:
                 raise ArgumentError(
                     f"positions must lie in [0, {rotary.max_len}) (the rotary table's length, "
