@@ -656,7 +656,7 @@ class Transformer(nn.Module):
             layer.self_attn.new_cache(batch, capacity, dtype=dtype, device=device)
             for layer in decoder
         ]
-        cross = [
+        cross: list[LayerCache] = [
             layer.cross_attn.new_cross_cache(batch, src_len, dtype=dtype, device=device)
             for layer in decoder
         ]
