@@ -39,7 +39,24 @@ __all__ = ["CrossKVCache", "RollingKVCache", "SinkKVCache", "last_keys"]
 Window = tuple[int | None, int | None] | None
 
 
-class RollingKVCache(KVBuffers):
+class _EvictingBuffers(KVBuffers):
+    """The buffers of a cache that evicts (a rolling or sink cache): it hands on the positions it
+    held and the new ones, then keeps some of them."""
+
+    keeps_all: ClassVar[bool] = False
+
+    def _after_held(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held positions' keys and values, then the new ones (new tensors, the buffers'
+        dtype)."""
+        held = self.held
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        if held:
+            k = torch.cat([self.k[:, :, :held], k], dim=2)
+            v = torch.cat([self.v[:, :, :held], v], dim=2)
+        return k, v
+
+
+class RollingKVCache(_EvictingBuffers):
     """A rolling buffer for sliding-window attention: after each :meth:`append` it keeps only
     the last ``window`` positions (what a causal window ``(window, 0)`` can still reach), so it
     holds at most ``window`` keys between steps and hands ``window + T_new`` to the attention
@@ -62,8 +79,6 @@ class RollingKVCache(KVBuffers):
     Shape:
         ``keys``: ``(B, H_kv, min(length, window), d_head)``; ``values`` likewise.
     """
-
-    keeps_all: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -108,10 +123,7 @@ class RollingKVCache(KVBuffers):
         """
         self._check(k, v)
         held = self.held
-        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        if held:
-            k = torch.cat([self.k[:, :, :held], k], dim=2)
-            v = torch.cat([self.v[:, :, :held], v], dim=2)
+        k, v = self._after_held(k, v)
         keep = min(self.k.shape[2], k.shape[2])
         self.k[:, :, :keep] = k[:, :, k.shape[2] - keep :]
         self.v[:, :, :keep] = v[:, :, v.shape[2] - keep :]
@@ -176,7 +188,7 @@ class RollingKVCache(KVBuffers):
         return CacheView(keys, values, mask, is_causal)
 
 
-class SinkKVCache(KVBuffers):
+class SinkKVCache(_EvictingBuffers):
     """A StreamingLLM sink cache: keeps the first ``sinks`` positions and the last ``window``,
     its keys stored unrotated and turned by their places within the cache (see the module
     docstring); the layer's attention must be causal and full (the eviction is the window).
@@ -201,8 +213,6 @@ class SinkKVCache(KVBuffers):
     Shape:
         ``keys``: ``(B, H_kv, min(length, sinks + window), d_head)``; ``values`` likewise.
     """
-
-    keeps_all: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -304,10 +314,7 @@ class SinkKVCache(KVBuffers):
         """
         self._check(k, v)
         held, s = self.held, self.sinks
-        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        if held:
-            k = torch.cat([self.k[:, :, :held], k], dim=2)
-            v = torch.cat([self.v[:, :, :held], v], dim=2)
+        k, v = self._after_held(k, v)
         total, room = k.shape[2], self.k.shape[2]
         if total <= room:
             self.k[:, :, :total], self.v[:, :, :total] = k, v
