@@ -37,8 +37,9 @@ from attnlab.models.gpt_layers import (
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
+from attnlab.nn.cache_policies import SinkKVCache
 from attnlab.nn.head_mask import layer_head_masks
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
@@ -208,11 +209,11 @@ class GPT(nn.Module):
                 f"input_ids has {t} tokens after {past} cached ones ({past + t} positions), longer than "
                 f"the position table: n_positions = {cfg.n_positions}"
             )
-        streaming = cache is not None and any(getattr(c, "streaming", False) for c in cache.layers)
+        streaming = cache is not None and any(isinstance(c, SinkKVCache) for c in cache.layers)
         if streaming and attention_mask is not None:
             raise ArgumentError(
-                "attention_mask must be None with a sink cache (KVCache(window, sinks)): it keeps "
-                "no padded rows"
+                "attention_mask must be None with a sink cache (SinkKVCache): it keeps no padded "
+                "rows"
             )
         keep = self._check_attention_mask(attention_mask, b, past + t)
         if keep is not None and bool(keep.all()):
@@ -473,7 +474,7 @@ class GPT(nn.Module):
         layers = []
         for block in self.transformer.h:
             attn = cast(GPTBlock, block).attn
-            cache = KVCache(
+            cache = SinkKVCache(
                 batch, attn.num_kv_heads, capacity, attn.d_head, dtype=dtype, device=device,
                 window=window, sinks=sinks,
             )  # fmt: skip
