@@ -454,7 +454,8 @@ class MultiHeadAttention(nn.Module):
         # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
         want_weights = call.need_weights or self.hook_weights.active
         # q, k, v are built here, consistent by construction: only the mask needs checking
-        masking = normalize_mask(q, k, view.mask, view.is_causal, call.window, layout)
+        window = None if view.window_in_mask else call.window  # a static cache's own mask
+        masking = normalize_mask(q, k, view.mask, view.is_causal, window, layout)
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks when no weights are wanted; it returns exact weights as well
         backend = choose_backend(
