@@ -131,3 +131,11 @@ def test_a_run_that_fits_still_trains(cli, lm) -> None:
     code, lines, _ = _attnlab(cli, *lm, "--block-size", "16", "--n-embd", "16", "--n-layer", "1",
                               "--n-head", "2", "--batch-size", "2", "--eval-iters", "1")  # fmt: skip
     assert code == 0, lines[-5:]
+
+
+def test_each_command_is_a_child_capped_and_killed_at_its_deadline(cli, lm) -> None:
+    """What the tests above rely on (tests/cli/_forked.py): a child past its deadline is killed,
+    and its address space is capped (below what it has mapped: its first allocation fails)."""
+    assert cli.run(*lm, "--steps", "1000000", timeout=1.0)[0] is None
+    code, _, err = cli.run(*lm, timeout=TIMEOUT, address_space=64 * 2**20)
+    assert code not in (0, 2, None), err[-2000:]
