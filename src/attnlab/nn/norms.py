@@ -44,7 +44,12 @@ class RMSNorm(nn.Module):
         """
         # y = g ⊙ x / √(mean(x²) + ε)
         wide = x.dtype in (torch.float32, torch.float64)  # no cast to do (a cast is a call)
-        h = x if wide else x.to(torch.promote_types(x.dtype, torch.float32))
+        half = x.dtype in (torch.bfloat16, torch.float16)
+        h = (
+            x
+            if wide
+            else x.to(torch.float32 if half else torch.promote_types(x.dtype, torch.float32))
+        )
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * (h if wide else h.to(x.dtype))
 

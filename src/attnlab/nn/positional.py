@@ -322,11 +322,16 @@ class RotaryEmbedding(nn.Module):
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype rotary embeddings compute in: float32, or float64 for float64 inputs."""
-    return (
-        dtype
-        if dtype in (torch.float32, torch.float64)
-        else torch.promote_types(dtype, torch.float32)
-    )
+    return _WORK.get(dtype) or torch.promote_types(dtype, torch.float32)
+
+
+# the usual dtypes' work dtype without a call into PyTorch (one per rotation of a decoding step)
+_WORK = {
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+    torch.bfloat16: torch.float32,
+    torch.float16: torch.float32,
+}
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
