@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -342,15 +343,19 @@ class GPT(nn.Module):
         rope_positions = positions if cfg.positions == "rope" else None
 
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.transformer.h):
-            layer_cache = None if cache is None else cache.layers[i]
-            if checkpointing and layer_cache is None:
-                x = checkpoint(
-                    block, x, mask, None, rope_positions, head_masks[i], block_mask,
-                    use_reentrant=False,
-                )  # fmt: skip
-            else:
-                x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
+        rotary = getattr(self.transformer.h[0].attn, "rotary", None) if cfg.n_layer else None
+        # the blocks share one rotary embedding and one positions tensor: the angles once
+        shared = rotary.shared_angles() if isinstance(rotary, RotaryEmbedding) else nullcontext()
+        with shared:
+            for i, block in enumerate(self.transformer.h):
+                layer_cache = None if cache is None else cache.layers[i]
+                if checkpointing and layer_cache is None:
+                    x = checkpoint(
+                        block, x, mask, None, rope_positions, head_masks[i], block_mask,
+                        use_reentrant=False,
+                    )  # fmt: skip
+                else:
+                    x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         return self.lm_head(x)  # (B, T, vocab_size)

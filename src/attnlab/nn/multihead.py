@@ -683,8 +683,9 @@ class MultiHeadAttention(nn.Module):
                     f"max_len = {rotary.max_len}), got values up to {past + t_q - 1}"
                 )
             positions, check = torch.arange(past, past + t_q, device=q.device), False
-        q = self.hook_rot_q(rotary(q, positions, check=check))
-        k = self.hook_rot_k(rotary(k, positions, check=False))
+        with rotary.shared_angles():  # the queries' angles serve the keys
+            q = self.hook_rot_q(rotary(q, positions, check=check))
+            k = self.hook_rot_k(rotary(k, positions, check=False))
         return q, k
 
     @classmethod
