@@ -41,7 +41,7 @@ def test_the_resolved_calls_scores_give_the_weights_the_layer_computed(kind: str
     calls: list[ResolvedCall] = []
     handle = layer.hook_call.register_forward_hook(lambda m, a, out: calls.append(out))
     x = torch.randn(2, 9, 16, dtype=F64)
-    out, w = layer(x, need_weights=True, **kwargs)
+    _, w = layer(x, need_weights=True, **kwargs)
     handle.remove()
     (call,) = calls
     assert call.query_input is x and not call.cross
