@@ -215,11 +215,29 @@ class TensorParallelAttention(MultiHeadAttention):
             need_weights=need_weights,
             cache=cache,
             positions=positions,
-            head_mask=self._local_head_mask(head_mask, query.shape[0]),
+            # ablations are given for all H heads: applied here, before the rank's cut
+            head_mask=self._local_head_mask(
+                MultiHeadAttention.ablate_heads(self, head_mask), query.shape[0]
+            ),
             check_positions=check_positions,
             window=window,
             block_mask=block_mask,
         )
+
+    def ablate_heads(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The call's head mask as it is: :meth:`forward` applied the layer's ablations (given
+        for all ``H`` heads) before cutting it to this rank's heads.
+
+        Args:
+            head_mask: this rank's ``ξ``, or ``None``.
+
+        Returns:
+            ``head_mask``.
+
+        Shape:
+            ``(B or 1, H/N)``.
+        """
+        return head_mask
 
     def _heads(self) -> slice:
         h = self.num_heads

@@ -103,6 +103,10 @@ class MultiHeadAttention(nn.Module):
     #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
     #: not given
     block_mask: BlockLayout | None = None
+    #: head masks ``ξ`` ``(H,)`` every call multiplies into its ``head_mask`` (in this order),
+    #: set by :func:`attnlab.inspect.masked_heads` for the duration of a ``with`` block: the
+    #: layer's own state, so ablation never rewrites a forward's arguments
+    head_ablations: tuple[torch.Tensor, ...] = ()
 
     def __init__(
         self,
@@ -342,6 +346,7 @@ class MultiHeadAttention(nn.Module):
             memory=key if cross else None,
         )
         self.check_call(call)
+        head_mask = self.ablate_heads(head_mask)
         xi = (
             None
             if head_mask is None
@@ -351,6 +356,23 @@ class MultiHeadAttention(nn.Module):
         result = self.attend_heads(q, k, v, call)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def ablate_heads(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """A call's ``head_mask`` times the layer's :attr:`head_ablations`, one after the other.
+
+        Args:
+            head_mask: the call's ``ξ``, or ``None``.
+
+        Returns:
+            ``head_mask · ξ_1 · ξ_2 …`` (``ξ_1`` alone without a call's mask), or ``head_mask``
+            when no ablation is in force.
+
+        Shape:
+            ``(H,)`` or ``(B, H)``.
+        """
+        for xi in self.head_ablations:
+            head_mask = xi if head_mask is None else head_mask * xi
+        return head_mask
 
     # -- the seam: what a variant of attention overrides --
 
