@@ -138,6 +138,7 @@ def test_plot_steps_draws_the_weights_the_layer_used(kind: str) -> None:
     if kind in ("sliding", "bigbird", "cross"):
         assert (want == 0).any()  # the kind's mask hides some key of some query
     # what S hides is what the weights give nothing to; the softmax of S is A
+    assert plot.data["mask"].dtype == np.bool_
     s = torch.from_numpy(plot.data["scores"])
     assert not plot.data["mask"][~np.isfinite(plot.data["scores"])].any()
     np.testing.assert_allclose(torch.softmax(s, -1).numpy(), got, atol=1e-12)

@@ -330,7 +330,7 @@ def _one_head(call: ResolvedCall, name: str, head: int, batch_index: int) -> _Dr
         "scores": row(scores, head),
         "weights": row(call.weights, head),
         "output": row(call.output, head),
-        "mask": row(call.visible(), head),
+        "mask": call.visible()[batch_index, head].cpu().numpy(),  # bool, True = may attend
     }
     bias, shift = call.masking.bias, call.masking.shift
     if bias is not None and call.method != "favor":  # as given: each row's shift restored
