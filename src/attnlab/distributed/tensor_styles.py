@@ -217,26 +217,15 @@ class TensorParallelAttention(MultiHeadAttention):
             positions=positions,
             # ablations are given for all H heads: applied here, before the rank's cut
             head_mask=self._local_head_mask(
-                MultiHeadAttention.ablate_heads(self, head_mask), query.shape[0]
+                MultiHeadAttention._ablated(self, head_mask), query.shape[0]
             ),
             check_positions=check_positions,
             window=window,
             block_mask=block_mask,
         )
 
-    def ablate_heads(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """The call's head mask as it is: :meth:`forward` applied the layer's ablations (given
-        for all ``H`` heads) before cutting it to this rank's heads.
-
-        Args:
-            head_mask: this rank's ``ξ``, or ``None``.
-
-        Returns:
-            ``head_mask``.
-
-        Shape:
-            ``(B or 1, H/N)``.
-        """
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """As given: :meth:`forward` applied the ablations (for all ``H`` heads) before its cut."""
         return head_mask
 
     def _heads(self) -> slice:

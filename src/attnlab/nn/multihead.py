@@ -103,9 +103,8 @@ class MultiHeadAttention(nn.Module):
     #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
     #: not given
     block_mask: BlockLayout | None = None
-    #: head masks ``ξ`` ``(H,)`` every call multiplies into its ``head_mask`` (in this order),
-    #: set by :func:`attnlab.inspect.masked_heads` for the duration of a ``with`` block: the
-    #: layer's own state, so ablation never rewrites a forward's arguments
+    #: head masks ``ξ`` ``(H,)`` each call multiplies into its ``head_mask``, in order: set by
+    #: :func:`attnlab.inspect.masked_heads` (ablation rewrites no forward argument)
     head_ablations: tuple[torch.Tensor, ...] = ()
 
     def __init__(
@@ -346,7 +345,7 @@ class MultiHeadAttention(nn.Module):
             memory=key if cross else None,
         )
         self.check_call(call)
-        head_mask = self.ablate_heads(head_mask)
+        head_mask = self._ablated(head_mask)
         xi = (
             None
             if head_mask is None
@@ -357,19 +356,8 @@ class MultiHeadAttention(nn.Module):
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
 
-    def ablate_heads(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """A call's ``head_mask`` times the layer's :attr:`head_ablations`, one after the other.
-
-        Args:
-            head_mask: the call's ``ξ``, or ``None``.
-
-        Returns:
-            ``head_mask · ξ_1 · ξ_2 …`` (``ξ_1`` alone without a call's mask), or ``head_mask``
-            when no ablation is in force.
-
-        Shape:
-            ``(H,)`` or ``(B, H)``.
-        """
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """``head_mask · ξ_1 · ξ_2 …``: the call's mask times :attr:`head_ablations`, in order."""
         for xi in self.head_ablations:
             head_mask = xi if head_mask is None else head_mask * xi
         return head_mask
