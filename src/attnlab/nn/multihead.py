@@ -37,7 +37,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.cache_policies import CrossKVCache, RollingKVCache
 from attnlab.nn.cache_view import CacheView
-from attnlab.nn.head_mask import check_head_mask
+from attnlab.nn.head_mask import check_head_mask, with_ablations
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, KVCachePolicy, LayerCache
 from attnlab.nn.mask_spec import Masking, normalize_mask
@@ -103,9 +103,7 @@ class MultiHeadAttention(nn.Module):
     #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
     #: not given
     block_mask: BlockLayout | None = None
-    #: head masks ``ξ`` ``(H,)`` each call multiplies into its ``head_mask``, in order: set by
-    #: :func:`attnlab.inspect.masked_heads` (ablation rewrites no forward argument)
-    head_ablations: tuple[torch.Tensor, ...] = ()
+    head_ablations: tuple[torch.Tensor, ...] = ()  #: ξ ``(H,)`` of ``inspect.masked_heads``
 
     def __init__(
         self,
@@ -345,22 +343,15 @@ class MultiHeadAttention(nn.Module):
             memory=key if cross else None,
         )
         self.check_call(call)
-        head_mask = self._ablated(head_mask)
-        xi = (
-            None
-            if head_mask is None
-            else check_head_mask(head_mask, query.shape[0], self.num_heads)
-        )
+        head_mask = self._ablated(head_mask)  # masked_heads' ξ (head_ablations), in order
+        xi = None if head_mask is None else check_head_mask(head_mask, len(query), self.num_heads)
         q, k, v = self.heads(query, key, value, call)
         result = self.attend_heads(q, k, v, call)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
 
     def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """``head_mask · ξ_1 · ξ_2 …``: the call's mask times :attr:`head_ablations`, in order."""
-        for xi in self.head_ablations:
-            head_mask = xi if head_mask is None else head_mask * xi
-        return head_mask
+        return with_ablations(head_mask, self.head_ablations)
 
     # -- the seam: what a variant of attention overrides --
 
