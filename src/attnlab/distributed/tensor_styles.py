@@ -215,11 +215,18 @@ class TensorParallelAttention(MultiHeadAttention):
             need_weights=need_weights,
             cache=cache,
             positions=positions,
-            head_mask=self._local_head_mask(head_mask, query.shape[0]),
+            # ablations are given for all H heads: applied here, before the rank's cut
+            head_mask=self._local_head_mask(
+                MultiHeadAttention._ablated(self, head_mask), query.shape[0]
+            ),
             check_positions=check_positions,
             window=window,
             block_mask=block_mask,
         )
+
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """As given: :meth:`forward` applied the ablations (for all ``H`` heads) before its cut."""
+        return head_mask
 
     def _heads(self) -> slice:
         h = self.num_heads

@@ -37,7 +37,7 @@ from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
 from attnlab.nn.cache_policies import CrossKVCache, RollingKVCache
 from attnlab.nn.cache_view import CacheView
-from attnlab.nn.head_mask import check_head_mask
+from attnlab.nn.head_mask import check_head_mask, with_ablations
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, KVCachePolicy, LayerCache
 from attnlab.nn.mask_spec import Masking, normalize_mask
@@ -103,6 +103,7 @@ class MultiHeadAttention(nn.Module):
     #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
     #: not given
     block_mask: BlockLayout | None = None
+    head_ablations: tuple[torch.Tensor, ...] = ()  #: ξ ``(H,)`` of ``inspect.masked_heads``
 
     def __init__(
         self,
@@ -342,15 +343,15 @@ class MultiHeadAttention(nn.Module):
             memory=key if cross else None,
         )
         self.check_call(call)
-        xi = (
-            None
-            if head_mask is None
-            else check_head_mask(head_mask, query.shape[0], self.num_heads)
-        )
+        head_mask = self._ablated(head_mask)  # masked_heads' ξ (head_ablations), in order
+        xi = None if head_mask is None else check_head_mask(head_mask, len(query), self.num_heads)
         q, k, v = self.heads(query, key, value, call)
         result = self.attend_heads(q, k, v, call)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        return with_ablations(head_mask, self.head_ablations)
 
     # -- the seam: what a variant of attention overrides --
 
