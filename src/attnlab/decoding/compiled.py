@@ -3,27 +3,23 @@
 gpt-fast's ``decode_one_token`` (PyTorch Labs, 2023) made one decoding step a single graph that
 ``torch.compile`` traces once and reuses for every token. A step over a growing KV cache is not
 static (its keys grow by one, its length is a Python int that changes every step), so here the
-step runs over a :class:`~attnlab.nn.static_cache.StaticModelCache`: buffers of a fixed capacity
-written at a slot *tensor*, the mask, positions and ALiBi distances read from that tensor
-(:meth:`attnlab.GPT.decode_step`). What is compiled is that step itself, no second copy of the
-model: ``torch.compile(_decode, fullgraph=True, dynamic=False)``, with
-``mode="reduce-overhead"`` (CUDA graphs) on a CUDA device, the logits cloned out of the graph's
-output buffer. The host's bookkeeping (:meth:`~attnlab.nn.static_cache.StaticSlots.begin`) runs
-before each call, outside the graph.
+step runs over a :class:`~attnlab.nn.static_cache.StaticModelCache` (fixed capacity, written at
+a slot *tensor* from which :meth:`attnlab.GPT.decode_step` reads the mask, positions and ALiBi
+distances). What is compiled is that step itself, no second copy of the model:
+``torch.compile(_decode, fullgraph=True, dynamic=False)``, ``mode="reduce-overhead"`` (CUDA
+graphs) on CUDA, the logits cloned out of the graph's output buffer. The host's bookkeeping
+(:meth:`~attnlab.nn.static_cache.StaticSlots.begin`) runs before each call, outside the graph.
 
 ``_decode`` is one module-level function: dynamo keeps its graphs on its code object, so every
-stepper (every :func:`attnlab.generate` call) reuses them; nothing is stored on the model. The
-capacity is rounded up to a multiple of 128 (at most ``n_positions``), so calls with nearby
-lengths share one graph.
-
-The prompt runs eagerly through ``model.forward`` over the same static cache (the same
-``update``: slots ``arange(T)``), so prefill and steps share one path and nothing is copied; a
-prompt's length differs per call and would be a new graph each time.
+:func:`attnlab.generate` call reuses them, and nothing is stored on the model. The capacity is
+rounded up to a multiple of 128 (at most ``n_positions``): nearby lengths share one graph. The
+prompt runs eagerly through ``model.forward`` over the same static cache (the same ``update``,
+slots ``arange(T)``): one path, nothing copied, and no graph per prompt length.
 
 Whether a model can: its attention kind declares it
-(:attr:`~attnlab.nn.kinds.base.AttentionSpec.decodes_statically`: full and sliding attention),
-and no layer overrides ``attend_heads``; an encoder-decoder decodes eagerly
-(:func:`static_unsupported` says why, and :func:`attnlab.generate` logs it).
+(:attr:`~attnlab.nn.kinds.base.AttentionSpec.decodes_statically`), no layer overrides
+``attend_heads``, and it is a decoder-only GPT (:func:`static_unsupported` says why not, and
+:func:`attnlab.generate` logs it and decodes eagerly).
 """
 
 from __future__ import annotations
@@ -42,6 +38,9 @@ __all__ = ["CompiledStepper", "static_capacity", "static_unsupported"]
 
 #: the capacity of a static cache is rounded up to a multiple of this (fewer distinct graphs)
 CAPACITY_MULTIPLE = 128
+#: graphs ``_decode`` may hold (one per model, batch, capacity, dtype, padding): dynamo's default
+#: 8 would be a hard error under ``fullgraph=True``
+RECOMPILE_LIMIT = 64
 
 
 def static_unsupported(model: Any) -> str | None:
@@ -97,29 +96,29 @@ class CompiledStepper(CausalStepper):
 
     Args:
         model: a GPT that :func:`static_unsupported` accepts.
-        input_ids: prompt ``(N, T)``, left-padded when ``attention_mask`` has zeros.
-        attention_mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
-        capacity: positions needed, ``T + max_new_tokens`` (rounded up by
-            :func:`static_capacity`).
+        input_ids: prompt ``(N, T)``, left-padded when ``mask`` has zeros.
+        mask: ``(N, T)`` 0/1, or ``None`` when no row is padded.
+        capacity: positions needed, ``T + max_new_tokens`` (see :func:`static_capacity`).
 
     Shape:
-        input_ids and attention_mask ``(N, T)``.
+        input_ids and mask ``(N, T)``.
     """
 
+    #: ``torch.compile``'s backend (``"eager"`` traces the same graph and runs it uncompiled)
+    backend = "inductor"
+
     def __init__(
-        self,
-        model: GPT,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        capacity: int,
+        self, model: GPT, input_ids: torch.Tensor, mask: torch.Tensor | None, capacity: int
     ) -> None:
         cap = static_capacity(model, capacity)
         device = input_ids.device
         cache = model.new_cache(input_ids.shape[0], cap, device=device, static=True)
-        super().__init__(model, input_ids, attention_mask, cap, cache=cache)
-        self.graphs = device.type == "cuda"  # CUDA graphs: one launch per step
+        super().__init__(model, input_ids, mask, cap, cache=cache)
+        self.graphs = device.type == "cuda" and self.backend == "inductor"  # one launch a step
         mode = "reduce-overhead" if self.graphs else None
-        self.step_fn = torch.compile(_decode, fullgraph=True, dynamic=False, mode=mode)
+        self.step_fn = torch.compile(
+            _decode, backend=self.backend, fullgraph=True, dynamic=False, mode=mode
+        )
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row through the compiled step.
@@ -135,7 +134,16 @@ class CompiledStepper(CausalStepper):
         """
         self.length += 1
         cast(StaticModelCache, self.cache).begin(1)  # host side, before the graph
-        # the padding of every slot (True beyond the prompt): one shape for every step
-        logits = self.step_fn(self.model, tokens[:, None], self.cache, self.mask)
+        # self.mask: the padding of every slot (True beyond the prompt), one shape every step
+        args = (self.model, tokens[:, None], self.cache, self.mask)
+        if self.length > self.input_ids.shape[1] + 1:
+            logits = self.step_fn(*args)
+        else:  # the first step may compile: room for a graph per shape under fullgraph=True
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+            try:
+                logits = self.step_fn(*args)
+            finally:
+                torch._dynamo.config.recompile_limit = limit
         # a CUDA graph's output buffer is overwritten by its next replay
         return cast(torch.Tensor, logits.clone() if self.graphs else logits)

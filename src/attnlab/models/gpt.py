@@ -390,7 +390,9 @@ class GPT(nn.Module):
         mask: torch.Tensor | None = padding
         if cfg.positions == "alibi":
             # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
-            bias = alibi_bias(cfg.n_head, t, past + t, device=input_ids.device)  # (H, T, T_past + T)
+            bias = alibi_bias(
+                cfg.n_head, t, past + t, device=input_ids.device
+            )  # (H, T, T_past + T)
             mask = masks.combine(bias, padding)
         return positions, mask, block_mask
 

@@ -403,7 +403,11 @@ def alibi_bias(
         slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
     else:
         slopes = _device_slopes(num_heads, None if device is None else torch.device(device))
-    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len) if slots is None else slots[:, None]
+    i = (
+        torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+        if slots is None
+        else slots[:, None]
+    )
     j = torch.arange(k_len, device=device)[None, :]
     distance = (i - j).to(torch.float32)  # (T_q, T_k)
     return (-slopes[:, None, None] * distance).to(dtype)
