@@ -113,6 +113,7 @@ def test_traced_step_equals_eager(models: dict[str, al.GPT], name: str, traced: 
     _equal_to_eager(models[name], rows=2)
 
 
+@pytest.mark.slow
 def test_inductor_step_equals_eager(models: dict[str, al.GPT]) -> None:
     """Compiled by inductor (tens of seconds on a CPU: one model), 3 rows: a graph of its own."""
     _equal_to_eager(models["llama-sliding"], rows=3)

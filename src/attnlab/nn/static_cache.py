@@ -28,13 +28,14 @@ outside the compiled region).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError
 from attnlab.nn.cache_view import CacheView
-from attnlab.nn.kv_cache import ModelCache
+from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.masks import combine
 
 __all__ = ["StaticKVCache", "StaticModelCache", "StaticSlots"]
@@ -251,7 +252,7 @@ class StaticModelCache(ModelCache):
     def __init__(self, layers: Sequence[StaticKVCache], slots: StaticSlots) -> None:
         if any(layer.position is not slots for layer in layers):
             raise ArgumentError("every layer of a StaticModelCache must share its slots")
-        super().__init__(layers)
+        super().__init__(cast(Sequence[LayerCache], layers))  # length: read-only here
         self.position = slots
 
     @property
