@@ -273,16 +273,14 @@ class GPT(nn.Module):
         """
         if tokens.dim() != 2 or tokens.shape[1] != 1:
             raise ArgumentError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
+        heads: list[torch.Tensor | None] = [None] * self.config.n_layer
         if isinstance(cache, StaticModelCache):  # the traced step: no Python int read
-            return self._run(tokens, attention_mask, None, cache, [None] * self.config.n_layer)[
-                :, -1
-            ]
+            return self._run(tokens, attention_mask, None, cache, heads)[:, -1]
         if cache.next_position + 1 > self.config.n_positions:
             raise ArgumentError(
                 f"position {cache.next_position} is past the model's position table "
                 f"n_positions = {self.config.n_positions}"
             )
-        heads: list[torch.Tensor | None] = [None] * self.config.n_layer
         if cache.recomputes:
             return self._recompute(tokens, attention_mask, cast(RecomputeCache, cache), heads)[
                 :, -1
@@ -321,7 +319,7 @@ class GPT(nn.Module):
             positions ``(B, T)``/``(T,)`` or ``None``; logits ``(B, T, vocab_size)``.
         """
         cfg = self.config
-        block_mask: Literal[False] | None = None  # the layers' own pattern, cropped to T_past + T
+        block_mask: Literal[False] | None = None  # the layers' own pattern (or none: False)
         if isinstance(cache, StaticModelCache):  # positions and masks from the slot tensor
             positions, mask = self._static_inputs(keep, positions, cache)
         else:
@@ -390,9 +388,7 @@ class GPT(nn.Module):
         mask: torch.Tensor | None = padding
         if cfg.positions == "alibi":
             # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
-            bias = alibi_bias(
-                cfg.n_head, t, past + t, device=input_ids.device
-            )  # (H, T, T_past + T)
+            bias = alibi_bias(cfg.n_head, t, past + t, device=input_ids.device)  # (H, T, T_all)
             mask = masks.combine(bias, padding)
         return positions, mask, block_mask
 
