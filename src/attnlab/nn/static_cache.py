@@ -141,6 +141,11 @@ class StaticKVCache:
         return self.position.length
 
     @property
+    def next_position(self) -> int:
+        """The next call's first slot (host)."""
+        return self.position.length
+
+    @property
     def batch(self) -> int:
         """Rows ``B``."""
         return self.k.shape[0]
