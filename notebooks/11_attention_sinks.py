@@ -147,7 +147,8 @@ Plot(fig, {"share": share.numpy()})
 # Both caches give positions *within the cache*, as StreamingLLM does: keys are stored before the
 # rotary embedding and turned by their place $0 \dots s + w - 1$ at every step, so no position
 # ever passes $s + w$, whatever the length streamed (notebook 05's rolling window, and
-# `src/attnlab/nn/kv_cache.py`). Before anything is evicted, both equal dense attention exactly.
+# `SinkKVCache` in `src/attnlab/nn/cache_policies.py`). Before anything is evicted, both equal
+# dense attention exactly.
 #
 # (a) and (b) stream together, as the two rows of one batch: `new_cache(2, T, sinks=(0, 4),
 # window=w)` gives each row its own sinks (row 0 none, row 1 four) and computes each row as its
