@@ -22,6 +22,9 @@
   rank and effective rank of its QK circuit ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit
   ``W_V^hᵀ W_O^hᵀ`` (a :class:`CircuitSpectrum`); :func:`head_weights` reads any family's per-head
   ``W_Q``, ``W_K``, ``W_V``, ``W_O``.
+- :func:`mixing`: what each position takes from each token, by raw weights, rollout, flow,
+  norm-based analysis, ALTI, value zeroing, gradient-weighted attention or integrated gradients
+  (a :class:`Mixing`), read from each layer's resolved call.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -58,6 +61,8 @@ from attnlab.inspect.memory import (
     resident_bytes,
     stabilize_allocator,
 )
+from attnlab.inspect.mixing import METHODS as MIXING_METHODS
+from attnlab.inspect.mixing import Mixing, mixing
 from attnlab.inspect.nonfinite import (
     NonFiniteOrigin,
     NonFiniteWatch,
@@ -84,6 +89,7 @@ from attnlab.inspect.roles import (
 from attnlab.inspect.stats import AttentionStats, attention_stats
 
 __all__ = [
+    "MIXING_METHODS",
     "ActivationCache",
     "AttentionStats",
     "CircuitSpectrum",
@@ -95,6 +101,7 @@ __all__ = [
     "HealthReport",
     "LogitAttribution",
     "Metric",
+    "Mixing",
     "NonFiniteLocation",
     "NonFiniteOrigin",
     "NonFiniteWatch",
@@ -117,6 +124,7 @@ __all__ = [
     "kv_cache_bytes",
     "logit_difference",
     "masked_heads",
+    "mixing",
     "ordinary_token_range",
     "patch_heads",
     "patch_residual",
