@@ -251,3 +251,64 @@ def test_bad_input_is_refused_by_name() -> None:
     with pytest.raises(ArgumentTypeError, match="input_ids must be an integer tensor"):
         mixing(model, torch.zeros(1, 3), "rollout")
     assert "alti" in METHODS and "integrated_gradients" in METHODS
+
+
+def seq2seq(norm_first: bool) -> al.Transformer:
+    torch.manual_seed(1)
+    cfg = al.TransformerConfig(
+        src_vocab_size=30, tgt_vocab_size=30, d_model=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=1, d_ff=48, dropout=0.0, norm_first=norm_first, max_len=16,
+    )  # fmt: skip
+    model = al.Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_an_encoders_decomposition_goes_through_its_layer_norm(norm_first: bool) -> None:
+    # Kobayashi et al. 2021: LN(Σ_j z_ij + b) = Σ_j γ(z_ij − mean z_ij)/σ_i + γ(b − mean b)/σ_i + β
+    model = seq2seq(norm_first)
+    src = torch.randint(3, 30, (2, 7))
+    tgt = torch.randint(3, 30, (2, 5))
+    runs, _ = record_layers(model, lambda: model(src, tgt))
+    enc = [r for r in runs if r.name.startswith("encoder.")]
+    assert len(enc) == 2 and all((r.post_norm is None) == norm_first for r in enc)
+    from attnlab.inspect.mixing_rules import through_layer_norm
+
+    mids: list[torch.Tensor] = []
+    handles = [
+        layer.hook_resid_mid.register_forward_hook(lambda _m, _a, o: mids.append(o))
+        for layer in model.encoder.layers
+    ]
+    model(src, tgt)
+    for h in handles:
+        h.remove()
+    for r, mid in zip(enc, mids):
+        vectors = token_vectors(r.weights, r.call.v, r.w_out, residual=r.resid_pre)
+        if r.post_norm is None:
+            torch.testing.assert_close(vectors.sum(2) + r.b_out, mid, rtol=0, atol=1e-12)
+        else:
+            after, y = through_layer_norm(vectors, r.b_out, r.post_norm)
+            torch.testing.assert_close(y, mid, rtol=0, atol=1e-12)
+            gamma, beta = r.post_norm.weight, r.post_norm.bias
+            sigma = ((vectors.sum(2) + r.b_out).var(-1, unbiased=False) + 1e-5).sqrt()
+            bias_part = gamma * (r.b_out - r.b_out.mean()) / sigma[..., None] + beta
+            torch.testing.assert_close(after.sum(2) + bias_part, mid, rtol=0, atol=1e-12)
+    alti = mixing(model, src, "alti", layers="encoder.", tgt_in=tgt)
+    assert alti.layers == [r.name for r in enc]
+    torch.testing.assert_close(alti.per_layer.sum(-1), torch.ones(2, 2, 7, dtype=torch.float64))
+    rolled = mixing(model, src, "rollout", layers="encoder.", tgt_in=tgt)
+    torch.testing.assert_close(rolled.total.sum(-1), torch.ones(2, 7, dtype=torch.float64))
+
+
+def test_an_encoder_decoder_needs_one_stack() -> None:
+    model = seq2seq(False)
+    src, tgt = torch.randint(3, 30, (1, 6)), torch.randint(3, 30, (1, 4))
+    with pytest.raises(ArgumentError, match="choose one stack with layers="):
+        mixing(model, src, "rollout", tgt_in=tgt)
+    with pytest.raises(ArgumentError, match="selects no attention layer"):
+        mixing(model, src, "rollout", layers="nowhere.", tgt_in=tgt)
+    vz = mixing(model, src, "value_zeroing", layers="encoder.", tgt_in=tgt)
+    assert vz.per_layer.shape == (2, 1, 6, 6)

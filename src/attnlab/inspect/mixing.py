@@ -43,6 +43,7 @@ from attnlab.inspect.mixing_rules import (
     alti_contributions,
     max_flow,
     rollout,
+    through_layer_norm,
     token_vectors,
 )
 from attnlab.inspect.qk_circuits import head_weights
@@ -90,6 +91,8 @@ class LayerRun:
         attn_out: what the attention added to the residual stream; ``None`` likewise.
         w_out: ``W_O`` per head.
         b_out: the output projection's bias (zeros when it has none).
+        post_norm: the LayerNorm applied after the residual connection of a post-norm block
+            (Vaswani et al.'s, BERT's), or ``None`` for a pre-norm block.
 
     Shape:
         resid_pre, attn_out ``(B, T, d_model)``; w_out ``(H, d_model, d_head)``; b_out
@@ -102,6 +105,7 @@ class LayerRun:
     attn_out: torch.Tensor | None
     w_out: torch.Tensor
     b_out: torch.Tensor
+    post_norm: nn.LayerNorm | None = None
 
     @property
     def weights(self) -> torch.Tensor:
@@ -175,8 +179,8 @@ def record_layers(
         for name, attn in modules.items():
             handles.append(attn.hook_weights.register_forward_hook(lambda *_: None))
             handles.append(attn.hook_call.register_forward_hook(keep(name, "call")))
-            block = parents.get(name.rsplit(".", 1)[0]) if "." in name else None
-            for key, point in (("resid_pre", "hook_resid_pre"), ("attn_out", "hook_attn_out")):
+            block, role = _block_of(parents, name)
+            for key, point in zip(("resid_pre", "attn_out"), _STREAM[role][:2]):
                 hp = getattr(block, point, None)
                 if isinstance(hp, nn.Module):
                     handles.append(hp.register_forward_hook(keep(name, key)))
@@ -190,6 +194,9 @@ def record_layers(
     runs = []
     for name in order:
         attn = modules[name]
+        block, role = _block_of(parents, name)
+        norm = getattr(block, _STREAM[role][2], None)
+        post_norm = norm if isinstance(norm, nn.LayerNorm) and not block.norm_first else None
         w = head_weights(attn).output
         z0 = torch.zeros(1, attn.num_heads * attn.d_head, dtype=w.dtype, device=w.device)
         with torch.no_grad():
@@ -202,15 +209,38 @@ def record_layers(
                 seen[name].get("attn_out"),
                 w,
                 b_out,
+                post_norm,
             )
         )
     return runs, out
+
+
+#: where a block's attention reads and writes the residual stream, by the attribute that holds
+#: it: the stream entering it, what it adds, and the norm after it in a post-norm block
+_STREAM = {
+    "attn": ("hook_resid_pre", "hook_attn_out", ""),  # GPTBlock (always pre-norm)
+    "self_attn": ("hook_resid_pre", "hook_attn_out", "norm1"),  # EncoderLayer
+    "self_attn@decoder": ("hook_resid_pre", "hook_self_attn_out", "norm1"),  # DecoderLayer
+    "cross_attn": ("hook_resid_mid", "hook_cross_attn_out", "norm2"),
+}
+
+
+def _block_of(parents: dict[str, nn.Module], name: str) -> tuple[Any, str]:
+    """The block around an attention layer and the layer's role in it (a key of ``_STREAM``)."""
+    parent, _, attr = name.rpartition(".")
+    block = parents.get(parent) if parent else None
+    role = attr if attr in _STREAM else "attn"
+    if role == "self_attn" and hasattr(block, "cross_attn"):
+        role = "self_attn@decoder"
+    return block, role
 
 
 def mixing(
     model: nn.Module,
     input_ids: torch.Tensor,
     method: str = "rollout",
+    *,
+    layers: str | None = None,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -220,7 +250,12 @@ def mixing(
             attention layers are :class:`~attnlab.nn.multihead.MultiHeadAttention`).
         input_ids: the tokens.
         method: one of :data:`METHODS` (see the module docstring for each one's equation).
-        **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``).
+        layers: the attention layers to read, by path prefix (``"encoder."`` for an
+            encoder-decoder's source side); default every one. The layers read must attend
+            over the same tokens (an encoder-decoder's cross-attention and decoder are not
+            rolled out with its encoder).
+        **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
+            ``tgt_in`` for an :class:`attnlab.Transformer`).
 
     Returns:
         A :class:`Mixing`.
@@ -248,18 +283,18 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, forward_kwargs)
+        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs)
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
+    runs = _select(runs, layers)
     names = [r.name for r in runs]
-    self_runs = [r for r in runs if not r.call.cross]
     per_head = None
     total = None
     if method in ("weights", "rollout", "flow"):
         per_head = torch.stack([r.weights for r in runs])  # (L, B, H, T_q, T_k)
         per_layer = per_head.mean(2)
         if method != "weights":
-            layers = [r.weights.mean(1) for r in self_runs]
-            total = rollout(layers) if method == "rollout" else max_flow(layers)
+            means = [r.weights.mean(1) for r in runs]
+            total = rollout(means) if method == "rollout" else max_flow(means)
             per_head = None
     elif method == "norm":
         heads, layer = [], []
@@ -271,23 +306,46 @@ def mixing(
         per_layer, per_head = torch.stack(layer), torch.stack(heads)
     else:  # norm_residual, alti
         layer = []
-        for r in self_runs:
+        for r in runs:
             if r.resid_pre is None or r.attn_out is None:
                 raise ArgumentError(
                     f"{method} needs the residual stream around {r.name} (a block with "
                     f"hook_resid_pre and hook_attn_out, e.g. attnlab.GPT's)"
                 )
             vectors = token_vectors(r.weights, r.call.v, r.w_out, residual=r.resid_pre)
+            y = r.resid_pre + r.attn_out  # the residual stream after attention
+            if r.post_norm is not None:  # LN(x + a): through the norm, exactly
+                vectors, y = through_layer_norm(vectors, r.b_out, r.post_norm)
             if method == "norm_residual":
                 layer.append(vectors.norm(dim=-1))
             else:
-                y = r.resid_pre + r.attn_out  # the residual stream after attention
                 layer.append(alti_contributions(vectors, y))
         per_layer = torch.stack(layer)
-        names = [r.name for r in self_runs]
         if method == "alti":
             total = rollout(list(per_layer), residual=False)
     return Mixing(method, MEANING[method], names, per_layer, per_head, total)
+
+
+def _select(runs: list[LayerRun], layers: str | None) -> list[LayerRun]:
+    """The layers under the prefix ``layers``; they must all attend over the same tokens."""
+    if layers is not None:
+        if not isinstance(layers, str):
+            raise ArgumentTypeError(f"layers must be a path prefix (str), got {layers!r}")
+        chosen = [r for r in runs if r.name.startswith(layers)]
+        if not chosen:
+            known = ", ".join(r.name for r in runs[:6])
+            raise ArgumentError(
+                f"layers={layers!r} selects no attention layer; the model has {known}"
+            )
+        runs = chosen
+    shapes = {tuple(r.weights.shape[-2:]) for r in runs}
+    if len(shapes) > 1 or any(r.call.cross for r in runs):
+        stacks = sorted({r.name.split(".")[0] + "." for r in runs})
+        raise ArgumentError(
+            "the layers read attend over different tokens (cross-attention, or an encoder and a "
+            f"decoder): choose one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
+        )
+    return runs
 
 
 def token_vectors_per_head_norm(run: LayerRun) -> torch.Tensor:

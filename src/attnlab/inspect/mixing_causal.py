@@ -37,7 +37,11 @@ class _Stop(Exception):
 
 
 def run(
-    model: nn.Module, input_ids: torch.Tensor, method: str, forward_kwargs: dict[str, Any]
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    method: str,
+    layers: str | None,
+    forward_kwargs: dict[str, Any],
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -45,6 +49,7 @@ def run(
         model: the language model.
         input_ids: the tokens.
         method: ``"value_zeroing"``, ``"grad_weights"`` or ``"integrated_gradients"``.
+        layers: the attention layers to read, by path prefix (as :func:`~attnlab.inspect.mixing`).
         forward_kwargs: further arguments of the model's forward.
 
     Returns:
@@ -53,10 +58,10 @@ def run(
     Shape:
         input_ids ``(B, T)``.
     """
-    from attnlab.inspect.mixing import MEANING, Mixing, record_layers
+    from attnlab.inspect.mixing import MEANING, Mixing, _select, record_layers
 
     if method == "value_zeroing":
-        names, per_layer = _value_zeroing(model, input_ids, forward_kwargs)
+        names, per_layer = _value_zeroing(model, input_ids, layers, forward_kwargs)
         return Mixing(method, MEANING[method], names, per_layer)
     t = input_ids.shape[-1]
     if t > MAX_GRADIENT_LENGTH:
@@ -68,17 +73,22 @@ def run(
         targets = model(input_ids, **forward_kwargs).logits.argmax(-1)  # (B, T)
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)
-        names = [r.name for r in runs if not r.call.cross]
-        return Mixing(method, MEANING[method], names, None, total=_relevance(runs, out, targets))
+        runs = _select(runs, layers)
+        total = _relevance(runs, out, targets)
+        return Mixing(method, MEANING[method], [r.name for r in runs], None, total=total)
     total = _integrated_gradients(model, input_ids, targets, forward_kwargs)
     return Mixing(method, MEANING[method], [], None, total=total)
 
 
 def _value_zeroing(
-    model: nn.Module, input_ids: torch.Tensor, forward_kwargs: dict[str, Any]
+    model: nn.Module, input_ids: torch.Tensor, layers: str | None, forward_kwargs: dict[str, Any]
 ) -> tuple[list[str], torch.Tensor]:
     b, t = input_ids.shape
-    modules = attention_modules(model)
+    modules = {
+        n: m for n, m in attention_modules(model).items() if layers is None or n.startswith(layers)
+    }
+    if not modules:
+        raise ArgumentError(f"layers={layers!r} selects no attention layer of the model")
     parents = dict(model.named_modules())
     rows = t + 1
     ids = input_ids.repeat_interleave(rows, dim=0)  # (B · (T + 1), T)
@@ -138,9 +148,14 @@ def _value_zeroing(
 
 def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor:
     """Chefer et al.'s rolled-out relevance, one backward pass per output position."""
-    self_runs = [r for r in runs if not r.call.cross]
+    self_runs = runs
     logits = out.logits  # (B, T, V)
     b, t = targets.shape
+    if any(r.weights.shape[-1] != t for r in runs):
+        raise ArgumentError(
+            "grad_weights explains the model's output positions through layers over the same "
+            "tokens: an encoder-decoder's encoder layers are over the source (not supported)"
+        )
     outputs = [r.call.output for r in self_runs]
     relevance = torch.zeros(b, t, t, dtype=logits.dtype, device=logits.device)
     eye = torch.eye(t, dtype=logits.dtype, device=logits.device).expand(b, t, t)

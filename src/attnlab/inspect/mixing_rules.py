@@ -23,7 +23,14 @@ import torch
 
 from attnlab.errors import ArgumentError
 
-__all__ = ["MAX_FLOW_LENGTH", "alti_contributions", "max_flow", "rollout", "token_vectors"]
+__all__ = [
+    "MAX_FLOW_LENGTH",
+    "alti_contributions",
+    "max_flow",
+    "rollout",
+    "through_layer_norm",
+    "token_vectors",
+]
 
 #: the longest sequence :func:`max_flow` accepts: it solves ``T²`` maximum-flow problems over a
 #: graph of ``L · T²`` edges (networkx's preflow-push, ``O(V² √E)`` each), about 10 s at 32
@@ -179,6 +186,40 @@ def token_vectors(
         diag = torch.arange(t_q, device=vectors.device) + (t_k - t_q)  # query i at position p_i
         vectors[:, torch.arange(t_q), diag] += residual[:, -t_q:].to(vectors.dtype)
     return vectors
+
+
+def through_layer_norm(
+    vectors: torch.Tensor, bias: torch.Tensor, norm: torch.nn.LayerNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A post-norm block's token vectors through its LayerNorm (Kobayashi et al. 2021, §3;
+    Ferrando et al. 2022, eq. 6): with ``s_i = Σ_j z_ij + b`` and ``σ_i`` its standard deviation
+    as the layer computed it,
+
+        LN(s_i) = Σ_j γ ⊙ (z_ij − mean(z_ij)) / σ_i  +  γ ⊙ (b − mean(b)) / σ_i + β
+
+    exactly: the mean is linear, and ``σ_i`` is one number per position.
+
+    Args:
+        vectors: ``z_ij``, the residual included (:func:`token_vectors`).
+        bias: ``b``, what no token brings (the output projection's bias).
+        norm: the block's LayerNorm after the residual connection.
+
+    Returns:
+        ``(T_i(x_j), LN(s_i))``: the vectors after the norm and the block's output.
+
+    Shape:
+        vectors ``(B, T_q, T_k, d_model)``; bias ``(d_model,)`` → ``(B, T_q, T_k, d_model)``,
+        ``(B, T_q, d_model)``.
+    """
+    s = vectors.sum(2) + bias  # the sum the LayerNorm saw                (B, T_q, d_model)
+    sigma = (s.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, T_q, 1)
+    gamma = norm.weight if norm.weight is not None else torch.ones_like(bias)
+    gamma = gamma.to(vectors.dtype)
+    centred = vectors - vectors.mean(-1, keepdim=True)
+    out = gamma * centred / sigma[:, :, None, :]
+    beta = norm.bias.to(vectors.dtype) if norm.bias is not None else 0.0
+    y = out.sum(2) + gamma * (bias - bias.mean()) / sigma + beta
+    return out, y
 
 
 def alti_contributions(vectors: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
