@@ -30,8 +30,6 @@ from torch import nn
 from attnlab._checks import (
     check_positive_int,
     check_probability,
-    check_tensor,
-    shape_str,
 )
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, attend
@@ -41,7 +39,7 @@ from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kv_cache import KVCache, LayerCache, last_keys
 from attnlab.nn.mask_spec import Masking, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window, combine, normalize_window
-from attnlab.nn.multihead_call import AttentionCall
+from attnlab.nn.multihead_call import AttentionCall, check_inputs
 
 if TYPE_CHECKING:
     from attnlab.nn.positional import RotaryEmbedding
@@ -324,7 +322,7 @@ class MultiHeadAttention(nn.Module):
               head_mask ``(H,)`` or ``(B, H)``
             - output ``(B, T_q, d_model)``; weights ``(B, H, T_q, T_k)``
         """
-        cross = self._check_inputs(query, key, value)
+        cross = check_inputs(self, query, key, value)
         call = AttentionCall(
             mask=mask,
             is_causal=self.causal if is_causal is None else bool(is_causal),
@@ -467,46 +465,25 @@ class MultiHeadAttention(nn.Module):
         result: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
         **fields: object,
     ) -> None:
-        """Hand the call as it ran to ``hook_call`` (:class:`~attnlab.nn.resolved_call.ResolvedCall`):
-        what inspection reads instead of re-deriving it. Called by :meth:`attend_heads` (and by
-        a variant's own, with its ``method`` and fields) only when something listens.
+        """Hand the call as it ran to ``hook_call`` (:meth:`ResolvedCall.of
+        <attnlab.nn.resolved_call.ResolvedCall.of>`); :meth:`attend_heads` and a variant's own
+        call it only when something listens, a variant with its ``method`` and ``fields``.
 
         Args:
-            call: the call's options (its ``query``/``memory`` inputs included).
+            call: the call's options.
             q: the queries as scored.
-            k: the keys as scored (cache included, rotated).
+            k: the keys as scored.
             v: the values.
             masking: the normalised mask.
-            result: what the kernel returned, ``z`` or ``(z, weights)``.
-            **fields: further :class:`~attnlab.nn.resolved_call.ResolvedCall` fields (``method``,
-                Linformer's projections, FAVOR+'s features).
+            result: ``z`` or ``(z, weights)``.
+            **fields: further :class:`~attnlab.nn.resolved_call.ResolvedCall` fields.
 
         Shape:
             q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
         """
         from attnlab.nn.resolved_call import ResolvedCall
 
-        z, weights = result if isinstance(result, tuple) else (result, None)
-        cache = call.cache
-        past = 0 if cache is None or call.cross else int(getattr(cache, "length", 0)) - q.shape[-2]
-        self.hook_call(
-            ResolvedCall(
-                query_input=call.query if call.query is not None else q.new_empty(0),
-                key_input=call.memory,
-                q=q,
-                k=k,
-                v=v,
-                masking=masking,
-                scale=self.d_head**-0.5,
-                num_heads=self.num_heads,
-                num_kv_heads=self.num_kv_heads,
-                cross=call.cross,
-                past=max(past, 0),
-                weights=weights,
-                output=z,
-                **fields,  # type: ignore[arg-type]
-            )
-        )
+        self.hook_call(ResolvedCall.of(self, call, q, k, v, masking, result, **fields))
 
     def _with_cache(
         self, k: torch.Tensor | None, v: torch.Tensor | None, call: AttentionCall
@@ -623,28 +600,6 @@ class MultiHeadAttention(nn.Module):
             )
         return layout.crop(t_k)
 
-    def _check_inputs(
-        self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
-    ) -> bool:
-        """Check the inputs of :meth:`forward`; ``True`` for cross-attention (``key`` given and
-        not ``query`` itself). Subclasses that replace the attention share it."""
-        self._check_input("query", query)
-        cross = key is not None and key is not query
-        if key is not None and cross:
-            self._check_input("key", key)
-            if value is not None:
-                self._check_input("value", value)
-                if value.shape[:2] != key.shape[:2]:
-                    raise ArgumentError(
-                        f"key and value must have the same (B, T_k), got "
-                        f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
-                    )
-            if key.shape[0] != query.shape[0]:
-                raise ArgumentError(
-                    f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
-                )
-        return cross
-
     def _merge_heads(
         self,
         z: torch.Tensor,
@@ -711,24 +666,6 @@ class MultiHeadAttention(nn.Module):
         q = self.hook_rot_q(rotary(q, positions, check=check))
         k = self.hook_rot_k(rotary(k, positions, check=False))
         return q, k
-
-    def _check_input(self, name: str, x: object) -> None:
-        x = check_tensor(name, x)
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ArgumentError(
-                f"{name} must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}"
-            )
-        weight = self.qkv_parameters()[0]
-        if not x.is_floating_point():
-            raise ArgumentTypeError(
-                f"{name} must be a floating tensor of activations, got dtype {x.dtype}"
-            )
-        autocast = torch.is_autocast_enabled(x.device.type)
-        if x.dtype != weight.dtype and not autocast:
-            raise ArgumentTypeError(
-                f"{name} has dtype {x.dtype} but the layer's weights are {weight.dtype}; convert "
-                f"one of them (e.g. layer.to({x.dtype}) or {name}.to({weight.dtype}))"
-            )
 
     @classmethod
     def from_torch(

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from attnlab.errors import ArgumentError
+from attnlab._checks import check_tensor, shape_str
+from attnlab.errors import ArgumentError, ArgumentTypeError
 
 if TYPE_CHECKING:
     from attnlab.nn.block_layout import BlockLayout
+    from attnlab.nn.multihead import MultiHeadAttention
 
-__all__ = ["AttentionCall"]
+__all__ = ["AttentionCall", "check_inputs"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +78,65 @@ class AttentionCall:
                 raise ArgumentError(
                     f"{name} must be None: {layer} does not support it, got {value!r}"
                 )
+
+
+def check_inputs(
+    layer: MultiHeadAttention,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+) -> bool:
+    """Check the inputs of :meth:`MultiHeadAttention.forward
+    <attnlab.nn.multihead.MultiHeadAttention.forward>` before any work.
+
+    Args:
+        layer: the layer called (its ``d_model`` and weights' dtype).
+        query: the query input.
+        key: the key input, or ``None`` (self-attention).
+        value: the value input, or ``None`` (``key``).
+
+    Returns:
+        ``True`` for cross-attention (``key`` given and not ``query`` itself).
+
+    Raises:
+        ValueError: a shape that is not ``(B, T, d_model)``, or batch sizes that differ.
+        TypeError: not a floating tensor, or a dtype other than the weights' (no autocast).
+
+    Shape:
+        query ``(B, T_q, d_model)``; key, value ``(B, T_k, d_model)``.
+    """
+    _check_input(layer, "query", query)
+    cross = key is not None and key is not query
+    if key is not None and cross:
+        _check_input(layer, "key", key)
+        if value is not None:
+            _check_input(layer, "value", value)
+            if value.shape[:2] != key.shape[:2]:
+                raise ArgumentError(
+                    f"key and value must have the same (B, T_k), got "
+                    f"{shape_str(key.shape[:2])} and {shape_str(value.shape[:2])}"
+                )
+        if key.shape[0] != query.shape[0]:
+            raise ArgumentError(
+                f"query and key batch sizes differ: {query.shape[0]} vs {key.shape[0]}"
+            )
+    return cross
+
+
+def _check_input(layer: MultiHeadAttention, name: str, x: object) -> None:
+    x = check_tensor(name, x)
+    if x.dim() != 3 or x.shape[-1] != layer.d_model:
+        raise ArgumentError(
+            f"{name} must have shape (B, T, d_model={layer.d_model}), got {shape_str(x.shape)}"
+        )
+    weight = layer.qkv_parameters()[0]
+    if not x.is_floating_point():
+        raise ArgumentTypeError(
+            f"{name} must be a floating tensor of activations, got dtype {x.dtype}"
+        )
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if x.dtype != weight.dtype and not autocast:
+        raise ArgumentTypeError(
+            f"{name} has dtype {x.dtype} but the layer's weights are {weight.dtype}; convert "
+            f"one of them (e.g. layer.to({x.dtype}) or {name}.to({weight.dtype}))"
+        )

@@ -25,12 +25,16 @@ Kinds that are not softmax over the keys say what their fields mean (``method``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from attnlab.errors import ArgumentError
 from attnlab.nn.mask_spec import Masking
+
+if TYPE_CHECKING:
+    from attnlab.nn.multihead import MultiHeadAttention
+    from attnlab.nn.multihead_call import AttentionCall
 
 __all__ = ["ResolvedCall"]
 
@@ -92,6 +96,57 @@ class ResolvedCall:
     value_projection: torch.Tensor | None = None
     q_features: torch.Tensor | None = None
     k_features: torch.Tensor | None = None
+
+    @classmethod
+    def of(
+        cls,
+        layer: MultiHeadAttention,
+        call: AttentionCall,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        masking: Masking,
+        result: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        **fields: Any,
+    ) -> ResolvedCall:
+        """The resolved call of one run of ``layer`` (:meth:`MultiHeadAttention.emit_call
+        <attnlab.nn.multihead.MultiHeadAttention.emit_call>`).
+
+        Args:
+            layer: the attention layer that ran.
+            call: the call's options (its ``query``/``memory`` inputs included).
+            q: the queries as scored.
+            k: the keys as scored (cache included, rotated).
+            v: the values.
+            masking: the normalised mask.
+            result: what the kernel returned, ``z`` or ``(z, weights)``.
+            **fields: further fields (``method``, Linformer's projections, FAVOR+'s features).
+
+        Returns:
+            The resolved call.
+
+        Shape:
+            q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
+        """
+        z, weights = result if isinstance(result, tuple) else (result, None)
+        cache = call.cache
+        past = 0 if cache is None or call.cross else int(getattr(cache, "length", 0)) - q.shape[-2]
+        return cls(
+            query_input=call.query if call.query is not None else q.new_empty(0),
+            key_input=call.memory,
+            q=q,
+            k=k,
+            v=v,
+            masking=masking,
+            scale=layer.d_head**-0.5,
+            num_heads=layer.num_heads,
+            num_kv_heads=layer.num_kv_heads,
+            cross=call.cross,
+            past=max(past, 0),
+            weights=weights,
+            output=z,
+            **fields,
+        )
 
     @property
     def group(self) -> int:
