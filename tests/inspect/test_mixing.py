@@ -310,5 +310,7 @@ def test_an_encoder_decoder_needs_one_stack() -> None:
         mixing(model, src, "rollout", tgt_in=tgt)
     with pytest.raises(ArgumentError, match="selects no attention layer"):
         mixing(model, src, "rollout", layers="nowhere.", tgt_in=tgt)
+    with pytest.raises(ArgumentError, match="cross-attention, mixes two sequences"):
+        mixing(model, src, "value_zeroing", tgt_in=tgt)
     vz = mixing(model, src, "value_zeroing", layers="encoder.", tgt_in=tgt)
     assert vz.per_layer.shape == (2, 1, 6, 6)

@@ -83,6 +83,8 @@ def run(
 def _value_zeroing(
     model: nn.Module, input_ids: torch.Tensor, layers: str | None, forward_kwargs: dict[str, Any]
 ) -> tuple[list[str], torch.Tensor]:
+    from attnlab.inspect.mixing import _block_of
+
     b, t = input_ids.shape
     modules = {
         n: m for n, m in attention_modules(model).items() if layers is None or n.startswith(layers)
@@ -97,9 +99,14 @@ def _value_zeroing(
         for k, v in forward_kwargs.items()
     }
     j = torch.arange(t)
-    names, layers = [], []
+    names, matrices = [], []
     for name, attn in modules.items():
-        block = parents.get(name.rsplit(".", 1)[0]) if "." in name else None
+        block, role = _block_of(parents, name)
+        if role == "cross_attn":
+            raise ArgumentError(
+                f"value_zeroing of {name}, a cross-attention, mixes two sequences: choose the "
+                "encoder with layers='encoder.'"
+            )
         after = getattr(block, "hook_resid_post", None)
         if not isinstance(after, nn.Module):
             raise ArgumentError(
@@ -141,9 +148,15 @@ def _value_zeroing(
         cos = torch.nn.functional.cosine_similarity(zeroed, clean.expand_as(zeroed), dim=-1)
         change = (1.0 - cos).transpose(1, 2).clamp(min=0.0)
         total = change.sum(-1, keepdim=True)
-        layers.append(torch.where(total > 0, change / total.clamp(min=1e-300), 0.0))
+        matrices.append(torch.where(total > 0, change / total.clamp(min=1e-300), 0.0))
         names.append(name)
-    return names, torch.stack(layers)
+    if len({m.shape for m in matrices}) > 1:
+        stacks = sorted({n.split(".")[0] + "." for n in names})
+        raise ArgumentError(
+            "the layers read attend over different tokens (an encoder and a decoder): choose "
+            f"one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
+        )
+    return names, torch.stack(matrices)
 
 
 def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor:

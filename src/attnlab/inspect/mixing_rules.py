@@ -213,8 +213,7 @@ def through_layer_norm(
     """
     s = vectors.sum(2) + bias  # the sum the LayerNorm saw                (B, T_q, d_model)
     sigma = (s.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, T_q, 1)
-    gamma = norm.weight if norm.weight is not None else torch.ones_like(bias)
-    gamma = gamma.to(vectors.dtype)
+    gamma = (norm.weight if norm.weight is not None else torch.ones_like(bias)).to(vectors.dtype)
     centred = vectors - vectors.mean(-1, keepdim=True)
     out = gamma * centred / sigma[:, :, None, :]
     beta = norm.bias.to(vectors.dtype) if norm.bias is not None else 0.0
