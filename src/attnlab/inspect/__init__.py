@@ -25,6 +25,9 @@
 - :func:`mixing`: what each position takes from each token, by raw weights, rollout, flow,
   norm-based analysis, ALTI, value zeroing, gradient-weighted attention or integrated gradients
   (a :class:`Mixing`), read from each layer's resolved call.
+- :func:`faithfulness` / :func:`faithfulness_table` / :func:`leave_one_out`: deletion and
+  insertion curves, ERASER's comprehensiveness and sufficiency, and rank agreement with
+  leave-one-out importance of an explanation, beside a random one's.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -53,6 +56,12 @@ from attnlab.inspect.diagnostics import (
     attention_entropy,
     diagnose,
     diagnose_model,
+)
+from attnlab.inspect.faithfulness import (
+    Faithfulness,
+    faithfulness,
+    faithfulness_table,
+    leave_one_out,
 )
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
 from attnlab.inspect.memory import (
@@ -93,6 +102,7 @@ __all__ = [
     "ActivationCache",
     "AttentionStats",
     "CircuitSpectrum",
+    "Faithfulness",
     "FlopReport",
     "HeadHealth",
     "HeadImportance",
@@ -116,12 +126,15 @@ __all__ = [
     "diagnose",
     "diagnose_model",
     "direct_logit_attribution",
+    "faithfulness",
+    "faithfulness_table",
     "find_nonfinite",
     "flops",
     "head_importance",
     "head_roles",
     "head_weights",
     "kv_cache_bytes",
+    "leave_one_out",
     "logit_difference",
     "masked_heads",
     "mixing",
