@@ -314,3 +314,18 @@ def test_an_encoder_decoder_needs_one_stack() -> None:
         mixing(model, src, "value_zeroing", tgt_in=tgt)
     vz = mixing(model, src, "value_zeroing", layers="encoder.", tgt_in=tgt)
     assert vz.per_layer.shape == (2, 1, 6, 6)
+
+
+def test_a_length_past_the_memory_is_refused_before_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import attnlab._budget as budget
+    from attnlab.inspect.mixing import mixing_bytes
+
+    model = tiny(n_layer=2)
+    ids = torch.randint(0, 40, (1, 8))
+    need = mixing_bytes(model, "alti", 1, 8)
+    assert need == (2 * 4 * 64 + 2 * 64 * 32) * 8
+    monkeypatch.setattr(budget, "available_memory", lambda device=None: need - 1)
+    with pytest.raises(ArgumentError, match="input_ids of 8 tokens needs about"):
+        mixing(model, ids, "alti")

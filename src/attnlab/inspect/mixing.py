@@ -37,6 +37,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from attnlab._budget import check_fits
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.mixing_rules import (
@@ -49,7 +50,7 @@ from attnlab.inspect.mixing_rules import (
 from attnlab.inspect.qk_circuits import head_weights
 from attnlab.nn.resolved_call import ResolvedCall
 
-__all__ = ["METHODS", "LayerRun", "Mixing", "mixing", "record_layers"]
+__all__ = ["METHODS", "LayerRun", "Mixing", "mixing", "mixing_bytes", "record_layers"]
 
 Method = Literal[
     "weights",
@@ -280,6 +281,11 @@ def mixing(
             f"input_ids must be an integer tensor (B, T), got "
             f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}"
         )
+    check_fits(
+        f"input_ids of {input_ids.shape[-1]} tokens",
+        mixing_bytes(model, method, *input_ids.shape[-2:]) if input_ids.dim() == 2 else 0,
+        what=f"{method}'s matrices (layers × heads × T × T; token vectors T × T × d_model)",
+    )
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
@@ -324,6 +330,38 @@ def mixing(
         if method == "alti":
             total = rollout(list(per_layer), residual=False)
     return Mixing(method, MEANING[method], names, per_layer, per_head, total)
+
+
+def mixing_bytes(model: nn.Module, method: str, batch: int, t: int) -> int:
+    """The memory :func:`mixing` needs at most, from the model's sizes, before it runs.
+
+    Every method keeps each layer's weights (``L · B · H · T²`` numbers; ``grad_weights`` their
+    autograd graph too, about three times that); the decompositions one layer's token vectors
+    at a time (``B · T² · d_model``); value zeroing a forward of ``B · (T + 1)`` rows.
+
+    Args:
+        model: the model.
+        method: the method.
+        batch: ``B``.
+        t: ``T``.
+
+    Returns:
+        Bytes (a bound, in the weights' dtype).
+    """
+    modules = attention_modules(model)
+    if not modules:
+        return 0
+    first = next(iter(modules.values()))
+    param = next(iter(model.parameters()), None)
+    size = param.element_size() if param is not None else 4
+    layers, heads, d = len(modules), first.num_heads, first.d_model
+    weights = layers * batch * heads * t * t
+    total = weights * (3 if method == "grad_weights" else 1)
+    if method in ("norm", "norm_residual", "alti"):
+        total += 2 * batch * t * t * d + (weights if method == "norm" else 0)
+    if method == "value_zeroing":
+        total = batch * (t + 1) * (heads * t * t + 8 * t * d)  # one layer's weights, activations
+    return total * size
 
 
 def _select(runs: list[LayerRun], layers: str | None) -> list[LayerRun]:
