@@ -329,3 +329,45 @@ def test_a_length_past_the_memory_is_refused_before_running(
     monkeypatch.setattr(budget, "available_memory", lambda device=None: need - 1)
     with pytest.raises(ArgumentError, match="input_ids of 8 tokens needs about"):
         mixing(model, ids, "alti")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_alti_plus_follows_source_and_target_through_the_decoder(norm_first: bool) -> None:
+    # Ferrando et al. 2022b: R^l[i, :S] = Σ_s C^cross[i, s] R_enc[s] + C^cross[i, res] (C^self R)[i, :S]
+    model = seq2seq(norm_first)
+    src, tgt = torch.randint(3, 30, (2, 6)), torch.randint(3, 30, (2, 4))
+    got = mixing(model, src, "alti", tgt_in=tgt)
+    assert got.total.shape == (2, 4, 6 + 4)
+    torch.testing.assert_close(got.total.sum(-1), torch.ones(2, 4, dtype=torch.float64))
+    enc = mixing(model, src, "alti", layers="encoder.", tgt_in=tgt).total
+    runs, _ = record_layers(model, lambda: model(src, tgt))
+    from attnlab.inspect.mixing_rules import alti_contributions, through_layer_norm
+
+    cross = next(r for r in runs if r.role == "cross_attn")
+    own = next(r for r in runs if r.role == "self_attn@decoder")
+    # the cross block by hand: T_i(e_s) = Σ_h α^h_is W_O^h v^h_s, and the residual y_i itself
+    a, v = cross.weights, cross.call.v.repeat_interleave(1, 1)
+    vec = torch.zeros(2, 4, 7, 32, dtype=torch.float64)
+    for i in range(4):
+        for s_ in range(6):
+            vec[:, i, s_] = sum(
+                a[:, h, i, s_, None] * (cross.w_out[h] @ v[:, h, s_].T).T for h in range(4)
+            )
+        vec[:, i, 6] = cross.resid_pre[:, i]
+    y = cross.resid_pre + cross.attn_out
+    if cross.post_norm is not None:
+        vec, y = through_layer_norm(vec, cross.b_out, cross.post_norm)
+    else:  # exact: the parts and the bias are the block's output
+        torch.testing.assert_close(vec.sum(2) + cross.b_out, y, rtol=0, atol=1e-12)
+    c_cross = alti_contributions(vec, y, own=6)
+    self_vec = token_vectors(own.weights, own.call.v, own.w_out, residual=own.resid_pre)
+    y_self = own.resid_pre + own.attn_out
+    if own.post_norm is not None:
+        self_vec, y_self = through_layer_norm(self_vec, own.b_out, own.post_norm)
+    c_self = alti_contributions(self_vec, y_self)
+    expected = torch.zeros(2, 4, 10, dtype=torch.float64)
+    for i in range(4):
+        for j in range(4):  # the residual's share, through the self block: target token j
+            expected[:, i, 6 + j] = c_cross[:, i, 6] * c_self[:, i, j]
+        expected[:, i, :6] = (c_cross[:, i, :6, None] * enc).sum(1)
+    torch.testing.assert_close(got.total, expected, rtol=1e-10, atol=1e-12)

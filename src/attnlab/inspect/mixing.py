@@ -42,6 +42,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 from attnlab.inspect.mixing_rules import (
     alti_contributions,
+    alti_plus,
     max_flow,
     rollout,
     through_layer_norm,
@@ -94,6 +95,8 @@ class LayerRun:
         b_out: the output projection's bias (zeros when it has none).
         post_norm: the LayerNorm applied after the residual connection of a post-norm block
             (Vaswani et al.'s, BERT's), or ``None`` for a pre-norm block.
+        role: where the layer sits: ``"attn"`` (a GPT block), ``"self_attn"`` (an encoder
+            layer), ``"self_attn@decoder"`` or ``"cross_attn"`` (a decoder layer).
 
     Shape:
         resid_pre, attn_out ``(B, T, d_model)``; w_out ``(H, d_model, d_head)``; b_out
@@ -107,6 +110,7 @@ class LayerRun:
     w_out: torch.Tensor
     b_out: torch.Tensor
     post_norm: nn.LayerNorm | None = None
+    role: str = "attn"
 
     @property
     def weights(self) -> torch.Tensor:
@@ -211,6 +215,7 @@ def record_layers(
                 w,
                 b_out,
                 post_norm,
+                role,
             )
         )
     return runs, out
@@ -291,6 +296,8 @@ def mixing(
 
         return mixing_causal.run(model, input_ids, method, layers, forward_kwargs)
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
+    if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
+        return _alti_plus(runs)
     runs = _select(runs, layers)
     names = [r.name for r in runs]
     per_head = None
@@ -311,22 +318,7 @@ def mixing(
             heads.append(token_vectors_per_head_norm(r))
         per_layer, per_head = torch.stack(layer), torch.stack(heads)
     else:  # norm_residual, alti
-        layer = []
-        for r in runs:
-            if r.resid_pre is None or r.attn_out is None:
-                raise ArgumentError(
-                    f"{method} needs the residual stream around {r.name} (a block with "
-                    f"hook_resid_pre and hook_attn_out, e.g. attnlab.GPT's)"
-                )
-            vectors = token_vectors(r.weights, r.call.v, r.w_out, residual=r.resid_pre)
-            y = r.resid_pre + r.attn_out  # the residual stream after attention
-            if r.post_norm is not None:  # LN(x + a): through the norm, exactly
-                vectors, y = through_layer_norm(vectors, r.b_out, r.post_norm)
-            if method == "norm_residual":
-                layer.append(vectors.norm(dim=-1))
-            else:
-                layer.append(alti_contributions(vectors, y))
-        per_layer = torch.stack(layer)
+        per_layer = torch.stack([_decomposed(r, method) for r in runs])
         if method == "alti":
             total = rollout(list(per_layer), residual=False)
     return Mixing(method, MEANING[method], names, per_layer, per_head, total)
@@ -362,6 +354,48 @@ def mixing_bytes(model: nn.Module, method: str, batch: int, t: int) -> int:
     if method == "value_zeroing":
         total = batch * (t + 1) * (heads * t * t + 8 * t * d)  # one layer's weights, activations
     return total * size
+
+
+def _decomposed(r: LayerRun, method: str) -> torch.Tensor:
+    """One block's ``‖T_i(x_j)‖`` (``norm_residual``) or ALTI contributions, the residual stream
+    and a post-norm block's LayerNorm included; a cross-attention block's residual stream is one
+    more column after the ``S`` keys (ALTI+)."""
+    if r.resid_pre is None or r.attn_out is None:
+        raise ArgumentError(
+            f"{method} needs the residual stream around {r.name} (a block with its hook_resid_* "
+            f"and hook_*attn_out points, e.g. attnlab.GPT's)"
+        )
+    if r.call.cross:  # T_i(e_s) for the encoder outputs, then the residual y_i itself
+        vectors = token_vectors(r.weights, r.call.v, r.w_out)
+        vectors = torch.cat([vectors, r.resid_pre[:, :, None].to(vectors.dtype)], 2)
+    else:
+        vectors = token_vectors(r.weights, r.call.v, r.w_out, residual=r.resid_pre)
+    y = r.resid_pre + r.attn_out  # the residual stream after attention
+    if r.post_norm is not None:  # LN(x + a): through the norm, exactly
+        vectors, y = through_layer_norm(vectors, r.b_out, r.post_norm)
+    if method == "norm_residual":
+        return vectors.norm(dim=-1)
+    return alti_contributions(vectors, y, own=vectors.shape[2] - 1 if r.call.cross else None)
+
+
+def _alti_plus(runs: list[LayerRun]) -> Mixing:
+    """ALTI+ of an encoder-decoder: each target position's source and target contributions."""
+    encoder = [r for r in runs if r.role == "self_attn"]
+    decoder_self = [r for r in runs if r.role == "self_attn@decoder"]
+    cross = [r for r in runs if r.role == "cross_attn"]
+    if not encoder or len(decoder_self) != len(cross):
+        raise ArgumentError(
+            "ALTI+ reads an encoder's self-attention and each decoder layer's self- and "
+            "cross-attention; choose one stack with layers= for anything else"
+        )
+    r_enc = rollout([_decomposed(r, "alti") for r in encoder], residual=False)
+    total = alti_plus(
+        r_enc,
+        [_decomposed(r, "alti") for r in decoder_self],
+        [_decomposed(r, "alti") for r in cross],
+    )
+    meaning = "ALTI+ contribution (source tokens, then target tokens)"
+    return Mixing("alti", meaning, [r.name for r in runs], None, total=total)
 
 
 def _select(runs: list[LayerRun], layers: str | None) -> list[LayerRun]:

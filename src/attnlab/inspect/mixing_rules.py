@@ -26,6 +26,7 @@ from attnlab.errors import ArgumentError
 __all__ = [
     "MAX_FLOW_LENGTH",
     "alti_contributions",
+    "alti_plus",
     "max_flow",
     "rollout",
     "through_layer_norm",
@@ -221,7 +222,9 @@ def through_layer_norm(
     return out, y
 
 
-def alti_contributions(vectors: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+def alti_contributions(
+    vectors: torch.Tensor, output: torch.Tensor, *, own: int | None = None
+) -> torch.Tensor:
     """ALTI's contributions of one layer (Ferrando et al. 2022, eq. 8–9): the closer the part a
     token gives to the output, in Manhattan distance, the more it contributes,
 
@@ -230,10 +233,11 @@ def alti_contributions(vectors: torch.Tensor, output: torch.Tensor) -> torch.Ten
     Args:
         vectors: the token vectors ``T_i(x_j)`` (:func:`token_vectors`, residual included).
         output: the layer's output ``y_i`` (their sum, and the bias).
+        own: the column a row gives everything to when no part is closer than zero: default
+            the row's own position (self-attention); a cross-attention block's residual column.
 
     Returns:
-        ``c``; each row sums to 1 (a row where no token is closer than zero gives all to
-        itself).
+        ``c``; each row sums to 1.
 
     Shape:
         vectors ``(B, T_q, T_k, d_model)``; output ``(B, T_q, d_model)`` → ``(B, T_q, T_k)``.
@@ -243,6 +247,48 @@ def alti_contributions(vectors: torch.Tensor, output: torch.Tensor) -> torch.Ten
     closeness = (y.abs().sum(-1, keepdim=True) - distance).clamp(min=0.0)
     total = closeness.sum(-1, keepdim=True)
     t_q, t_k = closeness.shape[-2:]
-    own = torch.zeros_like(closeness)
-    own[:, torch.arange(t_q), torch.arange(t_q) + (t_k - t_q)] = 1.0
-    return torch.where(total > 0, closeness / total.clamp(min=torch.finfo(y.dtype).tiny), own)
+    fallback = torch.zeros_like(closeness)
+    columns = torch.arange(t_q) + (t_k - t_q) if own is None else torch.full((t_q,), own)
+    fallback[:, torch.arange(t_q), columns] = 1.0
+    return torch.where(total > 0, closeness / total.clamp(min=torch.finfo(y.dtype).tiny), fallback)
+
+
+def alti_plus(
+    encoder: torch.Tensor,
+    self_blocks: Sequence[torch.Tensor],
+    cross_blocks: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """ALTI+ (Ferrando et al. 2022b, §3): what each target position of an encoder-decoder takes
+    from the source tokens and from the target tokens before it, through every decoder layer.
+
+    With ``R_enc`` the encoder's rolled-out ALTI (source tokens → encoder outputs), a decoder
+    layer's self-attention contributions ``C^self`` (target → target) and its cross-attention
+    contributions ``C^cross`` over the ``S`` encoder outputs and, as one more column, the
+    residual stream it adds to; from ``R⁰ = [0 | I]``:
+
+        M = C^self R^{l−1}
+        R^l[i, :S] = Σ_s C^cross[i, s] R_enc[s, :] + C^cross[i, res] M[i, :S]
+        R^l[i, S:] = C^cross[i, res] M[i, S:]
+
+    Args:
+        encoder: ``R_enc``.
+        self_blocks: each decoder layer's ``C^self``, first layer first.
+        cross_blocks: each decoder layer's ``C^cross`` (residual column last).
+
+    Returns:
+        ``R^L``: columns the source tokens, then the target tokens; each row sums to 1.
+
+    Shape:
+        encoder ``(B, S, S)``; self ``(B, T, T)``; cross ``(B, T, S + 1)`` → ``(B, T, S + T)``.
+    """
+    b, s = encoder.shape[0], encoder.shape[-1]
+    t = self_blocks[0].shape[-1]
+    r = torch.cat(
+        [encoder.new_zeros(b, t, s), torch.eye(t, dtype=encoder.dtype).expand(b, t, t)], -1
+    )  # R⁰: each target position is its own token
+    for c_self, c_cross in zip(self_blocks, cross_blocks):
+        m = c_self @ r  # through the self-attention block                  (B, T, S + T)
+        keep = c_cross[:, :, s:]  # the residual's share                        (B, T, 1)
+        source = c_cross[:, :, :s] @ encoder  # the encoder outputs' share     (B, T, S)
+        r = torch.cat([source + keep * m[:, :, :s], keep * m[:, :, s:]], -1)
+    return r
