@@ -27,7 +27,8 @@
   (a :class:`Mixing`), read from each layer's resolved call.
 - :func:`faithfulness` / :func:`faithfulness_table` / :func:`leave_one_out`: deletion and
   insertion curves, ERASER's comprehensiveness and sufficiency, and rank agreement with
-  leave-one-out importance of an explanation, beside a random one's.
+  leave-one-out importance of an explanation, beside a random one's; :func:`plausibility`: an
+  encoder-decoder's alignments against the known sources of copy/reverse/sort.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -86,6 +87,7 @@ from attnlab.inspect.patching import (
     patch_residual,
     run_with_patches,
 )
+from attnlab.inspect.plausibility import Plausibility, plausibility
 from attnlab.inspect.qk_circuits import CircuitSpectrum, HeadWeights, head_weights, qk_spectrum
 from attnlab.inspect.roles import (
     HeadRoles,
@@ -116,6 +118,7 @@ __all__ = [
     "NonFiniteOrigin",
     "NonFiniteWatch",
     "PatchResult",
+    "Plausibility",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
@@ -143,6 +146,7 @@ __all__ = [
     "patch_residual",
     "peak_memory",
     "peak_memory_supported",
+    "plausibility",
     "pruning_curve",
     "pruning_order",
     "qk_spectrum",
