@@ -41,8 +41,10 @@ browser:
 demo: setup
 	$(BIN)/attnlab demo
 
+# two workers; --dist loadgroup: tests/conftest.py's scheduler (the slow tests first, the tests that
+# share a module's fixture on one worker), --no-loadscope-reorder keeps that order
 test: setup browser
-	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 --maxschedchunk 1 $(PYTEST_ARGS)
+	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: setup docs
 	$(BIN)/ruff check src tests benchmarks notebooks docs

@@ -1,7 +1,7 @@
 """attnlab on one GPU: attention kernels, a GPT-2 training step and greedy decoding, ratios measured
 in the same run (issue 25).
 
-Three sections (``--sections``, all by default), each a table of ratios:
+Four sections (``--sections``, all by default), each a table of ratios:
 
 * **attention** — forward + backward, bf16, causal, ``B = 1``, ``H · d = 1024``, d = 64 and 128:
   attnlab's ``sdpa`` backend against raw ``F.scaled_dot_product_attention`` (goal <= 1.02x) at
@@ -9,11 +9,15 @@ Three sections (``--sections``, all by default), each a table of ratios:
   causal flash at 32k) and with a causal BigBird layout (blocks of 128, 3-block band, 1 global,
   2 random) against the same dense kernel, at ``--flex-lengths`` (each compiles its kernels);
   the kernels of one length are timed in turn (``_common.median_times``);
-* **train** — GPT-2 small (124M), batch 8 x 1024, bf16 autocast, AdamW: attnlab's ``GPT``
-  under ``torch.compile`` against Hugging Face's ``GPT2LMHeadModel`` (SDPA; eager unless
-  ``--compile-hf``), same weights, same batches: tokens/s, model FLOPs utilisation
-  (``attnlab.inspect.flops`` of a training step / step time / the GPU's dense bf16 peak) and the
-  first step's loss of each;
+* **host** — the host work of one attention call (issue 33: <= 50 µs), ``torch.profiler``:
+  CPU time per forward call against the device time of its kernels, for raw SDPA, the ``sdpa``
+  backend and ``auto`` at a decoding step (``T_q = 1``) and at ``T = 1024``, and for the
+  ``flex`` window and BigBird rows at ``--host-flex-length``;
+* **train** — GPT-2 small (124M), ``B`` x 1024 at the largest batch of ``--train-batches``
+  that fits, bf16 autocast, AdamW: attnlab's ``GPT`` under ``torch.compile`` against Hugging
+  Face's ``GPT2LMHeadModel`` (SDPA) eager and compiled, same weights, same batches: tokens/s,
+  model FLOPs utilisation (``attnlab.inspect.flops`` of a training step / step time / the GPU's
+  dense bf16 peak), the first step's loss of each, and attnlab's ratio to each HF run;
 * **decode** — greedy decoding, 32-token prompt, 128 new tokens, batch 1, fp32 (``--decode-dtype``):
   GPT-2 small and the bundled SmolLM2-135M (``attnlab.load_pretrained("smollm2-135m")``; where
   it cannot load, the row says why and its architecture runs on random weights) against
@@ -116,6 +120,96 @@ def attention_rows(
                 torch.cuda.empty_cache()
 
 
+def _device_us(event: Any) -> float:
+    """An event's total device time, µs (``device_time_total`` since torch 2.4, ``cuda_`` before)."""
+    return float(getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)))
+
+
+def host_rows(
+    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
+) -> None:
+    """Per-call host work of an attention call (issue 33: <= 50 µs): ``torch.profiler`` over
+    ``--host-calls`` forward calls of each kernel, each call in a ``record_function`` range; the
+    range's CPU time per call is the host work (the checks, the mask normalisation, the backend's
+    choice and the kernel launches; on the CPU it includes the kernel itself), and the device
+    time of the kernels it launched per call is the device work. A decoding step's shape
+    (``T_q = 1``) and ``T = 1024`` for raw SDPA, the ``sdpa`` backend and ``auto``; the ``flex``
+    backend's window of 256 and BigBird layout at ``--host-flex-length``. The host work of
+    attnlab over raw SDPA is the column that counts."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    d, h = (64, 16) if not args.quick else (16, 2)
+    t_long = 1024 if not args.quick else 128
+    t_flex = args.host_flex_length if not args.quick else 256
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+
+    def attn(**kw: Any) -> Callable[..., torch.Tensor]:
+        return lambda a, b, c: al.scaled_dot_product_attention(a, b, c, **kw)
+
+    cases: list[tuple[str, int, int, Callable[..., torch.Tensor]]] = []
+    for t_q, t_k in ((1, t_long), (t_long, t_long)):
+        causal = t_q == t_k
+        cases += [
+            (
+                "raw SDPA",
+                t_q,
+                t_k,
+                lambda a, b, c, c_=causal: F.scaled_dot_product_attention(a, b, c, is_causal=c_),
+            ),
+            ("sdpa backend", t_q, t_k, attn(backend="sdpa", is_causal=True)),
+            ("auto", t_q, t_k, attn(is_causal=True)),
+        ]
+    block = 128 if t_flex >= 1024 else 16
+    layout = bigbird_layout(t_flex, block_size=block, num_random_blocks=2, causal=True)
+    if device.type != "cuda":
+        # on the CPU a no-grad flex call compiles its kernel (minutes here): GPU rows only
+        rows.append({"what": "flex", "T_q": t_flex, "T_k": t_flex, "error": "GPU only"})
+    else:
+        cases += [
+            (
+                "raw SDPA",
+                t_flex,
+                t_flex,
+                lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+            ),
+            ("flex, window 256", t_flex, t_flex, attn(backend="flex", is_causal=True, window=256)),
+            (f"flex, BigBird b={block}", t_flex, t_flex, attn(backend="flex", block_mask=layout)),
+        ]
+    n = args.host_calls
+    for name, t_q, t_k, fn in cases:
+        q = torch.randn(1, h, t_q, d, device=device, dtype=dtype)
+        kv = torch.randn(1, h, t_k, d, device=device, dtype=dtype)
+        row: Row = {"what": name, "T_q": t_q, "T_k": t_k, "d": d}
+        try:
+            with torch.no_grad():
+                for _ in range(3):  # warm-up: compiles, caches of block masks
+                    fn(q, kv, kv)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                with profile(activities=activities) as prof:
+                    for _ in range(n):
+                        with record_function("attention call"):
+                            fn(q, kv, kv)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+        except Exception as err:  # e.g. a flex compile failure: the row says so
+            row["error"] = failed(err)
+        else:
+            events = prof.key_averages()
+            call = next(e for e in events if e.key == "attention call")
+            # the kernels' own time (a range's total would count its children twice)
+            kernels = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events)
+            row.update(
+                host_us=call.cpu_time_total / n,
+                device_us=(_device_us(call) or kernels) / n if device.type == "cuda" else None,
+            )
+        rows.append(row)
+        save()
+
+
 def _peak(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
@@ -123,57 +217,104 @@ def _peak(device: torch.device) -> float | None:
     return next((v for k, v in PEAKS.items() if k in name), None)
 
 
-def train_rows(
-    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
-) -> None:
-    from train_step import FULL, Shape, build_models  # benchmarks/train_step.py
-
-    shape = Shape(512, 128, 64, 2, 2, batch=2, seq_len=64) if args.quick else FULL
-    batch, seq = (2, 64) if args.quick else (8, 1024)
-    hf, ours = build_models(shape)
-    hf, ours = hf.to(device), ours.to(device)
-    compile_ours = device.type == "cuda" and not args.no_compile
-    runners: dict[str, torch.nn.Module] = {
-        "HF GPT2LMHeadModel (sdpa)" + (", compiled" if args.compile_hf else ""): (
-            torch.compile(hf) if args.compile_hf and compile_ours else hf
-        ),
-        "attnlab GPT" + (", compiled" if compile_ours else ""): (
-            torch.compile(ours) if compile_ours else ours
-        ),
-    }
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, shape.vocab_size, (batch, seq), generator=gen).to(device)
-    step_flops = flops(ours.config, seq, batch).train_total
-    peak = _peak(device)
-    for name, model in runners.items():
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-        losses: list[float] = []
-
-        def step(
-            model: torch.nn.Module = model, opt: Any = opt, losses: list[float] = losses
-        ) -> None:
+def _largest_batch(
+    model: torch.nn.Module, batches: list[int], seq: int, vocab: int, device: torch.device
+) -> int:
+    """The largest of ``batches`` whose bf16-autocast training step (forward, backward, AdamW)
+    fits in the device's memory, tried eagerly (a compiled step needs no more memory)."""
+    for batch in sorted(batches, reverse=True):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        try:
+            ids = torch.randint(0, vocab, (batch, seq), device=device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = model(ids, labels=ids).loss
             loss.backward()
             opt.step()
+            return batch
+        except torch.OutOfMemoryError:
+            pass
+        finally:
             opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
+            del opt
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return min(batches)
 
-        first_start = time.perf_counter()
-        step()  # the first step (compiles); its loss is the one compared
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        first = time.perf_counter() - first_start
-        seconds = median_times({name: step}, args.train_steps, device=device)[name]
-        rows.append(
-            {
-                "model": name,
-                "tokens_per_s": batch * seq / seconds,
-                "mfu": None if peak is None else step_flops / seconds / peak,
-                "first_loss": float(losses[0]),
-                "first_step_s": first,
-            }
-        )
+
+def train_rows(
+    args: argparse.Namespace, device: torch.device, rows: list[Row], save: Callable[[], None]
+) -> None:
+    """GPT-2 small training steps: Hugging Face eager, Hugging Face compiled and attnlab
+    compiled, same weights, same batches, at the largest batch of ``--train-batches`` that fits
+    (``--train-batch`` fixes it): tokens/s, MFU and each one's ratio to both HF runs."""
+    import copy
+
+    from train_step import FULL, Shape, build_models  # benchmarks/train_step.py
+
+    shape = Shape(512, 128, 64, 2, 2, batch=2, seq_len=64) if args.quick else FULL
+    seq = 64 if args.quick else 1024
+    hf, ours = build_models(shape)
+    hf, ours = hf.to(device), ours.to(device)
+    compile_all = device.type == "cuda" and not args.no_compile
+    if args.train_batch:
+        batch = args.train_batch
+    elif args.quick:
+        batch = 2
+    else:
+        probe = copy.deepcopy(ours)  # a step changes the weights: the runs start from the same
+        batch = _largest_batch(probe, args.train_batches, seq, shape.vocab_size, device)
+        del probe
+    runners: dict[str, Callable[[], torch.nn.Module]] = {
+        "HF GPT2LMHeadModel (sdpa), eager": lambda: hf,
+    }
+    if compile_all:
+        # a copy made now: the same starting weights as the other runs
+        hf_copy = copy.deepcopy(hf)
+        runners["HF GPT2LMHeadModel (sdpa), compiled"] = lambda: torch.compile(hf_copy)
+    runners["attnlab GPT" + (", compiled" if compile_all else "")] = lambda: (
+        torch.compile(ours) if compile_all else ours
+    )
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape.vocab_size, (batch, seq), generator=gen).to(device)
+    step_flops = flops(ours.config, seq, batch).train_total
+    peak = _peak(device)
+    for name, build in runners.items():
+        row: Row = {"model": name, "batch": batch, "seq": seq}
+        try:
+            model = build()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+            losses: list[torch.Tensor] = []
+
+            def step(
+                model: torch.nn.Module = model, opt: Any = opt, losses: list[Any] = losses
+            ) -> None:
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = model(ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+
+            first_start = time.perf_counter()
+            step()  # the first step (compiles); its loss is the one compared
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first = time.perf_counter() - first_start
+            seconds = median_times({name: step}, args.train_steps, device=device)[name]
+        except Exception as err:  # an out-of-memory at this batch, a compile error
+            row["error"] = failed(err)
+        else:
+            row.update(
+                tokens_per_s=batch * seq / seconds,
+                mfu=None if peak is None else step_flops / seconds / peak,
+                first_loss=float(losses[0]),
+                first_step_s=first,
+            )
+        finally:
+            opt = None  # the optimizer state of one run at a time
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
         save()
 
 
@@ -273,22 +414,45 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{r['ms_raw']:.3f} | {r['ratio']:.3f}x |"
             )
         lines.append("")
+    if results.get("host"):
+        lines += [
+            "## Host work per attention call (forward, torch.profiler)",
+            "",
+            "| kernel | T_q | T_k | host µs | device µs |",
+            "|---|---|---|---|---|",
+        ]
+        for r in results["host"]:
+            if "error" in r:
+                lines.append(f"| {r['what']} | {r['T_q']} | {r['T_k']} | failed: {r['error']} | |")
+                continue
+            dev = "n/a" if r["device_us"] is None else f"{r['device_us']:.1f}"
+            lines.append(f"| {r['what']} | {r['T_q']} | {r['T_k']} | {r['host_us']:.1f} | {dev} |")
+        lines.append("")
     if results.get("train"):
         lines += [
-            "## Training step, bf16 autocast",
+            "## Training step, bf16 autocast, AdamW",
             "",
-            "| model | tokens/s | MFU | first loss |",
-            "|---|---|---|---|",
+            "| model | batch × seq | tokens/s | MFU | first loss |",
+            "|---|---|---|---|---|",
         ]
+        done = [r for r in results["train"] if "error" not in r]
         for r in results["train"]:
+            if "error" in r:
+                lines.append(
+                    f"| {r['model']} | {r['batch']} × {r['seq']} | failed: {r['error']} | | |"
+                )
+                continue
             mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
             lines.append(
-                f"| {r['model']} | {r['tokens_per_s']:.0f} | {mfu} | {r['first_loss']:.4f} |"
+                f"| {r['model']} | {r['batch']} × {r['seq']} | {r['tokens_per_s']:.0f} | {mfu} | "
+                f"{r['first_loss']:.4f} |"
             )
-        if len(results["train"]) == 2:
-            a, b = results["train"]
-            ratio = b["tokens_per_s"] / a["tokens_per_s"]
-            lines += ["", f"attnlab / HF tokens/s: {ratio:.2f}x", ""]
+        ours = [r for r in done if r["model"].startswith("attnlab")]
+        for base in (r for r in done if r["model"].startswith("HF")):
+            for r in ours:
+                ratio = r["tokens_per_s"] / base["tokens_per_s"]
+                lines.append(f"\n{r['model']} / {base['model']}: {ratio:.2f}x tokens/s")
+        lines.append("")
     if results.get("decode"):
         lines += [
             "## Greedy decoding",
@@ -319,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sections",
         nargs="+",
-        default=["attention", "train", "decode"],
-        choices=["attention", "train", "decode"],
+        default=["attention", "host", "train", "decode"],
+        choices=["attention", "host", "train", "decode"],
     )
     parser.add_argument("--lengths", type=int, nargs="+", default=None)
     parser.add_argument("--flex-lengths", type=int, nargs="+", default=None)
@@ -334,7 +498,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=["fp32", "bf16"],
         help="decoding dtype (fp32: the tokens must be identical; bf16 may round apart)",
     )
-    parser.add_argument("--compile-hf", action="store_true", help="torch.compile HF's model too")
+    parser.add_argument(
+        "--compile-hf", action="store_true", help="(the default now: HF runs eager and compiled)"
+    )
+    parser.add_argument("--train-batch", type=int, default=None, help="fix the training batch")
+    parser.add_argument(
+        "--train-batches",
+        type=int,
+        nargs="+",
+        default=[8, 16, 24, 32],
+        help="training batches tried, the largest that fits is run",
+    )
+    parser.add_argument("--host-calls", type=int, default=200, help="profiled calls per kernel")
+    parser.add_argument("--host-flex-length", type=int, default=4096, help="T of the flex rows")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -360,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     sections: dict[str, Section] = {
         "attention": attention_rows,
+        "host": host_rows,
         "train": train_rows,
         "decode": decode_rows,
     }

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from attnlab.models.transformer import Transformer
     from attnlab.nn import masks
     from attnlab.nn.attention import scaled_dot_product_attention
+    from attnlab.nn.cache_policies import CrossKVCache, RollingKVCache, SinkKVCache
     from attnlab.nn.kinds import (
         AttentionSpec,
         BigBirdSpec,
@@ -48,6 +49,7 @@ __all__ = [
     "GPT",
     "AttentionSpec",
     "BigBirdSpec",
+    "CrossKVCache",
     "FullSpec",
     "GPTConfig",
     "KVCache",
@@ -57,7 +59,9 @@ __all__ = [
     "MultiHeadAttention",
     "PerformerSpec",
     "PerformerState",
+    "RollingKVCache",
     "RotaryEmbedding",
+    "SinkKVCache",
     "SinusoidalPositionalEncoding",
     "SlidingSpec",
     "Transformer",
@@ -100,6 +104,7 @@ _PUBLIC = {
         "attnlab.nn.kinds",
     ),
     **dict.fromkeys(("KVCache", "ModelCache", "PerformerState"), "attnlab.nn.kv_cache"),
+    **dict.fromkeys(("CrossKVCache", "RollingKVCache", "SinkKVCache"), "attnlab.nn.cache_policies"),
     "MultiHeadAttention": "attnlab.nn.multihead",
     **dict.fromkeys(
         (

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab import Transformer, TransformerConfig
+from attnlab import GPT, BigBirdSpec, GPTConfig, SlidingSpec, Transformer, TransformerConfig
 from attnlab.cli import build_parser, main
 from attnlab.viz.lessons import mask_panel
 from tests.cli.test_view_plot import TOKENIZER, _save
@@ -166,3 +166,26 @@ def test_a_layer_out_of_range_names_the_layers_of_that_kind(
     ) in err
     assert main(["plot", "steps", *base, "--no-mask", "-o", str(tmp_path / "x.png")]) == 2
     assert "--no-mask is for plot steps without --model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [SlidingSpec(window=2), BigBirdSpec(block_size=1, num_random_blocks=1)],
+    ids=["sliding", "bigbird"],
+)
+def test_model_steps_draw_the_window_and_layout_the_model_applies(
+    tmp_path: Path, attention: object
+) -> None:
+    # it drew the causal softmax over every past key: weights the model does not compute
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=TOKENIZER.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=4,
+        attention=attention,
+    )  # fmt: skip
+    run = _save(tmp_path / "run", GPT(cfg))
+    plot = _plot(["plot", "steps", "--model", str(run), "--text", "abcdefg", "--head", "1"])
+    captured = _captured(run, "abcdefg", None)["transformer.h.0.attn"][0, 1].double().numpy()
+    np.testing.assert_allclose(plot.data["weights"], captured, atol=1e-6)
+    hidden = ~plot.data["mask"]
+    assert hidden[np.tril_indices(hidden.shape[0])].any()  # some past key is out of sight
+    assert (plot.data["weights"][hidden] == 0).all()

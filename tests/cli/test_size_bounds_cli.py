@@ -4,17 +4,19 @@ the cap), at once — before the fix they ended in the allocator's error shown a
 inside the tokenizers library (exit 134), or ran until killed.
 
 Each command runs in a child process whose address space is capped (so that a regression fails
-here instead of taking the machine's memory) and which is killed after ``TIMEOUT`` seconds.
+here instead of taking the machine's memory) and which is killed after ``TIMEOUT`` seconds: a
+``python -m attnlab`` forked from one server that imported the command line once
+(``tests/cli/_forked.py``), not a fresh interpreter each.
 """
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 
 import pytest
+
+from tests.cli._forked import ForkedCLI
 
 TIMEOUT = 60
 ADDRESS_SPACE = 4 * 2**30
@@ -22,20 +24,19 @@ ADDRESS_SPACE = 4 * 2**30
 TEXT = "to be, or not to be, that is the question:\n" * 40
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+@pytest.fixture(scope="module")
+def cli() -> Iterator[ForkedCLI]:
+    server = ForkedCLI()
+    yield server
+    server.close()
 
 
-def _attnlab(*args: str) -> tuple[int, list[str], float]:
+def _attnlab(cli: ForkedCLI, *args: str) -> tuple[int, list[str], float]:
     start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "attnlab", *args],
-            capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_limit,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
+    code, _, err = cli.run(*args, timeout=TIMEOUT, address_space=ADDRESS_SPACE)
+    if code is None:
         pytest.fail(f"attnlab {' '.join(args)} ran past {TIMEOUT} s")
-    return done.returncode, done.stderr.splitlines(), time.perf_counter() - start
+    return code, err.splitlines(), time.perf_counter() - start
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ def translate(tmp_path):
             "--out", str(tmp_path / "run"), "--steps", "2", "--warmup", "1"]  # fmt: skip
 
 
-def _refused(args: list[str], *fragments: str) -> str:
-    code, lines, _ = _attnlab(*args)
+def _refused(cli: ForkedCLI, args: list[str], *fragments: str) -> str:
+    code, lines, _ = _attnlab(cli, *args)
     assert code == 2, lines[-5:]
     assert len(lines) == 1, lines
     for fragment in fragments:
@@ -73,13 +74,13 @@ MEMORY = ("needs about ", " bytes) for ", "but the machine has ", " bytes) of me
      (["--n-embd", "1000000"], "--n-embd 1000000"),
      (["--attention", "performer", "--num-features", "1000000000"], "--num-features 1000000000")],
 )  # fmt: skip
-def test_lm_sizes_beyond_the_machine(lm, extra, option) -> None:
-    line = _refused([*lm, *extra], *MEMORY)
+def test_lm_sizes_beyond_the_machine(cli, lm, extra, option) -> None:
+    line = _refused(cli, [*lm, *extra], *MEMORY)
     assert line.startswith(f"attnlab: error: {option} ")
 
 
-def test_translate_vocabulary_beyond_the_machine(translate) -> None:
-    line = _refused([*translate, "--src-vocab", "1000000000"], *MEMORY)
+def test_translate_vocabulary_beyond_the_machine(cli, translate) -> None:
+    line = _refused(cli, [*translate, "--src-vocab", "1000000000"], *MEMORY)
     assert line.startswith("attnlab: error: --src-vocab 1000000000 needs about ")
 
 
@@ -89,13 +90,14 @@ def test_translate_vocabulary_beyond_the_machine(translate) -> None:
      (["--eval-iters", "1000000000"], "--eval-iters must be at most 100000 "),
      (["--grad-accum", "1000000000"], "--grad-accum must be at most 10000 ")],  # issue 32
 )  # fmt: skip
-def test_lm_counts_are_capped(lm, extra, message) -> None:
-    _refused([*lm, *extra], message)
+def test_lm_counts_are_capped(cli, lm, extra, message) -> None:
+    _refused(cli, [*lm, *extra], message)
 
 
-def test_generate_beams_are_capped(tmp_path) -> None:
+def test_generate_beams_are_capped(cli, tmp_path) -> None:
     # argparse refuses the value before the run is read
     _refused(
+        cli,
         ["generate", str(tmp_path), "--prompt", "to", "--strategy", "beam", "--beams", "1000000"],
         "--beams",
         "at most 1000",
@@ -103,9 +105,10 @@ def test_generate_beams_are_capped(tmp_path) -> None:
     )
 
 
-def test_generate_new_tokens_are_capped(tmp_path) -> None:
+def test_generate_new_tokens_are_capped(cli, tmp_path) -> None:
     # issue 32: --max-new-tokens 10**12 slid past the context for days; refused before the run
     _refused(
+        cli,
         ["generate", str(tmp_path / "missing"), "--prompt", "to", "--max-new-tokens", str(10**12)],
         "--max-new-tokens must be at most 1000000",
     )
@@ -116,15 +119,23 @@ def test_generate_new_tokens_are_capped(tmp_path) -> None:
     [["--attention", "bigbird", "--bigbird-block", "4", "--bigbird-seed", str(2**70)],
      ["--seed", str(2**70)]],
 )  # fmt: skip
-def test_seeds_are_bounded(lm, extra) -> None:
-    _refused([*lm, *extra], extra[-2], str(2**70))
+def test_seeds_are_bounded(cli, lm, extra) -> None:
+    _refused(cli, [*lm, *extra], extra[-2], str(2**70))
 
 
-def test_generate_seed_is_bounded(tmp_path) -> None:
-    _refused(["generate", str(tmp_path), "--prompt", "to", "--seed", str(2**70)], "--seed")
+def test_generate_seed_is_bounded(cli, tmp_path) -> None:
+    _refused(cli, ["generate", str(tmp_path), "--prompt", "to", "--seed", str(2**70)], "--seed")
 
 
-def test_a_run_that_fits_still_trains(lm) -> None:
-    code, lines, _ = _attnlab(*lm, "--block-size", "16", "--n-embd", "16", "--n-layer", "1",
+def test_a_run_that_fits_still_trains(cli, lm) -> None:
+    code, lines, _ = _attnlab(cli, *lm, "--block-size", "16", "--n-embd", "16", "--n-layer", "1",
                               "--n-head", "2", "--batch-size", "2", "--eval-iters", "1")  # fmt: skip
     assert code == 0, lines[-5:]
+
+
+def test_each_command_is_a_child_capped_and_killed_at_its_deadline(cli, lm) -> None:
+    """What the tests above rely on (tests/cli/_forked.py): a child past its deadline is killed,
+    and its address space is capped (below what it has mapped: its first allocation fails)."""
+    assert cli.run(*lm, "--steps", "1000000", timeout=1.0)[0] is None
+    code, _, err = cli.run(*lm, timeout=TIMEOUT, address_space=64 * 2**20)
+    assert code not in (0, 2, None), err[-2000:]

@@ -185,12 +185,8 @@ def test_plot_effective_draws_a_f_on_a_diverging_scale(tmp_path: Path) -> None:
          "encoder.layers.0.self_attn (--kind self --layer 0)"),
         (["plot", "layers", "--effective"],
          "--effective draws one layer's effective weights: plot heatmap or heads, got plot layers"),
-        (["plot", "steps"],
-         "plot steps: encoder.layers.0.self_attn projects its keys to k rows (Linformer), which "
-         "the step panel does not draw; pick a layer that attends to tokens with --layer "
-         "(e.g. --layer 2)"),
     ],
-    ids=["not-projected", "other-kind", "layers", "steps"],
+    ids=["not-projected", "other-kind", "layers"],
 )  # fmt: skip
 def test_plot_linformer_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -202,6 +198,21 @@ def test_plot_linformer_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_plot_steps_draws_a_linformer_layer_over_its_projected_rows(tmp_path: Path) -> None:
+    # it refused to: its panel recomputed softmax(Q Kᵀ/√d) over the tokens, not the layer's path
+    run = _linformer_run(tmp_path)
+    base = ["--model", str(run), "--text", "abcd", "--target", "dcba", "--head", "2"]
+    plot, cache = _figure(["plot", "steps", *base])
+    layer = "encoder.layers.0.self_attn"
+    assert plot.figure.get_suptitle().startswith(f"{layer} · head 2")
+    np.testing.assert_allclose(
+        plot.data["weights"], cache.attentions[layer][0, 2].double().numpy(), atol=1e-6
+    )
+    assert plot.data["k"].shape[0] == 6  # the k rows of E K
+    scores = plot.figure.axes[8]  # S: tokens down, projected rows across
+    assert _ticks(scores, "x") == [f"E·K row {j}" for j in range(6)]
 
 
 def test_plot_effective_on_full_attention_says_why(

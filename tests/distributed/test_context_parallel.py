@@ -8,6 +8,7 @@ positions, grouped-query attention, both layouts). The refusals are one clear er
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -117,10 +118,28 @@ def _refusals(rank: int, world: int) -> list[str]:
     return seen
 
 
+def _cases_and_refusals(rank: int, world: int) -> tuple[list[dict[str, float]], list[str]]:
+    """Both checks in one group of processes (a launch is seconds of start-up): the cases first,
+    then the refusals, whose mesh is made after the cases are done."""
+    return _cases(rank, world), _refusals(rank, world)
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[tuple[list[dict[str, float]], list[str]]]:
+    """One launch of two processes: what :func:`_cases` and :func:`_refusals` saw on each rank."""
+    return launch(_cases_and_refusals, 2)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
-def test_context_parallel_gpt_equals_one_process_in_float64(world: int) -> None:
-    for rank_results in launch(_cases, world):
+def test_context_parallel_gpt_equals_one_process_in_float64(
+    world: int, two_ranks: list[Any]
+) -> None:
+    # two ranks: the module's launch (its tests then run on one pytest-xdist worker, which
+    # launches it once); four: a launch of their own
+    results = [cases for cases, _ in two_ranks] if world == 2 else launch(_cases, world)
+    assert len(results) == world
+    for rank_results in results:
         for errors in rank_results:
             assert errors["layers"] == 2
             assert errors["logits"] < 1e-12, errors
@@ -128,8 +147,8 @@ def test_context_parallel_gpt_equals_one_process_in_float64(world: int) -> None:
 
 
 @pytest.mark.distributed
-def test_a_mesh_refuses_what_does_not_fit_its_processes() -> None:
-    seen = launch(_refusals, 2)
+def test_a_mesh_refuses_what_does_not_fit_its_processes(two_ranks: list[Any]) -> None:
+    seen = [refusals for _, refusals in two_ranks]
     assert seen[0] == seen[1]
     tp, cp, batch = seen[0]
     assert "must be a multiple of --context-parallel × --tensor-parallel = 1 × 4 = 4" in tp

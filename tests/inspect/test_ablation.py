@@ -102,6 +102,7 @@ def test_masked_heads_removes_its_hooks_on_exit_and_on_error() -> None:
         with masked_heads(gpt, {"transformer.h.0.attn": torch.zeros(H)}):
             raise RuntimeError("boom")
     assert all(not m._forward_pre_hooks for m in gpt.modules())
+    assert all("head_ablations" not in m.__dict__ for m in gpt.modules())  # no state left
     assert torch.equal(gpt(ids).logits, plain)
 
 
@@ -281,7 +282,7 @@ def test_pruning_curve_follows_the_order_cumulatively() -> None:
 
     def metric(m: torch.nn.Module) -> float:
         # called inside the masks: count the heads it finds switched off
-        seen.append(sum(len(mod._forward_pre_hooks) for mod in m.modules()))
+        seen.append(sum(len(getattr(mod, "head_ablations", ())) for mod in m.modules()))
         return float(len(seen))
 
     curve = pruning_curve(model, batches, order, metric=metric, max_heads=5)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import attnlab as al
 from attnlab import GPT, GPTConfig, MultiHeadAttention, Transformer, TransformerConfig
 from attnlab.inspect import attention_modules, capture, run_with_cache
 
@@ -199,3 +200,59 @@ def test_rotated_queries_and_keys_by_name() -> None:
     assert cache[f"{layer}.hook_rot_k"].shape[-2] == 7
     with pytest.raises(ValueError, match="hooks must name hook points"):
         run_with_cache(_gpt(), x, hooks=["hook_rot_q"])
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [al.SlidingSpec(window=3), al.BigBirdSpec(block_size=1, num_random_blocks=1),
+     al.PerformerSpec(num_features=32), al.LinformerSpec(k=5)],
+    ids=["sliding", "bigbird", "performer", "linformer"],
+)  # fmt: skip
+def test_stats_are_those_of_the_weights_each_kind_computes(attention: al.AttentionSpec) -> None:
+    # read from the resolved call: Linformer's are over its projected rows, Performer's of
+    # D⁻¹ φ(q) φ(k)ᵀ (they were those of an exact softmax over the tokens)
+    torch.manual_seed(0)
+    if isinstance(attention, al.LinformerSpec):  # bidirectional only: an encoder
+        cfg = TransformerConfig(
+            src_vocab_size=30, tgt_vocab_size=30, d_model=16, num_heads=4, num_encoder_layers=1,
+            num_decoder_layers=1, d_ff=32, max_len=16, attention=attention,
+        )  # fmt: skip
+        model: torch.nn.Module = Transformer(cfg).double().eval()
+        ids = torch.randint(3, 30, (2, 9))
+        ids[1, 7:] = cfg.pad_id
+
+        def run() -> object:
+            return model(ids, ids[:, :4])
+    else:
+        model = al.GPT(
+            al.GPTConfig(vocab_size=30, n_positions=16, n_embd=16, n_layer=1, n_head=4,
+                         attention=attention)
+        ).double().eval()  # fmt: skip
+        ids = torch.randint(0, 30, (2, 9))
+
+        def run() -> object:
+            return model(ids)
+
+    with torch.no_grad():
+        with capture(model) as exact:
+            run()
+        seen: list[object] = []
+        handles = [
+            m.hook_call.register_forward_hook(lambda mod, a, call: seen.append(call.weights))
+            for m in attention_modules(model).values()
+        ]
+        with capture(model, weights=False, stats=True) as cache:
+            run()
+        for h in handles:
+            h.remove()
+    assert seen and all(w is None for w in seen)  # no T × T matrix was formed
+    for name, w in exact.attentions.items():
+        st = cache.stats[name]
+        torch.testing.assert_close(st.max_weight, w.amax(-1), atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            st.entropy, -torch.special.xlogy(w, w).sum(-1), atol=1e-10, rtol=0
+        )
+        torch.testing.assert_close(st.first_weight, w[..., 0], atol=1e-12, rtol=0)
+    assert (list(cache.projected) == ["encoder.layers.0.self_attn"]) == isinstance(
+        attention, al.LinformerSpec
+    )

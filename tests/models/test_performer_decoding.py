@@ -126,7 +126,9 @@ def test_cache_kinds_are_checked_and_the_reference_still_works() -> None:
     torch.testing.assert_close(torch.cat([a, b], 1), full)
     with pytest.raises(ValueError, match="cache must be None or a PerformerState"):
         model(ids, cache=ModelCache([KVCache(2, 2, 16, 8) for _ in range(2)]))
-    with pytest.raises(ValueError, match="cache must be a KVCache for GPTSelfAttention"):
+    with pytest.raises(
+        ValueError, match=r"cache must be a KV cache \(KVCache, .*\) for GPTSelfAttention"
+    ):
         tiny_gpt()(ids, cache=model.new_cache(2, 16))
     with pytest.raises(ValueError, match="cache was made for batch 2, input_ids has batch 1"):
         model(ids[:1], cache=model.new_cache(2, 16))
@@ -171,7 +173,7 @@ def test_seq2seq_decoded_logits_equal_the_full_decode() -> None:
         cache = model.new_cache(2, 10, src_len=9)
         assert isinstance(cache, Seq2SeqCache) and not isinstance(cache, Seq2SeqRecomputeCache)
         assert all(isinstance(c, PerformerState) for c in cache.layers)
-        assert cache.cross is not None and all(isinstance(c, KVCache) for c in cache.cross)
+        assert cache.cross is not None and all(isinstance(c, al.CrossKVCache) for c in cache.cross)
         outs = [model.decode(tgt[:, :3], memory, src_mask=src_mask, cache=cache).logits]
         for i in range(3, 10):
             outs.append(model.decode(tgt[:, i : i + 1], memory, cache=cache).logits)

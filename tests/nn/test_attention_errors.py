@@ -245,3 +245,32 @@ def test_positional_bad_input() -> None:
         rope(torch.randn(1, 1, 3, 8), torch.zeros(3))
     with pytest.raises(ValueError, match=r"num_heads must be a positive int, got 0"):
         al.alibi_slopes(0)
+
+
+def test_fast_checks_refuse_what_the_full_checks_refuse() -> None:
+    """The one-pass check of the usual call lets through only what the full checks accept:
+    an unhashable backend, a bool or a tensor dropout_p, an int 0 and every malformed q/k/v
+    still get the typed errors (or pass, for int 0) of the full checks."""
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"backend must be one of"):
+        al.scaled_dot_product_attention(q, k, v, backend=["sdpa"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"dropout_p must be a float in \[0, 1\), got bool"):
+        al.scaled_dot_product_attention(q, k, v, dropout_p=False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"dropout_p must be a float in \[0, 1\), got Tensor"):
+        al.scaled_dot_product_attention(q, k, v, dropout_p=torch.tensor(0.0))  # type: ignore[arg-type]
+    torch.testing.assert_close(
+        al.scaled_dot_product_attention(q, k, v, dropout_p=0),
+        al.scaled_dot_product_attention(q, k, v, dropout_p=0.0),
+    )
+    bad = [
+        ((q, k.double(), v), TypeError, "share a dtype"),
+        ((q.long(), k.long(), v.long()), TypeError, "floating dtype"),
+        ((q[0], k, v), ValueError, "same rank"),
+        ((q, k[:, :, :, :4], v), ValueError, "head dims must match"),
+        ((q, k, v[:, :, :3]), ValueError, "same heads and length"),
+        ((q, k[:, :0], v[:, :0]), ValueError, "need key/value heads"),
+        ((q[:1], k, v), ValueError, "share leading"),
+    ]
+    for args, error, message in bad:
+        with pytest.raises(error, match=message):
+            al.scaled_dot_product_attention(*args)

@@ -11,6 +11,7 @@ import torch
 import attnlab as al
 from attnlab.nn.backends import ATTENTION_BACKENDS, choose_backend
 from attnlab.nn.block_layout import BlockLayout, _runs, bigbird_layout, bigbird_mask
+from attnlab.nn.cache_policies import RollingKVCache
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mask_spec import normalize_mask
 
@@ -145,8 +146,8 @@ def test_bad_block_masks_are_refused() -> None:
         layer(x, is_causal=True)
     with pytest.raises(TypeError, match=r"None \(the layer's own\) or False"):
         layer(x[:, :5], block_mask=True)  # type: ignore[arg-type]
-    rolling = KVCache(1, 2, 16, 4, dtype=torch.float64, window=8)
-    with pytest.raises(ValueError, match="cache keeps only the last 8"):
+    rolling = RollingKVCache(1, 2, 16, 4, dtype=torch.float64, window=8)
+    with pytest.raises(ValueError, match=r"block_mask counts every.*RollingKVCache\(window=8\)"):
         layer(x[:, :5], is_causal=True, cache=rolling)
     assert rolling.length == 0  # refused before the cache changed
 

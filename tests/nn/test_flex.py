@@ -299,3 +299,55 @@ def test_allow_recompiles_sets_dynamos_limit_under_this_torchs_name() -> None:
         assert getattr(config, name) == 123
     finally:
         setattr(config, name, before)
+
+
+@pytest.mark.parametrize(
+    ("t_q", "window", "block"), [(512, None, 128), (256, None, 256), (512, 200, 128)]
+)
+def test_a_layout_of_whole_tiles_gives_its_tiles_directly(
+    monkeypatch: pytest.MonkeyPatch, t_q: int, window: int | None, block: int
+) -> None:
+    """A block layout whose blocks are whole 128 × 128 tiles gives the BlockMask its tiles
+    without evaluating the mask_mod over T_q × T_k entries: the same tiles, partial and full,
+    as create_block_mask finds, and one visited tile per visible layout block."""
+    t = 512
+    layout = bigbird_layout(t, block_size=block, num_random_blocks=1, causal=True)
+    q, k = torch.zeros(1, 1, t_q, 8), torch.zeros(1, 1, t, 8)
+    masking = normalize_mask(q, k, None, False, window, layout)
+    cpu = torch.device("cpu")
+    want = flex._create(flex._structure_mod(masking, t_q, t, cpu), None, None, t_q, t, cpu)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("create_block_mask evaluated the mask_mod")
+
+    monkeypatch.setattr(flex, "_create", refuse)
+    got = flex._build_structure(masking, t_q, t, cpu).block_mask
+    assert torch.equal(got.to_dense(), want.to_dense())
+    assert torch.equal(got.kv_num_blocks, want.kv_num_blocks)
+    assert torch.equal(got.full_kv_num_blocks, want.full_kv_num_blocks)
+    for ours, theirs, counts in (
+        (got.kv_indices, want.kv_indices, got.kv_num_blocks),
+        (got.full_kv_indices, want.full_kv_indices, got.full_kv_num_blocks),
+    ):
+        for row, n in enumerate(counts[0, 0].tolist()):
+            assert ours[0, 0, row, :n].sort().values.tolist() == sorted(
+                theirs[0, 0, row, :n].tolist()
+            )
+    if window is None:  # each visible layout block's tiles on or below the diagonal
+        r = block // 128
+        tiles = layout.blocks.repeat_interleave(r, 0).repeat_interleave(r, 1).tril()
+        tiles = tiles[-(t_q // 128) :]
+        visited = got.kv_num_blocks + got.full_kv_num_blocks
+        assert visited[0, 0].tolist() == tiles.sum(-1).tolist()
+
+
+def test_a_layout_of_smaller_blocks_evaluates_the_mask_mod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks that do not fill whole tiles (b = 64) keep create_block_mask."""
+    layout = bigbird_layout(256, block_size=64, num_random_blocks=1, causal=True)
+    q = torch.zeros(1, 1, 256, 8)
+    masking = normalize_mask(q, q, None, False, None, layout)
+    called = []
+    original = flex._create
+    monkeypatch.setattr(flex, "_create", lambda *a: called.append(1) or original(*a))
+    flex._build_structure(masking, 256, 256, torch.device("cpu"))
+    assert called == [1]

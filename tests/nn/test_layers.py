@@ -273,20 +273,21 @@ def test_decoder_layer_matches_torch(norm_first: bool) -> None:
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_cached_steps_equal_full(norm_first: bool) -> None:
+    from attnlab.nn.cache_policies import CrossKVCache
     from attnlab.nn.kv_cache import KVCache
 
     layer = DecoderLayer(D, H, FF, norm_first=norm_first, num_kv_heads=2).eval()
     x, memory = torch.randn(2, 6, D), torch.randn(2, 4, D)
     full = layer(x, memory, is_causal=True)
     self_cache = KVCache(2, 2, 6, D // H)
-    cross_cache = KVCache(2, 2, 4, D // H)
+    cross_cache = CrossKVCache(2, 2, 4, D // H)
     steps = [
         layer(
             x[:, t : t + 1], memory, is_causal=True, self_cache=self_cache, cross_cache=cross_cache
         )
         for t in range(6)
     ]
-    assert cross_cache.static and cross_cache.length == 4 and self_cache.length == 6
+    assert cross_cache.filled and cross_cache.length == 4 and self_cache.length == 6
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 

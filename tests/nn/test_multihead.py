@@ -127,11 +127,11 @@ def test_cross_attention_static_cache_is_reused() -> None:
     memory = torch.randn(2, 9, 16, dtype=torch.float64)
     tgt = torch.randn(2, 4, 16, dtype=torch.float64)
     full = mha(tgt, memory)
-    cache = al.KVCache(2, 2, capacity=9, d_head=8, dtype=torch.float64)
+    cache = al.CrossKVCache(2, 2, capacity=9, d_head=8, dtype=torch.float64)
     a = mha(tgt[:, :2], memory, cache=cache)
     b = mha(tgt[:, 2:], memory, cache=cache)
     torch.testing.assert_close(torch.cat([a, b], dim=1), full, atol=1e-12, rtol=0)
-    assert cache.static and cache.length == 9
+    assert cache.filled and cache.length == 9
 
 
 def test_no_bias_and_dropout_in_training_only() -> None:

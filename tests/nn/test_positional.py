@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -84,3 +85,104 @@ def test_alibi_bias_bottom_right() -> None:
     # query i sits at absolute position i + 2; bias = −m · (i' − j)
     assert bias[0].tolist() == [[-1.0, -0.5, 0.0, 0.5], [-1.5, -1.0, -0.5, 0.0]]
     assert (al.alibi_bias(4, 5).diagonal(dim1=-2, dim2=-1) == 0).all()
+
+
+def _rotate_reference(
+    x: torch.Tensor, positions: torch.Tensor, base: float, r: int, pairing: str
+) -> torch.Tensor:
+    """The rotation written out pair by pair, in float64: (a, b) → (a cos − b sin, b cos + a sin)
+    with θ_i = base^{−2i/r} and angle pos · θ_i."""
+    x = x.double()
+    inv = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    angle = positions.double()[..., None] * inv  # (.., T, r/2)
+    if positions.dim() == 2:
+        angle = angle[:, None]
+    cos, sin = angle.cos(), angle.sin()
+    if pairing == "interleaved":
+        a, b = x[..., 0:r:2], x[..., 1:r:2]
+        turned = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+    else:
+        a, b = x[..., : r // 2], x[..., r // 2 : r]
+        turned = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    return torch.cat((turned, x[..., r:]), dim=-1)
+
+
+@pytest.mark.parametrize("pairing", ["interleaved", "halves"])
+@pytest.mark.parametrize("rotary_dim", [None, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rope_matches_the_pairwise_rotation_in_float64(
+    pairing: str, rotary_dim: int | None, dtype: torch.dtype
+) -> None:
+    """x · cos + turn(x) · sin (the fast form) is the pairwise rotation, for both pairings, a
+    partial rotary dimension, per-row positions and every dtype."""
+    torch.manual_seed(0)
+    rope = al.RotaryEmbedding(16, max_len=64, rotary_dim=rotary_dim, pairing=pairing)
+    x = torch.randn(2, 3, 5, 16).to(dtype)
+    for pos in (torch.arange(10, 15), torch.tensor([[0, 1, 2, 3, 4], [40, 41, 42, 43, 44]])):
+        got = rope(x, pos)
+        assert got.dtype == dtype
+        want = _rotate_reference(x, pos, 10000.0, rotary_dim or 16, pairing)
+        tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float64: 1e-6}[dtype]
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_rope_fast_form_is_bit_identical_to_the_pairwise_form() -> None:
+    """a − b·s and a + (−b)·s round alike: the rotation gives the pairwise form's fp32 numbers
+    exactly (what Hugging Face's rotate_half computes, so converted models keep their tokens)."""
+    torch.manual_seed(0)
+    rope = al.RotaryEmbedding(16, max_len=64, pairing="halves")
+    x, pos = torch.randn(2, 3, 5, 16), torch.arange(20, 25)
+    cos, sin = rope.cos[pos], rope.sin[pos]
+    a, b = x[..., :8], x[..., 8:]
+    want = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    assert torch.equal(rope(x, pos), want)
+
+
+def test_rope_shared_angles_computes_them_once_per_positions() -> None:
+    """Inside shared_angles() the angles of one positions tensor are computed once (every layer
+    of a model reads them), a new positions tensor gets its own, and they are dropped on exit."""
+    rope = al.RotaryEmbedding(16, max_len=64)
+    x = torch.randn(1, 2, 3, 16)
+    p1, p2 = torch.arange(3), torch.arange(5, 8)
+    with rope.shared_angles():
+        y1 = rope(x, p1)
+        with rope.shared_angles():  # nested: the outer block's angles
+            assert torch.equal(rope(x, p1), y1)
+        assert rope._memo is not None and len(rope._memo) == 1
+        y2 = rope(x, p2)
+        assert len(rope._memo) == 2
+    assert rope._memo is None
+    assert torch.equal(y1, rope(x, p1)) and torch.equal(y2, rope(x, p2))
+
+
+def test_gpt_forward_computes_the_rotary_angles_once() -> None:
+    """A rotary GPT's blocks share one positions tensor: its angles are indexed once a forward,
+    and the logits are those of angles computed per layer."""
+    cfg = al.GPTConfig(
+        vocab_size=50, n_positions=32, n_embd=32, n_layer=3, n_head=4, positions="rope"
+    )
+    torch.manual_seed(0)
+    model = al.GPT(cfg).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    rope = model.transformer.h[0].attn.rotary
+    assert all(b.attn.rotary is rope for b in model.transformer.h)
+    computed = []
+    original = type(rope)._angles
+
+    def counting(self: al.RotaryEmbedding, positions: torch.Tensor, work: torch.dtype) -> object:
+        before = 0 if self._memo is None else len(self._memo)
+        out = original(self, positions, work)
+        computed.append(self._memo is None or len(self._memo) > before)
+        return out
+
+    with torch.no_grad():
+        rope.shared_angles = contextlib.nullcontext  # type: ignore[method-assign]
+        want = model(ids).logits  # the angles computed by every call
+        del rope.shared_angles
+        type(rope)._angles = counting  # type: ignore[method-assign]
+        try:
+            got = model(ids).logits
+        finally:
+            type(rope)._angles = original  # type: ignore[method-assign]
+    assert len(computed) == 2 * cfg.n_layer and sum(computed) == 1
+    assert torch.equal(got, want)

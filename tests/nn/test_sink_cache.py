@@ -1,4 +1,4 @@
-"""The sink cache (``KVCache(window=w, sinks=s)``; StreamingLLM, Xiao et al. 2023): it equals full
+"""The sink cache (``SinkKVCache(window=w, sinks=s)``; StreamingLLM, Xiao et al. 2023): it equals full
 attention while nothing has been evicted, and an explicit reference afterwards — the first ``s``
 and the last ``w`` positions, turned by their places in the cache."""
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab.nn.cache_policies import SinkKVCache
 from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.positional import RotaryEmbedding
@@ -61,7 +62,7 @@ def test_a_layer_after_eviction_equals_an_explicit_reference() -> None:
     rotary = RotaryEmbedding(d // h, max_len=32, pairing="halves")
     layer = MultiHeadAttention(d, h, num_kv_heads=h_kv, rotary=rotary).double().eval()
     xs = torch.randn(1, 15, d, dtype=torch.float64)
-    cache = KVCache(1, h_kv, 32, d // h, dtype=torch.float64, window=w, sinks=s)
+    cache = SinkKVCache(1, h_kv, 32, d // h, dtype=torch.float64, window=w, sinks=s)
     keys, values = [], []
     for t in range(xs.shape[1]):
         x = xs[:, t : t + 1]
@@ -95,10 +96,12 @@ def test_every_backend_and_generate_streams_past_the_position_table(backend: str
 
 
 def test_bad_sink_caches_are_refused() -> None:
-    with pytest.raises(ValueError, match="sinks needs a window"):
-        KVCache(1, 2, 8, 4, sinks=2)
+    with pytest.raises(
+        TypeError, match=r"use attnlab\.SinkKVCache\(\.\.\., window=None, sinks=2\)"
+    ):
+        KVCache(1, 2, 8, 4, sinks=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sinks must be a non-negative int"):
-        KVCache(1, 2, 8, 4, window=4, sinks=-1)
+        SinkKVCache(1, 2, 8, 4, window=4, sinks=-1)
     model = llama_like(attention=al.SlidingSpec(3))
     with pytest.raises(ValueError, match="a sink cache is for full attention"):
         model.new_cache(1, 8, sinks=2, window=4)
@@ -168,9 +171,9 @@ def test_rows_with_their_own_sinks_stream_as_separate_caches(sizes: list[int]) -
 
 def test_sinks_per_row_are_checked() -> None:
     with pytest.raises(ValueError, match="or one per batch row"):
-        KVCache(2, 2, 8, 4, window=4, sinks=(0, 1, 2))
+        SinkKVCache(2, 2, 8, 4, window=4, sinks=(0, 1, 2))
     with pytest.raises(ValueError, match="or one per batch row"):
-        KVCache(2, 2, 8, 4, window=4, sinks=(0, -1))
+        SinkKVCache(2, 2, 8, 4, window=4, sinks=(0, -1))
     cfg = al.GPTConfig(vocab_size=53, n_positions=64, n_embd=24, n_layer=1, n_head=4)
     with pytest.raises(ValueError, match=r"sinks per row \(0, 2\) need rotary positions"):
         al.GPT(cfg).new_cache(2, 8, sinks=(0, 2), window=4)  # learned positions

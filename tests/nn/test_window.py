@@ -15,6 +15,7 @@ import torch
 import attnlab as al
 from attnlab.nn.backends import blockwise
 from attnlab.nn.backends.plan import TilePlan
+from attnlab.nn.cache_policies import RollingKVCache
 from attnlab.nn.kv_cache import KVCache, ModelCache
 from attnlab.nn.mask_spec import (
     _band_leaves_every_row_a_key,
@@ -356,7 +357,11 @@ def test_decoding_with_a_window_equals_the_full_forward(rolling: bool) -> None:
     keep[1, :3] = False  # left padding in row 1
     mask = keep[:, None, None, :]
     full = mha(x, mask=mask, is_causal=True)
-    cache = KVCache(2, 2, 32, 8, dtype=torch.float64, window=w if rolling else None)
+    cache = (
+        RollingKVCache(2, 2, 32, 8, dtype=torch.float64, window=w)
+        if rolling
+        else KVCache(2, 2, 32, 8, dtype=torch.float64)
+    )
     outs = [mha(x[:, :6], mask=mask[..., :6], is_causal=True, cache=cache)]
     seen = []
     mha.hook_k.register_forward_hook(lambda mod, args, out: seen.append(out.shape[-2]))
@@ -372,13 +377,13 @@ def test_decoding_with_a_window_equals_the_full_forward(rolling: bool) -> None:
 
 def test_a_rolling_cache_refuses_a_window_it_cannot_serve() -> None:
     mha = al.MultiHeadAttention(16, 2, window=6)
-    cache = KVCache(1, 2, 32, 8, window=4)
+    cache = RollingKVCache(1, 2, 32, 8, window=4)
     with pytest.raises(ValueError, match=r"cache keeps only the last 4 positions"):
         mha(torch.randn(1, 3, 16), is_causal=True, cache=cache)
     with pytest.raises(ValueError, match=r"cache keeps only the last 4 positions"):
         al.MultiHeadAttention(16, 2)(torch.randn(1, 3, 16), is_causal=True, cache=cache)
     with pytest.raises(ValueError, match="window must be a positive int"):
-        KVCache(1, 2, 32, 8, window=0)
+        RollingKVCache(1, 2, 32, 8, window=0)
 
 
 def _windowed_gpt(w: int) -> al.GPT:
@@ -413,7 +418,7 @@ def test_a_rolling_model_cache_gives_the_full_forward_logits() -> None:
     cfg = model.config
     cache = ModelCache(
         [
-            KVCache(2, cfg.kv_heads, 64, cfg.d_head, dtype=torch.float64, window=w)
+            RollingKVCache(2, cfg.kv_heads, 64, cfg.d_head, dtype=torch.float64, window=w)
             for _ in range(cfg.n_layer)
         ]
     )

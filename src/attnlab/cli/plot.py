@@ -290,18 +290,6 @@ def _model_figure(args: argparse.Namespace) -> Plot:
         if not names:
             raise CLIError(f"--kind {args.attention}: the model has no such attention layer")
         layer = names[0] if index is None else _pick(names, index, "--layer", args.attention)
-        if layer in cache.projected:  # the panel's softmax(Q Kᵀ/√d) over tokens is not its path
-            from attnlab.nn.linformer import LinformerAttention
-
-            modules = dict(loaded.model.named_modules())
-            plain = [
-                i for i, n in enumerate(names) if not isinstance(modules[n], LinformerAttention)
-            ]
-            hint = f" (e.g. --layer {plain[0]})" if plain else ""
-            raise CLIError(
-                f"plot steps: {layer} projects its keys to k rows (Linformer), which the step "
-                f"panel does not draw; pick a layer that attends to tokens with --layer{hint}"
-            )
         rows, cols = layer_labels(inputs, layer, cache.kinds.get(layer, "self"), cache)
         _check_head(args.head, cache.attentions[layer].shape[1])
         loaded.model.eval()

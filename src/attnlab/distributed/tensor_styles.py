@@ -38,7 +38,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.gpt import GPTSelfAttention
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.head_mask import check_head_mask
-from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.kv_cache import LayerCache
 from attnlab.nn.masks import Window
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.training.processes import local_tensor
@@ -175,7 +175,7 @@ class TensorParallelAttention(MultiHeadAttention):
         mask: torch.Tensor | None = None,
         is_causal: bool | None = None,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: LayerCache | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         check_positions: bool = True,
@@ -192,7 +192,7 @@ class TensorParallelAttention(MultiHeadAttention):
             mask: broadcastable to ``(B, H, T_q, T_k)`` (``H`` all the heads).
             is_causal: as the base layer.
             need_weights: also return this rank's heads' weights.
-            cache: a :class:`~attnlab.nn.kv_cache.KVCache` of ``H_kv/N`` heads.
+            cache: a KV cache (e.g. :class:`~attnlab.nn.kv_cache.KVCache`) of ``H_kv/N`` heads.
             positions: rotary position ids.
             head_mask: broadcastable to ``(B, H)`` (``H`` all the heads).
             check_positions: as the base layer.
@@ -215,11 +215,18 @@ class TensorParallelAttention(MultiHeadAttention):
             need_weights=need_weights,
             cache=cache,
             positions=positions,
-            head_mask=self._local_head_mask(head_mask, query.shape[0]),
+            # ablations are given for all H heads: applied here, before the rank's cut
+            head_mask=self._local_head_mask(
+                MultiHeadAttention._ablated(self, head_mask), query.shape[0]
+            ),
             check_positions=check_positions,
             window=window,
             block_mask=block_mask,
         )
+
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """As given: :meth:`forward` applied the ablations (for all ``H`` heads) before its cut."""
+        return head_mask
 
     def _heads(self) -> slice:
         h = self.num_heads

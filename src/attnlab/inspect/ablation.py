@@ -46,6 +46,7 @@ from attnlab._checks import check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.resolved_call import ResolvedCall
 
 __all__ = [
     "HeadImportance",
@@ -68,9 +69,9 @@ ImportanceKind = Literal["ablation", "gradient"]
 def masked_heads(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """Run ``model`` with some heads switched off (or scaled) inside the ``with`` block.
 
-    Every call of a named attention module gets its mask as ``head_mask`` (multiplied with a
-    ``head_mask`` the call already has), through a forward pre-hook removed on exit — also when
-    the block raises. Because the hook acts on each call, decoding with a KV cache
+    Every call of a named attention module multiplies its mask into the call's ``head_mask``
+    (:attr:`~attnlab.nn.multihead.MultiHeadAttention.head_ablations`, the layer's own state: no
+    forward argument is rewritten), until the block exits — also when it raises. Because the hook acts on each call, decoding with a KV cache
     (:func:`attnlab.generate`) runs with the heads removed at every step.
 
     Args:
@@ -93,24 +94,18 @@ def masked_heads(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> Iterato
         ...     out = model(src, tgt_in)
     """
     checked = _check_masks(model, masks)
-    handles: list[torch.utils.hooks.RemovableHandle] = []
+    saved: list[tuple[MultiHeadAttention, tuple[torch.Tensor, ...] | None]] = []
     try:
         for module, xi in checked.values():
-
-            def pre(
-                mod: nn.Module,
-                args: tuple[Any, ...],
-                kwargs: dict[str, Any],
-                xi: torch.Tensor = xi,
-            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-                given = kwargs.get("head_mask")
-                return args, {**kwargs, "head_mask": xi if given is None else given * xi}
-
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            saved.append((module, module.__dict__.get("head_ablations")))
+            module.head_ablations = (*module.head_ablations, xi)  # every call multiplies it in
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        for module, before in reversed(saved):
+            if before is None:
+                del module.head_ablations  # back to the class's: none
+            else:
+                module.head_ablations = before
 
 
 def _check_masks(
@@ -265,13 +260,10 @@ def _trace(
     try:
         for path, module in modules.items():
 
-            def pre(mod: nn.Module, args: Any, kwargs: dict[str, Any], path: str = path) -> None:
-                # forward(query, key=None, …): cross-attention when the key is not the query
-                query = args[0] if args else kwargs.get("query")
-                key = args[1] if len(args) > 1 else kwargs.get("key")
-                order.setdefault(path, "cross" if key is not None and key is not query else "self")
+            def on_call(mod: nn.Module, args: Any, call: ResolvedCall, path: str = path) -> None:
+                order.setdefault(path, "cross" if call.cross else "self")  # as the layer ran it
 
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(module.hook_call.register_forward_hook(on_call))
         loss = _scalar(loss_fn(model, batch))
     finally:
         for handle in handles:

@@ -14,9 +14,13 @@ Weights are named by the path of their attention module in ``model.named_modules
 ``"transformer.h.3.attn"`` (GPT), ``"encoder.layers.0.self_attn"``,
 ``"decoder.layers.1.cross_attn"`` (encoder-decoder).
 
-For long sequences, ``capture(model, weights=False, stats=True)`` records per-row entropy, max
-weight and log-sum-exp instead (``cache.stats``), computed blockwise from each layer's queries,
-keys and mask by :func:`attnlab.inspect.attention_stats` — no ``T × T`` matrix is ever formed.
+Capture reads each layer's resolved call (its ``hook_call``,
+:class:`~attnlab.nn.resolved_call.ResolvedCall`): the kind of attention (self or cross),
+Linformer's projections and the statistics come from what the layer ran, never from its forward
+arguments. For long sequences, ``capture(model, weights=False, stats=True)`` records per-row
+entropy, max weight and log-sum-exp instead (``cache.stats``), computed blockwise from each
+call's queries, keys and normalised mask by :func:`attnlab.inspect.stats.call_stats` — no
+``T × T`` matrix is ever formed.
 
 **Projected keys (Linformer).** A :class:`~attnlab.nn.linformer.LinformerAttention` layer
 (Wang et al. 2020, eq. 7) attends over ``k`` rows of ``E K`` — each a learned mix of *every* key
@@ -40,10 +44,10 @@ from torch import nn
 
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.inspect.stats import AttentionStats, attention_stats
+from attnlab.inspect.stats import AttentionStats, call_stats
 from attnlab.nn.hooks import hook_points
-from attnlab.nn.linformer import LinformerAttention, key_mask
 from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.resolved_call import ResolvedCall
 
 __all__ = [
     "ActivationCache",
@@ -322,13 +326,6 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
     return {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
 
 
-def _is_cross(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """MultiHeadAttention.forward(query, key=None, …): cross-attention when key is not the query."""
-    query = args[0] if args else kwargs.get("query")
-    key = args[1] if len(args) > 1 else kwargs.get("key")
-    return key is not None and key is not query
-
-
 @contextmanager
 def capture(
     model: nn.Module,
@@ -355,9 +352,11 @@ def capture(
         weights: record the ``(B, H, T_q, T_k)`` weights (default). ``False`` leaves the layers
             on their fast path, which never forms them.
         stats: record per-row entropy, max weight and log-sum-exp in ``cache.stats``, computed
-            blockwise from the layer's queries, keys and mask by
-            :func:`~attnlab.inspect.stats.attention_stats` — with ``weights=False`` nothing of
-            size ``T × T`` is formed, so long sequences can be checked.
+            blockwise from the queries, keys and normalised mask of the call the layer resolved
+            (:func:`~attnlab.inspect.stats.call_stats`) — with ``weights=False`` nothing of
+            size ``T × T`` is formed, so long sequences can be checked. The statistics are
+            those of the weights the layer computes (a Linformer layer's over its projected
+            rows, a Performer layer's ``D⁻¹ φ(q) φ(k)ᵀ``).
         detach: store detached tensors (default); ``False`` keeps them in the autograd graph.
         device: move the stored tensors there (e.g. ``"cpu"``); default leave them in place.
 
@@ -401,37 +400,16 @@ def capture(
         return t if device is None else t.to(device)
 
     handles: list[torch.utils.hooks.RemovableHandle] = []
-    calls: dict[str, dict[str, Any]] = {}  # per layer, what the running call has shown so far
     try:
         for name, module in selected.items():
 
-            def pre(
-                mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name
-            ) -> None:
-                cache.kinds[name] = "cross" if _is_cross(args, kwargs) else "self"
-                causal = kwargs.get("is_causal")
-                calls[name] = {
-                    "mask": kwargs.get("mask"),
-                    "causal": bool(getattr(mod, "causal", False) if causal is None else causal),
-                    "t_k": _key_length(args, kwargs),
-                    # the window and block layout the call applies (the layer's own by default)
-                    "window": _call_option(mod, kwargs, "window"),
-                    "block_mask": _call_option(mod, kwargs, "block_mask"),
-                }
-
-            def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
-                call = calls.pop(name, {})
-                if "batch" in call and isinstance(mod, LinformerAttention):
-                    # the weights are over the k rows of E K: say so, with E and F of this call
-                    cache.projected[name] = _linformer_keys(
-                        mod, call.get("t_k"), call.get("mask"), call["batch"], keep
-                    )
-                if stats and "q" in call and "k" in call:
-                    q = call.get("rot_q", call["q"])  # the queries the scores saw
-                    result = attention_stats(
-                        q, call["k"], call["mask"], is_causal=call["causal"],
-                        window=call.get("window"), block_mask=call.get("block_mask"),
-                    )  # fmt: skip
+            def on_call(mod: nn.Module, args: Any, call: ResolvedCall, name: str = name) -> None:
+                # what the layer ran: its kind, Linformer's projections, the statistics
+                cache.kinds[name] = "cross" if call.cross else "self"
+                if call.method == "linformer" and call.key_projection is not None:
+                    cache.projected[name] = _projected_keys(call, keep)
+                if stats:  # from q, k and the masking as scored: never a T × T weight matrix
+                    result = call_stats(call)
                     cache.stats[name] = AttentionStats(*(keep(t) for t in (
                         result.entropy, result.max_weight, result.logsumexp, result.first_weight
                     )))  # fmt: skip
@@ -440,25 +418,10 @@ def capture(
                 w = keep(out)
                 cache.attentions[name] = w  # a dict keeps the first call's position
                 cache.history.setdefault(name, []).append(w)
-                calls.setdefault(name, {})["batch"] = out.shape[0]
 
-            def on_q(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
-                calls.setdefault(name, {})["q"] = out.detach()
-
-            def on_k(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
-                calls.setdefault(name, {})["k"] = out.detach()
-
-            def on_rot_q(mod: nn.Module, args: Any, out: torch.Tensor, name: str = name) -> None:
-                calls.setdefault(name, {})["rot_q"] = out.detach()
-
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(module.register_forward_hook(post))
-            listen = {"hook_weights": on_weights} if weights else {}
-            if stats:  # hook_k holds the keys as the scores see them (rotated, cache included)
-                listen.update(hook_q=on_q, hook_k=on_k, hook_rot_q=on_rot_q)
-            for hook_name, fn in listen.items():
-                if _path(name, hook_name) in points:
-                    handles.append(points[_path(name, hook_name)].register_forward_hook(fn))
+            handles.append(module.hook_call.register_forward_hook(on_call))
+            if weights:
+                handles.append(module.hook_weights.register_forward_hook(on_weights))
             for hook_name in hooks:
                 path = _path(name, hook_name)
 
@@ -473,50 +436,21 @@ def capture(
             handle.remove()
 
 
-def _call_option(mod: nn.Module, kwargs: dict[str, Any], option: str) -> Any:
-    """A call's ``window`` / ``block_mask``: the keyword if given, else the layer's own
-    (``block_mask=False`` and ``window=(None, None)`` turn it off for the call)."""
-    value = kwargs.get(option)
-    if value is None:
-        value = getattr(mod, option, None)
-    return None if value is False else value
-
-
-def _key_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """``T_k`` of a ``MultiHeadAttention.forward(query, key=None, …)`` call."""
-    query = args[0] if args else kwargs.get("query")
-    key = args[1] if len(args) > 1 else kwargs.get("key")
-    x = query if key is None else key
-    return int(x.shape[-2]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else None
-
-
-def _linformer_keys(
-    layer: LinformerAttention,
-    t_k: int | None,
-    mask: object,
-    batch: int,
-    keep: Callable[[torch.Tensor], torch.Tensor],
+def _projected_keys(
+    call: ResolvedCall, keep: Callable[[torch.Tensor], torch.Tensor]
 ) -> ProjectedKeys:
-    """The :class:`ProjectedKeys` of one call of a Linformer layer: ``E``, ``F`` cut to ``T_k``
-    columns and repeated to the query heads, and the key mask as the layer applied it."""
-    t_k = layer.max_len if t_k is None else t_k
-    heads, group = layer.num_heads, layer.num_heads // layer.num_kv_heads
-
-    def per_head(p: torch.Tensor) -> torch.Tensor:
-        p = p[..., :t_k].detach()
-        if p.dim() == 2:  # one projection for every head               (k, T_k)
-            return p.expand(heads, *p.shape).contiguous()
-        return p.repeat_interleave(group, dim=0)  # one per key/value head → (H, k, T_k)
-
-    e, f = layer.projections()
-    m = key_mask(mask, batch, heads, t_k, "Linformer attention") if mask is not None else None
+    """The :class:`ProjectedKeys` of one Linformer call, from its resolved call: ``E``, ``F``
+    per query head cut to the call's ``T_k`` keys, and the key mask the projection applied."""
+    e, f = call.key_projection, call.value_projection
+    if e is None or f is None:  # unreachable: a Linformer call carries both
+        raise ArgumentError("a Linformer call carries no projections")
     return ProjectedKeys(
         method="linformer",
-        k=layer.k,
-        key_length=t_k,
-        key_projection=keep(per_head(e)),
-        value_projection=keep(per_head(f)),
-        key_mask=None if m is None else keep(m),
+        k=e.shape[-2],
+        key_length=e.shape[-1],
+        key_projection=keep(e),
+        value_projection=keep(f),
+        key_mask=None if call.key_mask is None else keep(call.key_mask),
     )
 
 

@@ -31,7 +31,8 @@ Only a ``query chunk × key block`` tile of scores exists at any time, so memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,7 +42,10 @@ from attnlab.nn.backends.common import compute_dtype
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.mask_spec import Masking, normalize_mask
 
-__all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats"]
+if TYPE_CHECKING:
+    from attnlab.nn.resolved_call import ResolvedCall
+
+__all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats", "call_stats"]
 
 # elements of one score tile (all batch dims and heads together): 2^22 fp32 values = 16 MiB
 TILE_ELEMENTS = 1 << 22
@@ -143,7 +147,78 @@ def attention_stats(
     if block_mask is not None:
         block_mask = block_mask.crop(key.shape[-2])
     masking = normalize_mask(query, key, mask, is_causal, window, block_mask)
+    return _blockwise(query, key, masking, float(scale), block_size)
 
+
+@torch.no_grad()
+def call_stats(call: ResolvedCall, *, block_size: int = 512) -> AttentionStats:
+    """The statistics of one attention call as the layer resolved it (its ``hook_call``): the
+    queries and keys as scored and the normalised mask (causal rule, window and block layout as
+    structure), so nothing is re-derived from the forward's arguments.
+
+    Softmax and Linformer calls (over the projected rows ``E K``) go blockwise like
+    :func:`attention_stats` — ``O(T)`` memory; a FAVOR+ call's weights ``D⁻¹ φ(q) φ(k)ᵀ`` are
+    reduced by chunks of queries from its features (``S = log φ(q) φ(k)ᵀ``), one score tile
+    at a time.
+
+    Args:
+        call: a :class:`~attnlab.nn.resolved_call.ResolvedCall`.
+        block_size: keys per block. Default ``512``.
+
+    Returns:
+        An :class:`AttentionStats` of the weights the call computed.
+
+    Shape:
+        every statistic ``(B, H, T_q)``.
+    """
+    block_size = check_positive_int("block_size", block_size)
+    if call.method == "favor":
+        return _favor_stats(call)
+    return _blockwise(call.q, call.k, call.masking, call.scale, block_size)
+
+
+def _favor_stats(call: ResolvedCall) -> AttentionStats:
+    """The statistics of FAVOR+'s implied weights, by chunks of queries: ``S = log φ(q) φ(k)ᵀ``
+    on one ``chunk × T_k`` tile at a time (:meth:`ResolvedCall.scores` per chunk)."""
+    q = call.q
+    t_q, t_k = q.shape[-2], call.k.shape[-2]
+    chunk = max(1, min(t_q, TILE_ELEMENTS // max(1, q[..., 0, 0].numel() * t_k)))
+    acc = compute_dtype(q.dtype)
+    parts: list[tuple[torch.Tensor, ...]] = []
+    for i0 in range(0, t_q, chunk):
+        i1 = min(t_q, i0 + chunk)
+        part = replace(
+            call,
+            q=q[..., i0:i1, :],
+            q_features=None if call.q_features is None else call.q_features[..., i0:i1, :],
+            masking=_rows(call.masking, i0, i1),
+        )
+        s = part.scores(acc)  # (B, H, rows, T_k), hidden −∞
+        lse = torch.logsumexp(s, dim=-1)
+        empty = lse == float("-inf")
+        p = torch.exp(s - lse.masked_fill(empty, 0.0)[..., None])
+        ent = -(p * s.masked_fill(p == 0, 0.0)).sum(-1) + lse.masked_fill(empty, 0.0)
+        parts.append((
+            ent.masked_fill(empty, 0.0).clamp_min(0.0), p.amax(-1).masked_fill(empty, 0.0),
+            lse, p[..., 0].masked_fill(empty, 0.0),
+        ))  # fmt: skip
+    return AttentionStats(*(torch.cat(t, dim=-1) for t in zip(*parts)))
+
+
+def _rows(masking: Masking, i0: int, i1: int) -> Masking:
+    """The mask of query rows ``i0 … i1 − 1`` (FAVOR+: a key mask and the causal rule): row
+    ``r`` is query ``i0 + r``, which sees ``j <= i0 + r + offset``."""
+    allowed = masking.allowed
+    if allowed is not None and allowed.shape[-2] != 1:
+        allowed = allowed[..., i0:i1, :]
+    offset = masking.causal_offset
+    return Masking(allowed, None, None if offset is None else offset + i0)
+
+
+def _blockwise(
+    query: torch.Tensor, key: torch.Tensor, masking: Masking, scale: float, block_size: int
+) -> AttentionStats:
+    """The statistics of ``softmax(Q Kᵀ · scale + M)`` over key blocks (the module docstring)."""
     lead, h, t_q, d = query.shape[:-3], query.shape[-3], query.shape[-2], query.shape[-1]
     h_kv, t_k = key.shape[-3], key.shape[-2]
     groups = h // h_kv

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -37,8 +38,9 @@ from attnlab.models.gpt_layers import (
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
+from attnlab.nn.cache_policies import SinkKVCache
 from attnlab.nn.head_mask import layer_head_masks
-from attnlab.nn.kv_cache import KVCache, ModelCache
+from attnlab.nn.kv_cache import ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
 
 if TYPE_CHECKING:
@@ -208,11 +210,11 @@ class GPT(nn.Module):
                 f"input_ids has {t} tokens after {past} cached ones ({past + t} positions), longer than "
                 f"the position table: n_positions = {cfg.n_positions}"
             )
-        streaming = cache is not None and any(getattr(c, "streaming", False) for c in cache.layers)
+        streaming = cache is not None and any(isinstance(c, SinkKVCache) for c in cache.layers)
         if streaming and attention_mask is not None:
             raise ArgumentError(
-                "attention_mask must be None with a sink cache (KVCache(window, sinks)): it keeps "
-                "no padded rows"
+                "attention_mask must be None with a sink cache (SinkKVCache): it keeps no padded "
+                "rows"
             )
         keep = self._check_attention_mask(attention_mask, b, past + t)
         if keep is not None and bool(keep.all()):
@@ -341,15 +343,19 @@ class GPT(nn.Module):
         rope_positions = positions if cfg.positions == "rope" else None
 
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.transformer.h):
-            layer_cache = None if cache is None else cache.layers[i]
-            if checkpointing and layer_cache is None:
-                x = checkpoint(
-                    block, x, mask, None, rope_positions, head_masks[i], block_mask,
-                    use_reentrant=False,
-                )  # fmt: skip
-            else:
-                x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
+        rotary = getattr(self.transformer.h[0].attn, "rotary", None) if cfg.n_layer else None
+        # the blocks share one rotary embedding and one positions tensor: the angles once
+        shared = rotary.shared_angles() if isinstance(rotary, RotaryEmbedding) else nullcontext()
+        with shared:
+            for i, block in enumerate(self.transformer.h):
+                layer_cache = None if cache is None else cache.layers[i]
+                if checkpointing and layer_cache is None:
+                    x = checkpoint(
+                        block, x, mask, None, rope_positions, head_masks[i], block_mask,
+                        use_reentrant=False,
+                    )  # fmt: skip
+                else:
+                    x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         return self.lm_head(x)  # (B, T, vocab_size)
@@ -473,7 +479,7 @@ class GPT(nn.Module):
         layers = []
         for block in self.transformer.h:
             attn = cast(GPTBlock, block).attn
-            cache = KVCache(
+            cache = SinkKVCache(
                 batch, attn.num_kv_heads, capacity, attn.d_head, dtype=dtype, device=device,
                 window=window, sinks=sinks,
             )  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +112,7 @@ class GPTProjections:
         Shape:
             ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
         """
-        return self.resid_dropout(self.c_proj(x))
+        return _dropout(self.resid_dropout, self.c_proj(x))
 
 
 class GPTSelfAttention(GPTProjections, MultiHeadAttention):
@@ -314,6 +314,26 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def _dropout(module: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``, or ``x`` itself where the dropout would return it unchanged (in evaluation,
+    or ``p = 0``) and no hook listens on the module: a decoding step passes two of them a layer,
+    each a call into PyTorch for nothing.
+
+    Args:
+        module: the dropout module.
+        x: its input.
+
+    Returns:
+        ``module(x)``.
+
+    Shape:
+        any; the output has the input's shape.
+    """
+    if (module.training and module.p) or module._forward_hooks or module._forward_pre_hooks:
+        return cast(torch.Tensor, module(x))
+    return x
+
+
 class GPTMLP(nn.Module):
     """The position-wise feed-forward network of a decoder block: GPT-2's (Radford et al. 2019;
     GELU, Hendrycks & Gimpel 2016) or a gated one (Shazeer 2020; SwiGLU in Llama, Mistral,
@@ -356,7 +376,7 @@ class GPTMLP(nn.Module):
             h = self.act(self.c_fc(x))  # act(x W_fc + b_fc): (B, T, d_ff)
         else:
             h = self.act(self.c_gate(x)) * self.c_fc(x)  # act(x W_gate) ⊙ x W_fc: (B, T, d_ff)
-        return self.dropout(self.c_proj(h))
+        return _dropout(self.dropout, self.c_proj(h))
 
 
 @dataclass(frozen=True)

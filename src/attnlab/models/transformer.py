@@ -57,7 +57,8 @@ class Seq2SeqCache(ModelCache):
     Attributes:
         layers: one growing self-attention :class:`KVCache` per decoder layer (a
             :class:`~attnlab.nn.kv_cache.PerformerState` for Performer attention).
-        cross: one static cross-attention :class:`KVCache` per decoder layer.
+        cross: one :class:`~attnlab.nn.cache_policies.CrossKVCache` per decoder layer (filled
+            once from the encoder memory).
         tokens: ``(B, capacity)`` target ids so far (``pad_id`` beyond ``length``).
         src_mask: the source mask of the first decode step, reused when a later step passes none.
 
@@ -635,8 +636,8 @@ class Transformer(nn.Module):
             of ``window`` positions, under a sliding window; every position under BigBird), or
             for Performer attention :class:`~attnlab.nn.kv_cache.PerformerState` running sums
             (``B · H_kv · (m · (d_head + 1) + 1)`` numbers a layer whatever the length,
-            ``O(1)`` per token; float32 at least); and a cross-attention KV cache of
-            ``src_len`` positions per layer.
+            ``O(1)`` per token; float32 at least); and a
+            :class:`~attnlab.nn.cache_policies.CrossKVCache` of ``src_len`` positions per layer.
         """
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -655,8 +656,8 @@ class Transformer(nn.Module):
             layer.self_attn.new_cache(batch, capacity, dtype=dtype, device=device)
             for layer in decoder
         ]
-        cross = [
-            layer.cross_attn.new_cache(batch, src_len, dtype=dtype, device=device)
+        cross: list[LayerCache] = [
+            layer.cross_attn.new_cross_cache(batch, src_len, dtype=dtype, device=device)
             for layer in decoder
         ]
         return Seq2SeqCache(layers, cross, tokens)

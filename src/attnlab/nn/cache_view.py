@@ -9,7 +9,8 @@ which takes the call's new keys and values (``None`` when a filled cross-attenti
 holds them) and the call's mask over every position so far, keeps what its policy keeps, and
 returns the keys, values and mask the queries attend over. The layer (``MultiHeadAttention``)
 holds no policy of its own: it rotates the keys by ``key_places`` when the cache gives them
-(a sink cache stores keys unrotated) and applies the causal rule only when ``is_causal`` says so.
+(a sink cache stores keys unrotated), applies the causal rule only when ``is_causal`` says
+so, and the window only when ``window_in_mask`` does not say the cache did.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class CacheView:
             static cache, whose slots do not end at the last query, folds it into ``mask``.
         key_places: the positions to rotate the keys at (a sink cache: places within the
             cache), or ``None`` when the keys are stored rotated.
+        window_in_mask: the cache folded the call's sliding window into ``mask`` (a static
+            cache, whose slots do not end at the last query: the window's bottom-right
+            alignment would be wrong there), so the layer does not apply it again.
 
     Shape:
         keys ``(B, H_kv, T_k, d_head)``; values ``(B, H_kv, T_k, d_v)``; mask broadcastable to
@@ -46,3 +50,4 @@ class CacheView:
     mask: torch.Tensor | None
     is_causal: bool
     key_places: torch.Tensor | None = None
+    window_in_mask: bool = False

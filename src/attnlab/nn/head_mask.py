@@ -7,12 +7,14 @@ projection, so 1 keeps a head and 0 removes what it adds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from attnlab._checks import broadcast_or_raise, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["check_head_mask", "layer_head_masks"]
+__all__ = ["check_head_mask", "layer_head_masks", "with_ablations"]
 
 
 def check_head_mask(head_mask: object, batch: int, num_heads: int) -> torch.Tensor:
@@ -87,3 +89,25 @@ def layer_head_masks(
         f"{name} must have shape (num_layers, num_heads) = ({num_layers}, {num_heads}) or "
         f"(num_heads,) = ({num_heads},), got {shape_str(m.shape)}"
     )
+
+
+def with_ablations(
+    head_mask: torch.Tensor | None, ablations: Sequence[torch.Tensor]
+) -> torch.Tensor | None:
+    """``head_mask · ξ_1 · ξ_2 …``: a call's head mask times the ablations in force on its layer
+    (``MultiHeadAttention.head_ablations``, set by :func:`attnlab.inspect.masked_heads`), in
+    order; ``ξ_1 · ξ_2 …`` without a call's mask, the mask itself without ablations.
+
+    Args:
+        head_mask: the call's ``ξ``, or ``None``.
+        ablations: the ablation masks, in the order they were set.
+
+    Returns:
+        The product, or ``None`` when there is neither.
+
+    Shape:
+        head_mask ``(H,)`` or ``(B, H)``; each ablation ``(H,)``.
+    """
+    for xi in ablations:
+        head_mask = xi if head_mask is None else head_mask * xi
+    return head_mask

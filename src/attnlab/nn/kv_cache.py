@@ -1,25 +1,23 @@
-"""The KV cache: keys and values of past positions, preallocated per layer.
+"""Decoding caches: keys and values of past positions, preallocated per layer, one class per
+policy of what is kept.
 
 During autoregressive decoding each new token's query attends to the keys and values of every
 earlier position. Recomputing them is ``O(T²)`` work per token; keeping them is ``O(T)`` memory:
 ``2 · layers · B · H_kv · capacity · d_head`` numbers. Grouped-query and multi-query attention
 shrink the cache by ``H / H_kv``.
 
-Under sliding-window attention with ``window = (left, 0)`` (Mistral 7B, Jiang et al. 2023) a new
-query never reads a key more than ``left`` positions back, so a cache made with ``window=left``
-keeps only the last ``left`` positions (a rolling buffer): ``O(left)`` memory whatever the length
-decoded.
+Each policy is its own class with one method the attention layer calls,
+``view = cache.update(k, v, mask, window=..., is_causal=...)`` (a
+:class:`~attnlab.nn.cache_view.CacheView`: the keys, values and mask the queries attend over):
 
-A **sink cache** (``window=w, sinks=s``; StreamingLLM, Xiao et al. 2023) streams a full-attention
-model past any length: it keeps the first ``s`` positions (the "attention sinks" that softmax
-attention leans on) and the last ``w``, so a new query sees ``s + w`` earlier keys and itself.
-Its positions are those *within the cache*, as StreamingLLM assigns them: the keys are stored
-before the rotary embedding and turned at every step by their place in the cache
-(``0 … s + w − 1``), the new token by the next place, so the positions never pass ``s + w``.
-Each batch row may keep its own number of sinks (``sinks=(0, 4)``: a window cache and a sink cache
-streamed as one batch, the weights read once for both): the buffers keep the most sinks of any
-row, and a row does not see the sink slots it does not keep, its places counting only the keys it
-sees (rotary models).
+* :class:`KVCache` keeps every position, up to its capacity;
+* :class:`~attnlab.nn.cache_policies.RollingKVCache` keeps the last ``window`` positions, all
+  that sliding-window attention ``(window, 0)`` (Mistral 7B) reads again: ``O(window)`` memory;
+* :class:`~attnlab.nn.cache_policies.SinkKVCache` keeps the first ``sinks`` positions and the
+  last ``window`` (StreamingLLM), its keys unrotated, to stream a full-attention model past any
+  length;
+* :class:`~attnlab.nn.cache_policies.CrossKVCache` is filled once with the encoder memory's keys
+  and values (cross-attention) and read at every later step.
 
 Causal linear attention needs no keys at all: it is a recurrent network (Katharopoulos et al.
 2020, "Transformers are RNNs", §3.4) whose state is two running sums over the keys seen so far,
@@ -28,62 +26,58 @@ Causal linear attention needs no keys at all: it is a recurrent network (Katharo
 
 so a causal Performer (FAVOR+) layer decodes from a :class:`PerformerState` of
 ``B · H_kv · (m · (d_head + 1) + 1)`` numbers (``m`` random features): ``O(1)`` memory and time per
-token, whatever the length decoded.
+token, whatever the length decoded. It has no ``update``: the Performer layer reads it itself.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from attnlab._budget import check_fits
-from attnlab._checks import check_device, check_positive_int, check_sink_rows, shape_str
+from attnlab._checks import check_device, check_positive_int, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.nn.cache_view import CacheView
 
-__all__ = ["KVCache", "LayerCache", "ModelCache", "PerformerState", "last_keys"]
+__all__ = [
+    "KVBuffers",
+    "KVCache",
+    "KVCachePolicy",
+    "LayerCache",
+    "ModelCache",
+    "PerformerState",
+]
 
 
-class KVCache:
-    """Keys and values of one attention layer, in buffers of a fixed ``capacity``.
-
-    A self-attention cache grows by :meth:`append`; a cross-attention cache is filled once by
-    :meth:`set_static` (the encoder memory does not change while decoding).
-
-    With ``window=w`` it is a rolling buffer for sliding-window attention: after each
-    :meth:`append` it keeps only the last ``w`` positions (what a causal window ``(w, 0)`` can
-    still reach), so it holds at most ``w`` keys between steps and hands ``w + T_new`` to the
-    attention of a step. ``length`` still counts every position appended (the next token's
-    position), and the capacity no longer limits it.
+class KVBuffers:
+    """What every KV cache policy shares: key and value buffers of a fixed ``capacity``, the
+    checks of what enters them, beam-search reordering and their size. A policy (a subclass)
+    adds how positions enter and leave (its ``update``).
 
     Args:
         batch: batch size ``B``.
         num_kv_heads: ``H_kv``.
-        capacity: the most positions it can hold.
+        capacity: the most positions the buffers hold.
         d_head: head dimension of keys (and of values unless ``d_head_v`` is given).
         d_head_v: head dimension of values; default ``d_head``.
         dtype: dtype of the buffers; default ``torch.float32``.
         device: device of the buffers; default the current default device.
-        window: keep only the last ``window`` positions (a positive int), or ``None`` (default)
-            to keep every position up to ``capacity``. The buffers then hold
-            ``min(capacity, window)`` positions.
-        sinks: with ``window``, a sink cache (StreamingLLM): keep the first ``sinks`` positions
-            too (``0`` keeps none: a window that evicts the first tokens), store the keys
-            unrotated and give positions within the cache (see the module docstring). The
-            buffers hold ``min(capacity, sinks + window)`` positions. A sequence gives each batch
-            row its own (:meth:`key_places` then hides the others' sinks from it). Default
-            ``None``: the positions are the tokens' own.
 
     Raises:
         ValueError: a size that is not a positive int, or buffers larger than the memory of
             ``device`` (checked before they are allocated, :func:`attnlab._budget.check_fits`).
+        TypeError: ``dtype`` is not a ``torch.dtype``.
 
     Shape:
-        ``keys``: ``(B, H_kv, held, d_head)``; ``values``: ``(B, H_kv, held, d_head_v)``, where
-        ``held`` is ``length``, or ``min(length, window)`` for a rolling cache.
+        ``keys``: ``(B, H_kv, held, d_head)``; ``values``: ``(B, H_kv, held, d_head_v)``.
     """
+
+    #: whether the cache hands the attention every position it was given (a block layout,
+    #: which counts every position, needs it); a rolling or sink cache evicts
+    keeps_all: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -95,39 +89,19 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
-        window: int | None = None,
-        sinks: int | Sequence[int] | None = None,
     ) -> None:
         check_positive_int("batch", batch)
         check_positive_int("num_kv_heads", num_kv_heads)
         check_positive_int("capacity", capacity)
         check_positive_int("d_head", d_head)
         d_v = d_head if d_head_v is None else check_positive_int("d_head_v", d_head_v)
-        self.window = None if window is None else check_positive_int("window", window)
-        self.sinks: int | None = None
-        self.row_sinks: torch.Tensor | None = None  # (B,) when the rows keep different sinks
-        if sinks is not None:
-            rows = check_sink_rows(sinks, batch)
-            if len(set(rows)) > 1:
-                self.row_sinks = torch.tensor(rows, device=device)
-            sinks = max(rows)
-            if self.window is None:
-                raise ArgumentError(
-                    "sinks needs a window: KVCache(window=w, sinks=s) keeps the first s "
-                    "positions and the last w"
-                )
-            self.sinks = sinks
-            capacity = min(capacity, sinks + self.window)
-            self._recent = capacity - sinks  # the window's slots (fewer if capacity is smaller)
-        elif self.window is not None:
-            capacity = min(capacity, self.window)
         if not isinstance(dtype, torch.dtype):
             raise ArgumentTypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         device = torch.get_default_device() if device is None else check_device("device", device)
         if device.type != "meta":  # meta: shapes only, nothing held
             check_fits(
-                f"KVCache(batch={batch}, num_kv_heads={num_kv_heads}, capacity={capacity}, "
-                f"d_head={d_head})",
+                f"{type(self).__name__}(batch={batch}, num_kv_heads={num_kv_heads}, "
+                f"capacity={capacity}, d_head={d_head})",
                 batch * num_kv_heads * capacity * (d_head + d_v) * dtype.itemsize,
                 what="the cache's keys and values",
                 device=device,
@@ -135,7 +109,6 @@ class KVCache:
         self.k = torch.zeros(batch, num_kv_heads, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros(batch, num_kv_heads, capacity, d_v, dtype=dtype, device=device)
         self.length = 0
-        self.static = False
 
     @property
     def batch(self) -> int:
@@ -149,64 +122,28 @@ class KVCache:
 
     @property
     def held(self) -> int:
-        """The positions the buffers hold: ``length``, or at most ``window`` for a rolling cache
-        (``sinks + window`` for a sink cache)."""
-        return self.length if self.window is None else min(self.length, self.k.shape[2])
-
-    @property
-    def streaming(self) -> bool:
-        """Whether this is a sink cache: keys stored unrotated, positions within the cache."""
-        return self.sinks is not None
+        """The positions the buffers hold (``length`` until a policy evicts)."""
+        return min(self.length, self.k.shape[2])
 
     @property
     def next_position(self) -> int:
-        """The position the next token gets: ``length``, or for a sink cache its place in the
-        cache, ``held`` (never more than ``sinks + window``)."""
-        return self.held if self.sinks is not None else self.length
+        """The position the next token gets: ``length`` (a sink cache: its place in the cache)."""
+        return self.length
 
-    def query_places(self, count: int) -> torch.Tensor:
-        """A sink cache's places for the next ``count`` tokens: ``next_position …``, or per row
-        when the rows keep different sinks (a row's place counts only the keys it sees).
+    def query_places(self, count: int) -> torch.Tensor | None:
+        """The places to rotate the next ``count`` queries at, when the cache decides them (a
+        sink cache); ``None``: the tokens' own positions, and the keys are stored rotated.
 
         Args:
             count: the new tokens ``T_new``.
 
         Returns:
-            The places.
+            ``None`` here.
 
         Shape:
-            ``(T_new,)``, or ``(B, T_new)`` with sinks per row.
+            a cache that gives places: ``(T_new,)`` or ``(B, T_new)``.
         """
-        new = torch.arange(count, device=self.k.device)
-        if self.row_sinks is None or self.sinks is None:
-            return self.next_position + new
-        seen = (self.row_sinks + self._recent).clamp(max=self.length)  # the keys each row sees
-        return seen[:, None] + new
-
-    def key_places(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """After :meth:`append` of ``count`` tokens to a sink cache: the places of the keys it
-        returned (``0 … K − 1``), and with sinks per row which keys each row sees — its own
-        sinks, the last ``window`` and the new tokens — and their places among those.
-
-        Args:
-            count: the tokens the last :meth:`append` took.
-
-        Returns:
-            ``(places, visible)``: ``visible`` is ``None`` unless the rows keep different sinks.
-
-        Shape:
-            places ``(K,)``, or ``(B, K)`` with sinks per row; visible ``(B, K)`` bool.
-        """
-        dev, before = self.k.device, self.length - count
-        held = min(before, self.k.shape[2])
-        if self.row_sinks is None or self.sinks is None:
-            return torch.arange(held + count, device=dev), None
-        start = before - self._recent  # the first earlier token still in the window
-        token = torch.arange(before + count, device=dev)  # the token in each returned slot
-        if before > held:  # the first sinks and the last window of the earlier tokens, the new
-            token = torch.cat([token[: self.sinks], token[start:]])
-        visible = (token < self.row_sinks[:, None]) | (token >= start)  # (B, K)
-        return (visible.long().cumsum(-1) - 1).clamp(min=0), visible
+        return None
 
     @property
     def keys(self) -> torch.Tensor:
@@ -217,139 +154,6 @@ class KVCache:
     def values(self) -> torch.Tensor:
         """The values stored so far, a view ``(B, H_kv, held, d_head_v)`` of the buffer."""
         return self.v[:, :, : self.held]
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new positions' keys/values and return all keys/values so far.
-
-        Args:
-            k: keys of the ``T_new`` new positions.
-            v: values of the same positions.
-
-        Returns:
-            ``(keys, values)``: every position stored so far, the new ones last (views). A
-            rolling cache (``window``) returns the positions it held before the call and the new
-            ones (new tensors), then keeps the last ``window`` of them.
-
-        Raises:
-            ValueError: when the cache would go past its capacity, when it is a static
-                (cross-attention) cache, or when shapes disagree with the buffers.
-
-        Shape:
-            - k ``(B, H_kv, T_new, d_head)``, v ``(B, H_kv, T_new, d_head_v)``
-            - keys ``(B, H_kv, length, d_head)``, values ``(B, H_kv, length, d_head_v)``, with
-              ``length`` the previous length plus ``T_new`` (a rolling cache: the previous
-              ``held`` plus ``T_new``)
-        """
-        if self.static:
-            raise ArgumentError("this is a cross-attention (static) cache; it cannot grow")
-        self._check(k, v)
-        n = k.shape[2]
-        if self.sinks is not None:
-            return self._stream(k, v)
-        if self.window is not None:
-            return self._roll(k, v)
-        if self.length + n > self.capacity:
-            raise ArgumentError(
-                f"KV cache capacity exceeded: it holds {self.length} of {self.capacity} positions "
-                f"and {n} more were added; make the cache larger (max_length)"
-            )
-        self.k[:, :, self.length : self.length + n] = k
-        self.v[:, :, self.length : self.length + n] = v
-        self.length += n
-        return self.keys, self.values
-
-    def _roll(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`append` for a rolling cache: the held positions and the new ones, of which the
-        last ``window`` stay."""
-        held = self.held
-        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        if held:
-            k = torch.cat([self.k[:, :, :held], k], dim=2)
-            v = torch.cat([self.v[:, :, :held], v], dim=2)
-        keep = min(self.k.shape[2], k.shape[2])
-        self.k[:, :, :keep] = k[:, :, k.shape[2] - keep :]
-        self.v[:, :, :keep] = v[:, :, v.shape[2] - keep :]
-        self.length += k.shape[2] - held
-        return k, v
-
-    def _stream(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`append` for a sink cache: the held positions and the new ones; then the first
-        ``sinks`` and the last ``window`` of them stay."""
-        held, s = self.held, int(self.sinks or 0)
-        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        if held:
-            k = torch.cat([self.k[:, :, :held], k], dim=2)
-            v = torch.cat([self.v[:, :, :held], v], dim=2)
-        total, room = k.shape[2], self.k.shape[2]
-        if total <= room:
-            self.k[:, :, :total], self.v[:, :, :total] = k, v
-        else:  # keep [0, s) and the last room − s
-            dev = k.device  # built there: a copy from the host would synchronise
-            keep = torch.cat(
-                [torch.arange(s, device=dev), torch.arange(total - (room - s), total, device=dev)]
-            )
-            self.k.copy_(k.index_select(2, keep))
-            self.v.copy_(v.index_select(2, keep))
-        self.length += total - held
-        return k, v
-
-    def check_attention(
-        self, window: tuple[int | None, int | None] | None, is_causal: bool
-    ) -> None:
-        """Refuse a layer's attention this cache would get wrong: a rolling cache drops old
-        keys, right only for a causal window that never reaches them; a sink cache's eviction
-        is the window, so the layer must attend causally to all it holds.
-
-        Args:
-            window: the layer's ``(left, right)`` window for the call, or ``None``.
-            is_causal: whether the call is causal.
-
-        Raises:
-            ValueError: the attention does not fit the cache.
-        """
-        if self.sinks is not None:
-            if window is not None or not is_causal:
-                raise ArgumentError(
-                    f"a sink cache (KVCache(window={self.window}, sinks={self.sinks})) is for "
-                    f"causal full attention, got window = {window} and is_causal = {is_causal}"
-                )
-            return
-        left, right = (None, None) if window is None else window
-        limit = self.window
-        if left is None or limit is None or left > limit or not (is_causal or right == 0):
-            raise ArgumentError(
-                f"cache keeps only the last {self.window} positions (KVCache(window="
-                f"{self.window})), so the layer's attention must be causal with a window of at "
-                f"most (left, right) = ({self.window}, 0), got window = {window} and "
-                f"is_causal = {is_causal}"
-            )
-
-    def set_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill the cache once with keys/values that will not change (cross-attention).
-
-        Args:
-            k: the keys of the encoder memory.
-            v: the values of the encoder memory.
-
-        Returns:
-            ``(keys, values)`` as stored (views); :meth:`append` is refused from now on.
-
-        Raises:
-            ValueError: ``T_src`` is larger than the capacity, or shapes disagree with the buffers.
-
-        Shape:
-            - k ``(B, H_kv, T_src, d_head)``, v ``(B, H_kv, T_src, d_head_v)``
-            - keys and values: the same shapes
-        """
-        self._check(k, v)
-        n = k.shape[2]
-        if n > self.capacity:
-            raise ArgumentError(f"KV cache capacity is {self.capacity}, got {n} positions")
-        self.k[:, :, :n] = k
-        self.v[:, :, :n] = v
-        self.length = n
-        self.static = True
-        return self.keys, self.values
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): row ``b`` becomes old row ``index[b]``.
@@ -362,8 +166,6 @@ class KVCache:
         """
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
-        if self.row_sinks is not None:
-            self.row_sinks = self.row_sinks.index_select(0, index)
 
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers (at full capacity).
@@ -384,6 +186,136 @@ class KVCache:
             raise ArgumentError(
                 f"values have shape {shape_str(v.shape)}, keys {shape_str(k.shape)}"
             )
+
+    def _new_keys(
+        self, k: torch.Tensor | None, v: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k``, ``v``, which every update but a filled cross-attention cache's needs."""
+        if k is None or v is None:
+            raise ArgumentError(
+                f"{type(self).__name__}.update needs the new keys and values (only a filled "
+                "CrossKVCache is read without them)"
+            )
+        return k, v
+
+
+class KVCache(KVBuffers):
+    """The keys and values of every position of one self-attention layer, up to ``capacity``:
+    it grows by :meth:`append` (:meth:`update` for the layer).
+
+    A rolling cache for sliding-window attention is a
+    :class:`~attnlab.nn.cache_policies.RollingKVCache`, a StreamingLLM sink cache a
+    :class:`~attnlab.nn.cache_policies.SinkKVCache`, a cross-attention cache a
+    :class:`~attnlab.nn.cache_policies.CrossKVCache`: the ``window``/``sinks`` keywords of
+    earlier versions are refused with the class to use.
+
+    Args:
+        batch: batch size ``B``.
+        num_kv_heads: ``H_kv``.
+        capacity: the most positions it can hold.
+        d_head: head dimension of keys (and of values unless ``d_head_v`` is given).
+        d_head_v: head dimension of values; default ``d_head``.
+        dtype: dtype of the buffers; default ``torch.float32``.
+        device: device of the buffers; default the current default device.
+        window: refused (a :class:`~attnlab.nn.cache_policies.RollingKVCache`).
+        sinks: refused (a :class:`~attnlab.nn.cache_policies.SinkKVCache`).
+
+    Raises:
+        ValueError: a size that is not a positive int, or buffers larger than the memory of
+            ``device`` (checked before they are allocated, :func:`attnlab._budget.check_fits`).
+        TypeError: ``window`` or ``sinks`` given.
+
+    Shape:
+        ``keys``: ``(B, H_kv, length, d_head)``; ``values``: ``(B, H_kv, length, d_head_v)``.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        capacity: int,
+        d_head: int,
+        d_head_v: int | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        window: None = None,
+        sinks: None = None,
+    ) -> None:
+        if window is not None or sinks is not None:
+            new = (
+                f"RollingKVCache(..., window={window})"
+                if sinks is None
+                else f"SinkKVCache(..., window={window}, sinks={sinks})"
+            )
+            raise ArgumentTypeError(
+                f"KVCache takes no window or sinks (it keeps every position), got "
+                f"window={window!r}, sinks={sinks!r}: use attnlab.{new}"
+            )
+        super().__init__(
+            batch, num_kv_heads, capacity, d_head, d_head_v, dtype=dtype, device=device
+        )
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys/values and return all keys/values so far.
+
+        Args:
+            k: keys of the ``T_new`` new positions.
+            v: values of the same positions.
+
+        Returns:
+            ``(keys, values)``: every position stored so far, the new ones last (views).
+
+        Raises:
+            ValueError: when the cache would go past its capacity, or when shapes disagree
+                with the buffers.
+
+        Shape:
+            - k ``(B, H_kv, T_new, d_head)``, v ``(B, H_kv, T_new, d_head_v)``
+            - keys ``(B, H_kv, length, d_head)``, values ``(B, H_kv, length, d_head_v)``, with
+              ``length`` the previous length plus ``T_new``
+        """
+        self._check(k, v)
+        n = k.shape[2]
+        if self.length + n > self.capacity:
+            raise ArgumentError(
+                f"KV cache capacity exceeded: it holds {self.length} of {self.capacity} positions "
+                f"and {n} more were added; make the cache larger (max_length)"
+            )
+        self.k[:, :, self.length : self.length + n] = k
+        self.v[:, :, self.length : self.length + n] = v
+        self.length += n
+        return self.keys, self.values
+
+    def update(
+        self,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        *,
+        window: tuple[int | None, int | None] | None = None,
+        is_causal: bool = False,
+    ) -> CacheView:
+        """Append the call's keys and values (:meth:`append`); the queries see every position.
+
+        Args:
+            k: the new keys.
+            v: the new values.
+            mask: the call's mask over every position so far, or ``None``; handed on as it is.
+            window: the call's window (any: every key is kept).
+            is_causal: the call's causality, handed on.
+
+        Returns:
+            The view: every key and value so far, ``mask``, ``is_causal``.
+
+        Raises:
+            ValueError: no keys given, shapes that disagree, or the capacity exceeded.
+
+        Shape:
+            k ``(B, H_kv, T_new, d_head)``; the view's keys ``(B, H_kv, length, d_head)``.
+        """
+        keys, values = self.append(*self._new_keys(k, v))
+        return CacheView(keys, values, mask, is_causal)
 
 
 class PerformerState:
@@ -437,9 +369,6 @@ class PerformerState:
         (torch.Size([2, 4, 32, 16]), 17440)
     """
 
-    #: a state grows with every step: never the static cache of cross-attention
-    static = False
-
     def __init__(
         self,
         batch: int,
@@ -484,6 +413,22 @@ class PerformerState:
     def capacity(self) -> int:
         """The most positions it takes."""
         return self._capacity
+
+    @property
+    def next_position(self) -> int:
+        """The position the next token gets: ``length``."""
+        return self.length
+
+    def query_places(self, count: int) -> None:
+        """The tokens' own positions rotate the queries (``None``), as for a :class:`KVCache`.
+
+        Args:
+            count: the new tokens.
+
+        Returns:
+            ``None``.
+        """
+        return None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -612,17 +557,15 @@ class PerformerState:
 
 @runtime_checkable
 class LayerCache(Protocol):
-    """What a model needs of one layer's decoding cache, whatever the layer keeps (a
-    :class:`KVCache`, a :class:`PerformerState`, or a new kind's own): the layer that made it
-    (its ``new_cache``) is the only one that reads it.
+    """What a model needs of one layer's decoding cache, whatever the layer keeps (a KV cache
+    policy, a :class:`PerformerState`, or a new kind's own): the layer that made it (its
+    ``new_cache``) is the only one that reads it.
 
     Attributes:
-        length: positions absorbed so far (the next token's position).
-        static: a cross-attention cache, filled once.
+        length: positions absorbed so far.
     """
 
     length: int
-    static: bool
 
     @property
     def batch(self) -> int:
@@ -632,6 +575,26 @@ class LayerCache(Protocol):
     @property
     def capacity(self) -> int:
         """The most positions it takes."""
+        ...
+
+    @property
+    def next_position(self) -> int:
+        """The position the next token gets (a sink cache: its place in the cache)."""
+        ...
+
+    def query_places(self, count: int) -> torch.Tensor | None:
+        """The places to rotate the next ``count`` queries at, or ``None`` for the tokens' own
+        positions (the keys are then rotated before they enter the cache).
+
+        Args:
+            count: the new tokens ``T_new``.
+
+        Returns:
+            The places, or ``None``.
+
+        Shape:
+            ``(T_new,)`` or ``(B, T_new)``.
+        """
         ...
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -650,6 +613,47 @@ class LayerCache(Protocol):
 
         Returns:
             The size.
+        """
+        ...
+
+
+@runtime_checkable
+class KVCachePolicy(LayerCache, Protocol):
+    """A KV cache policy: a :class:`LayerCache` that a
+    :class:`~attnlab.nn.multihead.MultiHeadAttention` reads through :meth:`update` alone
+    (:class:`KVCache`, :class:`~attnlab.nn.cache_policies.CrossKVCache`,
+    :class:`~attnlab.nn.cache_policies.RollingKVCache`,
+    :class:`~attnlab.nn.cache_policies.SinkKVCache`, the static cache of compiled decoding).
+    """
+
+    def update(
+        self,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        *,
+        window: tuple[int | None, int | None] | None = None,
+        is_causal: bool = False,
+    ) -> CacheView:
+        """Take the call's new keys and values, keep what the policy keeps, and return what the
+        queries attend over (:class:`~attnlab.nn.cache_view.CacheView`).
+
+        Args:
+            k: the new keys, ``None`` when a filled cross-attention cache holds them.
+            v: the new values, likewise.
+            mask: the call's mask over every position so far, or ``None``.
+            window: the call's ``(left, right)`` window, or ``None``.
+            is_causal: whether the call is causal.
+
+        Returns:
+            The view.
+
+        Raises:
+            ValueError: a call the policy cannot serve (shapes, capacity, window, causality).
+
+        Shape:
+            k ``(B, H_kv, T_new, d_head)``; v ``(B, H_kv, T_new, d_head_v)``; mask
+            broadcastable to ``(B, H, T_q, T_past + T_new)``.
         """
         ...
 
@@ -687,10 +691,7 @@ class ModelCache:
     @property
     def next_position(self) -> int:
         """The position the next token gets: ``length``, or its place in a sink cache."""
-        if not self.layers:
-            return 0
-        first = self.layers[0]
-        return int(getattr(first, "next_position", first.length))
+        return self.layers[0].next_position if self.layers else 0
 
     @property
     def capacity(self) -> int:
@@ -717,31 +718,3 @@ class ModelCache:
             The total size of the buffers in bytes, cross-attention caches included.
         """
         return sum(c.nbytes() for c in self.layers + (self.cross or []))
-
-
-def last_keys(mask: torch.Tensor, held: int, total: int) -> torch.Tensor:
-    """The columns of a mask over every position so far that a rolling cache still holds: the
-    last ``held`` of ``total`` (a mask that broadcasts over the keys is returned as it is).
-
-    Args:
-        mask: the call's mask, its last dimension the keys.
-        held: the keys the cache hands to the attention.
-        total: every position so far, ``T_past + T_q``.
-
-    Returns:
-        The mask's last ``held`` key columns.
-
-    Raises:
-        ValueError: the mask's key dimension is neither 1 nor ``total``.
-
-    Shape:
-        ``(..., total)`` → ``(..., held)``.
-    """
-    if mask.dim() == 0 or mask.shape[-1] == 1:
-        return mask
-    if mask.shape[-1] != total:
-        raise ArgumentError(
-            f"mask has {mask.shape[-1]} key positions but must have T_past + T_q = {total} "
-            f"(every position so far, the rolling cache keeps the last {held})"
-        )
-    return mask[..., total - held :]

@@ -28,7 +28,8 @@ from attnlab.nn.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:
     from attnlab.nn.attention import Backend
-    from attnlab.nn.kv_cache import KVCache
+    from attnlab.nn.cache_policies import CrossKVCache
+    from attnlab.nn.kv_cache import LayerCache
 
 __all__ = ["ACTIVATIONS", "DecoderLayer", "EncoderLayer", "FeedForward", "residual"]
 
@@ -330,8 +331,8 @@ class DecoderLayer(nn.Module):
         self_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         memory_mask: torch.Tensor | None = None,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
+        self_cache: LayerCache | None = None,
+        cross_cache: CrossKVCache | None = None,
         head_mask: torch.Tensor | None = None,
         cross_attn_head_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -343,8 +344,9 @@ class DecoderLayer(nn.Module):
             self_mask: self-attention mask over ``T_past + T`` keys.
             is_causal: the look-ahead rule on self-attention (bottom-right, works with a cache).
             memory_mask: cross-attention mask, e.g. the source padding mask ``(B, 1, 1, S)``.
-            self_cache: self-attention :class:`~attnlab.nn.kv_cache.KVCache` (grows).
-            cross_cache: cross-attention cache (static: filled on first use, then reused).
+            self_cache: self-attention cache (e.g. a :class:`~attnlab.nn.kv_cache.KVCache`).
+            cross_cache: a :class:`~attnlab.nn.cache_policies.CrossKVCache` (filled on first
+                use, then reused).
             head_mask: ``ξ`` of the self-attention heads, ``(H,)`` or ``(B, H)`` (Hugging Face
                 BART's ``layer_head_mask``); see :meth:`MultiHeadAttention.forward
                 <attnlab.nn.multihead.MultiHeadAttention.forward>`.

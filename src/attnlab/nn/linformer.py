@@ -58,6 +58,7 @@ __all__ = [
     "LinformerAttention",
     "Sharing",
     "linformer_attention",
+    "project_keys_values",
     "random_projection",
     "relative_error",
 ]
@@ -101,6 +102,73 @@ def random_projection(
     check_positive_int("n", n)
     r = torch.randn(k, n, generator=generator, dtype=dtype, device=device)
     return r * k**-0.5
+
+
+def project_keys_values(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor | None = None,
+    *,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linformer's projected keys and values ``E K`` and ``F V`` (Wang et al. 2020, eq. 7): the
+    ``k`` rows :func:`linformer_attention` attends over. Masked keys and values are zeroed
+    before the projection; projections longer than ``T_k`` are cut to their first ``T_k``
+    columns.
+
+    Args:
+        query: ``(..., H, T_q, D)`` (checked against the keys, and for the mask's shape).
+        key: ``(..., H_kv, T_k, D)``.
+        value: ``(..., H_kv, T_k, D_v)``.
+        e: ``E``, ``(k, n)`` or ``(H_kv, k, n)``, ``n >= T_k``.
+        f: ``F``, shaped like ``e``; default ``e``.
+        mask: boolean key mask broadcastable to ``(..., H, 1, T_k)``, or ``None``.
+
+    Returns:
+        ``(E K, F V)``.
+
+    Raises:
+        TypeError: a non-tensor or non-floating input, a non-boolean mask.
+        ValueError: mismatched shapes, projections shorter than ``T_k``, a per-query mask.
+
+    Shape:
+        key ``(B, H_kv, T_k, D)``, value ``(B, H_kv, T_k, D_v)`` → ``(B, H_kv, k, D)``,
+        ``(B, H_kv, k, D_v)``.
+    """
+    check_qkv(query, key, value)
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ArgumentError(
+            f"key and value must agree in (..., H_kv, T_k), got {shape_str(key.shape)} and "
+            f"{shape_str(value.shape)}"
+        )
+    t_k, h_kv = key.shape[-2], key.shape[-3] if key.dim() >= 3 else 1
+    e = _check_projection("e", e, t_k, h_kv)
+    f = e if f is None else _check_projection("f", f, t_k, h_kv)
+    if f.shape[:-1] != e.shape[:-1]:
+        raise ArgumentError(
+            f"f must have the shape of e in its leading dims (..., k), got {shape_str(f.shape)} "
+            f"and {shape_str(e.shape)}"
+        )
+    heads = query.shape[-3] if query.dim() >= 3 else 1
+    batch = query.shape[0] if query.dim() >= 4 else 1
+    m = key_mask(mask, batch, heads, t_k, "Linformer attention")
+    if m is not None:
+        if m.shape[1] != 1 and m.shape[1] != h_kv:
+            raise ArgumentError(
+                f"mask has {m.shape[1]} heads but the keys have H_kv = {h_kv}: a per-head key mask "
+                f"must match the key/value heads"
+            )
+        # masked keys and values contribute nothing to E K and F V (NaN in padding included)
+        m = m[..., None]  # (B or 1, H or 1, T_k, 1)
+        key = key.masked_fill(~m, 0.0)
+        value = value.masked_fill(~m, 0.0)
+    e_t, f_t = e[..., :t_k].to(key.dtype), f[..., :t_k].to(value.dtype)
+    # K̄ = E K,  V̄ = F V: the sequence axis projected to k rows          (B, H_kv, k, D)
+    k_bar = e_t @ key
+    v_bar = f_t @ value
+    return k_bar, v_bar
 
 
 def linformer_attention(
@@ -156,37 +224,7 @@ def linformer_attention(
         >>> linformer_attention(q, k, v, e).shape
         torch.Size([2, 4, 100, 16])
     """
-    check_qkv(query, key, value)
-    if key.shape[:-1] != value.shape[:-1]:
-        raise ArgumentError(
-            f"key and value must agree in (..., H_kv, T_k), got {shape_str(key.shape)} and "
-            f"{shape_str(value.shape)}"
-        )
-    t_k, h_kv = key.shape[-2], key.shape[-3] if key.dim() >= 3 else 1
-    e = _check_projection("e", e, t_k, h_kv)
-    f = e if f is None else _check_projection("f", f, t_k, h_kv)
-    if f.shape[:-1] != e.shape[:-1]:
-        raise ArgumentError(
-            f"f must have the shape of e in its leading dims (..., k), got {shape_str(f.shape)} "
-            f"and {shape_str(e.shape)}"
-        )
-    heads = query.shape[-3] if query.dim() >= 3 else 1
-    batch = query.shape[0] if query.dim() >= 4 else 1
-    m = key_mask(mask, batch, heads, t_k, "Linformer attention")
-    if m is not None:
-        if m.shape[1] != 1 and m.shape[1] != h_kv:
-            raise ArgumentError(
-                f"mask has {m.shape[1]} heads but the keys have H_kv = {h_kv}: a per-head key mask "
-                f"must match the key/value heads"
-            )
-        # masked keys and values contribute nothing to E K and F V (NaN in padding included)
-        m = m[..., None]  # (B or 1, H or 1, T_k, 1)
-        key = key.masked_fill(~m, 0.0)
-        value = value.masked_fill(~m, 0.0)
-    e_t, f_t = e[..., :t_k].to(key.dtype), f[..., :t_k].to(value.dtype)
-    # K̄ = E K,  V̄ = F V: the sequence axis projected to k rows          (B, H_kv, k, D)
-    k_bar = e_t @ key
-    v_bar = f_t @ value
+    k_bar, v_bar = project_keys_values(query, key, value, e, f, mask=mask)
     return scaled_dot_product_attention(
         query,
         k_bar,
@@ -375,22 +413,56 @@ class LinformerAttention(MultiHeadAttention):
                 f"{self.max_len}"
             )
         e, f = self.projections()
+        # K̄ = E K, V̄ = F V (hidden keys zeroed first)                         (B, H_kv, k, d_head)
+        k_bar, v_bar = project_keys_values(q, k, v, e, f, mask=call.mask)
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks for the caller's need_weights (after the projection nothing is
         # masked: hidden keys were zeroed), and it returns exact weights as well
-        backend = choose_backend(self.backend, call.need_weights, Masking(None, None, None))
-        return linformer_attention(
+        nothing = Masking(None, None, None)
+        backend = choose_backend(self.backend, call.need_weights, nothing)
+        # softmax(Q K̄ᵀ / √d_head) V̄                                          (B, H, T_q, d_head)
+        result = scaled_dot_product_attention(
             q,
-            k,
-            v,
-            e,
-            f,
-            mask=call.mask,
+            k_bar,
+            v_bar,
             scale=self.d_head**-0.5,
             dropout_p=self.dropout if self.training else 0.0,
             backend=backend,  # type: ignore[arg-type]
-            need_weights=call.need_weights or self.hook_weights.active,
+            need_weights=call.need_weights or self.hook_weights.active,  # type: ignore[call-overload]
         )
+        if self.hook_call.active:
+            e_h, f_h = self.head_projections(t_k)
+            hidden = key_mask(call.mask, q.shape[0], self.num_heads, t_k, "Linformer attention")
+            self.emit_call(
+                call, q, k_bar, v_bar, nothing, result, method="linformer",
+                key_projection=e_h, value_projection=f_h, key_mask=hidden,
+            )  # fmt: skip
+        return result
+
+    def head_projections(self, t_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``E`` and ``F`` of each query head, cut to the ``T_k`` keys of a call: what
+        :class:`~attnlab.nn.resolved_call.ResolvedCall` carries as ``key_projection`` and
+        ``value_projection`` (shared or per-key/value-head projections repeated to the heads).
+
+        Args:
+            t_k: the call's key length ``T_k <= max_len``.
+
+        Returns:
+            ``(E, F)`` per query head (detached).
+
+        Shape:
+            ``(H, k, T_k)`` each.
+        """
+        heads, group = self.num_heads, self.num_heads // self.num_kv_heads
+
+        def per_head(p: torch.Tensor) -> torch.Tensor:
+            p = p[..., :t_k].detach()
+            if p.dim() == 2:  # one projection for every head               (k, T_k)
+                return p.expand(heads, *p.shape).contiguous()
+            return p.repeat_interleave(group, dim=0)  # one per key/value head → (H, k, T_k)
+
+        e, f = self.projections()
+        return per_head(e), per_head(f)
 
     def new_cache(self, batch: int, capacity: int, **kwargs: Any) -> LayerCache:
         """Linformer keeps no cache: every key enters every projected row.

@@ -21,6 +21,7 @@ the keys of that row in the full forward.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Literal, cast
 
 import torch
@@ -34,11 +35,13 @@ from attnlab._checks import (
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
-from attnlab.nn.head_mask import check_head_mask
+from attnlab.nn.cache_policies import CrossKVCache, RollingKVCache
+from attnlab.nn.cache_view import CacheView
+from attnlab.nn.head_mask import check_head_mask, with_ablations
 from attnlab.nn.hooks import HookPoint
-from attnlab.nn.kv_cache import KVCache, LayerCache, last_keys
+from attnlab.nn.kv_cache import KVCache, KVCachePolicy, LayerCache
 from attnlab.nn.mask_spec import Masking, normalize_mask
-from attnlab.nn.masks import BlockLayout, Window, combine, normalize_window
+from attnlab.nn.masks import BlockLayout, Window, normalize_window
 from attnlab.nn.multihead_call import AttentionCall, check_inputs
 
 if TYPE_CHECKING:
@@ -65,7 +68,7 @@ class MultiHeadAttention(nn.Module):
             before it) or ``(left, right)``, see :func:`attnlab.scaled_dot_product_attention`.
             Stored as :attr:`window`, in the form ``(left, right)``; ``forward(window=...)``
             overrides it for one call. With a KV cache, a cache made with
-            ``KVCache(..., window=left)`` keeps only the keys the window can still reach.
+            ``RollingKVCache(..., window=left)`` keeps only the keys the window can still reach.
         block_mask: block-sparse attention for every call: ``None`` (default) or a
             :class:`~attnlab.nn.masks.BlockLayout` (e.g. :func:`attnlab.masks.bigbird_layout`)
             over the longest sequence the layer will see (a model's ``n_positions``). A call over
@@ -73,7 +76,7 @@ class MultiHeadAttention(nn.Module):
             causal rule); a causal layout also hides future keys. Stored as :attr:`block_mask`;
             ``forward(block_mask=...)`` overrides it for one call. ``"auto"`` then runs the
             blockwise backend, which visits only the visible blocks. Not with a rolling KV cache
-            (``KVCache(window=...)``): the layout counts every position.
+            (``RollingKVCache``): the layout counts every position.
         device: where to create the parameters; default the current default device.
         dtype: dtype of the parameters; default the current default dtype.
 
@@ -100,6 +103,7 @@ class MultiHeadAttention(nn.Module):
     #: the block-sparse layout ``forward`` applies (cropped to ``T_k``) when ``block_mask`` is
     #: not given
     block_mask: BlockLayout | None = None
+    head_ablations: tuple[torch.Tensor, ...] = ()  #: ξ ``(H,)`` of ``inspect.masked_heads``
 
     def __init__(
         self,
@@ -267,7 +271,7 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         is_causal: bool | None = None,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: LayerCache | None = None,
         positions: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         check_positions: bool = True,
@@ -286,9 +290,11 @@ class MultiHeadAttention(nn.Module):
                 takes the layer's own default, :attr:`causal` (``False`` here, ``True`` for GPT's
                 self-attention).
             need_weights: also return the per-head weights ``(B, H, T_q, T_k)``.
-            cache: a :class:`~attnlab.nn.kv_cache.KVCache`. Self-attention appends the new
-                keys/values to it; a static (cross-attention) cache is filled on first use and
-                reused afterwards.
+            cache: a KV cache policy (:class:`~attnlab.nn.kv_cache.KVCache`, a rolling or sink
+                cache, :mod:`attnlab.nn.cache_policies`): self-attention hands it the new
+                keys/values (``update``); a cross-attention call needs a
+                :class:`~attnlab.nn.cache_policies.CrossKVCache`, filled on first use and reused
+                afterwards.
             positions: position ids ``(B, T_q)`` or ``(T_q,)`` for rotary embeddings; default
                 ``cache.length + arange(T_q)``.
             head_mask: ``ξ`` broadcastable to ``(B, H)`` (``(H,)`` or ``(B, H)``), floating or
@@ -337,15 +343,15 @@ class MultiHeadAttention(nn.Module):
             memory=key if cross else None,
         )
         self.check_call(call)
-        xi = (
-            None
-            if head_mask is None
-            else check_head_mask(head_mask, query.shape[0], self.num_heads)
-        )
+        head_mask = self._ablated(head_mask)  # masked_heads' ξ (head_ablations), in order
+        xi = None if head_mask is None else check_head_mask(head_mask, len(query), self.num_heads)
         q, k, v = self.heads(query, key, value, call)
         result = self.attend_heads(q, k, v, call)
         z, weights = result if isinstance(result, tuple) else (result, None)
         return self._merge_heads(z, weights, xi, need_weights)
+
+    def _ablated(self, head_mask: torch.Tensor | None) -> torch.Tensor | None:
+        return with_ablations(head_mask, self.head_ablations)
 
     # -- the seam: what a variant of attention overrides --
 
@@ -357,11 +363,18 @@ class MultiHeadAttention(nn.Module):
             call: the call's options (:class:`AttentionCall`).
 
         Raises:
-            ValueError: a cache this layer cannot use (see :meth:`check_cache`), or a block
-                layout with a rolling cache.
+            ValueError: a cache this layer cannot use (see :meth:`check_cache`), a
+                cross-attention cache on self-attention or the reverse, or a block layout with
+                a cache that evicts.
         """
         if call.cache is not None:
             self.check_cache(call.cache)
+            if call.cross != isinstance(call.cache, CrossKVCache):
+                kind, need = ("cross", "a CrossKVCache") if call.cross else ("self", "a KVCache")
+                raise ArgumentError(
+                    f"cache: a {kind}-attention call needs {need} (or another {kind}-attention "
+                    f"cache policy), got {type(call.cache).__name__}"
+                )
         self._layout(call.block_mask, call.cache)
 
     def heads(
@@ -372,8 +385,10 @@ class MultiHeadAttention(nn.Module):
         call: AttentionCall,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``Q``, ``K``, ``V`` with the heads split, rotated (rotary embeddings, self-attention
-        only), ``Q`` through ``hook_q``; ``K``, ``V`` are ``None`` when a static (cross-attention)
-        cache already holds them.
+        only), ``Q`` through ``hook_q``; ``K``, ``V`` are ``None`` when a filled
+        :class:`~attnlab.nn.cache_policies.CrossKVCache` already holds them. The queries turn by
+        the places the cache gives (``query_places``: a sink cache's, its keys turned after it),
+        else by ``positions`` or the next ``cache.length …``.
 
         Args:
             query: ``(B, T_q, d_model)``.
@@ -388,20 +403,16 @@ class MultiHeadAttention(nn.Module):
             q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_k, d_head)``.
         """
         cache, cross = call.cache, call.cross
-        cached_kv = cross and cache is not None and cache.static  # cross K/V computed once
+        # a filled cross-attention cache holds the memory's K, V: computed once
+        cached_kv = cross and isinstance(cache, CrossKVCache) and cache.filled
         q, k, v = self.project_qkv(
             query, key if cross else None, value if cross else None, project_kv=not cached_kv
         )
         q = self.hook_q(self._split_heads(q, self.num_heads))
         if k is not None and v is not None:
             k, v = self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
-        if self.rotary is not None and not cross and k is not None:
-            if cache is not None and getattr(cache, "streaming", False):
-                # a sink cache: places within the cache; its keys are turned after it
-                q = self._rotate_queries(q, cast(KVCache, cache))
-            else:
-                past = cache.length if cache is not None and not cache.static else 0
-                q, k = self._rotate(q, k, call.positions, past, call.check_positions)
+        if not cross and k is not None:
+            q, k = self._rotate(q, k, call)
         return q, k, v
 
     def attend_heads(
@@ -435,7 +446,8 @@ class MultiHeadAttention(nn.Module):
         Shape:
             q ``(B, H, T_q, d_head)``; k, v ``(B, H_kv, T_new, d_head)``.
         """
-        k, v, mask = self._with_cache(k, v, call)
+        view = self._with_cache(k, v, call)
+        k, v = view.keys, view.values
         if k.dtype != q.dtype:  # e.g. an fp32 cache read under bf16 autocast
             k, v = k.to(q.dtype), v.to(q.dtype)
         k, v = self.hook_k(k), self.hook_v(v)
@@ -443,7 +455,8 @@ class MultiHeadAttention(nn.Module):
         # per head: softmax(Q Kᵀ / √d_head + M) V                      (B, H, T_q, d_head)
         want_weights = call.need_weights or self.hook_weights.active
         # q, k, v are built here, consistent by construction: only the mask needs checking
-        masking = normalize_mask(q, k, mask, call.is_causal, call.window, layout)
+        window = None if view.window_in_mask else call.window  # a static cache's own mask
+        masking = normalize_mask(q, k, view.mask, view.is_causal, window, layout)
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks when no weights are wanted; it returns exact weights as well
         backend = choose_backend(
@@ -487,36 +500,22 @@ class MultiHeadAttention(nn.Module):
 
     def _with_cache(
         self, k: torch.Tensor | None, v: torch.Tensor | None, call: AttentionCall
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The keys and values the queries see, and the mask over them: the new ones appended
-        to a KV cache (a rolling cache keeps the last positions, and so does the mask), or a
-        static cache's."""
-        cache, mask = call.cache, call.mask
-        if cache is not None:
-            if call.cross and k is None:
-                k, v = cache.keys, cache.values
-            elif call.cross and k is not None and v is not None:
-                k, v = cache.set_static(k, v)
-            elif k is not None and v is not None and getattr(cache, "streaming", False):
-                cache.check_attention(call.window, call.is_causal)
-                n = k.shape[-2]
-                k, v = cache.append(k, v)  # unrotated: [sinks | last window | new]
-                places, visible = cache.key_places(n)  # 0 … K − 1 (sinks per row: its own)
-                if self.rotary is not None:  # turned by their places in the cache
-                    k = self.hook_rot_k(self.rotary(k, places, check=False))
-                if visible is not None:  # each row sees its own sinks only
-                    mask = combine(mask, visible[:, None, None])
-            elif k is not None and v is not None:
-                if cache.window is not None:
-                    cache.check_attention(call.window, call.is_causal)
-                k, v = cache.append(k, v)
-                if mask is not None and k.shape[-2] < cache.length:
-                    # a rolling cache holds the last positions only: so does the mask, whose
-                    # last dim counts every position (T_past + T_q)
-                    mask = last_keys(mask, k.shape[-2], cache.length)
-        if k is None or v is None:  # unreachable: only a static cache skips the projection
-            raise RuntimeError("keys and values were neither projected nor cached")
-        return k, v, mask
+    ) -> CacheView:
+        """The keys and values the queries see, and the mask over them: the cache's
+        ``update`` (its policy decides what it keeps and hands on), the keys turned by the
+        places it gives (a sink cache stores them unrotated); without a cache, the call's own."""
+        cache = call.cache
+        if cache is None:
+            if k is None or v is None:  # unreachable: only a filled cache skips the projection
+                raise RuntimeError("keys and values were neither projected nor cached")
+            return CacheView(k, v, call.mask, call.is_causal)
+        view = cast(KVCachePolicy, cache).update(
+            k, v, call.mask, window=call.window, is_causal=call.is_causal
+        )
+        if view.key_places is not None and self.rotary is not None:
+            keys = self.hook_rot_k(self.rotary(view.keys, view.key_places, check=False))
+            view = dataclasses.replace(view, keys=keys)
+        return view
 
     # -- decoding: each layer makes and checks its own cache --
 
@@ -529,8 +528,9 @@ class MultiHeadAttention(nn.Module):
         device: torch.device | str | None = None,
     ) -> LayerCache:
         """An empty decoding cache for this layer: a :class:`~attnlab.nn.kv_cache.KVCache` of
-        ``capacity`` positions, a rolling one of ``w`` positions under a causal window
-        ``(w, 0)`` (older keys are never read again), every position under a block layout.
+        ``capacity`` positions, a :class:`~attnlab.nn.cache_policies.RollingKVCache` of ``w``
+        positions under a causal window ``(w, 0)`` (older keys are never read again), every
+        position under a block layout.
 
         Args:
             batch: ``B``.
@@ -542,16 +542,38 @@ class MultiHeadAttention(nn.Module):
             The cache.
         """
         weight = self.qkv_parameters()[0]
+        dtype, device = dtype or weight.dtype, device or weight.device
+        shape = (batch, self.num_kv_heads, capacity, self.d_head)
         left, right = (None, None) if self.window is None else self.window
-        rolling = left if right == 0 and self.block_mask is None else None
-        return KVCache(
-            batch,
-            self.num_kv_heads,
-            capacity,
-            self.d_head,
-            dtype=weight.dtype if dtype is None else dtype,
-            device=weight.device if device is None else device,
-            window=rolling,
+        if left is not None and right == 0 and self.block_mask is None:
+            return RollingKVCache(*shape, window=left, dtype=dtype, device=device)
+        return KVCache(*shape, dtype=dtype, device=device)
+
+    def new_cross_cache(
+        self,
+        batch: int,
+        src_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> CrossKVCache:
+        """An empty cache for this layer used as cross-attention: a
+        :class:`~attnlab.nn.cache_policies.CrossKVCache` of ``src_len`` source positions,
+        filled by the first call from the memory.
+
+        Args:
+            batch: ``B``.
+            src_len: the most source positions ``T_src``.
+            dtype: default the parameters' dtype.
+            device: default the parameters' device.
+
+        Returns:
+            The cache.
+        """
+        weight = self.qkv_parameters()[0]
+        dtype, device = dtype or weight.dtype, device or weight.device
+        return CrossKVCache(
+            batch, self.num_kv_heads, src_len, self.d_head, dtype=dtype, device=device
         )
 
     def check_cache(self, cache: object) -> None:
@@ -561,15 +583,19 @@ class MultiHeadAttention(nn.Module):
             cache: what a caller passed as ``cache``.
 
         Raises:
-            ValueError: not a :class:`~attnlab.nn.kv_cache.KVCache` (e.g. another kind's cache).
+            ValueError: not a KV cache policy (:class:`~attnlab.nn.kv_cache.KVCachePolicy`:
+                a :class:`~attnlab.nn.kv_cache.KVCache` or another policy with ``update``; e.g.
+                another kind's cache).
         """
-        if not isinstance(cache, KVCache):
+        # a KVCachePolicy (not isinstance: a runtime Protocol's costs ~90 µs a layer a step)
+        if not callable(getattr(cache, "update", None)):
             raise ArgumentError(
-                f"cache must be a KVCache for {type(self).__name__} (made by its new_cache, or "
-                f"a model's new_cache), got {type(cache).__name__}"
+                f"cache must be a KV cache (KVCache, or a policy with update: RollingKVCache, "
+                f"SinkKVCache, CrossKVCache) for {type(self).__name__} (made by its new_cache, "
+                f"or a model's new_cache), got {type(cache).__name__}"
             )
 
-    def _layout(self, block_mask: object, cache: KVCache | None) -> BlockLayout | None:
+    def _layout(self, block_mask: object, cache: LayerCache | None) -> BlockLayout | None:
         """The call's block layout, checked before the cache changes: ``block_mask``
         (``None``: the layer's own, ``False``: none), not yet cropped."""
         if block_mask is None:
@@ -581,10 +607,10 @@ class MultiHeadAttention(nn.Module):
                 f"block_mask must be an attnlab.masks.BlockLayout, None (the layer's own) or "
                 f"False (none for this call), got {block_mask!r}"
             )
-        if cache is not None and cache.window is not None and not cache.static:
+        if cache is not None and not getattr(cache, "keeps_all", True):  # a cache that evicts
             raise ArgumentError(
-                f"a block_mask counts every position, but the cache keeps only the last "
-                f"{cache.window} (KVCache(window={cache.window})); use a cache without a window"
+                f"a block_mask counts every position, but the cache keeps only the last ones "
+                f"({cache!r}); use a KVCache"
             )
         return block_mask
 
@@ -628,43 +654,39 @@ class MultiHeadAttention(nn.Module):
             return out, weights
         return out
 
-    def _rotate_queries(self, q: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """The new queries turned by their places ``start …`` in a sink cache."""
-        rotary = cast("RotaryEmbedding", self.rotary)
-        t_q, start = q.shape[-2], cache.next_position  # the largest place of any row
-        if start + t_q > rotary.max_len:
-            raise ArgumentError(
-                f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
-                f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
-            )
-        return self.hook_rot_q(rotary(q, cache.query_places(t_q).to(q.device), check=False))
-
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``(B, T, heads · d_head)`` → ``(B, heads, T, d_head)``."""
         return x.unflatten(-1, (heads, self.d_head)).transpose(1, 2)
 
     def _rotate(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None,
-        past: int,
-        check: bool,
+        self, q: torch.Tensor, k: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary embedding of the new queries and keys (before the keys enter the cache)."""
-        rotary = self.rotary
+        """Rotary embedding of the new queries and keys (before the keys enter the cache): at
+        the places the cache gives (a sink cache's; its keys are turned after it, by the view's
+        ``key_places``), else at ``call.positions``, else the next ``cache.length …``."""
+        rotary, cache, t_q = self.rotary, call.cache, q.shape[-2]
         if rotary is None:
             return q, k
-        t_q = q.shape[-2]
+        places = None if cache is None else cache.query_places(t_q)
+        if places is not None:  # the largest first place of any row is known on the host
+            if (start := cache.next_position) + t_q > rotary.max_len:
+                raise ArgumentError(
+                    f"a sink cache gives the new tokens places up to {start + t_q - 1}, past the "
+                    f"rotary table's {rotary.max_len}: make sinks + window + new tokens fit it"
+                )
+            return self.hook_rot_q(rotary(q, places.to(q.device), check=False)), k
+        positions, check = call.positions, call.check_positions
         if positions is None:  # the next T_q positions: their range is known on the host
+            past = 0 if cache is None else cache.length
             if past + t_q > rotary.max_len:
                 raise ArgumentError(
                     f"positions must lie in [0, {rotary.max_len}) (the rotary table's length, "
                     f"max_len = {rotary.max_len}), got values up to {past + t_q - 1}"
                 )
             positions, check = torch.arange(past, past + t_q, device=q.device), False
-        q = self.hook_rot_q(rotary(q, positions, check=check))
-        k = self.hook_rot_k(rotary(k, positions, check=False))
+        with rotary.shared_angles():  # the queries' angles serve the keys
+            q = self.hook_rot_q(rotary(q, positions, check=check))
+            k = self.hook_rot_k(rotary(k, positions, check=False))
         return q, k
 
     @classmethod

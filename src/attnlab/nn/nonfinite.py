@@ -79,16 +79,20 @@ def guard_nonfinite(
         # (and in compiled code, whose graphs must not branch on values)
         return query, key, value, None
     t_q, t_k = query.shape[-2], key.shape[-2]
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    grad = torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+    )
     # every row sees the same keys (those no row sees are zeroed already): a non-finite key or
     # value then reaches the rows through the backend itself, and only the queries are checked —
     # without a gradient only: an infinite key scored −∞ leaves a row finite, and the backends'
     # backward passes do not keep the rule
     alike = not grad and _rows_alike(masking, t_k)
-    # a NaN or an inf makes its sum non-finite: one cheap reduction per input (a finite sum
-    # that overflows only sends the call down the guarded path, which is exact as well)
-    total = query.sum() if alike else query.sum() + key.sum() + value.sum()
-    if math.isfinite(total.item()):
+    # a NaN or an inf makes its sum non-finite: one cheap reduction per input, read on the host
+    # (no device to wait for; a finite sum that overflows only sends the call down the guarded
+    # path, which is exact as well)
+    if math.isfinite(query.sum().item()) and (
+        alike or (math.isfinite(key.sum().item()) and math.isfinite(value.sum().item()))
+    ):
         return query, key, value, None
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     bad_q = ~torch.isfinite(query).all(dim=-1)  # (..., H, T_q)

@@ -43,9 +43,15 @@ class RMSNorm(nn.Module):
             ``(..., d_model)`` → ``(..., d_model)``.
         """
         # y = g ⊙ x / √(mean(x²) + ε)
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        wide = x.dtype in (torch.float32, torch.float64)  # no cast to do (a cast is a call)
+        half = x.dtype in (torch.bfloat16, torch.float16)
+        h = (
+            x
+            if wide
+            else x.to(torch.float32 if half else torch.promote_types(x.dtype, torch.float32))
+        )
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h if wide else h.to(x.dtype))
 
     def extra_repr(self) -> str:
         """The width and ``ε``, as ``print(model)`` shows them.

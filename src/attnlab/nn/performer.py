@@ -56,119 +56,22 @@ from attnlab.nn.mask_spec import Masking
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.multihead_call import AttentionCall
 from attnlab.nn.nonfinite import guard_nonfinite, poison_rows
+from attnlab.nn.random_features import (
+    _exponents,
+    _kept_keys,
+    _phi,
+    favor_features,
+    orthogonal_random_features,
+    softmax_features,
+)
 
 __all__ = [
     "PerformerAttention",
     "favor_attention",
+    "favor_features",
     "orthogonal_random_features",
     "softmax_features",
 ]
-
-
-def orthogonal_random_features(
-    m: int,
-    d: int,
-    *,
-    generator: torch.Generator | None = None,
-    orthogonal: bool = True,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    """``m`` random feature directions ``ω`` for FAVOR+ (Choromanski et al. 2021, §2.4).
-
-    Rows come in blocks of ``d``: each block is a uniformly random orthogonal matrix (QR of a
-    Gaussian matrix, signs fixed by ``diag(R)`` so that it is Haar-distributed), the last block
-    cut to the rows left; each row is then scaled to the norm of an independent ``N(0, I_d)``
-    vector (chi-distributed with ``d`` degrees of freedom), so that every row is marginally
-    ``N(0, I_d)`` (the estimator stays unbiased) while rows within a block are exactly orthogonal.
-
-    Args:
-        m: number of features (rows).
-        d: dimension of the queries and keys (columns).
-        generator: the random generator; default the global one.
-        orthogonal: ``False`` draws i.i.d. Gaussian rows instead (plain random features).
-        dtype: element type; default the current default dtype. Drawn in float64.
-        device: where to put the result; default the current default device.
-
-    Returns:
-        ``W``, one direction ``ω`` per row.
-
-    Shape:
-        ``(m, d)``.
-
-    Examples:
-        >>> w = orthogonal_random_features(8, 4, generator=torch.Generator().manual_seed(0))
-        >>> w.shape
-        torch.Size([8, 4])
-    """
-    check_positive_int("m", m)
-    check_positive_int("d", d)
-    f64 = torch.float64
-    if not orthogonal:
-        w = torch.randn(m, d, generator=generator, dtype=f64)
-    else:
-        blocks = []
-        for _ in range(math.ceil(m / d)):
-            g = torch.randn(d, d, generator=generator, dtype=f64)
-            q, r = torch.linalg.qr(g)
-            q = q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
-            blocks.append(q.T)  # rows orthonormal
-        norms = torch.randn(m, d, generator=generator, dtype=f64).norm(dim=-1)  # ~ chi(d)
-        w = torch.cat(blocks)[:m] * norms[:, None]
-    return w.to(dtype=dtype or torch.get_default_dtype(), device=device)
-
-
-def softmax_features(
-    x: torch.Tensor,
-    features: torch.Tensor,
-    *,
-    scale: float = 1.0,
-    stabilize: str = "row",
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The positive random features ``φ(x) = exp(W x' − ‖x'‖²/2 − c) / √m`` of ``x' = √scale · x``.
-
-    ``φ(q)ᵀ φ(k) · e^{c_q + c_k}`` estimates ``exp(scale · qᵀk)`` (Lemma 1); the stabiliser ``c``
-    cancels in attention's normalisation when it is the same for all keys.
-
-    Args:
-        x: queries or keys ``(..., T, d)``.
-        features: ``W`` ``(m, d)`` (:func:`orthogonal_random_features`).
-        scale: the score scale the features absorb (``1/√d`` for attention). Default ``1.0``.
-        stabilize: ``"row"`` (``c`` = each row's maximum exponent: for queries), ``"all"``
-            (``c`` = one maximum over the last two dims: for keys) or ``"none"`` (``c = 0``).
-        mask: ``None`` or boolean ``(..., T)``, ``True = keep``: masked rows get ``φ = 0`` and
-            are left out of the maximum.
-
-    Returns:
-        ``φ(x)``, non-negative.
-
-    Shape:
-        x ``(..., T, d)``, features ``(m, d)``, mask ``(..., T)`` → ``(..., T, m)``.
-    """
-    if stabilize not in ("row", "all", "none"):
-        raise ArgumentError(f"stabilize must be one of 'row', 'all', 'none', got {stabilize!r}")
-    logits = _exponents(x, features, scale, mask)  # (..., T, m)
-    if stabilize != "none":
-        dims = (-1,) if stabilize == "row" else (-2, -1)
-        c = logits.detach().amax(dim=dims, keepdim=True)
-        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # a fully masked row/head
-        logits = logits - c
-    return torch.exp(logits) * features.shape[0] ** -0.5
-
-
-def _exponents(
-    x: torch.Tensor, features: torch.Tensor, scale: float, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """The exponents ``ωᵀx' − ‖x'‖²/2`` of the features of ``x' = √scale · x``, ``−∞`` at masked
-    rows: ``(..., T, d)`` → ``(..., T, m)``."""
-    w = features.to(x.dtype)
-    x = x * math.sqrt(scale)
-    # ωᵀx − ‖x‖²/2                                                        (..., T, m)
-    logits = x @ w.T - x.square().sum(-1, keepdim=True) / 2
-    if mask is not None:
-        logits = logits.masked_fill(~mask[..., None], -math.inf)
-    return logits
 
 
 def favor_attention(
@@ -267,18 +170,14 @@ def favor_attention(
             q, k, v, features, is_causal, mask, scale, need_weights, chunk, state
         )
     k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (..., H, T_k, D)
-    batch = q.shape[0] if q.dim() >= 4 else 1
-    m = key_mask(mask, batch, h, t_k, "FAVOR+ attention")
-    keep = None
-    if m is not None:
-        keep = m.expand(*k.shape[:-2], t_k) if q.dim() == 4 else m.reshape(k.shape[:-1])
+    keep = _kept_keys(q, k, mask)
+    if keep is not None:
         v = v.masked_fill(~keep[..., None], 0.0)  # NaN in padding never reaches the output
     # NaN/inf reach exactly the rows that may see them (a future key's inf would make the keys'
     # stabiliser inf; a hidden value's inf, 0 · inf = NaN in the chunk products): finite inputs
     allowed, offset = None if keep is None else keep.unsqueeze(-2), t_k - t_q if is_causal else None
     q, k, v, reach = guard_nonfinite(q, k, v, Masking(allowed, None, offset))
-    phi_q = softmax_features(q, features, scale=scale, stabilize="row")  # (..., H, T_q, m)
-    phi_k = softmax_features(k, features, scale=scale, stabilize="all", mask=keep)  # (…, T_k, m)
+    phi_q, phi_k = _phi(q, k, features, scale, keep)  # (..., H, T_q | T_k, m)
 
     if not is_causal:
         kv = phi_k.transpose(-2, -1) @ v  # φ(K)ᵀ V                              (..., H, m, D_v)
@@ -600,7 +499,7 @@ class PerformerAttention(MultiHeadAttention):
             # one draw per key, shared by every query: Σ_j a_ij (δ_j / (1 − p)) v_j
             keep = torch.full((*v.shape[:-1], 1), 1.0 - self.dropout, device=v.device)
             v = v * torch.bernoulli(keep).to(v.dtype) / (1.0 - self.dropout)
-        return favor_attention(
+        result = favor_attention(
             q,
             k,
             v,
@@ -610,6 +509,35 @@ class PerformerAttention(MultiHeadAttention):
             scale=self.d_head**-0.5,
             need_weights=call.need_weights or self.hook_weights.active,
             state=state,
+        )
+        if self.hook_call.active:
+            self._emit_favor(call, q, k, v, mask, result)
+        return result
+
+    def _emit_favor(
+        self,
+        call: AttentionCall,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        result: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """The resolved call of FAVOR+ (``method="favor"``): ``φ(q)``, ``φ(k)`` from
+        :func:`favor_features`, the key mask and the causal rule as its masking. With a
+        :class:`~attnlab.nn.kv_cache.PerformerState` its keys are the new ones only (the state
+        holds the sums of the others)."""
+        scale = self.d_head**-0.5
+        phi_q, phi_k = favor_features(q, k, self.features, mask=mask, scale=scale)
+        keep = _kept_keys(q, repeat_kv(k, self.num_heads // self.num_kv_heads), mask)
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        masking = Masking(
+            None if keep is None else keep.unsqueeze(-2),  # (B, H, 1, T_k)
+            None,
+            t_k - t_q if call.is_causal else None,
+        )
+        self.emit_call(
+            call, q, k, v, masking, result, method="favor", q_features=phi_q, k_features=phi_k
         )
 
     def new_cache(

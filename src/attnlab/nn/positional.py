@@ -5,7 +5,9 @@ Attention itself is permutation-equivariant; these tell it where tokens are.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -198,6 +200,10 @@ class RotaryEmbedding(nn.Module):
         self.base, self.scaling = base, scaling
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
+        # (positions, dtype, (cos, sin)) computed inside shared_angles(), else None
+        self._memo: (
+            list[tuple[torch.Tensor, torch.dtype, tuple[torch.Tensor, torch.Tensor]]] | None
+        ) = None
         self.reset_tables()
 
     def reset_tables(self, device: torch.device | str | None = None) -> None:
@@ -249,20 +255,83 @@ class RotaryEmbedding(nn.Module):
             raise ArgumentError(f"x has head dim {x.shape[-1]}, expected d_head = {self.d_head}")
         if check:
             _check_range(positions, self.max_len)
-        work = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = self.cos[positions].to(work), self.sin[positions].to(work)  # (.., T, r/2)
-        if positions.dim() == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r/2): broadcast over heads
+        work = _work_dtype(x.dtype)
+        cos, sin = self._angles(positions, work)  # (.., T, r), each angle once per pair
         r = self.rotary_dim
-        turned, rest = x[..., :r].to(work), x[..., r:]
+        turned = x if r == x.shape[-1] else x[..., :r]
+        if turned.dtype != work:
+            turned = turned.to(work)
+        # (x_a, x_b) → (x_a cos − x_b sin, x_b cos + x_a sin) for each pair, written as
+        # x · cos + turn(x) · sin with turn(x_a, x_b) = (−x_b, x_a): the same numbers (a − b and
+        # a + (−b) round alike), fewer operations
         if self.pairing == "interleaved":
             x1, x2 = turned[..., 0::2], turned[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        else:  # halves: x · cos + rotate_half(x) · sin, rotate_half(x) = (−x_2, x_1)
+            swapped = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        else:  # halves: rotate_half(x) = (−x_2, x_1)
             x1, x2 = turned[..., : r // 2], turned[..., r // 2 :]
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        out = out.to(x.dtype)
-        return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+            swapped = torch.cat((-x2, x1), dim=-1)
+        out = turned * cos + swapped * sin
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
+
+    def _angles(
+        self, positions: torch.Tensor, work: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` of the positions' angles, one per rotated dimension (each pair's
+        angle twice, in the pairing's order), in ``work``; computed once per positions tensor
+        and dtype inside :meth:`shared_angles`.   positions ``(T,)`` or ``(B, T)`` →
+        ``(T, r)`` or ``(B, 1, T, r)``."""
+        memo = None if torch.compiler.is_compiling() else getattr(self, "_memo", None)
+        if memo is not None:
+            for seen, dtype, angles in memo:
+                if seen is positions and dtype == work:
+                    return angles
+        cos, sin = self.cos[positions], self.sin[positions]  # (.., T, r/2)
+        if self.pairing == "interleaved":
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        else:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        if cos.dtype != work:
+            cos, sin = cos.to(work), sin.to(work)
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r): broadcast over heads
+        if memo is not None:
+            memo.append((positions, work, (cos, sin)))
+        return cos, sin
+
+    @contextlib.contextmanager
+    def shared_angles(self) -> Iterator[None]:
+        """Compute the angles of a positions tensor once for every call inside the block: a
+        model's layers share one rotary embedding and one positions tensor per forward (the
+        caller must not change the positions in place inside it). Nothing is shared while
+        ``torch.compile`` traces; a nested block shares the outer one's angles.
+
+        Yields:
+            Nothing; the shared angles are dropped on exit.
+        """
+        if getattr(self, "_memo", None) is not None or torch.compiler.is_compiling():
+            yield
+            return
+        self._memo = []
+        try:
+            yield
+        finally:
+            self._memo = None
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype rotary embeddings compute in: float32, or float64 for float64 inputs."""
+    return _WORK.get(dtype) or torch.promote_types(dtype, torch.float32)
+
+
+# the usual dtypes' work dtype without a call into PyTorch (one per rotation of a decoding step)
+_WORK = {
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+    torch.bfloat16: torch.float32,
+    torch.float16: torch.float32,
+}
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

@@ -67,15 +67,17 @@ class ResolvedCall:
         output: the per-head outputs ``z`` (before the head mask and ``W^O``).
         key_projection: Linformer's ``E`` per query head, else ``None``.
         value_projection: Linformer's ``F`` per query head, else ``None``.
+        key_mask: Linformer's key mask as the projection applied it (hidden keys and values
+            were zeroed before ``E K``, ``F V``), or ``None`` (no mask, or another method).
         q_features: FAVOR+'s ``φ(q)``, else ``None``.
         k_features: FAVOR+'s ``φ(k)``, else ``None``.
 
     Shape:
         query_input ``(B, T_q, d_model)``; key_input ``(B, T_k, d_model)``; q
         ``(B, H, T_q, d_head)``; k ``(B, H_kv, T_k, d_head)``; v ``(B, H_kv, T_k, d_v)``
-        (Linformer: ``(B, H, k, ·)``); weights ``(B, H, T_q, T_k)``; output
-        ``(B, H, T_q, d_v)``; key/value projections ``(H, k, T_k)``; features
-        ``(B, H, T, m)``.
+        (Linformer: ``(B, H_kv, k, ·)``); weights ``(B, H, T_q, T_k)``; output
+        ``(B, H, T_q, d_v)``; key/value projections ``(H, k, T_k)``; key_mask
+        ``(B or 1, H or 1, T_k)``; features ``(B, H, T, m)``.
     """
 
     query_input: torch.Tensor
@@ -94,6 +96,7 @@ class ResolvedCall:
     output: torch.Tensor | None = None
     key_projection: torch.Tensor | None = None
     value_projection: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
     q_features: torch.Tensor | None = None
     k_features: torch.Tensor | None = None
 

@@ -1,8 +1,10 @@
 """The step panel: one head of attention computed and drawn step by step, from x to Z.
 
 :func:`step_panel` draws given ``x``, ``Q``, ``K``, ``V`` (Vaswani et al. 2017, §3.2.1);
-:func:`step_panel_from_module` takes them from a :class:`~attnlab.MultiHeadAttention` and an input;
-:func:`step_panel_from_model` from an attention layer inside a model, exactly as the model called it.
+:func:`step_panel_from_module` and :func:`step_panel_from_model` draw the call an attention layer
+resolved (its ``hook_call``, :class:`~attnlab.nn.resolved_call.ResolvedCall`) when a module or a
+model ran: the weights and outputs the layer computed, its mask, window and layout as it applied
+them; nothing is re-derived from the forward's arguments.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from attnlab.viz._draw import (
 
 if TYPE_CHECKING:
     from attnlab.nn.multihead import MultiHeadAttention
+    from attnlab.nn.resolved_call import ResolvedCall
 
 __all__ = ["step_panel", "step_panel_from_model", "step_panel_from_module"]
 
@@ -165,22 +168,56 @@ def step_panel(
     output = weights @ va
 
     src = "m" if cross else "x"
+    s_title = rf"$S = QK^\top/\sqrt{{{d_head}}}$" + (r" $+$ bias" if bias is not None else "")
+    titles = (
+        f"1  {x_title}   ({t_q} × {xa.shape[1]})",
+        rf"2  $Q = x\,W^Q$   ({t_q} × {d_head})",
+        rf"3  $K = {src}\,W^K$   ({t_k} × {d_head})",
+        rf"4  $V = {src}\,W^V$   ({t_k} × {va.shape[1]})",
+        f"5  {s_title}   ({t_q} × {t_k})",
+        r"6  $A = \mathrm{softmax}(S)$, rows sum to 1",
+        rf"7  $Z = A\,V$   ({t_q} × {va.shape[1]})",
+    )
+    data = {
+        "x": xa,
+        "q": qa,
+        "k": ka,
+        "v": va,
+        "scores": scores,
+        "weights": weights,
+        "output": output,
+        "mask": m,
+    }
+    if bias is not None:
+        data["bias"] = bias
+    return _figure(data, titles, rows, cols, title)
+
+
+def _figure(
+    data: dict[str, np.ndarray],
+    titles: Sequence[str],
+    rows: list[str],
+    cols: list[str],
+    title: str | None,
+) -> Plot:
+    """Draw the seven panels (x, Q, K, V over S, A, Z) of ``data`` with the given titles."""
+    xa, qa, ka, va = data["x"], data["q"], data["k"], data["v"]
+    scores, weights, output, m = data["scores"], data["weights"], data["output"], data["mask"]
+    d_head = qa.shape[1]
     dims = [f"d{i}" for i in range(d_head)]
     dims_v = [f"d{i}" for i in range(va.shape[1])]
     dims_x = [f"d{i}" for i in range(xa.shape[1])]
-    s_title = rf"$S = QK^\top/\sqrt{{{d_head}}}$" + (r" $+$ bias" if bias is not None else "")
     top = [
-        (f"1  {x_title}   ({t_q} × {xa.shape[1]})", xa, rows, dims_x, None),
-        (rf"2  $Q = x\,W^Q$   ({t_q} × {d_head})", qa, rows, dims, None),
-        (rf"3  $K = {src}\,W^K$   ({t_k} × {d_head})", ka, cols, dims, None),
-        (rf"4  $V = {src}\,W^V$   ({t_k} × {va.shape[1]})", va, cols, dims_v, None),
+        (titles[0], xa, rows, dims_x, None),
+        (titles[1], qa, rows, dims, None),
+        (titles[2], ka, cols, dims, None),
+        (titles[3], va, cols, dims_v, None),
     ]
     bottom = [
-        (f"5  {s_title}   ({t_q} × {t_k})", scores, rows, cols, m),
-        (r"6  $A = \mathrm{softmax}(S)$, rows sum to 1", weights, rows, cols, m),
-        (rf"7  $Z = A\,V$   ({t_q} × {va.shape[1]})", output, rows, dims_v, None),
+        (titles[4], scores, rows, cols, m),
+        (titles[5], weights, rows, cols, m),
+        (titles[6], output, rows, dims_v, None),
     ]
-
     # numbers in the cells of small panels; when a row of panels would be too wide to view,
     # the widest group of numbered panels (x, then Q/K/V/Z) is drawn without numbers
     numbered = {id(p[1]): _readable(*p[1].shape) for p in (*top, *bottom)}
@@ -244,99 +281,173 @@ def step_panel(
             )
     if title:
         fig.suptitle(title, fontsize=11)
-    data = {
-        "x": xa,
-        "q": qa,
-        "k": ka,
-        "v": va,
-        "scores": scores,
-        "weights": weights,
-        "output": output,
-        "mask": m,
-    }
-    if bias is not None:
-        data["bias"] = bias
     return Plot(fig, data)
 
 
-def _check_head_and_batch(module: MultiHeadAttention, head: int, batch_index: int, b: int) -> None:
-    num_heads = module.num_heads
+def _check_head(head: object, num_heads: int) -> int:
     if isinstance(head, bool) or not isinstance(head, int):
         raise ArgumentTypeError(f"head must be an int, got {type(head).__name__}")
     if not 0 <= head < num_heads:
         raise ArgumentError(f"head must be in [0, {num_heads}), got {head}")
+    return head
+
+
+@dataclass
+class _Drawn:
+    """One head of one resolved call, in float64, taken when the call ran."""
+
+    name: str
+    data: dict[str, np.ndarray]
+    method: str
+    cross: bool
+    kv_head: int
+    group: int
+    rotated: bool = False
+    sources: dict[str, str] = field(default_factory=dict)  # "query"/"key" -> producing module
+
+
+def _one_head(call: ResolvedCall, name: str, head: int, batch_index: int) -> _Drawn:
+    """What the panel draws of ``head`` of ``call`` (row ``batch_index``): x, Q, K, V as scored,
+    ``S = call.scores()``, the weights and the per-head output the layer computed."""
+    _check_head(head, call.num_heads)
+    b = call.q.shape[0]
     if not 0 <= batch_index < b:
         raise ArgumentError(f"batch_index must be in [0, {b}), got {batch_index}")
+    if call.weights is None or call.output is None:  # unreachable: hook_weights listens
+        raise ArgumentError(f"{name} computed no weights to draw")
+    kv = call.kv_head(head)
+    f64 = torch.float64
+
+    def row(t: torch.Tensor, i: int) -> np.ndarray:
+        return t[batch_index, i].detach().to("cpu", f64).numpy()
+
+    scores = call.scores()  # (B, H, T_q, T_k), hidden −∞
+    data = {
+        "x": call.query_input[batch_index].detach().to("cpu", f64).numpy(),
+        "q": row(call.q, head),
+        "k": row(call.k, kv),
+        "v": row(call.v, kv),
+        "scores": row(scores, head),
+        "weights": row(call.weights, head),
+        "output": row(call.output, head),
+        "mask": call.visible()[batch_index, head].cpu().numpy(),  # bool, True = may attend
+    }
+    bias, shift = call.masking.bias, call.masking.shift
+    if bias is not None and call.method != "favor":  # as given: each row's shift restored
+        full = bias.to(f64) + (0.0 if shift is None else shift.to(f64))
+        data["bias"] = row(torch.broadcast_to(full, scores.shape), head)
+    return _Drawn(name, data, call.method, call.cross, kv, call.group)
 
 
-def _panel_from_call(
-    module: MultiHeadAttention,
-    query: torch.Tensor,
-    key: torch.Tensor | None,
-    value: torch.Tensor | None,
+def _panel(
+    drawn: _Drawn,
     *,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    positions: torch.Tensor | None,
     head: int,
-    batch_index: int,
     tokens: Sequence[str] | None,
     key_tokens: Sequence[str] | None,
     title: str | None,
     x_title: str,
 ) -> Plot:
-    """Recompute one call of ``module`` (as its ``forward`` does) and draw one head of it."""
-    from attnlab.nn.masks import causal_mask
-
-    _check_head_and_batch(module, head, batch_index, query.shape[0])
-    cross = key is not None and key is not query
-    with torch.no_grad():
-        q, k_m, v_m = module.project_qkv(query, key if cross else None, value if cross else None)
-        if k_m is None or v_m is None:
-            raise ArgumentError(
-                "module.project_qkv returned no keys/values; cannot draw the step panel"
-            )
-        dh = module.d_head
-        q = q.unflatten(-1, (module.num_heads, dh)).transpose(1, 2)  # (B, H, T_q, d_head)
-        k = k_m.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
-        v = v_m.unflatten(-1, (module.num_kv_heads, dh)).transpose(1, 2)  # (B, H_kv, T_k, d_head)
-        if module.rotary is not None and not cross:
-            pos = positions if positions is not None else torch.arange(q.shape[2], device=q.device)
-            q, k = module.rotary(q, pos), module.rotary(k, pos)
-    kv_head = head // (module.num_heads // module.num_kv_heads)
-    b, t_q, t_k = q.shape[0], q.shape[2], k.shape[2]
-    head_mask: torch.Tensor | None = None
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise ArgumentTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-        try:
-            full = torch.broadcast_to(mask, (b, module.num_heads, t_q, t_k))
-        except RuntimeError:
-            raise ArgumentError(
-                f"mask has shape {shape_str(mask.shape)} but must broadcast to (B, H, T_q, T_k) = "
-                f"{shape_str((b, module.num_heads, t_q, t_k))}"
-            ) from None
-        head_mask = full[batch_index, head].detach().cpu()
-    if is_causal:
-        look_ahead = causal_mask(t_q, t_k)
-        if head_mask is None:
-            head_mask = look_ahead
-        elif head_mask.dtype == torch.bool:
-            head_mask = head_mask & look_ahead
-        else:  # an additive bias: hide the future with the dtype's minimum
-            head_mask = head_mask.masked_fill(~look_ahead, torch.finfo(head_mask.dtype).min)
-    return step_panel(
-        query[batch_index],
-        q[batch_index, head],
-        k[batch_index, kv_head],
-        v[batch_index, kv_head],
-        mask=head_mask,
-        tokens=tokens,
-        key_tokens=key_tokens,
-        title=title,
-        x_title=x_title,
-        cross=cross,
+    """Draw one head of a resolved call with the titles of its method."""
+    data = drawn.data
+    t_q, d_head = data["q"].shape
+    t_k, d_v = data["v"].shape
+    rows = _labels("tokens", tokens, t_q)
+    if drawn.method == "linformer":  # the key axis: the k rows of E K, never tokens
+        cols = [f"E·K row {j}" for j in range(t_k)]
+    else:
+        own = key_tokens if key_tokens is not None else (tokens if t_q == t_k else None)
+        cols = _labels("key_tokens", None if drawn.cross and key_tokens is None else own, t_k)
+    src = "m" if drawn.cross else "x"
+    shared = f", kv head {drawn.kv_head}" if drawn.group > 1 else ""
+    turned = r", rotated" if drawn.rotated else ""
+    k_title, v_title = rf"$K = {src}\,W^K${turned}", rf"$V = {src}\,W^V$"
+    if drawn.method == "linformer":
+        k_title, v_title = rf"$E\,K$, $K = {src}\,W^K$", rf"$F\,V$, $V = {src}\,W^V$"
+    if drawn.method == "favor":
+        s_title = r"$S = \log\,\varphi(q)\varphi(k)^\top$ (FAVOR+)"
+        a_title = r"6  $A = D^{-1}\varphi(q)\varphi(k)^\top = \mathrm{softmax}(S)$"
+    else:
+        keys = "(EK)" if drawn.method == "linformer" else "K"
+        s_title = rf"$S = Q{keys}^\top/\sqrt{{{d_head}}}$" + (
+            r" $+$ bias" if "bias" in data else ""
+        )
+        a_title = r"6  $A = \mathrm{softmax}(S)$, rows sum to 1"
+    titles = (
+        f"1  {x_title}   ({t_q} × {data['x'].shape[1]})",
+        rf"2  $Q = x\,W^Q$   ({t_q} × {d_head})",
+        f"3  {k_title}   ({t_k} × {d_head}{shared})",
+        f"4  {v_title}   ({t_k} × {d_v}{shared})",
+        f"5  {s_title}   ({t_q} × {t_k})",
+        a_title,
+        rf"7  $Z = A\,V$   ({t_q} × {d_v})",
     )
+    return _figure(data, titles, rows, cols, title)
+
+
+def _run_watched(
+    watched: dict[str, MultiHeadAttention],
+    run: Callable[[], object],
+    head: int,
+    batch_index: int,
+    model: torch.nn.Module | None = None,
+) -> _Drawn | None:
+    """Run ``run()`` once listening to the watched layers' ``hook_call`` (and ``hook_weights``,
+    so the call carries its exact weights); the first call is taken. With ``model``, forward
+    hooks name the module that produced each tensor (the ``x`` of the figure's provenance)."""
+    from attnlab.nn.hooks import HookPoint
+
+    taken: list[_Drawn] = []
+    produced: dict[int, tuple[str, weakref.ref[torch.Tensor]]] = {}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def producer(t: object) -> str | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        hit = produced.get(id(t))
+        return hit[0] if hit is not None and hit[1]() is t else None
+
+    def on_call(name: str) -> Callable[..., None]:
+        def hook(mod: torch.nn.Module, args: Any, call: ResolvedCall) -> None:
+            if taken:
+                return  # the first call of the first watched layer is the one drawn
+            if call.past:
+                raise ArgumentError(
+                    f"{name} was first called with a KV cache already holding {call.past} "
+                    "positions; run the model once over the whole sequence without a cache"
+                )
+            drawn = _one_head(call, name, head, batch_index)
+            drawn.rotated = watched[name].rotary is not None and not call.cross
+            for side, t in (("query", call.query_input), ("key", call.key_input)):
+                if (src := producer(t)) is not None:
+                    drawn.sources[side] = src
+            taken.append(drawn)
+
+        return hook
+
+    def post(name: str) -> Callable[..., None]:
+        def hook(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor):
+                old = produced.get(id(out))
+                if old is None or old[1]() is not out:  # the first module to return it names it
+                    produced[id(out)] = (name, weakref.ref(out))
+
+        return hook
+
+    try:
+        if model is not None:
+            for name, sub in model.named_modules():
+                if name and not isinstance(sub, HookPoint):
+                    handles.append(sub.register_forward_hook(post(name)))
+        for name, mod in watched.items():
+            handles.append(mod.hook_call.register_forward_hook(on_call(name)))
+            handles.append(mod.hook_weights.register_forward_hook(lambda m, a, out: None))
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return taken[0] if taken else None
 
 
 def step_panel_from_module(
@@ -354,11 +465,14 @@ def step_panel_from_module(
 ) -> Plot:
     """:func:`step_panel` for one head of a :class:`~attnlab.MultiHeadAttention`.
 
-    Uses the module's own projections (``project_qkv``, rotary embeddings, grouped heads), so the
-    drawn weights equal what the module computes with ``need_weights=True`` for the same call.
+    Runs the module once on the call and draws the call it resolved (its ``hook_call``): the
+    queries and keys as scored (rotated, grouped heads), the scores with its mask, window and
+    layout, and the weights and per-head output it computed — so the drawn weights are what the
+    module computes with ``need_weights=True`` for the same call.
 
     Args:
-        module: a ``MultiHeadAttention``.
+        module: a ``MultiHeadAttention`` (any kind: Linformer's key axis is its projected rows,
+            Performer's scores are ``log φ(q) φ(k)ᵀ``).
         x: its query input ``(B, T_q, d_model)``.
         head: the query head to draw. Default 0.
         memory: keys/values input for cross-attention ``(B, T_k, d_model)`` (default: ``x``).
@@ -386,35 +500,25 @@ def step_panel_from_module(
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         got = shape_str(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ArgumentError(f"x must be a tensor (B, T_q, d_model), got {got}")
-    return _panel_from_call(
-        module,
-        x,
-        memory,
-        memory,
-        mask=mask,
-        is_causal=is_causal,
-        positions=positions,
+    _check_head(head, module.num_heads)
+    if not 0 <= batch_index < x.shape[0]:
+        raise ArgumentError(f"batch_index must be in [0, {x.shape[0]}), got {batch_index}")
+    kwargs: dict[str, Any] = {"mask": mask, "is_causal": is_causal}
+    if positions is not None:
+        kwargs["positions"] = positions
+    drawn = _run_watched(
+        {"": module}, lambda: module(x, memory, memory, **kwargs), head, batch_index
+    )
+    if drawn is None:  # unreachable: every MultiHeadAttention emits its call
+        raise ArgumentError(f"{type(module).__name__} emitted no call through hook_call")
+    return _panel(
+        drawn,
         head=head,
-        batch_index=batch_index,
         tokens=tokens,
         key_tokens=key_tokens,
         title=f"head {head}",
         x_title="x (layer input)",
     )
-
-
-@dataclass
-class _Call:
-    """What one attention layer was called with (cloned, detached)."""
-
-    name: str
-    query: torch.Tensor
-    key: torch.Tensor | None
-    value: torch.Tensor | None
-    mask: torch.Tensor | None
-    is_causal: bool
-    positions: torch.Tensor | None
-    sources: dict[str, str] = field(default_factory=dict)  # "query"/"key" -> producing module
 
 
 def step_panel_from_model(
@@ -429,12 +533,16 @@ def step_panel_from_model(
 ) -> Plot:
     """:func:`step_panel` of one head of an attention layer inside a model, as the model ran it.
 
-    ``run()`` runs the model's forward once (e.g. ``lambda: model(src, tgt_in)``). A forward
-    pre-hook on the layer records the exact input ``x`` it received (the query; the key/value
-    memory of a cross-attention), the ``mask`` and ``is_causal`` it was called with and its rotary
-    ``positions``; the panel is then computed from the layer's own projections, so the drawn
-    weights equal what :func:`attnlab.inspect.capture` records for that layer and head. Boolean
-    and additive (ALiBi) masks both work; an additive mask is drawn as part of the scores. The
+    ``run()`` runs the model's forward once (e.g. ``lambda: model(src, tgt_in)``). The layer's
+    resolved call (its ``hook_call``, :class:`~attnlab.nn.resolved_call.ResolvedCall`) is drawn:
+    the input ``x`` it received (the query; the key/value memory of a cross-attention), the
+    queries and keys as its scores saw them (rotated; a grouped-query head's shared key/value
+    head), ``S = call.scores()`` with what its mask, causal rule, sliding window and block layout
+    hide (an additive bias such as ALiBi included), and the weights ``A`` and per-head output
+    ``Z`` the layer computed — nothing is recomputed from the forward's arguments, so the drawn
+    weights are what :func:`attnlab.inspect.capture` records for that layer and head. A
+    Linformer layer's key axis is its ``k`` projected rows (``"E·K row j"``); a Performer
+    layer's scores are ``log φ(q) φ(k)ᵀ``, whose softmax is FAVOR+'s ``D⁻¹ φ(q) φ(k)ᵀ``. The
     hooks are removed when ``run`` returns or raises. For a GPT the input of
     ``transformer.h.0.attn`` is ``ln_1`` of the embeddings: the figure names the module that
     produced ``x``.
@@ -461,7 +569,6 @@ def step_panel_from_model(
         >>> plot.save("steps.png")
     """
     from attnlab.inspect.capture import attention_modules
-    from attnlab.nn.hooks import HookPoint
 
     if not callable(run):
         raise ArgumentTypeError(f"run must be a zero-argument callable, got {type(run).__name__}")
@@ -474,100 +581,20 @@ def step_panel_from_model(
             f"layer must be an attention module path of the model ({known}), got {layer!r}"
         )
     watched = modules if layer is None else {layer: modules[layer]}
-
-    calls: list[_Call] = []
-    produced: dict[int, tuple[str, weakref.ref[torch.Tensor]]] = {}
-    handles: list[torch.utils.hooks.RemovableHandle] = []
-
-    def producer(t: object) -> str | None:
-        if not isinstance(t, torch.Tensor):
-            return None
-        hit = produced.get(id(t))
-        return hit[0] if hit is not None and hit[1]() is t else None
-
-    def make_pre(name: str) -> Callable[..., None]:
-        def pre(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if calls:
-                return  # the first call of the first watched layer is the one drawn
-            bound = dict(zip(("query", "key", "value"), args))
-            bound.update({k: v for k, v in kwargs.items() if k in ("query", "key", "value")})
-            query, key, value = bound.get("query"), bound.get("key"), bound.get("value")
-            cache = kwargs.get("cache")
-            if cache is not None and (
-                getattr(cache, "static", False) or getattr(cache, "length", 0)
-            ):
-                raise ArgumentError(
-                    f"{name} was first called with a KV cache already holding {cache.length} "
-                    "positions; run the model once over the whole sequence without a cache"
-                )
-            if key is query:
-                key = value = None
-
-            def keep(t: object) -> Any:
-                return t.detach().clone() if isinstance(t, torch.Tensor) else t
-
-            calls.append(
-                _Call(
-                    name,
-                    keep(query),
-                    keep(key),
-                    keep(value),
-                    keep(kwargs.get("mask")),
-                    bool(kwargs.get("is_causal", False)),
-                    keep(kwargs.get("positions")),
-                    {
-                        side: src
-                        for side, t in (("query", query), ("key", key))
-                        if (src := producer(t)) is not None
-                    },
-                )
-            )
-
-        return pre
-
-    def post(name: str) -> Callable[..., None]:
-        def hook(mod: torch.nn.Module, args: Any, out: Any) -> None:
-            if isinstance(out, torch.Tensor):
-                old = produced.get(id(out))
-                if old is None or old[1]() is not out:  # the first module to return it names it
-                    produced[id(out)] = (name, weakref.ref(out))
-
-        return hook
-
-    try:
-        for name, sub in model.named_modules():
-            if name and not isinstance(sub, HookPoint):
-                handles.append(sub.register_forward_hook(post(name)))
-        for name, mod in watched.items():
-            handles.append(mod.register_forward_pre_hook(make_pre(name), with_kwargs=True))
-        with torch.no_grad():
-            run()
-    finally:
-        for handle in handles:
-            handle.remove()
-    if not calls:
+    drawn = _run_watched(watched, run, head, batch_index, model)
+    if drawn is None:
         raise ArgumentError(
             f"run() did not call layer {layer!r}" if layer else "run() called no attention layer"
         )
-    call = calls[0]
-    module = modules[call.name]
-    q_src = call.sources.get("query")
-    k_src = call.sources.get("key")
+    q_src, k_src = drawn.sources.get("query"), drawn.sources.get("key")
     origin = f"x = output of {q_src}" if q_src else "x = the layer's input"
-    if call.key is not None:
+    if drawn.cross:
         origin += f"; keys/values from {k_src}" if k_src else "; keys/values from the memory"
-    return _panel_from_call(
-        module,
-        call.query,
-        call.key,
-        call.value if call.value is not None else call.key,
-        mask=call.mask,
-        is_causal=call.is_causal,
-        positions=call.positions,
+    return _panel(
+        drawn,
         head=head,
-        batch_index=batch_index,
         tokens=query_tokens,
         key_tokens=key_tokens,
-        title=f"{call.name} · head {head}   ({origin})",
+        title=f"{drawn.name} · head {head}   ({origin})",
         x_title="x (layer input)",
     )

@@ -139,7 +139,8 @@ def get_backend(name: str) -> AttentionBackend:
     Raises:
         ValueError: no backend is registered under ``name``.
     """
-    return ATTENTION_BACKENDS[check_choice("backend", name, tuple(ATTENTION_BACKENDS))]
+    fn = ATTENTION_BACKENDS.get(name) if isinstance(name, str) else None
+    return fn or ATTENTION_BACKENDS[check_choice("backend", name, tuple(ATTENTION_BACKENDS))]
 
 
 def register_backend(name: str, fn: AttentionBackend, *, replace: bool = False) -> None:
