@@ -21,7 +21,11 @@ Four sections (``--sections``, all by default), each a table of ratios:
 * **decode** — greedy decoding, 32-token prompt, 128 new tokens, batch 1, fp32 (``--decode-dtype``):
   GPT-2 small and the bundled SmolLM2-135M (``attnlab.load_pretrained("smollm2-135m")``; where
   it cannot load, the row says why and its architecture runs on random weights) against
-  ``transformers``' ``generate``: the same tokens, tokens/s, eager and with ``compile=True``.
+  ``transformers``' ``generate``: the same tokens, tokens/s, eager and with ``compile=True``
+  (:mod:`attnlab.decoding.compiled`: ``decode_step`` compiled over a static cache, replayed as
+  a CUDA graph), against HF's default ``generate`` and its fastest path (a static cache, which
+  ``generate`` compiles with CUDA graphs by itself); and SmolLM2-135M's shape in bf16 on random
+  weights the same way.
 
 Results go to ``--out`` as ``gpu.json`` and ``gpu.md`` (the tables). ``--quick`` (``--smoke``)
 runs tiny sizes in seconds on any device — on the CPU it is what CI runs (no ``torch.compile``
@@ -333,12 +337,14 @@ def decode_rows(
     shape = tiny if args.quick else FULL
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.decode_dtype]
     compiled = device.type == "cuda" and not args.no_compile
-    pairs: dict[str, Callable[[], tuple[torch.nn.Module, al.GPT]]] = {
-        "GPT-2 small" if not args.quick else "GPT-2 (tiny)": lambda: build_models(shape),
-        "SmolLM2-135M": build_smollm2,
-    }
-    for label, build in pairs.items():
-        if args.quick and label == "SmolLM2-135M":
+    cases: list[tuple[str, Callable[[], tuple[torch.nn.Module, al.GPT]], torch.dtype]] = [
+        ("GPT-2 small" if not args.quick else "GPT-2 (tiny)", lambda: build_models(shape), dtype),
+        ("SmolLM2-135M", build_smollm2, dtype),
+        # the CUDA-graphs row of a Llama-shaped model in bf16 (random weights: speed, not text)
+        ("SmolLM2-135M architecture, random weights, bf16", build_smollm2_random, torch.bfloat16),
+    ]
+    for label, build, case_dtype in cases:
+        if args.quick and label.startswith("SmolLM2"):
             rows.append({"model": label, "skipped": "--quick (a 135M model is no smoke test)"})
             continue
         try:
@@ -350,12 +356,14 @@ def decode_rows(
             # its architecture on random weights instead: the speed is measured, not the text
             label = "SmolLM2-135M architecture, random weights"
             hf, ours = build_smollm2_random()
-        hf, ours = hf.to(device, dtype).eval(), ours.to(device, dtype).eval()
+        hf, ours = hf.to(device, case_dtype).eval(), ours.to(device, case_dtype).eval()
+        if case_dtype != torch.float32:
+            label += "" if label.endswith("bf16") else f" ({args.decode_dtype})"
         n = shape.new_tokens
         vocab = ours.config.vocab_size  # GPT-2's or SmolLM2's (an id past it is a device assert)
         ids = torch.randint(0, vocab - 1, (1, shape.prompt), device=device)
 
-        def run_hf(hf: Any = hf, n: int = n, ids: torch.Tensor = ids) -> torch.Tensor:
+        def run_hf(hf: Any = hf, n: int = n, ids: torch.Tensor = ids, **kw: Any) -> torch.Tensor:
             return hf.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -364,21 +372,28 @@ def decode_rows(
                 do_sample=False,
                 num_beams=1,
                 pad_token_id=0,
+                **kw,
             )
 
+        # HF's fastest path: a static cache, which generate() compiles by itself on CUDA
+        # (torch.compile, mode "reduce-overhead": CUDA graphs); off CUDA it runs uncompiled
+        hf_static = "HF generate, static cache" + (" + torch.compile" if compiled else "")
         runs = {
             "HF generate": run_hf,
+            hf_static: lambda run_hf=run_hf: run_hf(
+                cache_implementation="static", disable_compile=not compiled
+            ),
             "attnlab": lambda o=ours, n=n, ids=ids: al.generate(o, ids, max_new_tokens=n),
         }
-        if compiled:
-            runs["attnlab compile=True"] = lambda o=ours, n=n, ids=ids: al.generate(
+        if compiled:  # decode_step compiled over a static cache, replayed as a CUDA graph
+            runs["attnlab compile=True (CUDA graphs)"] = lambda o=ours, n=n, ids=ids: al.generate(
                 o, ids, max_new_tokens=n, compile=True
             )
         with torch.inference_mode():
             want = run_hf()
             for name, fn in runs.items():
                 try:
-                    got = fn()
+                    got = fn()  # also the warm-up (and the compile)
                     seconds = median_times({name: fn}, args.decode_repeats, device=device)[name]
                 except Exception as err:  # a compile failure: the row says so, the rest runs
                     rows.append({"model": label, "run": name, "error": failed(err)})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.nn.positional import sinusoidal_table
+from attnlab.nn.positional import alibi_bias, sinusoidal_table
 
 
 def test_sinusoidal_table_values() -> None:
@@ -186,3 +186,12 @@ def test_gpt_forward_computes_the_rotary_angles_once() -> None:
             type(rope)._angles = original  # type: ignore[method-assign]
     assert len(computed) == 2 * cfg.n_layer and sum(computed) == 1
     assert torch.equal(got, want)
+
+
+def test_alibi_bias_at_slots_is_the_bottom_right_bias() -> None:
+    """A static cache's queries at slots 2, 3, 4 of 6 keys: the bias of 3 queries over 5 keys
+    (bottom-right), and the sixth key one further away."""
+    slots = torch.tensor([2, 3, 4])
+    got = alibi_bias(4, 3, 6, slots=slots)
+    torch.testing.assert_close(got[..., :5], alibi_bias(4, 3, 5), rtol=0, atol=0)
+    torch.testing.assert_close(got[..., 5] - got[..., 4], got[..., 4] - got[..., 3])

@@ -99,12 +99,13 @@ def generate(
             ``input_ids != pad_id``).
         pad_token_id: fills rows after they stop. Default ``config.pad_id`` for an encoder-decoder;
             for a decoder-only model the first EOS id, else 0.
-        compile: run each step after the prompt as one ``torch.compile``'d graph with static
-            shapes (:mod:`attnlab.decoding.compiled`: the KV cache at a fixed capacity, the new
-            position held in a tensor, compiled once per batch, capacity and dtype and kept on
-            the model). The same tokens as ``False``. A model it does not cover (an
-            encoder-decoder, Performer, BigBird, a kind with its own ``attend_heads``) decodes
-            eagerly. Default ``False``.
+        compile: run each step after the prompt as the model's own ``decode_step`` under
+            ``torch.compile`` over a static cache (:mod:`attnlab.decoding.compiled`: the KV
+            cache at a fixed capacity, the slot held in a tensor; CUDA graphs on CUDA), traced
+            once per batch, capacity and dtype and reused by later calls. The same tokens as
+            ``False``. A model it does not cover (an encoder-decoder, a kind whose spec does
+            not declare ``decodes_statically`` such as Performer or BigBird, a layer with its
+            own ``attend_heads``) decodes eagerly, the reason logged. Default ``False``.
         cache_sinks: with ``cache_window``, decode from a sink cache (StreamingLLM, Xiao et al.
             2023; :meth:`attnlab.GPT.new_cache` with ``sinks``): the first ``cache_sinks``
             positions and the last ``cache_window``, positions within the cache, so a

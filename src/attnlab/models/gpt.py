@@ -42,6 +42,7 @@ from attnlab.nn.cache_policies import SinkKVCache
 from attnlab.nn.head_mask import layer_head_masks
 from attnlab.nn.kv_cache import ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
+from attnlab.nn.static_cache import StaticKVCache, StaticModelCache, StaticSlots
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -231,6 +232,8 @@ class GPT(nn.Module):
                 )
             logits = self._recompute(input_ids, keep, cast(RecomputeCache, cache), head_masks)
         else:
+            if isinstance(cache, StaticModelCache):
+                cache.begin(t)  # the slots this call writes (on the host, before the run)
             logits = self._run(input_ids, keep, positions, cache, head_masks)
         loss = None
         if labels is not None:
@@ -256,6 +259,12 @@ class GPT(nn.Module):
             attention_mask: ``(B, T_past + 1)`` bool, ``True`` for real tokens (left padding), or
                 ``None`` when no row is padded.
 
+        With a :class:`~attnlab.nn.static_cache.StaticModelCache` (compiled decoding) the new key
+        and value go to the slot ``cache.begin(1)`` took before the call (outside a compiled
+        region: it counts on the host), ``attention_mask`` may cover all ``C`` slots, and
+        positions and ALiBi distances are read from the slot tensor: the step reads no Python
+        int that changes per token, so ``torch.compile`` traces it once.
+
         Returns:
             logits ``(B, vocab_size)``.
 
@@ -264,12 +273,14 @@ class GPT(nn.Module):
         """
         if tokens.dim() != 2 or tokens.shape[1] != 1:
             raise ArgumentError(f"tokens must have shape (B, 1), got {shape_str(tokens.shape)}")
+        heads: list[torch.Tensor | None] = [None] * self.config.n_layer
+        if isinstance(cache, StaticModelCache):  # the traced step: no Python int read
+            return self._run(tokens, attention_mask, None, cache, heads)[:, -1]
         if cache.next_position + 1 > self.config.n_positions:
             raise ArgumentError(
                 f"position {cache.next_position} is past the model's position table "
                 f"n_positions = {self.config.n_positions}"
             )
-        heads: list[torch.Tensor | None] = [None] * self.config.n_layer
         if cache.recomputes:
             return self._recompute(tokens, attention_mask, cast(RecomputeCache, cache), heads)[
                 :, -1
@@ -308,16 +319,11 @@ class GPT(nn.Module):
             positions ``(B, T)``/``(T,)`` or ``None``; logits ``(B, T, vocab_size)``.
         """
         cfg = self.config
-        t = input_ids.shape[1]
-        past = 0 if cache is None else cache.next_position  # a sink cache: its place
-        padding = None
-        if keep is not None:
-            padding = keep[:, None, None, :]  # (B, 1, 1, T_past + T), True = attend
-            if positions is None:
-                # left padding: a token's position counts only the real tokens before it
-                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
-        if positions is None and cfg.positions != "alibi":
-            positions = torch.arange(past, past + t, device=input_ids.device)  # (T,)
+        block_mask: Literal[False] | None = None  # the layers' own pattern (or none: False)
+        if isinstance(cache, StaticModelCache):  # positions and masks from the slot tensor
+            positions, mask = self._static_inputs(keep, positions, cache)
+        else:
+            positions, mask, block_mask = self._inputs(input_ids, keep, positions, cache)
 
         # h_0 = W_e[x_t] + W_p[pos_t]   (token embedding plus, for learned positions, position embedding)
         x = self.transformer.wte(input_ids)  # (B, T, n_embd)
@@ -325,21 +331,6 @@ class GPT(nn.Module):
             # (B, T, n_embd) or (T, n_embd), broadcast; in range: checked, or derived from the mask
             x = x + self.transformer.wpe(positions, check=False)
         x = self.transformer.drop(x)
-
-        block_mask: Literal[False] | None = None  # the layers' own pattern, cropped to T_past + T
-        if padding is not None and keep is not None:
-            # a pattern read at absolute positions (BigBird's blocks) under left padding: read
-            # at each row's token positions (as the position ids), not at the slots, and the
-            # layers' own pattern off for this call
-            pattern = cfg.attention.padded_mask(self._site, keep, past)
-            if pattern is not None:
-                padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
-                block_mask = False
-        mask: torch.Tensor | None = padding
-        if cfg.positions == "alibi":
-            # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
-            bias = alibi_bias(cfg.n_head, t, past + t, device=x.device)  # (H, T, T_past + T)
-            mask = masks.combine(bias, padding)
         rope_positions = positions if cfg.positions == "rope" else None
 
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -359,6 +350,75 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
         return self.lm_head(x)  # (B, T, vocab_size)
+
+    def _inputs(
+        self,
+        input_ids: torch.Tensor,
+        keep: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        cache: ModelCache | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, Literal[False] | None]:
+        """The positions, the mask (padding, a per-row pattern, ALiBi) and the block layout of
+        a call over a growing cache (or none).
+
+        Shape:
+            input_ids ``(B, T)``; keep ``(B, T_past + T)``; positions ``(B, T)``/``(T,)``; mask
+            broadcastable to ``(B, H, T, T_past + T)``.
+        """
+        cfg = self.config
+        t = input_ids.shape[1]
+        past = 0 if cache is None else cache.next_position  # a sink cache: its place
+        padding = None
+        if keep is not None:
+            padding = keep[:, None, None, :]  # (B, 1, 1, T_past + T), True = attend
+            if positions is None:
+                # left padding: a token's position counts only the real tokens before it
+                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if positions is None and cfg.positions != "alibi":
+            positions = torch.arange(past, past + t, device=input_ids.device)  # (T,)
+        block_mask: Literal[False] | None = None  # the layers' own pattern, cropped to T_past + T
+        if padding is not None and keep is not None:
+            # a pattern read at absolute positions (BigBird's blocks) under left padding: read
+            # at each row's token positions (as the position ids), not at the slots, and the
+            # layers' own pattern off for this call
+            pattern = cfg.attention.padded_mask(self._site, keep, past)
+            if pattern is not None:
+                padding = padding & pattern[:, None]  # (B, 1, T, T_past + T)
+                block_mask = False
+        mask: torch.Tensor | None = padding
+        if cfg.positions == "alibi":
+            # ALiBi (Press et al. 2022): scores get −m_h · (i − j); future keys are hidden by is_causal
+            bias = alibi_bias(cfg.n_head, t, past + t, device=input_ids.device)  # (H, T, T_all)
+            mask = masks.combine(bias, padding)
+        return positions, mask, block_mask
+
+    def _static_inputs(
+        self, keep: torch.Tensor | None, positions: torch.Tensor | None, cache: StaticModelCache
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The positions and the mask of a call over a static cache, read from its slot tensor
+        ``s`` (no Python int that changes per step: a traced step is the same graph every
+        token): the padding over the ``C`` slots (the caller's mask, True beyond it), positions
+        ``s`` or, under left padding, the real tokens before each slot, and ALiBi's
+        ``−m_h · (s_i − j)``. The cache's mask adds the causal rule and the window.
+
+        Shape:
+            keep ``(B, T_past + T)`` or ``(B, C)``; positions ``(B, T)``/``(T,)``; mask
+            broadcastable to ``(B, H, T, C)``.
+        """
+        cfg, slots, cap = self.config, cache.slots, cache.capacity
+        padding = None
+        if keep is not None:
+            keep = F.pad(keep, (0, cap - keep.shape[-1]), value=True)  # (B, C)
+            padding = keep[:, None, None, :]  # (B, 1, 1, C)
+            if positions is None:
+                # left padding: a token's position counts only the real tokens before it
+                positions = (keep.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slots)
+        if positions is None and cfg.positions != "alibi":
+            positions = slots  # (T,)
+        if cfg.positions != "alibi":
+            return positions, padding
+        bias = alibi_bias(cfg.n_head, slots.shape[0], cap, device=slots.device, slots=slots)
+        return positions, masks.combine(bias, padding)  # (B?, H, T, C)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy, in fp32:
@@ -399,6 +459,7 @@ class GPT(nn.Module):
         device: torch.device | str | None = None,
         sinks: int | Sequence[int] | None = None,
         window: int | None = None,
+        static: bool = False,
     ) -> ModelCache:
         """An empty cache for decoding: one per block, made by the block's attention layer.
 
@@ -415,6 +476,9 @@ class GPT(nn.Module):
                 per batch row (rotary models): each row keeps its own, e.g. ``(0, 4)`` streams a
                 window cache and a sink cache as one batch.
             window: the recent positions a sink cache keeps (with ``sinks``).
+            static: a :class:`~attnlab.nn.static_cache.StaticModelCache` instead: ``capacity``
+                slots per block written at a slot tensor, the cache compiled decoding traces
+                (for a kind whose spec ``decodes_statically``).
 
         Returns:
             a :class:`~attnlab.nn.kv_cache.ModelCache` of the layers' own caches (each
@@ -434,6 +498,8 @@ class GPT(nn.Module):
             dtype = p.dtype
             if torch.is_autocast_enabled(where.type):
                 dtype = torch.get_autocast_dtype(where.type)
+        if static:
+            return self._static_cache(batch, capacity, dtype, where)
         if sinks is not None or window is not None:
             return self._sink_cache(batch, capacity, dtype, where, sinks, window)
         # each layer makes its own: a KV cache (rolling under a causal window), FAVOR+'s running
@@ -444,6 +510,27 @@ class GPT(nn.Module):
                 for block in self.transformer.h
             ]
         )
+
+    def _static_cache(
+        self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> StaticModelCache:
+        """:meth:`new_cache` with ``static=True``: a static cache per block, sharing one slot
+        tensor."""
+        if not self.config.attention.decodes_statically:
+            raise ArgumentError(
+                f"attention {self.config.attention.name!r} cannot decode over a static cache"
+            )
+        slots = StaticSlots(capacity, device)
+        layers = []
+        for block in self.transformer.h:
+            attn = cast(GPTBlock, block).attn
+            layers.append(
+                StaticKVCache(
+                    batch, attn.num_kv_heads, capacity, attn.d_head, dtype=dtype, device=device,
+                    slots=slots,
+                )
+            )  # fmt: skip
+        return StaticModelCache(layers, slots)
 
     def _sink_cache(
         self,

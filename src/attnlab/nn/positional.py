@@ -375,10 +375,12 @@ def alibi_bias(
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ALiBi additive bias ``−m_h · (i' − j)``, where ``i' = i + T_k − T_q`` is the query's absolute
-    position (bottom-right aligned, like the causal mask). Future keys get a positive bias; combine
-    with ``is_causal=True`` to hide them.
+    position (bottom-right aligned, like the causal mask), or ``i' = slots[i]`` (the query's key
+    slot in a static cache). Future keys get a positive bias; combine with ``is_causal=True`` (or
+    a static cache's mask) to hide them.
 
     Args:
         num_heads: number of heads ``H``.
@@ -386,6 +388,8 @@ def alibi_bias(
         k_len: number of keys ``T_k`` (default ``q_len``).
         device: where to build it; default the current default device.
         dtype: dtype of the bias; default ``torch.float32``.
+        slots: ``(T_q,)`` the queries' key indices (a tensor: nothing read back); default
+            bottom-right, ``i + T_k − T_q``.
 
     Returns:
         The additive bias, to pass as ``mask`` (or to add to another floating mask).
@@ -399,7 +403,11 @@ def alibi_bias(
         slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
     else:
         slopes = _device_slopes(num_heads, None if device is None else torch.device(device))
-    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    i = (
+        torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+        if slots is None
+        else slots[:, None]
+    )
     j = torch.arange(k_len, device=device)[None, :]
     distance = (i - j).to(torch.float32)  # (T_q, T_k)
     return (-slopes[:, None, None] * distance).to(dtype)

@@ -184,6 +184,11 @@ class AttentionSpec:
     #: :class:`~attnlab.nn.multihead.MultiHeadAttention` itself: tensor parallelism may split
     #: them by heads (:mod:`attnlab.distributed.tensor_parallel`)
     shards_by_heads: ClassVar[bool] = False
+    #: at a causal site its layers are softmax attention over a plain KV cache with no pattern
+    #: beyond a causal window, computed by :class:`~attnlab.nn.multihead.MultiHeadAttention`
+    #: itself: decoding may run over a static cache as one compiled step
+    #: (:mod:`attnlab.decoding.compiled`, :class:`~attnlab.nn.static_cache.StaticKVCache`)
+    decodes_statically: ClassVar[bool] = False
 
     # -- the model -----------------------------------------------------------------------------
 

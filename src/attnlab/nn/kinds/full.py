@@ -24,6 +24,7 @@ class FullSpec(AttentionSpec):
 
     name = "full"
     shards_by_heads = True
+    decodes_statically = True
 
     def label(self) -> str:
         """Nothing: full attention is the default.

@@ -71,6 +71,7 @@ class SlidingSpec(AttentionSpec):
 
     name = "sliding"
     shards_by_heads = True
+    decodes_statically = True
     cli_options = (
         CliOption(
             "--window", "window", required=True,
