@@ -214,3 +214,49 @@ def test_help_says_what_the_exit_status_means(capsys: pytest.CaptureFixture[str]
     out = " ".join(capsys.readouterr().out.split())
     assert "exit status: 0 nothing broken" in out and "collapsed model" in out
     assert "2 a usage error" in out
+
+
+def test_mixing_prints_the_last_positions_row_and_json_every_matrix(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.inspect import mixing
+    from attnlab.tasks.run import load_run
+
+    assert main(["inspect", str(gpt_run), "--text", "abc dea", "--mixing", "alti"]) == 0
+    out = capsys.readouterr().out
+    assert "ALTI contribution" in out and "through every layer" in out
+    assert main(["inspect", str(gpt_run), "--text", "abc dea", "--mixing", "norm", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    run = load_run(gpt_run)
+    ids = torch.tensor([run.inputs("abc dea").source_ids])
+    expected = mixing(run.model.eval(), ids, "norm").per_layer[:, 0]
+    assert report["tokens"] == list("abc dea") and report["total"] is None
+    torch.testing.assert_close(torch.tensor(report["per_layer"]), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_faithfulness_prints_every_method_and_a_random_row(
+    gpt_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["inspect", str(gpt_run), "--text", "abc", "--faithfulness", "--blank-id", "0", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    methods = [m["method"] for m in report["methods"]]
+    assert methods[-1] == "random" and "alti" in methods and report["blank_id"] == 0
+
+
+def test_mixing_of_an_encoder_decoder_reads_its_encoder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TransformerConfig(
+        src_vocab_size=TOKENIZER.vocab_size, tgt_vocab_size=TOKENIZER.vocab_size, d_model=32,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=1, d_ff=64, max_len=32,
+        bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
+    )  # fmt: skip
+    _save(tmp_path / "s2s", _sharp(Transformer(cfg)))
+    args = ["inspect", str(tmp_path / "s2s"), "--text", "abcd", "--target", "dcba"]
+    assert main([*args, "--mixing", "rollout", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layers"] == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    assert len(report["total"]) == 4
+    assert main([*args, "--faithfulness"]) == 2
+    assert "encoder-decoder" in capsys.readouterr().err

@@ -455,3 +455,15 @@ def test_reverse_task_heads() -> None:
     # code path of an AMD EPYC); the claim is the contrast, not one machine's number
     assert most <= 0.1 and least - most >= 0.8, summary
     assert model.training is False and all(not m._forward_pre_hooks for m in model.modules())
+
+    # plausibility (attnlab.inspect.plausibility): on reverse each output token's source is
+    # known; every method points at it more often than a random alignment (measured on 64
+    # held-out strings: cross-attention weights 0.569, ALTI+ 0.580, random 0.340 top-1)
+    from attnlab.inspect.plausibility import plausibility
+
+    held_out = task.batch(10_001, 64)
+    rows = {
+        r.method: r for r in plausibility(model, held_out.src, held_out.tgt_in, held_out.targets)
+    }
+    assert rows["random"].top1 + 0.1 < min(rows["weights"].top1, rows["alti"].top1), rows
+    assert rows["random"].f1 + 0.1 < min(rows["weights"].f1, rows["alti"].f1), rows

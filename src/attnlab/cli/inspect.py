@@ -27,6 +27,11 @@ the copying score of its OV circuit; a table of the best heads per score, or wit
 full ``layers × heads`` matrices. The tokens avoid the tokenizer's special ids
 (``--roles-seq-len``, ``--roles-batch``, ``--roles-seed`` set the input).
 
+``--mixing METHOD`` instead shows what each position takes from each token by one of
+:func:`attnlab.inspect.mixing`'s methods (rollout, norm, ALTI, value zeroing, …; the last
+position's row, ``--json`` every matrix), and ``--faithfulness`` how far each method's
+explanation of the last prediction can be trusted (:mod:`attnlab.inspect.faithfulness`).
+
 ``--qk-spectrum`` instead reads every head as a low-rank bilinear relation
 (:mod:`attnlab.inspect.qk_circuits`): the effective rank of its QK circuit
 ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit ``W_V^hᵀ W_O^hᵀ`` per layer and head, and the
@@ -50,6 +55,7 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._mixing import add_mixing_arguments, run_mixing
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli._terminal import TextConsole
@@ -127,6 +133,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "of every head on random tokens repeated once (Olsson et al. 2022)",
     )
     add_roles_arguments(p)
+    add_mixing_arguments(p)
     p.add_argument(
         "--qk-spectrum",
         action="store_true",
@@ -224,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
     if args.text is None and args.ids is None:
         raise CLIError("inspect needs --text TEXT (or --ids), or --ablate")
     inputs = model_inputs(loaded, args)
+    if args.mixing or args.faithfulness:
+        return run_mixing(loaded, inputs, args)
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731

@@ -48,6 +48,7 @@ from attnlab.cli._inputs import add_input_arguments, model_inputs
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles, read_roles
 from attnlab.cli.options import add_cache_argument, seed
+from attnlab.inspect.mixing import METHODS as MIXING_METHODS
 
 if TYPE_CHECKING:
     from attnlab.inspect.capture import ActivationCache
@@ -58,7 +59,7 @@ __all__ = ["register", "run"]
 
 KINDS = (
     "noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training", "roles",
-    "spectrum",
+    "spectrum", "mixing",
 )  # fmt: skip
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
@@ -97,6 +98,11 @@ _KIND_TEXT = {
     "singular values of each head's QK circuit W_Q W_Kᵀ/√d_head for 1 to 4 layers (--layer "
     "0,15,29: indices among all attention layers; default the first, middle and last), and the "
     "effective rank of every head of every layer.",
+    "mixing": "What each position of --model takes from each token of --text by one context-"
+    "mixing method (--method: weights, rollout, flow, norm, norm_residual, alti, value_zeroing, "
+    "grad_weights, integrated_gradients; default alti): the matrix through every layer (or the "
+    "last layer's) and each layer's; an encoder-decoder's encoder (ALTI+ of the decoder: "
+    "attnlab inspect --mixing alti --json).",
 }
 _KIND_OPTIONS = {
     "noam": ("--d-model", "--warmup", "--steps"),
@@ -130,6 +136,7 @@ _KIND_OPTIONS = {
         "--device",
     ),
     "spectrum": ("--model", "--no-cache", "--layer", "--device"),
+    "mixing": ("--model", "--no-cache", *_INPUTS, "--method", "--device"),
 }
 
 
@@ -179,6 +186,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tokens (signed) instead of the T × k weights over the projected E·K rows",
     )
     add_roles_arguments(p)
+    p.add_argument(
+        "--method",
+        choices=MIXING_METHODS,
+        default="alti",
+        help="mixing: the context-mixing method (default alti)",
+    )
     p.add_argument(
         "--from",
         dest="from_file",
@@ -444,6 +457,32 @@ def _spectrum(args: argparse.Namespace) -> Plot:
     )
 
 
+def _mixing(args: argparse.Namespace) -> Plot:
+    from attnlab.inspect.mixing import mixing
+    from attnlab.tasks.run import load_run
+    from attnlab.viz.mixing import mixing_figure
+
+    if args.model is None or (args.text is None and args.ids is None):
+        raise CLIError("plot mixing needs --model MODEL and --text TEXT (or --ids)")
+    loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
+    inputs = model_inputs(loaded, args)
+    device = next(loaded.model.parameters()).device
+    loaded.model.eval()
+    if inputs.kind == "seq2seq":  # the encoder's layers, over the source tokens
+        src = torch.tensor([inputs.source_ids], device=device)
+        tgt = torch.tensor([inputs.decoder_input_ids], device=device)
+        mix = mixing(loaded.model, src, args.method, layers="encoder.", tgt_in=tgt)
+        tokens, causal = list(inputs.source_tokens), False
+    else:
+        ids = torch.tensor([inputs.source_ids + inputs.target_ids], device=device)
+        mix = mixing(loaded.model, ids, args.method)
+        tokens, causal = list(inputs.tokens), True
+    return mixing_figure(
+        mix, tokens, causal=causal,
+        title=f"{_literal(repr(inputs.output))}: {mix.method} — {mix.meaning}",
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from attnlab import viz as F
 
@@ -488,6 +527,8 @@ def run(args: argparse.Namespace) -> int:
         plot = _roles(args)
     elif args.kind == "spectrum":
         plot = _spectrum(args)
+    elif args.kind == "mixing":
+        plot = _mixing(args)
     elif args.kind == "steps" and args.model is None:
         plot = _steps_by_hand(args)
     else:

@@ -22,6 +22,13 @@
   rank and effective rank of its QK circuit ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit
   ``W_V^hᵀ W_O^hᵀ`` (a :class:`CircuitSpectrum`); :func:`head_weights` reads any family's per-head
   ``W_Q``, ``W_K``, ``W_V``, ``W_O``.
+- :func:`mixing`: what each position takes from each token, by raw weights, rollout, flow,
+  norm-based analysis, ALTI, value zeroing, gradient-weighted attention or integrated gradients
+  (a :class:`Mixing`), read from each layer's resolved call.
+- :func:`faithfulness` / :func:`faithfulness_table` / :func:`leave_one_out`: deletion and
+  insertion curves, ERASER's comprehensiveness and sufficiency, and rank agreement with
+  leave-one-out importance of an explanation, beside a random one's; :func:`plausibility`: an
+  encoder-decoder's alignments against the known sources of copy/reverse/sort.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -51,6 +58,12 @@ from attnlab.inspect.diagnostics import (
     diagnose,
     diagnose_model,
 )
+from attnlab.inspect.faithfulness import (
+    Faithfulness,
+    faithfulness,
+    faithfulness_table,
+    leave_one_out,
+)
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
 from attnlab.inspect.memory import (
     peak_memory,
@@ -58,6 +71,8 @@ from attnlab.inspect.memory import (
     resident_bytes,
     stabilize_allocator,
 )
+from attnlab.inspect.mixing import METHODS as MIXING_METHODS
+from attnlab.inspect.mixing import Mixing, mixing
 from attnlab.inspect.nonfinite import (
     NonFiniteOrigin,
     NonFiniteWatch,
@@ -72,6 +87,7 @@ from attnlab.inspect.patching import (
     patch_residual,
     run_with_patches,
 )
+from attnlab.inspect.plausibility import Plausibility, plausibility
 from attnlab.inspect.qk_circuits import CircuitSpectrum, HeadWeights, head_weights, qk_spectrum
 from attnlab.inspect.roles import (
     HeadRoles,
@@ -84,9 +100,11 @@ from attnlab.inspect.roles import (
 from attnlab.inspect.stats import AttentionStats, attention_stats
 
 __all__ = [
+    "MIXING_METHODS",
     "ActivationCache",
     "AttentionStats",
     "CircuitSpectrum",
+    "Faithfulness",
     "FlopReport",
     "HeadHealth",
     "HeadImportance",
@@ -95,10 +113,12 @@ __all__ = [
     "HealthReport",
     "LogitAttribution",
     "Metric",
+    "Mixing",
     "NonFiniteLocation",
     "NonFiniteOrigin",
     "NonFiniteWatch",
     "PatchResult",
+    "Plausibility",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
@@ -109,19 +129,24 @@ __all__ = [
     "diagnose",
     "diagnose_model",
     "direct_logit_attribution",
+    "faithfulness",
+    "faithfulness_table",
     "find_nonfinite",
     "flops",
     "head_importance",
     "head_roles",
     "head_weights",
     "kv_cache_bytes",
+    "leave_one_out",
     "logit_difference",
     "masked_heads",
+    "mixing",
     "ordinary_token_range",
     "patch_heads",
     "patch_residual",
     "peak_memory",
     "peak_memory_supported",
+    "plausibility",
     "pruning_curve",
     "pruning_order",
     "qk_spectrum",

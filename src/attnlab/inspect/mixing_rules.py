@@ -1,0 +1,294 @@
+"""The equations of context mixing, on what a layer computed (no model runs here).
+
+Each function takes the quantities one attention layer used — its weights, its values, its
+output projection, the residual stream it wrote into — and returns a ``T_q × T_k`` matrix of how
+much each output position takes from each input token (:func:`attnlab.inspect.mixing`):
+
+- :func:`rollout` (Abnar & Zuidema 2020): ``Ã_l = 0.5 · A_l + 0.5 · I`` (rows renormalised),
+  multiplied through the layers, ``R = Ã_L ⋯ Ã_1``;
+- :func:`max_flow` (Abnar & Zuidema 2020): the maximum flow from input token ``j`` to output
+  position ``i`` through the layered graph whose edges carry ``Ã_l``;
+- :func:`token_vectors`: a layer's attention output split by the token it comes from,
+  ``T_i(x_j) = Σ_h α^h_ij W_O^h v^h_j (+ x_i when j = i: the residual)`` — exact: the vectors
+  sum to the layer's output minus the output bias (Kobayashi et al. 2020, 2021);
+- :func:`alti_contributions` (Ferrando et al. 2022): ``c_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``,
+  rows summing to 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from attnlab.errors import ArgumentError
+
+__all__ = [
+    "MAX_FLOW_LENGTH",
+    "alti_contributions",
+    "alti_plus",
+    "max_flow",
+    "rollout",
+    "through_layer_norm",
+    "token_vectors",
+]
+
+#: the longest sequence :func:`max_flow` accepts: it solves ``T²`` maximum-flow problems over a
+#: graph of ``L · T²`` edges (networkx's preflow-push, ``O(V² √E)`` each), about 10 s at 32
+#: tokens and 6 layers on one CPU core
+MAX_FLOW_LENGTH = 32
+
+
+def with_residual(weights: torch.Tensor) -> torch.Tensor:
+    """``Ã = 0.5 · A + 0.5 · I``, rows renormalised (Abnar & Zuidema 2020, §3): the residual
+    connection counted as attention to the token itself.
+
+    Args:
+        weights: one layer's weights, averaged over heads.
+
+    Returns:
+        ``Ã``; each row sums to 1 (a row of zeros — a query that sees no key — keeps only
+        itself).
+
+    Shape:
+        ``(B, T, T)`` → ``(B, T, T)``.
+    """
+    t = weights.shape[-1]
+    eye = torch.eye(t, dtype=weights.dtype, device=weights.device)
+    mixed = 0.5 * weights + 0.5 * eye
+    return mixed / mixed.sum(-1, keepdim=True)
+
+
+def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch.Tensor:
+    """Attention rollout: ``R = Ã_L ⋯ Ã_2 Ã_1`` (Abnar & Zuidema 2020, eq. 1).
+
+    ``R[i, j]`` is how much of output position ``i`` (after the last layer) comes from input
+    token ``j``, if each layer mixed its inputs linearly by ``Ã``.
+
+    Args:
+        matrices: each layer's mixing matrix, first layer first (head-averaged weights for
+            rollout proper; ALTI's contributions with ``residual=False``).
+        residual: add the identity first (:func:`with_residual`); ``False`` when the matrices
+            already count the residual stream (ALTI, Chefer et al.'s relevance).
+
+    Returns:
+        ``R``.
+
+    Raises:
+        ValueError: no layer, or a layer that is not square (cross-attention, Linformer's
+            projected rows).
+
+    Shape:
+        each ``(B, T, T)`` → ``(B, T, T)``.
+    """
+    if not matrices:
+        raise ArgumentError("rollout needs at least one layer, got none")
+    result: torch.Tensor | None = None
+    for a in matrices:
+        if a.shape[-1] != a.shape[-2]:
+            raise ArgumentError(
+                f"rollout multiplies square T × T layers, got a {a.shape[-2]} × {a.shape[-1]} one"
+            )
+        step = with_residual(a) if residual else a
+        # R_l = Ã_l R_{l−1}: output i of layer l takes Ã_l[i, k] of position k, which took
+        # R_{l−1}[k, j] of token j
+        result = step if result is None else step @ result
+    assert result is not None
+    return result
+
+
+def max_flow(matrices: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Attention flow: the maximum flow from each input token to each output position through
+    the layers, each edge ``(l − 1, j) → (l, i)`` of capacity ``Ã_l[i, j]``
+    (Abnar & Zuidema 2020, §3), solved by networkx.
+
+    Args:
+        matrices: each layer's head-averaged weights ``A_l`` (the residual is added here, as in
+            :func:`rollout`), first layer first.
+
+    Returns:
+        ``F[b, i, j]``, the flow value from token ``j`` to position ``i``.
+
+    Raises:
+        ValueError: longer than :data:`MAX_FLOW_LENGTH` tokens (the cost grows as ``T⁴ · L``).
+
+    Shape:
+        each ``(B, T, T)`` → ``(B, T, T)``.
+    """
+    import networkx as nx
+
+    t = matrices[0].shape[-1]
+    if t > MAX_FLOW_LENGTH:
+        raise ArgumentError(
+            f"flow solves T² maximum-flow problems over L·T² edges: at most {MAX_FLOW_LENGTH} "
+            f"tokens, got {t} (use rollout for longer inputs)"
+        )
+    layers = [with_residual(a).detach().double().cpu() for a in matrices]
+    n_layers, b = len(layers), layers[0].shape[0]
+    out = torch.zeros(b, t, t, dtype=torch.float64)
+    for row in range(b):
+        graph = nx.DiGraph()
+        for layer, a in enumerate(layers, start=1):
+            for i in range(t):
+                for j in range(t):
+                    cap = float(a[row, i, j])
+                    if cap > 0.0:
+                        graph.add_edge((layer - 1, j), (layer, i), capacity=cap)
+        for i in range(t):
+            for j in range(t):
+                source, sink = (0, j), (n_layers, i)
+                if source in graph and sink in graph:
+                    out[row, i, j] = nx.maximum_flow_value(graph, source, sink)
+    return out.to(matrices[0].dtype)
+
+
+def token_vectors(
+    weights: torch.Tensor,
+    values: torch.Tensor,
+    w_out: torch.Tensor,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One attention layer's output split by source token (Kobayashi et al. 2020, eq. 5;
+    with ``residual``, 2021's ATTN-RES):
+
+        T_i(x_j) = Σ_h α^h_ij · W_O^h v^h_j   (+ x_i when j = i)
+
+    With the output bias ``b_O``, ``Σ_j T_i(x_j) + b_O`` is the layer's output (plus ``x_i``): the
+    decomposition is exact, since ``z^h_i = Σ_j α^h_ij v^h_j`` and ``W_O`` is linear.
+
+    Args:
+        weights: the weights of every query head, as the layer computed them.
+        values: the values they multiply (``H_kv`` heads; the output bias of ``W_V`` included,
+            as the layer added it).
+        w_out: ``W_O`` per head (:func:`attnlab.inspect.head_weights`' ``output``).
+        residual: the residual stream ``x`` the layer adds its output to, or ``None``.
+
+    Returns:
+        ``T[b, i, j, :]``.
+
+    Shape:
+        weights ``(B, H, T_q, T_k)``; values ``(B, H_kv, T_k, d_head)``; w_out
+        ``(H, d_model, d_head)``; residual ``(B, T_q, d_model)`` (``T_q == T_k``) →
+        ``(B, T_q, T_k, d_model)``.
+    """
+    heads = weights.shape[1]
+    v = values.repeat_interleave(heads // values.shape[1], dim=1).to(weights.dtype)
+    # f_h(x_j) = W_O^h v^h_j                                            (B, H, T_k, d_model)
+    f = torch.einsum("bhjd,hed->bhje", v, w_out.to(weights.dtype))
+    # Σ_h α^h_ij f_h(x_j)                                               (B, T_q, T_k, d_model)
+    vectors = torch.einsum("bhij,bhje->bije", weights, f)
+    if residual is not None:
+        if residual.shape[1] != vectors.shape[2]:
+            raise ArgumentError(
+                f"the residual stream has {residual.shape[1]} positions but the layer "
+                f"attends over {vectors.shape[2]} keys: the residual needs self-attention"
+            )
+        t_q, t_k = vectors.shape[1], vectors.shape[2]
+        diag = torch.arange(t_q, device=vectors.device) + (t_k - t_q)  # query i at position p_i
+        vectors[:, torch.arange(t_q), diag] += residual[:, -t_q:].to(vectors.dtype)
+    return vectors
+
+
+def through_layer_norm(
+    vectors: torch.Tensor, bias: torch.Tensor, norm: torch.nn.LayerNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A post-norm block's token vectors through its LayerNorm (Kobayashi et al. 2021, §3;
+    Ferrando et al. 2022, eq. 6): with ``s_i = Σ_j z_ij + b`` and ``σ_i`` its standard deviation
+    as the layer computed it,
+
+        LN(s_i) = Σ_j γ ⊙ (z_ij − mean(z_ij)) / σ_i  +  γ ⊙ (b − mean(b)) / σ_i + β
+
+    exactly: the mean is linear, and ``σ_i`` is one number per position.
+
+    Args:
+        vectors: ``z_ij``, the residual included (:func:`token_vectors`).
+        bias: ``b``, what no token brings (the output projection's bias).
+        norm: the block's LayerNorm after the residual connection.
+
+    Returns:
+        ``(T_i(x_j), LN(s_i))``: the vectors after the norm and the block's output.
+
+    Shape:
+        vectors ``(B, T_q, T_k, d_model)``; bias ``(d_model,)`` → ``(B, T_q, T_k, d_model)``,
+        ``(B, T_q, d_model)``.
+    """
+    s = vectors.sum(2) + bias  # the sum the LayerNorm saw                (B, T_q, d_model)
+    sigma = (s.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, T_q, 1)
+    gamma = (norm.weight if norm.weight is not None else torch.ones_like(bias)).to(vectors.dtype)
+    centred = vectors - vectors.mean(-1, keepdim=True)
+    out = gamma * centred / sigma[:, :, None, :]
+    beta = norm.bias.to(vectors.dtype) if norm.bias is not None else 0.0
+    y = out.sum(2) + gamma * (bias - bias.mean()) / sigma + beta
+    return out, y
+
+
+def alti_contributions(
+    vectors: torch.Tensor, output: torch.Tensor, *, own: int | None = None
+) -> torch.Tensor:
+    """ALTI's contributions of one layer (Ferrando et al. 2022, eq. 8–9): the closer the part a
+    token gives to the output, in Manhattan distance, the more it contributes,
+
+        c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) / Σ_k max(0, ‖y_i‖₁ − ‖y_i − T_i(x_k)‖₁)
+
+    Args:
+        vectors: the token vectors ``T_i(x_j)`` (:func:`token_vectors`, residual included).
+        output: the layer's output ``y_i`` (their sum, and the bias).
+        own: the column a row gives everything to when no part is closer than zero: default
+            the row's own position (self-attention); a cross-attention block's residual column.
+
+    Returns:
+        ``c``; each row sums to 1.
+
+    Shape:
+        vectors ``(B, T_q, T_k, d_model)``; output ``(B, T_q, d_model)`` → ``(B, T_q, T_k)``.
+    """
+    y = output.to(vectors.dtype)
+    distance = (y[:, :, None, :] - vectors).abs().sum(-1)  # ‖y_i − T_i(x_j)‖₁   (B, T_q, T_k)
+    closeness = (y.abs().sum(-1, keepdim=True) - distance).clamp(min=0.0)
+    total = closeness.sum(-1, keepdim=True)
+    t_q, t_k = closeness.shape[-2:]
+    fallback = torch.zeros_like(closeness)
+    columns = torch.arange(t_q) + (t_k - t_q) if own is None else torch.full((t_q,), own)
+    fallback[:, torch.arange(t_q), columns] = 1.0
+    return torch.where(total > 0, closeness / total.clamp(min=torch.finfo(y.dtype).tiny), fallback)
+
+
+def alti_plus(
+    encoder: torch.Tensor,
+    self_blocks: Sequence[torch.Tensor],
+    cross_blocks: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """ALTI+ (Ferrando et al. 2022b, §3): what each target position of an encoder-decoder takes
+    from the source tokens and from the target tokens before it, through every decoder layer.
+
+    With ``R_enc`` the encoder's rolled-out ALTI (source tokens → encoder outputs), a decoder
+    layer's self-attention contributions ``C^self`` (target → target) and its cross-attention
+    contributions ``C^cross`` over the ``S`` encoder outputs and, as one more column, the
+    residual stream it adds to; from ``R⁰ = [0 | I]``:
+
+        M = C^self R^{l−1}
+        R^l[i, :S] = Σ_s C^cross[i, s] R_enc[s, :] + C^cross[i, res] M[i, :S]
+        R^l[i, S:] = C^cross[i, res] M[i, S:]
+
+    Args:
+        encoder: ``R_enc``.
+        self_blocks: each decoder layer's ``C^self``, first layer first.
+        cross_blocks: each decoder layer's ``C^cross`` (residual column last).
+
+    Returns:
+        ``R^L``: columns the source tokens, then the target tokens; each row sums to 1.
+
+    Shape:
+        encoder ``(B, S, S)``; self ``(B, T, T)``; cross ``(B, T, S + 1)`` → ``(B, T, S + T)``.
+    """
+    b, s = encoder.shape[0], encoder.shape[-1]
+    t = self_blocks[0].shape[-1]
+    r = torch.cat(
+        [encoder.new_zeros(b, t, s), torch.eye(t, dtype=encoder.dtype).expand(b, t, t)], -1
+    )  # R⁰: each target position is its own token
+    for c_self, c_cross in zip(self_blocks, cross_blocks):
+        m = c_self @ r  # through the self-attention block                  (B, T, S + T)
+        keep = c_cross[:, :, s:]  # the residual's share                        (B, T, 1)
+        source = c_cross[:, :, :s] @ encoder  # the encoder outputs' share     (B, T, S)
+        r = torch.cat([source + keep * m[:, :, :s], keep * m[:, :, s:]], -1)
+    return r
