@@ -6,10 +6,11 @@ returned, in rank order (through a file per rank). The processes are forked from
 (the ``forkserver`` start method) that imported torch and attnlab once, when this process
 launched its first group: a rank starts in a fraction of a second instead of importing them anew
 (seconds each, ``world_size`` at once on two cores), and nothing of the caller's state (threads,
-an initialised group, pytest's) is inherited. A rank that raises fails the
-caller with that rank's traceback; a group that runs past ``timeout`` is killed and fails the
-caller, so a test never hangs. ``fn`` must be a module-level function of an importable module
-(the processes import it by name) and return something picklable.
+an initialised group, pytest's) is inherited; their environment is the server's, the caller's
+when it launched its first group. A rank that raises fails the caller with that rank's
+traceback; a group that runs past ``timeout`` is killed and fails the caller, so a test never
+hangs. ``fn`` must be a module-level function of an importable module (the processes import it
+by name) and return something picklable.
 
 Launches take turns across pytest-xdist workers (a lock file in the temporary folder), so that at
 most one group's processes (the caller keeps ``world_size <= 4``) run at a time on a small machine.
