@@ -36,7 +36,7 @@ __all__ = ["free_port", "launch"]
 
 MAX_PROCESSES = 4
 # what the fork server imports once, before it forks any rank (what every rank needs first)
-_PRELOAD = ["torch", "torch.distributed", "attnlab", "pytest"]
+_PRELOAD = ["torch", "torch.distributed", "attnlab", "attnlab.distributed", "pytest"]
 _LOCK = Path(tempfile.gettempdir()) / "attnlab-tests-distributed.lock"
 
 
