@@ -36,7 +36,7 @@ if FULL:
     SMOOTH = 128  # the moving average of the figure
 else:
     PASSAGE = 1024
-    STREAM, WINDOW = 192, 32
+    STREAM, WINDOW = 128, 32  # one token at a time: each a pass over all the weights
     STRIDE = 2  # every 2nd token (256 tokens, every one scored: about the same perplexities)
     SMOOTH = 32
 SINKS = 4  # StreamingLLM's choice
