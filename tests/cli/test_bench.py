@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,9 @@ def test_gpu_benchmark_smoke_runs_on_the_cpu(
     decoded = [r for r in results["decode"] if "skipped" not in r]
     assert decoded and all(r["same_tokens"] for r in decoded)
     table = (out / "gpu.md").read_text()
-    assert "| attnlab GPT |" in table and "attnlab / HF tokens/s" in table
+    assert "| attnlab GPT |" in table and "| HF GPT2LMHeadModel (sdpa), eager |" in table
+    assert re.search(r"attnlab GPT / HF GPT2LMHeadModel \(sdpa\), eager: [0-9.]+x tokens/s", table)
+    assert "## Host work per attention call" in table and "## Greedy decoding" in table
     assert "## Greedy decoding" in capfd.readouterr().out
 
 

@@ -24,7 +24,7 @@ SIZE = {"vocab_size": 53, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head
 #: the hook points of every block, whatever the family (rotary ones with positions="rope")
 BLOCK_HOOKS = {
     "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_weights", "attn.hook_z",
-    "hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post",
+    "attn.hook_call", "hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post",
 }  # fmt: skip
 ROTARY_HOOKS = {"attn.hook_rot_q", "attn.hook_rot_k"}
 
