@@ -83,17 +83,17 @@ def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch
     """
     if not matrices:
         raise ArgumentError("rollout needs at least one layer, got none")
-    result: torch.Tensor | None = None
     for a in matrices:
         if a.shape[-1] != a.shape[-2]:
             raise ArgumentError(
                 f"rollout multiplies square T × T layers, got a {a.shape[-2]} × {a.shape[-1]} one"
             )
-        step = with_residual(a) if residual else a
+    steps = [with_residual(a) if residual else a for a in matrices]
+    result = steps[0]
+    for step in steps[1:]:
         # R_l = Ã_l R_{l−1}: output i of layer l takes Ã_l[i, k] of position k, which took
         # R_{l−1}[k, j] of token j
-        result = step if result is None else step @ result
-    assert result is not None
+        result = step @ result
     return result
 
 
