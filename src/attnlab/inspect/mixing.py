@@ -412,12 +412,25 @@ def _select(runs: list[LayerRun], layers: str | None) -> list[LayerRun]:
         runs = chosen
     shapes = {tuple(r.weights.shape[-2:]) for r in runs}
     if len(shapes) > 1 or any(r.call.cross for r in runs):
-        stacks = sorted({r.name.split(".")[0] + "." for r in runs})
-        raise ArgumentError(
-            "the layers read attend over different tokens (cross-attention, or an encoder and a "
-            f"decoder): choose one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
-        )
+        raise mixed_stacks([r.name for r in runs])
     return runs
+
+
+def mixed_stacks(names: list[str]) -> ArgumentError:
+    """The one-line error for layers that attend over different tokens (cross-attention, or an
+    encoder and a decoder), naming the stacks ``layers=`` can choose.
+
+    Args:
+        names: the attention layers read.
+
+    Returns:
+        The error to raise.
+    """
+    stacks = sorted({n.split(".")[0] + "." for n in names})
+    return ArgumentError(
+        "the layers read attend over different tokens (cross-attention, or an encoder and a "
+        f"decoder): choose one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
+    )
 
 
 def token_vectors_per_head_norm(run: LayerRun) -> torch.Tensor:

@@ -83,7 +83,7 @@ def run(
 def _value_zeroing(
     model: nn.Module, input_ids: torch.Tensor, layers: str | None, forward_kwargs: dict[str, Any]
 ) -> tuple[list[str], torch.Tensor]:
-    from attnlab.inspect.mixing import _block_of
+    from attnlab.inspect.mixing import _block_of, mixed_stacks
 
     b, t = input_ids.shape
     modules = {
@@ -151,11 +151,7 @@ def _value_zeroing(
         matrices.append(torch.where(total > 0, change / total.clamp(min=1e-300), 0.0))
         names.append(name)
     if len({m.shape for m in matrices}) > 1:
-        stacks = sorted({n.split(".")[0] + "." for n in names})
-        raise ArgumentError(
-            "the layers read attend over different tokens (an encoder and a decoder): choose "
-            f"one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
-        )
+        raise mixed_stacks(names)
     return names, torch.stack(matrices)
 
 
