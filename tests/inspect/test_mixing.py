@@ -93,7 +93,7 @@ def test_token_vectors_sum_to_the_layers_output(family: str) -> None:
 def test_norm_and_alti_equal_the_equations_by_hand(family: str) -> None:
     model = tiny(**FAMILIES[family])
     ids = torch.randint(0, 40, (1, 8))
-    norm = mixing(model, ids, "norm")
+    norm = mixing(model, ids, "norm", heads=True)
     alti = mixing(model, ids, "alti")
     res = mixing(model, ids, "norm_residual")
     layers_c = []
