@@ -325,9 +325,9 @@ def test_a_length_past_the_memory_is_refused_before_running(
     model = tiny(n_layer=2)
     ids = torch.randint(0, 40, (1, 8))
     need = mixing_bytes(model, "alti", 1, 8)
-    # recorded: L·B·T·(3·d + 2·H·d_head + 3·H_kv·d_head) and the logits B·T·V; result
+    # recorded: L·B·T·(3·d + 2·H·d_head + 3·H_kv·d_head) (no logits: it stops early); result
     # L·B·T² + B·T² (the rollout); one block of 8 rows, B·b·T·(2·H + 3·d), and f, B·H·T·d
-    recorded = 2 * 8 * (3 * 32 + 2 * 32 + 3 * 32) + 8 * 40
+    recorded = 2 * 8 * (3 * 32 + 2 * 32 + 3 * 32)
     assert need == (recorded + 2 * 64 + 64 + 8 * 8 * (8 + 96) + 4 * 8 * 32) * 8
     monkeypatch.setattr(budget, "available_memory", lambda device=None: need - 1)
     with pytest.raises(ArgumentError, match=r"input_ids of 8 tokens \(T = 8\) needs about"):

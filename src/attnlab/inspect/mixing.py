@@ -221,7 +221,12 @@ class Mixing:
 
 
 def record_layers(
-    model: nn.Module, forward: Callable[[], Any], *, grad: bool = False, weights: bool = True
+    model: nn.Module,
+    forward: Callable[[], Any],
+    *,
+    grad: bool = False,
+    weights: bool = True,
+    stop: bool = False,
 ) -> tuple[list[LayerRun], Any]:
     """Run ``forward()`` once and record every attention layer's resolved call (with its
     weights), the residual stream entering its block and what it added.
@@ -233,6 +238,9 @@ def record_layers(
         weights: make the layers return their weights (``L · B · H · T²`` numbers kept);
             ``False`` leaves them on their fast kernels, and :meth:`LayerRun.rows_weights`
             computes rows from the call when asked.
+        stop: stop the forward once every attention layer has run and written its output
+            (what follows the last one — an MLP, the final norm, a ``T × V`` of logits — is
+            never computed); the output returned is then ``None``.
 
     Returns:
         ``(layers in execution order, forward's output)``.
@@ -247,12 +255,18 @@ def record_layers(
     seen: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     handles = []
+    last: dict[str, str] = {}  # the last hook each layer fires: its output, else its call
+    done: set[str] = set()
 
     def keep(name: str, key: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
             if key == "call" and name not in order:
                 order.append(name)
             seen.setdefault(name, {}).setdefault(key, out)  # the first call of each layer
+            if stop and key == last[name]:
+                done.add(name)
+                if len(done) == len(modules):
+                    raise _Done
 
         return hook
 
@@ -261,13 +275,19 @@ def record_layers(
             if weights:
                 handles.append(attn.hook_weights.register_forward_hook(lambda *_: None))
             handles.append(attn.hook_call.register_forward_hook(keep(name, "call")))
+            last[name] = "call"
             block, role = _block_of(parents, name)
             for key, point in zip(("resid_pre", "attn_out"), _STREAM[role][:2]):
                 hp = getattr(block, point, None)
                 if isinstance(hp, nn.Module):
                     handles.append(hp.register_forward_hook(keep(name, key)))
+                    last[name] = key
+        out = None
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            out = forward()
+            try:
+                out = forward()
+            except _Done:
+                pass
     finally:
         for h in handles:
             h.remove()
@@ -296,6 +316,11 @@ def record_layers(
             )
         )
     return runs, out
+
+
+class _Done(Exception):
+    """Raised by :func:`record_layers` (``stop=True``) once every attention layer has run;
+    never leaves this module."""
 
 
 #: where a block's attention reads and writes the residual stream, by the attribute that holds
@@ -419,7 +444,8 @@ def mixing(
         from attnlab.inspect import mixing_causal
 
         return mixing_causal.run(model, input_ids, method, layers, forward_kwargs, rows)
-    runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs), weights=False)
+    forward = lambda: model(input_ids, **forward_kwargs)  # noqa: E731
+    runs, _ = record_layers(model, forward, weights=False, stop=True)
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
         return _alti_plus(runs, rows, block_size)
     runs = _select(runs, layers)

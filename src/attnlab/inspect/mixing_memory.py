@@ -116,16 +116,17 @@ def mixing_memory(
     rows: int | None = None,
     heads: bool = False,
 ) -> dict[str, int]:
-    """The memory of :func:`~attnlab.inspect.mixing.mixing`, part by part (``L`` layers, ``H`` heads, ``H_kv``
-    key/value heads, ``d`` = d_model, ``R`` rows, ``V`` the vocabulary, ``s`` bytes per number,
-    at least 4 for the result):
+    """The memory of :func:`~attnlab.inspect.mixing.mixing`, part by part (``L`` layers,
+    ``H`` heads, ``H_kv`` key/value heads, ``d`` = d_model, ``R`` rows; in bytes of the
+    model's dtype, at least 4 for the result and the block):
 
     - per-layer methods (streamed): ``recorded`` = ``L·B·T·(3·d + 2·H·d_head + 3·H_kv·d_head)``
       (each layer's input, residual stream and what it added; its queries, outputs, keys and
-      values) plus the logits ``B·T·V``; ``result`` = ``L·B·R·T`` (``·(1 + H)`` with
-      ``heads`` for ``weights``/``norm``) plus ``B·R·T`` for a rolled-out total (``flow``
-      computes every row: ``R = T``); ``block`` = ``B·b·T·(2·H + 3·d) + B·H·T·d`` for a block of
-      ``b`` rows (at most about :data:`~attnlab.inspect.stats.TILE_ELEMENTS`) and the heads'
+      values; the forward stops after the last attention layer, so no logits); ``result`` =
+      ``L·B·R·T`` (``·(1 + H)`` with ``heads`` for ``weights``/``norm``) plus ``B·R·T`` for a
+      rolled-out total (``flow`` computes every row: ``R = T``); ``block`` =
+      ``B·b·T·(2·H + 3·d) + B·H·T·d`` for a block of ``b`` rows (about
+      :data:`~attnlab.inspect.stats.TILE_ELEMENTS` numbers, :func:`block_rows`) and the heads'
       outputs, plus ``B·R·T`` for a rollout of some rows;
     - ``value_zeroing``: one layer at a time, ``B·(T+1)·(H·T² + 8·T·d)``;
     - ``grad_weights``, ``integrated_gradients``: ``3·L·B·H·T²`` (the weights and their graph).
@@ -160,14 +161,13 @@ def mixing_memory(
     if kind == "gradient":
         return {"recorded": 3 * n_layers * batch * h * t * t * size, "result": 0, "block": 0}
     r = t if rows is None or method == "flow" else rows
-    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     recorded = n_layers * batch * t * (3 * d + 2 * h * dh + 3 * h_kv * dh) * size
     per_head = h if heads and method in ("weights", "norm") else 0
     total = batch * r * t if method in ("rollout", "flow", "alti") else 0
     result = (n_layers * batch * r * t * (1 + per_head) + total) * acc
     b = block_rows(batch, t, h, d)
     block = batch * b * t * (2 * h + 3 * d) + batch * h * t * d + (total if r < t else 0)
-    return {"recorded": recorded + batch * t * vocab * size, "result": result, "block": block * acc}
+    return {"recorded": recorded, "result": result, "block": block * acc}
 
 
 def block_rows(batch: int, t: int, heads: int, d_model: int) -> int:
