@@ -124,6 +124,9 @@ def test_linformer_decompositions_rollout_and_flow() -> None:
     # ALTI+ through the Linformer encoder: rows sum to 1
     plus = mixing(model, SRC, "alti", tgt_in=TGT).total
     torch.testing.assert_close(plus.sum(-1), torch.ones(2, 3, dtype=torch.float64))
+    last = mixing(model, SRC, "alti", rows=-1, tgt_in=TGT)  # rows of the target positions
+    assert last.rows.tolist() == [2]
+    torch.testing.assert_close(last.total, plus[:, -1:], rtol=0, atol=0)
 
 
 def test_performer_mixing_reads_its_implied_weights_exactly() -> None:

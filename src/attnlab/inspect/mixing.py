@@ -433,7 +433,7 @@ def mixing(
         raise ArgumentError(f"block_size must be a positive int or None, got {block_size!r}")
     if input_ids.dim() == 2:
         b, t = input_ids.shape
-        n_rows = None if rows is None else len(row_positions(rows, t))
+        n_rows = None if rows is None else _count(rows, t)
         need = mixing_bytes(model, method, b, t, rows=n_rows, heads=heads)
         check_fits(
             f"input_ids of {t} tokens (T = {t})",
@@ -450,6 +450,14 @@ def mixing(
         return _alti_plus(runs, rows, block_size)
     runs = _select(runs, layers)
     return _streamed(runs, method, rows, heads, block_size)
+
+
+def _count(rows: int | slice | Sequence[int] | torch.Tensor, t: int) -> int:
+    """How many rows ``rows=`` asks for, before they are checked against the layers' ``T_q``
+    (an encoder-decoder's target may be longer than ``input_ids``)."""
+    if isinstance(rows, slice):
+        return len(range(t)[rows])
+    return 1 if isinstance(rows, int) else len(rows)
 
 
 class _Rows:
