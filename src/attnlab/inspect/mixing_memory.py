@@ -91,8 +91,10 @@ def row_positions(rows: int | slice | Sequence[int] | torch.Tensor | None, t: in
 
 
 def mixing_bytes(model: nn.Module, method: str, batch: int, t: int, **options: Any) -> int:
-    """The memory :func:`~attnlab.inspect.mixing.mixing` needs at most, from the model's sizes,
-    before it runs: :func:`mixing_memory`'s parts summed.
+    """The memory :func:`~attnlab.inspect.mixing.mixing` certainly holds, from the model's
+    sizes, before it runs: :func:`mixing_memory`'s parts summed (the forward's own transient
+    activations, one layer's at a time, come on top: measured on SmolLM2 at ``T = 2048``,
+    the peak was about 0.6 GiB above this).
 
     Args:
         model: the model.
