@@ -125,6 +125,9 @@ def test_norm_and_alti_equal_the_equations_by_hand(family: str) -> None:
         torch.testing.assert_close(c.sum(-1), torch.ones(1, t, dtype=torch.float64))
         layers_c.append(c)
     torch.testing.assert_close(alti.total, layers_c[1] @ layers_c[0], rtol=1e-10, atol=1e-12)
+    # rolled out layer by layer: layer 0's own contributions, then the product up to layer 1
+    torch.testing.assert_close(alti.cumulative[0], layers_c[0], rtol=1e-10, atol=1e-12)
+    assert torch.equal(alti.cumulative[-1], alti.total)
 
 
 def test_rollout_of_identity_layers_is_the_identity() -> None:
@@ -139,10 +142,13 @@ def test_rollout_and_flow_match_the_equations() -> None:
     w = mixing(model, ids, "weights").per_layer  # (L, B, T, T), head means
     eye = torch.eye(6, dtype=torch.float64)
     r = eye
-    for a in w[:, 0]:
+    for layer, a in enumerate(w[:, 0]):
         m = 0.5 * a + 0.5 * eye
         r = (m / m.sum(-1, keepdim=True)) @ r
+        # the product up to layer l
+        torch.testing.assert_close(out.cumulative[layer, 0], r, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(out.total[0], r, rtol=1e-12, atol=1e-14)
+    assert torch.equal(out.cumulative[-1], out.total)
     # one layer: the only path from j to i is the edge itself, of capacity Ã[i, j]
     one = max_flow([w[0]])
     m = 0.5 * w[0] + 0.5 * eye
@@ -192,7 +198,10 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
     # multiplies V, so autograd gives ∂s/∂A directly
     model = tiny(**FAMILIES["llama"])
     ids = torch.randint(0, 40, (1, 6))
-    got = mixing(model, ids, "grad_weights").total
+    out = mixing(model, ids, "grad_weights")
+    got = out.total
+    assert out.cumulative is not None and out.cumulative[-1] is not None
+    assert torch.equal(out.cumulative[-1], got)  # the last layer's R is the total
     ref_model = tiny(**FAMILIES["llama"], backend="math")
     kept: list[torch.Tensor] = []
     handles = [
@@ -207,8 +216,12 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
     for i in range(t):
         grads = torch.autograd.grad(logits[0, i, targets[0, i]], kept, retain_graph=True)
         r = torch.eye(t, dtype=torch.float64)
-        for a, g in zip(kept, grads):
+        for layer, (a, g) in enumerate(zip(kept, grads)):
             r = r + (g * a).clamp(min=0).mean(1)[0] @ r
+            # R after layer l: the relevance through layers 0 … l
+            torch.testing.assert_close(
+                out.cumulative[layer, 0, i], r[i].detach(), rtol=1e-9, atol=1e-12
+            )
         torch.testing.assert_close(got[0, i], r[i].detach(), rtol=1e-9, atol=1e-12)
 
 

@@ -134,9 +134,14 @@ class Mixing:
         total: through every layer (``rollout``, ``flow``, ``alti``, ``grad_weights``,
             ``integrated_gradients``): what the last layer's outputs take from the input
             tokens; ``None`` for the per-layer methods.
+        cumulative: the methods that roll out layer by layer (``rollout``, ``alti``,
+            ``grad_weights``): what each layer's outputs take from the input tokens, through
+            that layer and those before it; ``cumulative[-1]`` is ``total``. ``None`` for the
+            others (and for ALTI+ of an encoder-decoder).
 
     Shape:
-        per_layer ``(L, B, T_q, T_k)``; per_head ``(L, B, H, T_q, T_k)``; total ``(B, T, T)``.
+        per_layer ``(L, B, T_q, T_k)``; per_head ``(L, B, H, T_q, T_k)``; total ``(B, T, T)``;
+        cumulative ``(L, B, T, T)``.
     """
 
     method: str
@@ -145,6 +150,7 @@ class Mixing:
     per_layer: torch.Tensor | None
     per_head: torch.Tensor | None = None
     total: torch.Tensor | None = None
+    cumulative: torch.Tensor | None = None
 
 
 def record_layers(
@@ -301,13 +307,17 @@ def mixing(
     runs = _select(runs, layers)
     names = [r.name for r in runs]
     per_head = None
-    total = None
+    total = cumulative = None
     if method in ("weights", "rollout", "flow"):
         per_head = torch.stack([r.weights for r in runs])  # (L, B, H, T_q, T_k)
         per_layer = per_head.mean(2)
         if method != "weights":
             means = [r.weights.mean(1) for r in runs]
-            total = rollout(means) if method == "rollout" else max_flow(means)
+            if method == "rollout":
+                cumulative = rollout(means, cumulative=True)
+                total = cumulative[-1]
+            else:
+                total = max_flow(means)
             per_head = None
     elif method == "norm":
         heads, layer = [], []
@@ -320,8 +330,9 @@ def mixing(
     else:  # norm_residual, alti
         per_layer = torch.stack([_decomposed(r, method) for r in runs])
         if method == "alti":
-            total = rollout(list(per_layer), residual=False)
-    return Mixing(method, MEANING[method], names, per_layer, per_head, total)
+            cumulative = rollout(list(per_layer), residual=False, cumulative=True)
+            total = cumulative[-1]
+    return Mixing(method, MEANING[method], names, per_layer, per_head, total, cumulative)
 
 
 def mixing_bytes(model: nn.Module, method: str, batch: int, t: int) -> int:

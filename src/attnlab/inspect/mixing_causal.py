@@ -74,8 +74,10 @@ def run(
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)
         runs = _select(runs, layers)
-        total = _relevance(runs, out, targets)
-        return Mixing(method, MEANING[method], [r.name for r in runs], None, total=total)
+        cumulative = _relevance(runs, out, targets)
+        names = [r.name for r in runs]
+        return Mixing(method, MEANING[method], names, None, total=cumulative[-1],
+                      cumulative=cumulative)  # fmt: skip
     total = _integrated_gradients(model, input_ids, targets, forward_kwargs)
     return Mixing(method, MEANING[method], [], None, total=total)
 
@@ -156,7 +158,8 @@ def _value_zeroing(
 
 
 def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s rolled-out relevance, one backward pass per output position."""
+    """Chefer et al.'s rolled-out relevance, one backward pass per output position: ``R``
+    after each layer, ``(L, B, T, T)`` (the last is the relevance through every layer)."""
     self_runs = runs
     logits = out.logits  # (B, T, V)
     b, t = targets.shape
@@ -166,15 +169,16 @@ def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor
             "tokens: an encoder-decoder's encoder layers are over the source (not supported)"
         )
     outputs = [r.call.output for r in self_runs]
-    relevance = torch.zeros(b, t, t, dtype=logits.dtype, device=logits.device)
+    relevance = torch.zeros(len(runs), b, t, t, dtype=logits.dtype, device=logits.device)
     eye = torch.eye(t, dtype=logits.dtype, device=logits.device).expand(b, t, t)
     for i in range(t):
         score = logits[:, i].gather(-1, targets[:, i : i + 1]).sum()
         grads = torch.autograd.grad(score, outputs, retain_graph=i < t - 1, allow_unused=True)
         r = eye.clone()
-        for run, g in zip(self_runs, grads):
+        for layer, (run, g) in enumerate(zip(self_runs, grads)):
             a = run.weights.detach()
             if g is None:
+                relevance[layer, :, i] = r[:, i]
                 continue
             heads = a.shape[1]
             v = run.call.v.detach().repeat_interleave(heads // run.call.v.shape[1], dim=1)
@@ -182,7 +186,7 @@ def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor
             # Ā = E_h[(∇A ⊙ A)^+];  R ← R + Ā R
             a_bar = (grad_a * a).clamp(min=0.0).mean(1)
             r = r + a_bar @ r
-        relevance[:, i] = r[:, i]
+            relevance[layer, :, i] = r[:, i]
     return relevance.detach()
 
 
