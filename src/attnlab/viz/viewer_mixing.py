@@ -225,6 +225,7 @@ def add_mixing(
 
         data = viewer_data(cache.attentions, tokens=words)
         write_viewer(add_mixing(data, model, ids, ["norm", "alti"]), "view.html")
+        attnlab.viz.view(add_mixing(data, model, ids, "alti"))  # inline, in a notebook
 
     Args:
         data: the page's data, for the same input (its layers are named by module path).

@@ -257,7 +257,8 @@
     const tokenLabels = cell >= 5;
     const right = tokenLabels ? 110 : 10, bottom = tokenLabels ? 100 : 10;
     const pw = cell * first.tk, ph = cell * first.tq;
-    setSize(left + nh * (pw + gap) + right, top + nl * (ph + gap) + bottom);
+    // at least as wide as the line naming the axes (one column of a per-layer method)
+    setSize(Math.max(left + nh * (pw + gap) + right, 420), top + nl * (ph + gap) + bottom);
     ctx.imageSmoothingEnabled = false;
     const panels = [], vmaxes = [], labels = { layers: [], heads: [], queries: [], keys: [], axes: [] };
     ctx.fillStyle = TEXT_COLOR; ctx.font = "12px system-ui, sans-serif"; ctx.textBaseline = "middle";
