@@ -213,14 +213,16 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
 
 
 def test_integrated_gradients_are_complete() -> None:
-    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline)
+    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline), the
+    # baseline being token 0's embedding at every position
     model = tiny(n_layer=1)
     ids = torch.randint(0, 40, (1, 4))
     ig = mixing(model, ids, "integrated_gradients").total
     with torch.no_grad():
         logits = model(ids).logits
     targets = logits.argmax(-1)
-    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: torch.zeros_like(o))
+    blank = model.transformer.wte(torch.zeros_like(ids))  # the baseline: token 0 everywhere
+    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: blank)
     with torch.no_grad():
         base = model(ids).logits
     handle.remove()

@@ -247,6 +247,7 @@ def mixing(
     method: str = "rollout",
     *,
     layers: str | None = None,
+    baseline_id: int = 0,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -260,6 +261,9 @@ def mixing(
             encoder-decoder's source side); default every one. The layers read must attend
             over the same tokens (an encoder-decoder's cross-attention and decoder are not
             rolled out with its encoder).
+        baseline_id: ``integrated_gradients`` only: the token whose embedding, at every
+            position, is the path's start (not the zero vector, which a model whose first
+            operation is a norm cannot be integrated from; :mod:`attnlab.inspect.mixing_causal`).
         **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
             ``tgt_in`` for an :class:`attnlab.Transformer`).
 
@@ -286,6 +290,8 @@ def mixing(
             f"input_ids must be an integer tensor (B, T), got "
             f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}"
         )
+    if isinstance(baseline_id, bool) or not isinstance(baseline_id, int) or baseline_id < 0:
+        raise ArgumentTypeError(f"baseline_id must be a token id (int >= 0), got {baseline_id!r}")
     check_fits(
         f"input_ids of {input_ids.shape[-1]} tokens",
         mixing_bytes(model, method, *input_ids.shape[-2:]) if input_ids.dim() == 2 else 0,
@@ -294,7 +300,7 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs)
+        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs, baseline_id)
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
         return _alti_plus(runs)
