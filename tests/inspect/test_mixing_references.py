@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import attnlab as al
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.inspect.mixing import LayerRun, mixing, record_layers
+from attnlab.inspect.mixing import LayerRun, mixing, record_layers, value_norms
 from attnlab.nn.kinds import BigBirdSpec, SlidingSpec
 from tests.inspect.test_mixing import seq2seq, tiny
 
@@ -154,6 +154,7 @@ def test_per_layer_methods_equal_their_equations(family: str, kind: str) -> None
         torch.testing.assert_close(got["weights"].per_layer[layer], a.mean(1), **close)
         # Kobayashi 2020: ‖α^h_ij f_h(x_j)‖ per head, ‖Σ_h α^h_ij f_h(x_j)‖ summed
         torch.testing.assert_close(got["norm"].per_head[layer], a * f.norm(dim=-1)[:, :, None])
+        torch.testing.assert_close(value_norms(r), f.norm(dim=-1), **close)  # ‖W_O^h v^h_j‖
         vec = residual_by_hand(a, f, None)
         torch.testing.assert_close(got["norm"].per_layer[layer], vec.norm(dim=-1), **close)
         # Kobayashi 2021: with the residual; the parts and b_O are the stream after attention

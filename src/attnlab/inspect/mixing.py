@@ -51,7 +51,15 @@ from attnlab.inspect.mixing_rules import (
 from attnlab.inspect.qk_circuits import head_weights
 from attnlab.nn.resolved_call import ResolvedCall
 
-__all__ = ["METHODS", "LayerRun", "Mixing", "mixing", "mixing_bytes", "record_layers"]
+__all__ = [
+    "METHODS",
+    "LayerRun",
+    "Mixing",
+    "mixing",
+    "mixing_bytes",
+    "record_layers",
+    "value_norms",
+]
 
 Method = Literal[
     "weights",
@@ -300,7 +308,9 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs, baseline_id)
+        return mixing_causal.run(
+            model, input_ids, method, layers, forward_kwargs, baseline_id=baseline_id
+        )
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
         return _alti_plus(runs)
@@ -452,7 +462,23 @@ def token_vectors_per_head_norm(run: LayerRun) -> torch.Tensor:
         ``(B, H, T_q, T_k)``.
     """
     weights = run.weights
-    heads = weights.shape[1]
-    v = run.call.v.repeat_interleave(heads // run.call.v.shape[1], dim=1).to(weights.dtype)
-    f_norm = torch.einsum("bhjd,hed->bhje", v, run.w_out.to(weights.dtype)).norm(dim=-1)
-    return weights * f_norm[:, :, None, :]
+    return weights * value_norms(run).to(weights.dtype)[:, :, None, :]
+
+
+def value_norms(run: LayerRun) -> torch.Tensor:
+    """``‖f_h(x_j)‖ = ‖W_O^h v^h_j‖``, the size of what each head would move from each token if
+    it put all its weight there (Kobayashi et al. 2020, §4: a sink token's is small), from the
+    values the layer computed (a grouped key/value head's shared by its query heads).
+
+    Args:
+        run: one recorded layer (:func:`record_layers`).
+
+    Returns:
+        The norms, per query head and key.
+
+    Shape:
+        ``(B, H, T_k)``.
+    """
+    heads = run.w_out.shape[0]
+    v = run.call.v.repeat_interleave(heads // run.call.v.shape[1], dim=1).to(run.w_out.dtype)
+    return torch.einsum("bhjd,hed->bhje", v, run.w_out).norm(dim=-1)

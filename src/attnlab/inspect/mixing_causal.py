@@ -48,6 +48,7 @@ def run(
     method: str,
     layers: str | None,
     forward_kwargs: dict[str, Any],
+    *,
     baseline_id: int = 0,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
