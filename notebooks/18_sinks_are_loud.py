@@ -140,31 +140,39 @@ fig.tight_layout()
 Plot(fig, {"share": torch.stack([share[m] for m in METHODS]).numpy(), "lengths": lengths.numpy()})
 
 # %% [markdown]
-# **What the figure shows.** Left: in the layers where the first token takes most of the
-# weight (12–29), it takes a much smaller share of what those layers move. Ranked from weight to
-# contribution, the share falls at every step: weights → weight × length (dotted: the value
-# norms alone cut it by about half) → `norm`, the length of the summed vector (the heads'
-# parts partly cancel) → with the residual stream counted (`norm_residual`: the token's own
-# stream dwarfs what attention adds) → ALTI (near zero: a short part is far from $y_i$ in
-# $L_1$, so it scores close to nothing). Right: the first token's $\lVert W_O^h v^h_0 \rVert$ is
-# several times shorter than the other tokens' in the sink layers — Kobayashi et al.'s
-# explanation, read from what the model computed. In the full run (256 tokens, layers 12–29):
-# weights 0.44, norm 0.14, norm_residual 0.04, alti 0.004; the first token's value norm is
-# about a quarter of the others'. On the IOI prompt "When Mary and John went to the store, John
-# gave a drink to" (14 tokens, all queries after the first) the same measurement gave weights
-# 0.671, norm 0.328, norm_residual 0.072, alti 0.004.
+# **What the figure shows.** Left: in the layers where the first token takes much of the
+# weight (3–9 and 12–29), it takes a much smaller share of what those layers move. From weight
+# to contribution the share falls at every step: weights → weight × length (dotted: the value
+# norms alone cut it by more than half) → `norm`, the length of the summed vector (the heads'
+# parts partly cancel) → with the residual stream counted (`norm_residual`: each position's own
+# stream is long next to what attention adds) → ALTI (near zero: a short part lies far from
+# $y_i$ in $L_1$ and scores almost nothing). Right: in those layers the first token's
+# $\lVert W_O^h v^h_0 \rVert$ is a quarter of the other tokens', Kobayashi et al.'s explanation
+# read from what the model computed; in the layers that leave it alone (0–2, 10–11) it is as long
+# as theirs. Layer 24 is the exception in both panels: its first-token vectors are the longest of
+# the sink layers, and its `norm` share (0.36) is the highest.
+#
+# The full run (`FULL = True`, 256 tokens, queries 16…255, kernel 130 s on a shared 2-core
+# machine), layers 12–29: **weights 0.465, norm 0.155, norm_residual 0.044, alti 0.002**;
+# weight × length 0.184; the first token's value norm 9.7 against 40.5 for the others (ratio
+# 0.25; query 0 sees only itself, so its vectors do not depend on the length). Notebook 11's
+# 0.43 was at 1024 tokens: the weight share falls with the length (0.58 at 32 tokens, 0.47 at
+# 256). On the IOI prompt "When Mary and John went to the store, John gave a drink to"
+# (14 tokens, every query after the first) the same measurement gave weights 0.671, norm 0.328,
+# norm_residual 0.072, alti 0.004.
 #
 # **What it does not show.** These are shares of one layer's *mixing*, not of the prediction:
 # none of the four is causal. Notebook 16 measured the causal side on the IOI prompt — taking
 # the first token away from a head that gives it 0.97–0.99 of its weight changes the loss by a
 # few thousandths — which agrees with the small contributions here, but this notebook does not
 # test it; [notebook 19](19_which_explanation_to_trust.ipynb) scores the methods against
-# ablations. The sink's small but non-zero part can still matter: a head that parks its weight
-# on a short vector writes (almost) nothing, which is how a head "switches off" — the
-# contribution that matters is the *absence* of the other tokens' vectors. `norm_residual` and
+# ablations. A small share is not no role: a head that parks its weight on a short vector
+# writes almost nothing, which may be how a head "switches off" where it has nothing to read —
+# then what matters is the weight *kept away* from the other tokens, which no share of the
+# first token's contribution measures (a reading this notebook does not test). `norm_residual` and
 # ALTI count the residual stream, so their shares are smaller for every token, not only the
-# first: compare methods layer by layer, not across the residual line. And it is one model, one
-# text, one length (the weight share is 0.57 at 32 tokens and 0.44 at 256).
+# first: the drop from `norm` to them says how much attention adds to the stream at all, not
+# something about the sink. And it is one model and one text, at two lengths.
 #
 # **Next:** [notebook 19](19_which_explanation_to_trust.ipynb): which explanation to trust —
 # every method scored against the model's own causal answer.
