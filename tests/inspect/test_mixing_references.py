@@ -56,7 +56,8 @@ def model_of(family: str, kind: str) -> al.GPT:
 
 def visible_by_hand(r: LayerRun, kind: str, causal: bool = True) -> torch.Tensor:
     """The keys each query sees, ``(T_q, T_k)``: written out for full and sliding attention; for
-    BigBird the layout's own blocks (its layout is tested in tests/nn), checked to be causal."""
+    BigBird the layout's own blocks (its layout is tested in tests/nn), checked to be causal at
+    a causal site."""
     t = r.call.q.shape[-2]
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     if kind == "full":
@@ -64,8 +65,8 @@ def visible_by_hand(r: LayerRun, kind: str, causal: bool = True) -> torch.Tensor
     if kind == "sliding":  # itself and the w tokens before it (both sides in an encoder)
         return (j <= i) & (j >= i - WINDOW) if causal else (j - i).abs() <= WINDOW
     layout = r.call.visible()[0, 0]
-    assert not layout[j > i].any() and layout.diagonal().all()
-    assert not layout.all(-1).all()  # the layout hides something
+    assert layout.diagonal().all() and not layout.all(-1).all()  # it hides something
+    assert not causal or not layout[j > i].any()
     return layout
 
 
@@ -181,7 +182,7 @@ def test_per_layer_methods_equal_their_equations(family: str, kind: str) -> None
 def test_value_zeroing_equals_the_block_rerun_by_hand(family: str, kind: str) -> None:
     # Mohebbi et al. 2023: the block rerun with token j's values zeroed (every head)
     model = model_of(family, kind)
-    ids = torch.randint(0, 40, (1, T))
+    ids = torch.randint(0, 40, (2, T))  # two rows: each zeroes only its own copies
     got = mixing(model, ids, "value_zeroing").per_layer
     runs, _ = record_layers(model, lambda: model(ids))
     for layer, (r, block) in enumerate(zip(runs, model.transformer.h)):
@@ -199,7 +200,7 @@ def test_value_zeroing_equals_the_block_rerun_by_hand(family: str, kind: str) ->
         torch.testing.assert_close(got[layer], expected, rtol=1e-8, atol=1e-10)
         hidden = ~visible_by_hand(r, kind)
         # a key no query of this layer sees changes nothing in it
-        assert got[layer][0][hidden].abs().max() < 1e-12
+        assert got[layer][:, hidden].abs().max() < 1e-12
 
 
 def forward_by_hand(
@@ -227,19 +228,21 @@ def forward_by_hand(
 def test_grad_weights_equals_chefer_on_the_model_by_hand(family: str, kind: str) -> None:
     # Chefer et al. 2021, eq. 13–14: Ā = E_h[(∇A ⊙ A)^+], R ← R + Ā R from R = I
     model = model_of(family, kind)
-    ids = torch.randint(0, 40, (1, 6))
-    got = mixing(model, ids, "grad_weights").total[0]
+    ids = torch.randint(0, 40, (2, 6))
+    got = mixing(model, ids, "grad_weights").total
     logits, weights = forward_by_hand(model, ids, kind)
     targets = logits.argmax(-1)
-    for i in range(6):
-        grads = torch.autograd.grad(logits[0, i, targets[0, i]], weights, retain_graph=True)
-        r = torch.eye(6, dtype=torch.float64)
-        for a, g in zip(weights, grads):
-            r = r + (g * a).clamp(min=0).mean(1)[0] @ r
-        torch.testing.assert_close(got[i], r[i].detach(), rtol=1e-9, atol=1e-12)
+    for row in range(2):
+        for i in range(6):
+            score = logits[row, i, targets[row, i]]
+            grads = torch.autograd.grad(score, weights, retain_graph=True)
+            r = torch.eye(6, dtype=torch.float64)
+            for a, g in zip(weights, grads):
+                r = r + (g * a).clamp(min=0).mean(1)[row] @ r
+            torch.testing.assert_close(got[row, i], r[i].detach(), rtol=1e-9, atol=1e-12)
     if kind == "sliding":  # two layers of a band of w: nothing from further than 2w back
         far = torch.ones(6, 6, dtype=torch.bool).tril(-2 * WINDOW - 1)
-        assert got[far].abs().max() == 0
+        assert got[:, far].abs().max() == 0
 
 
 @pytest.mark.parametrize(("family", "kind"), IG_CASES, ids=[f"{f}-{k}" for f, k in IG_CASES])
@@ -280,10 +283,36 @@ def test_the_baseline_token_is_checked_by_name() -> None:
 # -- the encoder of an encoder-decoder, post-norm (through its LayerNorm) and pre-norm -----------
 
 
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
-def test_an_encoders_methods_equal_their_equations(norm_first: bool) -> None:
-    model = seq2seq(norm_first)
-    src, tgt = torch.randint(3, 30, (2, 6)), torch.randint(3, 30, (2, 4))
+def encoder_decoder(norm_first: bool, kind: str) -> al.Transformer:
+    """The encoder-decoder of test_mixing.py with grouped key/value heads and an attention
+    kind (its bidirectional form in the encoder)."""
+    if kind == "full":
+        return seq2seq(norm_first)
+    torch.manual_seed(1)
+    cfg = al.TransformerConfig(
+        src_vocab_size=30, tgt_vocab_size=30, d_model=32, num_heads=4, num_kv_heads=2,
+        num_encoder_layers=2, num_decoder_layers=1, d_ff=48, dropout=0.0,
+        norm_first=norm_first, max_len=16, **KINDS[kind],
+    )  # fmt: skip
+    model = al.Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+ENCODERS = [(n, k) for k in KINDS for n in (False, True)]
+
+
+@pytest.mark.parametrize(
+    ("norm_first", "kind"),
+    ENCODERS,
+    ids=[f"{'pre' if n else 'post'}_ln-{k}" for n, k in ENCODERS],
+)
+def test_an_encoders_methods_equal_their_equations(norm_first: bool, kind: str) -> None:
+    model = encoder_decoder(norm_first, kind)
+    s = 10 if kind == "bigbird" else 6  # 5 blocks of 2: the layout hides some
+    src, tgt = torch.randint(3, 30, (2, s)), torch.randint(3, 30, (2, 4))
     kw = dict(layers="encoder.", tgt_in=tgt)
     got = {m: mixing(model, src, m, **kw) for m in ("weights", "rollout", "norm", "norm_residual")}
     got["alti"] = mixing(model, src, "alti", **kw)
@@ -302,7 +331,7 @@ def test_an_encoders_methods_equal_their_equations(norm_first: bool) -> None:
     alti_layers, rolled = [], []
     for layer, (r, enc) in enumerate(zip(runs, model.encoder.layers)):
         x = r.resid_pre
-        vis = visible_by_hand(r, "full", causal=False)
+        vis = visible_by_hand(r, kind, causal=False)
         ref = attention_by_hand(enc.self_attn, enc.norm1(x) if norm_first else x, vis, None)
         a, f = ref["a"], ref["f"]
         torch.testing.assert_close(got["weights"].per_head[layer], a, **close)
@@ -325,8 +354,8 @@ def test_an_encoders_methods_equal_their_equations(norm_first: bool) -> None:
         rolled.append(with_identity(a.mean(1)))
         # value zeroing: the encoder layer rerun with token j's values zeroed
         outs = []
-        for j in range(7):
-            keep = torch.ones(6, 1, dtype=torch.float64)
+        for j in range(s + 1):
+            keep = torch.ones(s, 1, dtype=torch.float64)
             keep[j:j + 1] = 0.0  # fmt: skip
             z = a[:1] @ (ref["v"][:1] * keep)
             attn_out = torch.einsum("bhid,hde->bie", z, ref["w_o"]) + ref["b_o"]
@@ -336,10 +365,23 @@ def test_an_encoders_methods_equal_their_equations(norm_first: bool) -> None:
             else:
                 h = enc.norm1(x[:1] + attn_out)
                 outs.append(enc.norm2(h + enc.ff(h)))
-        expected = cosine_change(torch.stack(outs[:6], 1), outs[6])
+        expected = cosine_change(torch.stack(outs[:s], 1), outs[s])
         torch.testing.assert_close(got["value_zeroing"].per_layer[layer], expected)
     torch.testing.assert_close(got["rollout"].total, rolled[1] @ rolled[0], **close)
     torch.testing.assert_close(got["alti"].total, alti_layers[1] @ alti_layers[0], **close)
     flow = mixing(model, src[:1], "flow", layers="encoder.", tgt_in=tgt[:1]).total[0]
     expected = torch.minimum(rolled[0][0][None], rolled[1][0][:, :, None]).sum(1)
     torch.testing.assert_close(flow, expected, rtol=1e-8, atol=1e-10)
+
+
+def test_an_encoder_decoder_refuses_the_gradient_methods_in_one_line() -> None:
+    # what they would explain — an output position through layers over the same tokens — an
+    # encoder-decoder does not have: a typed error naming the reason, not a shape error
+    model = seq2seq(False)
+    src, tgt = torch.randint(3, 30, (1, 5)), torch.randint(3, 30, (1, 4))
+    for layers in (None, "encoder.", "decoder."):
+        with pytest.raises(ArgumentError) as err:
+            mixing(model, src, "grad_weights", layers=layers, tgt_in=tgt)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ArgumentError, match="integrated_gradients needs the token embedding"):
+        mixing(model, src, "integrated_gradients", tgt_in=tgt)
