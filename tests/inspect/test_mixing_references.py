@@ -114,11 +114,15 @@ def residual_by_hand(a: torch.Tensor, f: torch.Tensor, x: torch.Tensor | None) -
 
 def alti_by_hand(vec: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Ferrando et al. eq. 8–9: ``c_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``; a row where no
-    part comes closer to ``y_i`` than zero does (0/0) keeps itself, as the library states."""
+    part comes closer to ``y_i`` than zero does (0/0) keeps itself (its own position, or a
+    cross-attention block's residual column), as the library states."""
     c = (y.abs().sum(-1)[..., None] - (y[:, :, None] - vec).abs().sum(-1)).clamp(min=0)
-    eye = torch.eye(c.shape[-1], dtype=c.dtype).expand_as(c)
+    own = torch.eye(c.shape[-2], c.shape[-1], dtype=c.dtype)  # its own position
+    if c.shape[-1] != c.shape[-2]:  # a cross-attention block: its residual column, the last
+        own = torch.zeros_like(own)
+        own[:, -1] = 1.0
     total = c.sum(-1, keepdim=True)
-    return torch.where(total > 0, c / total, eye)
+    return torch.where(total > 0, c / total, own.expand_as(c))
 
 
 def with_identity(a: torch.Tensor) -> torch.Tensor:
@@ -385,3 +389,69 @@ def test_an_encoder_decoder_refuses_the_gradient_methods_in_one_line() -> None:
         assert "\n" not in str(err.value)
     with pytest.raises(ArgumentError, match="integrated_gradients needs the token embedding"):
         mixing(model, src, "integrated_gradients", tgt_in=tgt)
+
+
+def through_norm_by_hand(
+    vec: torch.Tensor, y: torch.Tensor, ln: torch.nn.LayerNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A post-norm block's parts through ``LN(Σ_j z_ij + b)``: ``γ (z_ij − mean z_ij) / σ_i``."""
+    sigma = (y.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()[:, :, None]
+    return ln.weight * (vec - vec.mean(-1, keepdim=True)) / sigma, ln(y)
+
+
+@pytest.mark.parametrize(
+    ("norm_first", "kind"),
+    [(False, "sliding"), (True, "sliding"), (False, "bigbird")],
+    ids=["post_ln-sliding", "pre_ln-sliding", "post_ln-bigbird"],
+)
+def test_alti_plus_with_grouped_heads_and_a_kind_equals_the_blocks_by_hand(
+    norm_first: bool, kind: str
+) -> None:
+    # Ferrando et al. 2022b with one decoder layer: R[i, :S] = Σ_s C^cross[i, s] R_enc[s, :],
+    # R[i, S + j] = C^cross[i, res] C^self[i, j]; every block recomputed by hand (the decoder's
+    # self-attention causal with the kind, the cross-attention full over the encoder's output)
+    model = encoder_decoder(norm_first, kind)
+    s, t = (10, 8) if kind == "bigbird" else (6, 5)
+    src, tgt = torch.randint(3, 30, (2, s)), torch.randint(3, 30, (2, t))
+    got = mixing(model, src, "alti", tgt_in=tgt).total
+    memory: list[torch.Tensor] = []
+    handle = model.hook_memory.register_forward_hook(lambda _m, _a, o: memory.append(o))
+    runs, _ = record_layers(model, lambda: model(src, tgt))
+    handle.remove()
+    enc = mixing(model, src, "alti", layers="encoder.", tgt_in=tgt).total  # checked above
+    own, cross = (
+        next(r for r in runs if r.role == role) for role in ("self_attn@decoder", "cross_attn")
+    )
+    layer = model.decoder.layers[0]
+    # the self-attention block
+    x = own.resid_pre
+    h = layer.norm1(x) if norm_first else x
+    ref = attention_by_hand(layer.self_attn, h, visible_by_hand(own, kind), None)
+    vec = residual_by_hand(ref["a"], ref["f"], x)
+    y = vec.sum(2) + ref["b_o"]
+    if not norm_first:
+        vec, y = through_norm_by_hand(vec, y, layer.norm1)
+    torch.testing.assert_close(y, cross.resid_pre, rtol=0, atol=1e-12)
+    c_self = alti_by_hand(vec, y)
+    # the cross-attention block: queries from the decoder, keys and values from the memory
+    attn, m = layer.cross_attn, memory[0]
+    heads, kv, d = attn.num_heads, attn.num_kv_heads, attn.d_head
+    w, b = attn.qkv_parameters()
+    b = torch.zeros(w.shape[0], dtype=w.dtype) if b is None else b
+    h = layer.norm2(y) if norm_first else y
+    q = (h @ w[: heads * d].T + b[: heads * d]).view(2, t, heads, d).transpose(1, 2)
+    k, v = (m @ w[heads * d :].T + b[heads * d :]).split(kv * d, -1)
+    k, v = (z.view(2, s, kv, d).transpose(1, 2).repeat_interleave(heads // kv, 1) for z in (k, v))
+    a = (q @ k.transpose(-1, -2) / math.sqrt(d)).softmax(-1)  # cross-attention: always full
+    torch.testing.assert_close(cross.weights, a, rtol=1e-10, atol=1e-12)
+    b_o = attn.project_out(torch.zeros(1, heads * d, dtype=torch.float64))[0]
+    w_o = (attn.project_out(torch.eye(heads * d, dtype=torch.float64)) - b_o).view(heads, d, -1)
+    vec = torch.einsum("bhis,bhsd,hde->bise", a, v, w_o)  # T_i(e_s)
+    vec = torch.cat([vec, y[:, :, None]], 2)  # and the residual y_i, one more column
+    out = vec.sum(2) + b_o
+    if not norm_first:
+        vec, out = through_norm_by_hand(vec, out, layer.norm2)
+    c_cross = alti_by_hand(vec, out)
+    expected = torch.cat([c_cross[:, :, :s] @ enc, c_cross[:, :, s:] * c_self], -1)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got.sum(-1), torch.ones(2, t, dtype=torch.float64))
