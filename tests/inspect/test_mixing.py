@@ -226,14 +226,16 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
 
 
 def test_integrated_gradients_are_complete() -> None:
-    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline)
+    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline), the
+    # baseline being token 0's embedding at every position
     model = tiny(n_layer=1)
     ids = torch.randint(0, 40, (1, 4))
     ig = mixing(model, ids, "integrated_gradients").total
     with torch.no_grad():
         logits = model(ids).logits
     targets = logits.argmax(-1)
-    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: torch.zeros_like(o))
+    blank = model.transformer.wte(torch.zeros_like(ids))  # the baseline: token 0 everywhere
+    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: blank)
     with torch.no_grad():
         base = model(ids).logits
     handle.remove()
@@ -311,6 +313,8 @@ def test_an_encoders_decomposition_goes_through_its_layer_norm(norm_first: bool)
             torch.testing.assert_close(after.sum(2) + bias_part, mid, rtol=0, atol=1e-12)
     alti = mixing(model, src, "alti", layers="encoder.", tgt_in=tgt)
     assert alti.layers == [r.name for r in enc]
+    # no autograd graph is kept through the LayerNorm's parameters (a result, not a graph)
+    assert not alti.per_layer.requires_grad and not alti.total.requires_grad
     torch.testing.assert_close(alti.per_layer.sum(-1), torch.ones(2, 2, 7, dtype=torch.float64))
     rolled = mixing(model, src, "rollout", layers="encoder.", tgt_in=tgt)
     torch.testing.assert_close(rolled.total.sum(-1), torch.ones(2, 7, dtype=torch.float64))

@@ -51,7 +51,15 @@ from attnlab.inspect.mixing_rules import (
 from attnlab.inspect.qk_circuits import head_weights
 from attnlab.nn.resolved_call import ResolvedCall
 
-__all__ = ["METHODS", "LayerRun", "Mixing", "mixing", "mixing_bytes", "record_layers"]
+__all__ = [
+    "METHODS",
+    "LayerRun",
+    "Mixing",
+    "mixing",
+    "mixing_bytes",
+    "record_layers",
+    "value_norms",
+]
 
 Method = Literal[
     "weights",
@@ -253,6 +261,7 @@ def mixing(
     method: str = "rollout",
     *,
     layers: str | None = None,
+    baseline_id: int = 0,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -266,6 +275,9 @@ def mixing(
             encoder-decoder's source side); default every one. The layers read must attend
             over the same tokens (an encoder-decoder's cross-attention and decoder are not
             rolled out with its encoder).
+        baseline_id: ``integrated_gradients`` only: the token whose embedding, at every
+            position, is the path's start (not the zero vector, which a model whose first
+            operation is a norm cannot be integrated from; :mod:`attnlab.inspect.mixing_causal`).
         **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
             ``tgt_in`` for an :class:`attnlab.Transformer`).
 
@@ -292,6 +304,8 @@ def mixing(
             f"input_ids must be an integer tensor (B, T), got "
             f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}"
         )
+    if isinstance(baseline_id, bool) or not isinstance(baseline_id, int) or baseline_id < 0:
+        raise ArgumentTypeError(f"baseline_id must be a token id (int >= 0), got {baseline_id!r}")
     check_fits(
         f"input_ids of {input_ids.shape[-1]} tokens",
         mixing_bytes(model, method, *input_ids.shape[-2:]) if input_ids.dim() == 2 else 0,
@@ -300,7 +314,9 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs)
+        return mixing_causal.run(
+            model, input_ids, method, layers, forward_kwargs, baseline_id=baseline_id
+        )
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
         return _alti_plus(runs)
@@ -328,7 +344,8 @@ def mixing(
             heads.append(token_vectors_per_head_norm(r))
         per_layer, per_head = torch.stack(layer), torch.stack(heads)
     else:  # norm_residual, alti
-        per_layer = torch.stack([_decomposed(r, method) for r in runs])
+        with torch.no_grad():  # a post-norm block's LayerNorm parameters would keep a graph
+            per_layer = torch.stack([_decomposed(r, method) for r in runs])
         if method == "alti":
             cumulative = rollout(list(per_layer), residual=False, cumulative=True)
             total = cumulative[-1]
@@ -457,7 +474,23 @@ def token_vectors_per_head_norm(run: LayerRun) -> torch.Tensor:
         ``(B, H, T_q, T_k)``.
     """
     weights = run.weights
-    heads = weights.shape[1]
-    v = run.call.v.repeat_interleave(heads // run.call.v.shape[1], dim=1).to(weights.dtype)
-    f_norm = torch.einsum("bhjd,hed->bhje", v, run.w_out.to(weights.dtype)).norm(dim=-1)
-    return weights * f_norm[:, :, None, :]
+    return weights * value_norms(run).to(weights.dtype)[:, :, None, :]
+
+
+def value_norms(run: LayerRun) -> torch.Tensor:
+    """``‖f_h(x_j)‖ = ‖W_O^h v^h_j‖``, the size of what each head would move from each token if
+    it put all its weight there (Kobayashi et al. 2020, §4: a sink token's is small), from the
+    values the layer computed (a grouped key/value head's shared by its query heads).
+
+    Args:
+        run: one recorded layer (:func:`record_layers`).
+
+    Returns:
+        The norms, per query head and key.
+
+    Shape:
+        ``(B, H, T_k)``.
+    """
+    heads = run.w_out.shape[0]
+    v = run.call.v.repeat_interleave(heads // run.call.v.shape[1], dim=1).to(run.w_out.dtype)
+    return torch.einsum("bhjd,hed->bhje", v, run.w_out).norm(dim=-1)

@@ -10,8 +10,14 @@
   position ``i``'s relevance. ``∇A`` is read as ``(∂L/∂z) vᵀ``: the layer computed
   ``z = A v``, so this is the gradient with respect to the weights it used, whatever kernel ran.
 - ``"integrated_gradients"`` (Sundararajan et al. 2017, through Captum): for output position
-  ``i``'s target logit, the token embeddings' attributions from a zero baseline, summed over
-  the embedding dimension.
+  ``i``'s target logit, the token embeddings' attributions along the straight path from a
+  baseline, every position holding the embedding of token ``baseline_id`` (default 0), summed
+  over the embedding dimension. Not the zero vector: in a model whose first operation is a
+  norm (every family without a learned position table: Llama, Mistral, Qwen2, NeoX, ALiBi
+  models), the path from zero passes through inputs that the norms scale by up to
+  ``1/√ε``, the output changes over many decades of scale next to zero, and no Riemann sum of
+  32 (or 512) steps integrates it: completeness, ``Σ_j IG_ij = f_i(x) − f_i(baseline)``,
+  failed by more than 100% on a tiny Llama. From a token's embedding it holds to 1e-3.
 
 The target of position ``i`` is the token the model scores highest there (its prediction).
 """
@@ -42,6 +48,8 @@ def run(
     method: str,
     layers: str | None,
     forward_kwargs: dict[str, Any],
+    *,
+    baseline_id: int = 0,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -51,6 +59,7 @@ def run(
         method: ``"value_zeroing"``, ``"grad_weights"`` or ``"integrated_gradients"``.
         layers: the attention layers to read, by path prefix (as :func:`~attnlab.inspect.mixing`).
         forward_kwargs: further arguments of the model's forward.
+        baseline_id: ``integrated_gradients``' baseline token (see the module docstring).
 
     Returns:
         A :class:`~attnlab.inspect.mixing.Mixing`.
@@ -78,7 +87,7 @@ def run(
         names = [r.name for r in runs]
         return Mixing(method, MEANING[method], names, None, total=cumulative[-1],
                       cumulative=cumulative)  # fmt: skip
-    total = _integrated_gradients(model, input_ids, targets, forward_kwargs)
+    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, baseline_id)
     return Mixing(method, MEANING[method], [], None, total=total)
 
 
@@ -195,9 +204,11 @@ def _integrated_gradients(
     input_ids: torch.Tensor,
     targets: torch.Tensor,
     forward_kwargs: dict[str, Any],
+    baseline_id: int,
     steps: int = 32,
 ) -> torch.Tensor:
-    """Captum's integrated gradients on the token embeddings, one row per output position."""
+    """Captum's integrated gradients on the token embeddings from the embedding of
+    ``baseline_id`` at every position, one row per output position."""
     from captum.attr import IntegratedGradients
 
     embedding = getattr(getattr(model, "transformer", None), "wte", None)
@@ -206,9 +217,13 @@ def _integrated_gradients(
             f"integrated_gradients needs the token embedding of {type(model).__name__} "
             "(model.transformer.wte)"
         )
+    vocab = getattr(embedding, "num_embeddings", None)
+    if isinstance(vocab, int) and baseline_id >= vocab:
+        raise ArgumentError(f"baseline_id must be a token id in [0, {vocab}), got {baseline_id}")
     b, t = input_ids.shape
     with torch.no_grad():
         embedded = embedding(input_ids)  # (B, T, d_model)
+        baseline = embedding(torch.full_like(input_ids[:1], baseline_id))  # (1, T, d_model)
     result = torch.zeros(b, t, t, dtype=embedded.dtype, device=embedded.device)
     for row in range(b):
         ids = input_ids[row : row + 1]
@@ -234,7 +249,7 @@ def _integrated_gradients(
             ig = IntegratedGradients(forward)
             attributions = ig.attribute(
                 embedded[row : row + 1],
-                baselines=torch.zeros_like(embedded[row : row + 1]),
+                baselines=baseline,
                 target=int(targets[row, i]),
                 n_steps=steps,
                 internal_batch_size=steps,
