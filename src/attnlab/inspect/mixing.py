@@ -81,6 +81,7 @@ __all__ = [
     "mixing_memory",
     "record_layers",
     "row_positions",
+    "value_norms",
 ]
 
 Method = Literal[
@@ -203,12 +204,17 @@ class Mixing:
         total: through every layer (``rollout``, ``flow``, ``alti``, ``grad_weights``,
             ``integrated_gradients``): what the last layer's outputs take from the input
             tokens; ``None`` for the per-layer methods.
+        cumulative: the methods that roll out layer by layer (``rollout``, ``alti``,
+            ``grad_weights``): what each layer's outputs take from the input tokens, through
+            that layer and those before it; ``cumulative[-1]`` is ``total``. ``None`` for the
+            others, for ALTI+ of an encoder-decoder, and with ``rows=`` (the rows of a rollout
+            are multiplied from the last layer backwards, and only the last product is kept).
         rows: the query positions of the rows (``rows=`` of :func:`mixing`, increasing), or
             ``None`` when every position has its row.
 
     Shape:
         per_layer ``(L, B, R, T_k)``; per_head ``(L, B, H, R, T_k)``; total ``(B, R, T)``;
-        rows ``(R,)`` (``R = T`` without ``rows=``).
+        cumulative ``(L, B, T, T)``; rows ``(R,)`` (``R = T`` without ``rows=``).
     """
 
     method: str
@@ -217,6 +223,7 @@ class Mixing:
     per_layer: torch.Tensor | None
     per_head: torch.Tensor | None = None
     total: torch.Tensor | None = None
+    cumulative: torch.Tensor | None = None
     rows: torch.Tensor | None = None
 
 
@@ -352,6 +359,7 @@ def mixing(
     rows: int | slice | Sequence[int] | torch.Tensor | None = None,
     heads: bool = False,
     block_size: int | None = None,
+    baseline_id: int = 0,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -401,6 +409,9 @@ def mixing(
         block_size: query rows per block; default as many as keep a block's token vectors
             near :data:`~attnlab.inspect.stats.TILE_ELEMENTS` numbers. The result does not
             depend on it beyond rounding.
+        baseline_id: ``integrated_gradients`` only: the token whose embedding, at every
+            position, is the path's start (not the zero vector, which a model whose first
+            operation is a norm cannot be integrated from; :mod:`attnlab.inspect.mixing_causal`).
         **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
             ``tgt_in`` for an :class:`attnlab.Transformer`).
 
@@ -431,6 +442,8 @@ def mixing(
         )
     if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
         raise ArgumentError(f"block_size must be a positive int or None, got {block_size!r}")
+    if isinstance(baseline_id, bool) or not isinstance(baseline_id, int) or baseline_id < 0:
+        raise ArgumentTypeError(f"baseline_id must be a token id (int >= 0), got {baseline_id!r}")
     if input_ids.dim() == 2:
         b, t = input_ids.shape
         n_rows = None if rows is None else _count(rows, t)
@@ -443,7 +456,9 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs, rows)
+        return mixing_causal.run(
+            model, input_ids, method, layers, forward_kwargs, rows, baseline_id=baseline_id
+        )
     forward = lambda: model(input_ids, **forward_kwargs)  # noqa: E731
     runs, _ = record_layers(model, forward, weights=False, stop=True)
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
@@ -457,7 +472,11 @@ def _count(rows: int | slice | Sequence[int] | torch.Tensor, t: int) -> int:
     (an encoder-decoder's target may be longer than ``input_ids``)."""
     if isinstance(rows, slice):
         return len(range(t)[rows])
-    return 1 if isinstance(rows, int) else len(rows)
+    if isinstance(rows, int):
+        return 1
+    if isinstance(rows, (torch.Tensor, Sequence)):
+        return len(rows)
+    return len(row_positions(rows, t))  # refuses the type
 
 
 class _Rows:
@@ -486,6 +505,7 @@ class _Rows:
         return _decomposed(self.run, self.method, w, f, rows), None
 
 
+@torch.no_grad()  # a post-norm block's LayerNorm parameters would keep a graph
 def _streamed(
     runs: list[LayerRun],
     method: str,
@@ -514,7 +534,7 @@ def _streamed(
             per_head.append(torch.cat([p[1] for p in parts if p[1] is not None], 2))
         rows_of._f = None  # one layer's heads' outputs at a time
     matrices = torch.stack(per_layer)
-    total = None
+    total = cumulative = None
     if method == "flow":
         total = max_flow(list(matrices))[:, idx]
         matrices = matrices[:, :, idx]
@@ -526,11 +546,14 @@ def _streamed(
             return with_residual(m, positions, renormalise=not signed)
 
         def earlier(layer: int, positions: torch.Tensor) -> torch.Tensor:
-            if len(idx) == t:  # every row is in the result already
-                return step(matrices[layer][:, positions], positions)
             return step(layer_rows[layer](positions)[0], positions)
 
-        total = rollout_rows(step(matrices[-1].clone(), idx), earlier, len(runs), t, block)
+        if len(idx) == t:  # every row: forwards through the layers, each prefix kept
+            steps = [step(m, idx) for m in matrices]
+            cumulative = rollout(steps, residual=False, cumulative=True)
+            total = cumulative[-1]
+        else:  # some rows: from the last layer backwards, each earlier layer by blocks
+            total = rollout_rows(step(matrices[-1], idx), earlier, len(runs), t, block)
     return Mixing(
         method,
         MEANING[method],
@@ -538,6 +561,7 @@ def _streamed(
         matrices,
         torch.stack(per_head) if per_head else None,
         total,
+        cumulative,
         None if rows is None else idx,
     )
 
@@ -571,6 +595,7 @@ def _decomposed(
     return alti_contributions(vectors, y, own=own)
 
 
+@torch.no_grad()
 def _alti_plus(
     runs: list[LayerRun],
     rows: int | slice | Sequence[int] | torch.Tensor | None,
@@ -637,3 +662,21 @@ def mixed_stacks(names: list[str]) -> ArgumentError:
         "the layers read attend over different tokens (cross-attention, or an encoder and a "
         f"decoder): choose one stack with layers=, e.g. {' or '.join(map(repr, stacks))}"
     )
+
+
+def value_norms(run: LayerRun) -> torch.Tensor:
+    """``‖f_h(x_j)‖ = ‖W_O^h v^h_j‖``, the size of what each head would move from each token if
+    it put all its weight there (Kobayashi et al. 2020, §4: a sink token's is small), from the
+    values the layer computed (a grouped key/value head's shared by its query heads; a
+    Linformer layer's values before the projection, :attr:`LayerRun.values`).
+
+    Args:
+        run: one recorded layer (:func:`record_layers`).
+
+    Returns:
+        The norms, per query head and key.
+
+    Shape:
+        ``(B, H, T_k)``.
+    """
+    return head_outputs(run.values, run.w_out, run.w_out.shape[0], run.w_out.dtype).norm(dim=-1)

@@ -10,8 +10,14 @@
   position ``i``'s relevance. ``∇A`` is read as ``(∂L/∂z) vᵀ``: the layer computed
   ``z = A v``, so this is the gradient with respect to the weights it used, whatever kernel ran.
 - ``"integrated_gradients"`` (Sundararajan et al. 2017, through Captum): for output position
-  ``i``'s target logit, the token embeddings' attributions from a zero baseline, summed over
-  the embedding dimension.
+  ``i``'s target logit, the token embeddings' attributions along the straight path from a
+  baseline, every position holding the embedding of token ``baseline_id`` (default 0), summed
+  over the embedding dimension. Not the zero vector: in a model whose first operation is a
+  norm (every family without a learned position table: Llama, Mistral, Qwen2, NeoX, ALiBi
+  models), the path from zero passes through inputs that the norms scale by up to
+  ``1/√ε``, the output changes over many decades of scale next to zero, and no Riemann sum of
+  32 (or 512) steps integrates it: completeness, ``Σ_j IG_ij = f_i(x) − f_i(baseline)``,
+  failed by more than 100% on a tiny Llama. From a token's embedding it holds to 1e-3.
 
 The target of position ``i`` is the token the model scores highest there (its prediction).
 """
@@ -43,6 +49,8 @@ def run(
     layers: str | None,
     forward_kwargs: dict[str, Any],
     rows: Any = None,
+    *,
+    baseline_id: int = 0,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -55,6 +63,7 @@ def run(
         rows: the query positions to return (``rows=`` of :func:`~attnlab.inspect.mixing`):
             value zeroing cuts its result to them, the gradient methods run one backward pass
             per position asked for only.
+        baseline_id: ``integrated_gradients``' baseline token (see the module docstring).
 
     Returns:
         A :class:`~attnlab.inspect.mixing.Mixing`.
@@ -83,10 +92,11 @@ def run(
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)
         runs = _select(runs, layers)
-        total = _relevance(runs, out, targets, idx)
+        cumulative = _relevance(runs, out, targets, idx)
         names = [r.name for r in runs]
-        return Mixing(method, MEANING[method], names, None, total=total, rows=out_rows)
-    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, idx)
+        return Mixing(method, MEANING[method], names, None, total=cumulative[-1],
+                      cumulative=cumulative, rows=out_rows)  # fmt: skip
+    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, idx, baseline_id)
     return Mixing(method, MEANING[method], [], None, total=total, rows=out_rows)
 
 
@@ -168,8 +178,9 @@ def _value_zeroing(
 def _relevance(
     runs: list[Any], out: Any, targets: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
-    """Chefer et al.'s rolled-out relevance, one backward pass per output position asked for
-    (``z = A v`` with a Linformer layer's effective weights and token values: ``∂s/∂(A F)``)."""
+    """Chefer et al.'s rolled-out relevance, one backward pass per output position asked for:
+    ``R`` after each layer, ``(L, B, R, T)`` (the last is the relevance through every layer;
+    ``z = A v`` with a Linformer layer's effective weights and token values: ``∂s/∂(A F)``)."""
     self_runs = runs
     logits = out.logits  # (B, T, V)
     b, t = targets.shape
@@ -179,16 +190,17 @@ def _relevance(
             "tokens: an encoder-decoder's encoder layers are over the source (not supported)"
         )
     outputs = [r.call.output for r in self_runs]
-    relevance = torch.zeros(b, len(rows), t, dtype=logits.dtype, device=logits.device)
+    relevance = torch.zeros(len(runs), b, len(rows), t, dtype=logits.dtype, device=logits.device)
     eye = torch.eye(t, dtype=logits.dtype, device=logits.device).expand(b, t, t)
     for n, i in enumerate(rows.tolist()):
         score = logits[:, i].gather(-1, targets[:, i : i + 1]).sum()
         last = n == len(rows) - 1
         grads = torch.autograd.grad(score, outputs, retain_graph=not last, allow_unused=True)
         r = eye.clone()
-        for run, g in zip(self_runs, grads):
+        for layer, (run, g) in enumerate(zip(self_runs, grads)):
             a = run.weights.detach()
             if g is None:
+                relevance[layer, :, n] = r[:, i]
                 continue
             heads = a.shape[1]
             v = run.values.detach().repeat_interleave(heads // run.values.shape[1], dim=1)
@@ -196,7 +208,7 @@ def _relevance(
             # Ā = E_h[(∇A ⊙ A)^+];  R ← R + Ā R
             a_bar = (grad_a * a).clamp(min=0.0).mean(1)
             r = r + a_bar @ r
-        relevance[:, n] = r[:, i]
+            relevance[layer, :, n] = r[:, i]
     return relevance.detach()
 
 
@@ -206,10 +218,11 @@ def _integrated_gradients(
     targets: torch.Tensor,
     forward_kwargs: dict[str, Any],
     rows: torch.Tensor,
+    baseline_id: int,
     steps: int = 32,
 ) -> torch.Tensor:
-    """Captum's integrated gradients on the token embeddings, one row per output position
-    asked for."""
+    """Captum's integrated gradients on the token embeddings from the embedding of
+    ``baseline_id`` at every position, one row per output position asked for."""
     from captum.attr import IntegratedGradients
 
     embedding = getattr(getattr(model, "transformer", None), "wte", None)
@@ -218,9 +231,13 @@ def _integrated_gradients(
             f"integrated_gradients needs the token embedding of {type(model).__name__} "
             "(model.transformer.wte)"
         )
+    vocab = getattr(embedding, "num_embeddings", None)
+    if isinstance(vocab, int) and baseline_id >= vocab:
+        raise ArgumentError(f"baseline_id must be a token id in [0, {vocab}), got {baseline_id}")
     b, t = input_ids.shape
     with torch.no_grad():
         embedded = embedding(input_ids)  # (B, T, d_model)
+        baseline = embedding(torch.full_like(input_ids[:1], baseline_id))  # (1, T, d_model)
     result = torch.zeros(b, len(rows), t, dtype=embedded.dtype, device=embedded.device)
     for row in range(b):
         ids = input_ids[row : row + 1]
@@ -246,7 +263,7 @@ def _integrated_gradients(
             ig = IntegratedGradients(forward)
             attributions = ig.attribute(
                 embedded[row : row + 1],
-                baselines=torch.zeros_like(embedded[row : row + 1]),
+                baselines=baseline,
                 target=int(targets[row, i]),
                 n_steps=steps,
                 internal_batch_size=steps,

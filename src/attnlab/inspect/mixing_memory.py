@@ -126,7 +126,8 @@ def mixing_memory(
       (each layer's input, residual stream and what it added; its queries, outputs, keys and
       values; the forward stops after the last attention layer, so no logits); ``result`` =
       ``L·B·R·T`` (``·(1 + H)`` with ``heads`` for ``weights``/``norm``) plus ``B·R·T`` for a
-      rolled-out total (``flow`` computes every row: ``R = T``); ``block`` =
+      rolled-out total (``flow`` computes every row: ``R = T``), or ``L·B·T²`` for the
+      cumulative products of ``rollout``/``alti`` over every row; ``block`` =
       ``B·b·T·(2·H + 3·d) + B·H·T·d`` for a block of ``b`` rows (about
       :data:`~attnlab.inspect.stats.TILE_ELEMENTS` numbers, :func:`block_rows`) and the heads'
       outputs, plus ``B·R·T`` for a rollout of some rows;
@@ -166,6 +167,8 @@ def mixing_memory(
     recorded = n_layers * batch * t * (3 * d + 2 * h * dh + 3 * h_kv * dh) * size
     per_head = h if heads and method in ("weights", "norm") else 0
     total = batch * r * t if method in ("rollout", "flow", "alti") else 0
+    if method in ("rollout", "alti") and r == t:  # every layer's product (the last is total)
+        total = n_layers * batch * t * t
     result = (n_layers * batch * r * t * (1 + per_head) + total) * acc
     b = block_rows(batch, t, h, d)
     block = batch * b * t * (2 * h + 3 * d) + batch * h * t * d + (total if r < t else 0)

@@ -72,27 +72,32 @@ def with_residual(
     return mixed / mixed.sum(-1, keepdim=True) if renormalise else mixed
 
 
-def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch.Tensor:
+def rollout(
+    matrices: Sequence[torch.Tensor], *, residual: bool = True, cumulative: bool = False
+) -> torch.Tensor:
     """Attention rollout: ``R = Ã_L ⋯ Ã_2 Ã_1`` (Abnar & Zuidema 2020, eq. 1).
 
     ``R[i, j]`` is how much of output position ``i`` (after the last layer) comes from input
-    token ``j``, if each layer mixed its inputs linearly by ``Ã``.
+    token ``j``, if each layer mixed its inputs linearly by ``Ã``. With ``cumulative`` every
+    prefix ``R_l = Ã_l ⋯ Ã_1`` (what layer ``l``'s outputs take from the tokens), the last of
+    which is ``R``, the same tensor.
 
     Args:
         matrices: each layer's mixing matrix, first layer first (head-averaged weights for
             rollout proper; ALTI's contributions with ``residual=False``).
         residual: add the identity first (:func:`with_residual`); ``False`` when the matrices
             already count the residual stream (ALTI, Chefer et al.'s relevance).
+        cumulative: return every layer's ``R_l``, not only the last.
 
     Returns:
-        ``R``.
+        ``R``, or with ``cumulative`` ``R_1, …, R_L`` stacked.
 
     Raises:
         ValueError: no layer, or a layer that is not square (cross-attention, Linformer's
             projected rows).
 
     Shape:
-        each ``(B, T, T)`` → ``(B, T, T)``.
+        each ``(B, T, T)`` → ``(B, T, T)``; with ``cumulative`` ``(L, B, T, T)``.
     """
     if not matrices:
         raise ArgumentError("rollout needs at least one layer, got none")
@@ -103,11 +108,13 @@ def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch
             )
     steps = [with_residual(a) if residual else a for a in matrices]
     result = steps[0]
+    prefixes = [result]
     for step in steps[1:]:
         # R_l = Ã_l R_{l−1}: output i of layer l takes Ã_l[i, k] of position k, which took
         # R_{l−1}[k, j] of token j
         result = step @ result
-    return result
+        prefixes.append(result)
+    return torch.stack(prefixes) if cumulative else result
 
 
 def rollout_rows(
