@@ -523,7 +523,8 @@ def _streamed(
             "flow needs non-negative capacities, but a Linformer layer's effective weights "
             "A·F are signed: use rollout (its signed product) or alti"
         )
-    block = block_size or block_rows(b, t, h, runs[0].w_out.shape[1])
+    vectors = method not in ("weights", "rollout", "flow")  # token vectors per row, or weights
+    block = block_size or block_rows(b, t, h, runs[0].w_out.shape[1] if vectors else 0)
     want = torch.arange(t) if method == "flow" else idx
     layer_rows = [_Rows(r, method, heads) for r in runs]
     per_layer, per_head = [], []
@@ -614,7 +615,8 @@ def _alti_plus(
 
     def full(r: LayerRun) -> torch.Tensor:
         t = r.call.q.shape[-2]
-        block = block_size or block_rows(r.call.q.shape[0], r.tokens, r.call.num_heads, 1)
+        b, h, d = r.call.q.shape[0], r.call.num_heads, r.w_out.shape[1]
+        block = block_size or block_rows(b, r.tokens, h, d)
         rows_of = _Rows(r, "alti", False)
         parts = [rows_of(torch.arange(i0, min(t, i0 + block)))[0] for i0 in range(0, t, block)]
         return torch.cat(parts, 1)

@@ -127,10 +127,12 @@ def mixing_memory(
       values; the forward stops after the last attention layer, so no logits); ``result`` =
       ``L·B·R·T`` (``·(1 + H)`` with ``heads`` for ``weights``/``norm``) plus ``B·R·T`` for a
       rolled-out total (``flow`` computes every row: ``R = T``), or ``L·B·T²`` for the
-      cumulative products of ``rollout``/``alti`` over every row; ``block`` =
-      ``B·b·T·(2·H + 3·d) + B·H·T·d`` for a block of ``b`` rows (about
-      :data:`~attnlab.inspect.stats.TILE_ELEMENTS` numbers, :func:`block_rows`) and the heads'
-      outputs, plus ``B·R·T`` for a rollout of some rows;
+      cumulative products of ``rollout``/``alti`` over every row; ``block`` = ``B·b·T·2·H``
+      (a block of ``b`` rows' scores and weights; ``weights``, ``rollout``, ``flow``) or
+      ``B·b·T·(2·H + 3·d) + B·H·T·d`` (and its token vectors, and the heads' outputs; the
+      decompositions), ``b`` from :func:`block_rows` (about
+      :data:`~attnlab.inspect.stats.TILE_ELEMENTS` numbers), plus ``B·R·T`` for a rollout of
+      some rows;
     - ``value_zeroing``: one layer at a time, ``B·(T+1)·(H·T² + 8·T·d)``;
     - ``grad_weights``, ``integrated_gradients``: ``3·L·B·H·T²`` (the weights and their graph).
 
@@ -170,8 +172,13 @@ def mixing_memory(
     if method in ("rollout", "alti") and r == t:  # every layer's product (the last is total)
         total = n_layers * batch * t * t
     result = (n_layers * batch * r * t * (1 + per_head) + total) * acc
-    b = block_rows(batch, t, h, d)
-    block = batch * b * t * (2 * h + 3 * d) + batch * h * t * d + (total if r < t else 0)
+    if method in ("weights", "rollout", "flow"):  # a block's scores and weights
+        b = block_rows(batch, t, h, 0)
+        block = batch * b * t * 2 * h
+    else:  # and its token vectors, and the heads' outputs f
+        b = block_rows(batch, t, h, d)
+        block = batch * b * t * (2 * h + 3 * d) + batch * h * t * d
+    block += batch * r * t if method in ("rollout", "alti") and r < t else 0
     return {"recorded": recorded, "result": result, "block": block * acc}
 
 
@@ -183,7 +190,7 @@ def block_rows(batch: int, t: int, heads: int, d_model: int) -> int:
         batch: ``B``.
         t: ``T``.
         heads: ``H``.
-        d_model: ``d_model``.
+        d_model: ``d_model`` (``0`` for the methods that form no token vectors).
 
     Returns:
         ``b >= 1``.
