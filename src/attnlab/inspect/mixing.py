@@ -30,7 +30,7 @@ Qwen2, NeoX's parallel residual): ``LN_1(x_j)`` depends on ``x_j`` alone, so
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -247,6 +247,8 @@ def mixing(
     method: str = "rollout",
     *,
     layers: str | None = None,
+    positions: Sequence[int] | None = None,
+    steps: int = 32,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -260,6 +262,11 @@ def mixing(
             encoder-decoder's source side); default every one. The layers read must attend
             over the same tokens (an encoder-decoder's cross-attention and decoder are not
             rolled out with its encoder).
+        positions: the output positions whose rows ``grad_weights`` and
+            ``integrated_gradients`` compute (one backward pass, or ``steps`` forwards, per
+            position; the other rows are 0); default every one. The other methods compute every
+            row at once and ignore it.
+        steps: ``integrated_gradients``' interpolation steps (default 32).
         **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
             ``tgt_in`` for an :class:`attnlab.Transformer`).
 
@@ -294,7 +301,9 @@ def mixing(
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 
-        return mixing_causal.run(model, input_ids, method, layers, forward_kwargs)
+        return mixing_causal.run(
+            model, input_ids, method, layers, forward_kwargs, positions=positions, steps=steps
+        )
     runs, _ = record_layers(model, lambda: model(input_ids, **forward_kwargs))
     if method == "alti" and layers is None and any(r.role == "cross_attn" for r in runs):
         return _alti_plus(runs)

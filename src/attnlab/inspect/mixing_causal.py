@@ -18,12 +18,14 @@ The target of position ``i`` is the token the model scores highest there (its pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnlab.errors import ArgumentError
+from attnlab._checks import check_positive_int
+from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.inspect.capture import attention_modules
 
 __all__ = ["run"]
@@ -42,6 +44,9 @@ def run(
     method: str,
     layers: str | None,
     forward_kwargs: dict[str, Any],
+    *,
+    positions: Sequence[int] | None = None,
+    steps: int = 32,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -51,6 +56,9 @@ def run(
         method: ``"value_zeroing"``, ``"grad_weights"`` or ``"integrated_gradients"``.
         layers: the attention layers to read, by path prefix (as :func:`~attnlab.inspect.mixing`).
         forward_kwargs: further arguments of the model's forward.
+        positions: the output positions the gradient methods explain (default every one; the
+            other rows are 0).
+        steps: integrated gradients' interpolation steps.
 
     Returns:
         A :class:`~attnlab.inspect.mixing.Mixing`.
@@ -64,19 +72,21 @@ def run(
         names, per_layer = _value_zeroing(model, input_ids, layers, forward_kwargs)
         return Mixing(method, MEANING[method], names, per_layer)
     t = input_ids.shape[-1]
-    if t > MAX_GRADIENT_LENGTH:
+    rows = _positions(positions, t)
+    check_positive_int("steps", steps)
+    if len(rows) > MAX_GRADIENT_LENGTH:
         raise ArgumentError(
             f"{method} runs one backward pass per position: at most {MAX_GRADIENT_LENGTH} "
-            f"tokens, got {t}"
+            f"positions, got {len(rows)} (choose some with positions=)"
         )
     with torch.no_grad():
         targets = model(input_ids, **forward_kwargs).logits.argmax(-1)  # (B, T)
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)
         runs = _select(runs, layers)
-        total = _relevance(runs, out, targets)
+        total = _relevance(runs, out, targets, rows)
         return Mixing(method, MEANING[method], [r.name for r in runs], None, total=total)
-    total = _integrated_gradients(model, input_ids, targets, forward_kwargs)
+    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, rows, steps)
     return Mixing(method, MEANING[method], [], None, total=total)
 
 
@@ -155,7 +165,24 @@ def _value_zeroing(
     return names, torch.stack(matrices)
 
 
-def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor:
+def _positions(positions: Sequence[int] | None, t: int) -> list[int]:
+    """The output positions to explain, each in ``[0, T)`` (negative ones count from the end)."""
+    if positions is None:
+        return list(range(t))
+    if isinstance(positions, (str, bytes)) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in positions
+    ):
+        raise ArgumentTypeError(f"positions must be a sequence of ints, got {positions!r}")
+    bad = [p for p in positions if not -t <= p < t]
+    if bad or not positions:
+        raise ArgumentError(
+            f"positions must be a non-empty sequence of positions in [-{t}, {t}), got "
+            f"{list(positions)!r}"
+        )
+    return sorted({p % t for p in positions})
+
+
+def _relevance(runs: list[Any], out: Any, targets: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Chefer et al.'s rolled-out relevance, one backward pass per output position."""
     self_runs = runs
     logits = out.logits  # (B, T, V)
@@ -168,9 +195,9 @@ def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor
     outputs = [r.call.output for r in self_runs]
     relevance = torch.zeros(b, t, t, dtype=logits.dtype, device=logits.device)
     eye = torch.eye(t, dtype=logits.dtype, device=logits.device).expand(b, t, t)
-    for i in range(t):
+    for i in rows:
         score = logits[:, i].gather(-1, targets[:, i : i + 1]).sum()
-        grads = torch.autograd.grad(score, outputs, retain_graph=i < t - 1, allow_unused=True)
+        grads = torch.autograd.grad(score, outputs, retain_graph=i < rows[-1], allow_unused=True)
         r = eye.clone()
         for run, g in zip(self_runs, grads):
             a = run.weights.detach()
@@ -191,6 +218,7 @@ def _integrated_gradients(
     input_ids: torch.Tensor,
     targets: torch.Tensor,
     forward_kwargs: dict[str, Any],
+    rows: list[int],
     steps: int = 32,
 ) -> torch.Tensor:
     """Captum's integrated gradients on the token embeddings, one row per output position."""
@@ -212,7 +240,7 @@ def _integrated_gradients(
             k: v[row : row + 1] if isinstance(v, torch.Tensor) else v
             for k, v in forward_kwargs.items()
         }
-        for i in range(t):
+        for i in rows:
 
             def forward(
                 emb: torch.Tensor,
