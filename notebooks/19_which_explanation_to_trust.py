@@ -42,13 +42,15 @@ METHODS = ["weights", "rollout", "norm", "norm_residual", "alti", "value_zeroing
 if FULL:
     PROMPTS = 8  # of each set
     IG_STEPS = 32
-    TRAIN = ["--steps", "1500", "--batch-size", "64"]
-    EXAMPLES = 200
+    RANDOM_DRAWS = 5
+    TRAIN = ["--steps", "600", "--batch-size", "32"]
+    HELD_OUT = 200  # held-out strings of each task, all scored
 else:
     PROMPTS = 1
     IG_STEPS = 4  # integrated gradients: 4 interpolation steps instead of 32
-    TRAIN = ["--steps", "150", "--batch-size", "32"]
-    EXAMPLES = 40
+    RANDOM_DRAWS = 2  # random explanations averaged per prompt, instead of 5
+    TRAIN = ["--steps", "100", "--batch-size", "32"]
+    HELD_OUT = 40
 
 # %%
 import contextlib
@@ -94,7 +96,7 @@ for name in ("ioi", "factual"):
     prompts = prompt_sets.load(name)[:PROMPTS]
     results[name] = faithfulness_over_prompts(
         model, prompts, tokenizer.encode, METHODS, blank_id=BLANK, decode=tokenizer.decode,
-        steps=IG_STEPS,
+        steps=IG_STEPS, random_draws=RANDOM_DRAWS,
     )  # fmt: skip
     print(f"── {name}: {prompts[0].prompt!r} → {results[name].predictions[0]!r}, …")
     print(results[name].table(), "\n")
@@ -156,9 +158,9 @@ viz.Plot(fig, data)
 
 # %%
 RUNS = Path(tempfile.mkdtemp(prefix="attnlab19_"))
-SIZE = ["--num-symbols", "8", "--max-len", "8", "--num-heldout", "200", "--d-model", "32",
-        "--layers", "2", "--heads", "4", "--d-ff", "64", "--label-smoothing", "0",
-        "--device", "cpu"]  # fmt: skip
+SIZE = ["--num-symbols", "8", "--max-len", "8", "--num-heldout", str(HELD_OUT),
+        "--d-model", "32", "--layers", "2", "--heads", "4", "--d-ff", "64",
+        "--label-smoothing", "0", "--device", "cpu"]  # fmt: skip
 plausible = {}
 for task_name in ("copy", "reverse"):
     out = RUNS / task_name
@@ -168,14 +170,14 @@ for task_name in ("copy", "reverse"):
     assert code == 0, f"attnlab train {task_name} failed"
     run = load_run(str(out))
     cfg = run.model.config
-    held_out = get_task(task_name).evaluation_set(run.args, run.io, EXAMPLES)
+    held_out = get_task(task_name).evaluation_set(run.args, run.io, HELD_OUT)
     accuracy = held_out.metric(run.model.eval())
     rows = plausibility_of_batches(
         run.model, held_out.batches, ALIGNMENT_METHODS,
         ignore_ids=[cfg.pad_id, cfg.bos_id, cfg.eos_id],
     )  # fmt: skip
     plausible[task_name] = rows
-    print(f"── {task_name}: exact match {accuracy:.2f} on {EXAMPLES} held-out strings")
+    print(f"── {task_name}: exact match {accuracy:.2f} on {HELD_OUT} held-out strings")
     print(plausibility_table(rows), "\n")
 
 # %%
@@ -212,12 +214,34 @@ for task_name, rows in plausible.items():
 print("random is never the best row")
 
 # %% [markdown]
-# **What the plausibility tables show.** *At full size* (runs trained 1500 steps of 64 strings,
-# 200 held-out strings; `attnlab train copy --out runs/copy --num-symbols 8 --max-len 8
-# --num-heldout 200 --d-model 32 --layers 2 --heads 4 --d-ff 64 --label-smoothing 0 --steps 1500
-# --batch-size 64`, then `attnlab inspect runs/copy --plausibility`; the same for reverse):
+# **What the plausibility tables show.** *At full size* (600 steps of 32 strings, exact match
+# 98.0 % on copy and 95.5 % on reverse; 1133 target positions of 200 held-out strings):
 #
-# FULL_RESULTS_PLAUSIBILITY
+# ```
+# attnlab train copy --out runs/copy --num-symbols 8 --max-len 8 --num-heldout 200 \
+#     --d-model 32 --layers 2 --heads 4 --d-ff 64 --label-smoothing 0 --steps 600 \
+#     --batch-size 32 --eval-every 600 --device cpu
+# attnlab inspect runs/copy --plausibility                   # the same two for reverse
+# ```
+#
+# | method        | copy top-1 | copy F1 | reverse top-1 | reverse F1 |
+# |---------------|-----------:|--------:|--------------:|-----------:|
+# | weights       | 0.996      | 0.794   | 0.992         | 0.786      |
+# | rollout       | 0.993      | 0.777   | 0.463         | 0.485      |
+# | norm          | 0.996      | 0.794   | 0.994         | 0.784      |
+# | norm_residual | 0.996      | 0.794   | 0.995         | 0.780      |
+# | alti          | 0.971      | 0.792   | 0.981         | 0.814      |
+# | random        | 0.178      | 0.177   | 0.189         | 0.186      |
+#
+# Once the model has learnt the task, the cross-attention points at the source almost every
+# time, and the norm-based and ALTI+ alignments agree. Token F1 sits below top-1 because of
+# repeated letters: a letter that occurs twice has two true sources, and the model attends to
+# one. Rollout through the encoder is the exception on reverse (0.46): multiplying the encoder's
+# self-attention in spreads each source position over its neighbours, and on reverse the encoder
+# has learnt to move information between positions, so the rolled-out map blurs exactly where
+# the cross-attention is sharp. The small-size run above trains 100 steps and scores 40 strings:
+# the model is far from exact there, and ALTI+ already points at the right source more often than
+# the raw weights.
 #
 # **What they do not show.** Copy and reverse are the easiest alignments there are: one source
 # position per output token, found by position alone. A method that points at the right source

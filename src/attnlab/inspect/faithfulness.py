@@ -460,7 +460,12 @@ class PromptSetFaithfulness:
     blank_id: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The results as JSON-ready values (NaN as ``None``)."""
+        """The results as JSON-ready values.
+
+        Returns:
+            The prompts, their lengths and predictions, and each method's mean, standard
+            deviation and per-prompt values of every measure (NaN as ``None``).
+        """
 
         def number(v: float) -> float | None:
             return None if math.isnan(v) else v
@@ -485,8 +490,12 @@ class PromptSetFaithfulness:
         }
 
     def table(self) -> str:
-        """The methods × measures table, ``mean ± std`` over the prompts, as plain text (what
-        ``attnlab inspect MODEL --faithfulness --prompts …`` prints)."""
+        """The methods × measures table, ``mean ± std`` over the prompts.
+
+        Returns:
+            Plain text, a note on the prompts then one method a line (what ``attnlab inspect
+            MODEL --faithfulness --prompts …`` prints).
+        """
         width = max(len(r.method) for r in self.rows)
         cells = [
             [

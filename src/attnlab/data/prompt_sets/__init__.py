@@ -61,7 +61,11 @@ class Prompt:
 
 
 def names() -> tuple[str, ...]:
-    """The packaged prompt sets' names, sorted."""
+    """The packaged prompt sets' names.
+
+    Returns:
+        The names, sorted.
+    """
     here = resources.files(__package__)
     return tuple(sorted(p.name[:-5] for p in here.iterdir() if p.name.endswith(".json")))
 
@@ -137,5 +141,7 @@ def _parse(data: Any, where: str) -> list[Prompt]:
                 f'{where}: prompt {i} must be a string or an object with a non-empty "prompt" '
                 f'(and optionally "answer", "foil", "corrupted" strings), got {item!r:.80}'
             )
-        prompts.append(Prompt(*(item.get(k) for k in fields)))
+        prompts.append(
+            Prompt(item["prompt"], item.get("answer"), item.get("foil"), item.get("corrupted"))
+        )
     return prompts
