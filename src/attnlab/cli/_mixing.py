@@ -259,7 +259,7 @@ def run_prompt_set(loaded: Run, args: argparse.Namespace) -> int:
     result = faithfulness_over_prompts(
         loaded.model,
         prompts,
-        loaded.io.encode,
+        loaded.io.encode,  # type: ignore[attr-defined]
         args.methods or FAITHFULNESS_METHODS,
         blank_id=_blank(loaded, args),
         decode=tokenizer.decode,
@@ -305,10 +305,11 @@ def run_plausibility(loaded: Run, args: argparse.Namespace) -> int:
         )
     task = get_task(loaded.task)
     data = task.evaluation_set(loaded.args, loaded.io, args.examples)  # type: ignore[union-attr]
-    cfg = loaded.model.config
+    cfg = loaded.config  # the encoder-decoder's: its special ids are copied from nowhere
+    special = [getattr(cfg, k, None) for k in ("pad_id", "bos_id", "eos_id")]
     loaded.model.eval()
     rows = plausibility_of_batches(
-        loaded.model, data.batches, methods, ignore_ids=[cfg.pad_id, cfg.bos_id, cfg.eos_id]
+        loaded.model, data.batches, methods, ignore_ids=[i for i in special if i is not None]
     )
     if args.json:
         out = [{"method": r.method, "top1": r.top1, "f1": r.f1} for r in rows]

@@ -130,7 +130,10 @@ def _score(
 
 
 def _sums(
-    scores: torch.Tensor, src: torch.Tensor, written: torch.Tensor, ignore: Sequence[int] = ()
+    scores: torch.Tensor,
+    src: torch.Tensor,
+    written: torch.Tensor,
+    ignore: Sequence[int] | set[int] = (),
 ) -> tuple[float, float, int]:
     """Top-1 hits, the sum of token F1 and the positions scored."""
     hits, f1, n = 0.0, 0.0, 0
