@@ -247,11 +247,8 @@ def run_prompt_set(loaded: Run, args: argparse.Namespace) -> int:
                        "encoder-decoder (use --plausibility on copy/reverse/sort)")  # fmt: skip
     if args.prompt_set is not None:
         prompts = prompt_sets.load(args.prompt_set)
-    else:
-        try:
-            prompts = prompt_sets.load_prompts(args.prompts)
-        except ValueError as e:
-            raise CLIError(f"--prompts: {e}") from None
+    else:  # its errors name the file ("prompts file '…' holds no prompt")
+        prompts = prompt_sets.load_prompts(args.prompts)
     tokenizer = getattr(loaded.io, "tokenizer", None)
     if tokenizer is None:
         raise CLIError(f"{loaded.path} was saved without a tokenizer: it cannot read prompts")
