@@ -570,17 +570,16 @@ def faithfulness_over_prompts(
     items = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not items:
         raise ArgumentError("prompts must hold at least one prompt, got none")
-    tables, tokens, predictions = [], [], []
-    answered = with_answer = 0
+    device = next(model.parameters()).device
+    encoded = []  # every prompt checked before any is measured
     for i, item in enumerate(items):
-        ids = torch.tensor([list(encode(item.prompt))])
+        ids = torch.tensor([list(encode(item.prompt))], dtype=torch.long, device=device)
         if ids.shape[1] == 0:
             raise ArgumentError(f"prompt {i} ({item.prompt!r}) encodes to no token")
-        ids = ids.to(next(model.parameters()).device)
         options: dict[str, Any] = {}
         good = encode(item.answer)[0] if item.answer else None
         if item.corrupted is not None:
-            corrupted = torch.tensor([list(encode(item.corrupted))], device=ids.device)
+            corrupted = torch.tensor([list(encode(item.corrupted))], device=device)
             if corrupted.shape != ids.shape:
                 raise ArgumentError(
                     f"prompt {i}: the corrupted prompt must have as many tokens as the prompt "
@@ -589,6 +588,10 @@ def faithfulness_over_prompts(
             if good is None or not item.foil:
                 raise ArgumentError(f"prompt {i}: a corrupted prompt needs an answer and a foil")
             options = {"corrupted_ids": corrupted, "good": good, "bad": encode(item.foil)[0]}
+        encoded.append((ids, good, options))
+    tables, tokens, predictions = [], [], []
+    answered = with_answer = 0
+    for i, (ids, good, options) in enumerate(encoded):
         with torch.no_grad():
             predicted = int(model(ids).logits[0, -1].argmax())
         if good is not None:
