@@ -35,7 +35,7 @@
 # ```
 
 # %%
-FULL = False  # True: every prompt, every method at full cost, longer-trained runs (~20 minutes)
+FULL = False  # True: 8 prompts of each set, 32 IG steps, runs of 600 steps (tens of minutes)
 
 METHODS = ["weights", "rollout", "norm", "norm_residual", "alti", "value_zeroing",
            "grad_weights", "integrated_gradients", "flow"]  # fmt: skip
@@ -161,7 +161,30 @@ viz.Plot(fig, data)
 # weights and norms trail. No method leads on every column; the gradient-weighted attention
 # comes closest.
 #
-# FULL_RESULTS_FACTUAL
+# On the 8 factual prompts (5–6 tokens; SmolLM2 predicts the expected answer on 6 of 8),
+# `attnlab inspect smollm2-135m --faithfulness --prompt-set factual --methods …` (the same nine):
+#
+# | method               | AOPC comp. ↑  | AOPC suff. ↓  | τ-LOO ↑        | ρ-LOO ↑        | τ-patch ↑      |
+# |----------------------|---------------|---------------|----------------|----------------|----------------|
+# | weights              | 0.470 ± 0.289 | 0.492 ± 0.260 | 0.175 ± 0.128  | 0.170 ± 0.180  | 0.093 ± 0.221  |
+# | rollout              | 0.466 ± 0.296 | 0.499 ± 0.251 | −0.525 ± 0.212 | −0.605 ± 0.250 | −0.201 ± 0.337 |
+# | norm                 | 0.474 ± 0.288 | 0.493 ± 0.260 | 0.292 ± 0.100  | 0.384 ± 0.113  | 0.093 ± 0.221  |
+# | norm_residual        | 0.500 ± 0.249 | 0.481 ± 0.275 | 0.342 ± 0.090  | 0.459 ± 0.133  | 0.054 ± 0.113  |
+# | alti                 | 0.463 ± 0.301 | 0.499 ± 0.251 | −0.217 ± 0.236 | −0.220 ± 0.303 | 0.122 ± 0.239  |
+# | value_zeroing        | 0.473 ± 0.288 | 0.493 ± 0.260 | 0.267 ± 0.094  | 0.346 ± 0.074  | 0.093 ± 0.221  |
+# | grad_weights         | 0.470 ± 0.289 | 0.492 ± 0.260 | 0.117 ± 0.227  | 0.104 ± 0.282  | −0.381 ± 0.486 |
+# | integrated_gradients | 0.486 ± 0.268 | 0.491 ± 0.262 | 0.100 ± 0.283  | 0.118 ± 0.419  | −0.115 ± 0.341 |
+# | flow                 | 0.466 ± 0.296 | 0.499 ± 0.251 | −0.525 ± 0.212 | −0.605 ± 0.250 | −0.201 ± 0.337 |
+# | random               | 0.479 ± 0.276 | 0.489 ± 0.264 | 0.035 ± 0.099  | 0.056 ± 0.137  | −0.002 ± 0.227 |
+#
+# On prompts this short, blanking the top 1–3 of 5 tokens separates nothing (every row's
+# comprehensiveness, random's included, is 0.46–0.50): the ERASER measures need longer inputs.
+# The rank agreement still does: the norm-based methods and value zeroing agree with
+# leave-one-out (τ 0.27–0.34), while rollout and flow rank the tokens *against* it (τ −0.53) —
+# they pile the score on the first tokens ("The"), which matter least — and ALTI, which rolls out
+# too, follows them (τ −0.22). With one changed token per prompt, τ-patch is noise here
+# (standard deviations of 0.1–0.5). Two prompt sets, two different winners: the last layer's
+# gradient-weighted attention on IOI, the residual-aware norm on factual recall.
 #
 # **What they do not show.** Sufficiency saturates on short prompts: with only the top 1–7 of
 # 5–15 tokens kept and the rest blanked, the prediction's probability is near 0 for *every*
@@ -226,15 +249,19 @@ fig.tight_layout()
 viz.Plot(fig, {t: [r.top1 for r in rows] for t, rows in plausible.items()})
 
 # %% [markdown]
-# Robust facts only: in every table no method falls below the random row by more than the
-# noise, and on the trained runs the best alignment clears random by a wide margin.
+# Robust facts only: in each faithfulness table the best method's τ-LOO clears random's by a
+# margin (and on IOI its comprehensiveness too), and on the trained runs the best alignment
+# clears random by a wide margin.
 
 # %%
 for name, result in results.items():
     by = {r.method: r for r in result.rows}
-    best = max(by[m].mean["comprehensiveness"] for m in METHODS)
-    assert best > by["random"].mean["comprehensiveness"], name
-    assert max(by[m].mean["kendall_tau"] for m in METHODS) > by["random"].mean["kendall_tau"]
+    best = max(by[m].mean["kendall_tau"] for m in METHODS)
+    assert best > by["random"].mean["kendall_tau"] + 0.1, (name, best)
+by = {r.method: r for r in results["ioi"].rows}  # comprehensiveness separates on IOI only
+assert max(by[m].mean["comprehensiveness"] for m in METHODS) > by["random"].mean[
+    "comprehensiveness"
+] + 0.05
 for task_name, rows in plausible.items():
     random_row = rows[-1]
     assert random_row.method == "random"
