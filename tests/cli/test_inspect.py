@@ -260,3 +260,89 @@ def test_mixing_of_an_encoder_decoder_reads_its_encoder(
     assert len(report["total"]) == 4
     assert main([*args, "--faithfulness"]) == 2
     assert "encoder-decoder" in capsys.readouterr().err
+
+
+def test_faithfulness_over_a_prompts_file_averages_each_prompts_table(
+    gpt_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--prompts FILE`` prints the library's table (mean ± std over the prompts), and its JSON
+    is the mean of each prompt's own ``faithfulness_table``; τ-patch where a prompt has a
+    corrupted version of the same length."""
+    from attnlab.inspect import faithfulness_table
+    from attnlab.tasks.run import load_run
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([
+        {"prompt": "abc dea", "answer": "a", "foil": "b", "corrupted": "abc deh"},
+        "bad cafe",
+    ]), encoding="utf-8")  # fmt: skip
+    args = ["inspect", str(gpt_run), "--faithfulness", "--prompts", str(prompts), "--blank-id", "0"]
+    assert main([*args, "--methods", "weights,alti", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [m["method"] for m in report["methods"]] == ["weights", "alti", "random"]
+    assert report["tokens"] == [7, 8] and report["with_answer"] == 1
+    run = load_run(str(gpt_run))
+    per_prompt = [
+        faithfulness_table(run.model.eval(), torch.tensor([TOKENIZER.encode(t)]), ["alti"],
+                           blank_id=0)[0]
+        for t in ("abc dea", "bad cafe")
+    ]  # fmt: skip
+    alti = report["methods"][1]
+    expected = sum(r.comprehensiveness for r in per_prompt) / 2
+    assert alti["comprehensiveness_mean"] == pytest.approx(expected, abs=1e-6)
+    assert alti["kendall_tau_mean"] == pytest.approx(sum(r.kendall_tau for r in per_prompt) / 2)
+    # one prompt has a corrupted version: τ-patch of that one alone, std 0
+    assert alti["patching_tau_std"] == 0.0 and alti["per_prompt"]["patching_tau"][1] is None
+    assert main([*args, "--methods", "weights"]) == 0
+    out = capsys.readouterr().out
+    assert "τ-patch" in out and "random" in out and "2 prompts of 7–8 tokens" in out
+
+
+def test_prompt_set_options_are_refused_in_one_line(
+    gpt_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    uneven = tmp_path / "uneven.json"
+    uneven.write_text(json.dumps([{"prompt": "abc", "answer": "a", "foil": "b",
+                                   "corrupted": "abcd"}]), encoding="utf-8")  # fmt: skip
+    run = ["inspect", str(gpt_run)]
+    cases = {
+        (*run, "--faithfulness", "--prompts", str(empty)): "holds no prompt",
+        (*run, "--faithfulness", "--prompts", str(tmp_path / "none.txt")): "cannot be read",
+        (*run, "--faithfulness", "--prompts", str(uneven)): "as many tokens as the prompt (3)",
+        (*run, "--prompts", str(uneven)): "add it",
+        (*run, "--faithfulness", "--text", "abc", "--prompt-set", "ioi"): "one of --text",
+        (*run, "--plausibility"): "needs a run of copy/reverse/sort",
+    }
+    for argv, message in cases.items():
+        assert main(list(argv)) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    with pytest.raises(SystemExit) as exit_:
+        main([*run, "--faithfulness", "--prompt-set", "nope"])
+    assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*run, "--faithfulness", "--text", "abc", "--methods", "weights,attention"])
+    assert "must be methods among" in capsys.readouterr().err
+
+
+def test_plausibility_of_a_reverse_run_has_every_alignment_and_a_random_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = str(tmp_path / "rev")
+    train = ["train", "reverse", "--out", run, "--num-symbols", "5", "--max-len", "5",
+             "--num-heldout", "20", "--d-model", "16", "--layers", "1", "--heads", "2",
+             "--d-ff", "32", "--batch-size", "8", "--warmup", "1", "--steps", "2"]  # fmt: skip
+    assert main(train) == 0
+    capsys.readouterr()
+    assert main(["inspect", run, "--plausibility", "--examples", "10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    methods = [m["method"] for m in report["methods"]]
+    assert methods == ["weights", "rollout", "norm", "norm_residual", "alti", "random"]
+    assert report["positions"] > 10 and all(0 <= m["top1"] <= 1 for m in report["methods"])
+    assert main(["inspect", run, "--plausibility", "--examples", "10", "--methods", "alti"]) == 0
+    out = capsys.readouterr().out
+    assert "top-1" in out and "alti" in out and "random" in out
+    assert main(["inspect", run, "--plausibility", "--methods", "grad_weights"]) == 2
+    assert "gives no source alignment" in capsys.readouterr().err

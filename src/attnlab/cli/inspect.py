@@ -30,7 +30,11 @@ full ``layers × heads`` matrices. The tokens avoid the tokenizer's special ids
 ``--mixing METHOD`` instead shows what each position takes from each token by one of
 :func:`attnlab.inspect.mixing`'s methods (rollout, norm, ALTI, value zeroing, …; the last
 position's row, ``--json`` every matrix), and ``--faithfulness`` how far each method's
-explanation of the last prediction can be trusted (:mod:`attnlab.inspect.faithfulness`).
+explanation of the last prediction can be trusted (:mod:`attnlab.inspect.faithfulness`);
+``--faithfulness --prompt-set ioi|factual`` (or ``--prompts FILE``) the same table averaged over
+a set of prompts (mean ± std), with the agreement with exact per-token patching, and
+``--plausibility`` how often each alignment of a copy/reverse/sort run points at the source
+token each output token came from (held-out strings, ``--examples``).
 
 ``--qk-spectrum`` instead reads every head as a low-rank bilinear relation
 (:mod:`attnlab.inspect.qk_circuits`): the effective rank of its QK circuit
@@ -55,7 +59,12 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
-from attnlab.cli._mixing import add_mixing_arguments, run_mixing
+from attnlab.cli._mixing import (
+    add_mixing_arguments,
+    run_mixing,
+    run_plausibility,
+    run_prompt_set,
+)
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles
 from attnlab.cli._terminal import TextConsole
@@ -118,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--examples",
         type=positive_int,
         default=200,
-        help="--ablate: held-out examples to measure on (default 200)",
+        help="--ablate/--plausibility: held-out examples to measure on (default 200)",
     )
     p.add_argument(
         "--once",
@@ -228,6 +237,10 @@ def run(args: argparse.Namespace) -> int:
         return _roles(loaded, args)
     if args.ablate:
         return _ablate(loaded, args)
+    if args.plausibility:
+        return run_plausibility(loaded, args)
+    if args.prompt_set is not None or args.prompts is not None:
+        return run_prompt_set(loaded, args)
     if args.text is None and args.ids is None:
         raise CLIError("inspect needs --text TEXT (or --ids), or --ablate")
     inputs = model_inputs(loaded, args)

@@ -27,8 +27,11 @@
   (a :class:`Mixing`), read from each layer's resolved call.
 - :func:`faithfulness` / :func:`faithfulness_table` / :func:`leave_one_out`: deletion and
   insertion curves, ERASER's comprehensiveness and sufficiency, and rank agreement with
-  leave-one-out importance of an explanation, beside a random one's; :func:`plausibility`: an
-  encoder-decoder's alignments against the known sources of copy/reverse/sort.
+  leave-one-out importance of an explanation, and with exact per-token patching
+  (:func:`patching_importance`), beside a random one's; :func:`faithfulness_over_prompts`: the
+  same over a set of prompts, mean ± std; :func:`plausibility` /
+  :func:`plausibility_of_batches`: an encoder-decoder's alignments against the known sources of
+  copy/reverse/sort.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -60,9 +63,13 @@ from attnlab.inspect.diagnostics import (
 )
 from attnlab.inspect.faithfulness import (
     Faithfulness,
+    FaithfulnessSummary,
+    PromptSetFaithfulness,
     faithfulness,
+    faithfulness_over_prompts,
     faithfulness_table,
     leave_one_out,
+    patching_importance,
 )
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
 from attnlab.inspect.memory import (
@@ -87,7 +94,12 @@ from attnlab.inspect.patching import (
     patch_residual,
     run_with_patches,
 )
-from attnlab.inspect.plausibility import Plausibility, plausibility
+from attnlab.inspect.plausibility import (
+    Plausibility,
+    plausibility,
+    plausibility_of_batches,
+    plausibility_table,
+)
 from attnlab.inspect.qk_circuits import CircuitSpectrum, HeadWeights, head_weights, qk_spectrum
 from attnlab.inspect.roles import (
     HeadRoles,
@@ -105,6 +117,7 @@ __all__ = [
     "AttentionStats",
     "CircuitSpectrum",
     "Faithfulness",
+    "FaithfulnessSummary",
     "FlopReport",
     "HeadHealth",
     "HeadImportance",
@@ -119,6 +132,7 @@ __all__ = [
     "NonFiniteWatch",
     "PatchResult",
     "Plausibility",
+    "PromptSetFaithfulness",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
@@ -130,6 +144,7 @@ __all__ = [
     "diagnose_model",
     "direct_logit_attribution",
     "faithfulness",
+    "faithfulness_over_prompts",
     "faithfulness_table",
     "find_nonfinite",
     "flops",
@@ -144,9 +159,12 @@ __all__ = [
     "ordinary_token_range",
     "patch_heads",
     "patch_residual",
+    "patching_importance",
     "peak_memory",
     "peak_memory_supported",
     "plausibility",
+    "plausibility_of_batches",
+    "plausibility_table",
     "pruning_curve",
     "pruning_order",
     "qk_spectrum",

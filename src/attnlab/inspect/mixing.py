@@ -360,6 +360,7 @@ def mixing(
     heads: bool = False,
     block_size: int | None = None,
     baseline_id: int = 0,
+    steps: int = 32,
     **forward_kwargs: Any,
 ) -> Mixing:
     """How much each position takes from each token, layer by layer, by one method.
@@ -412,6 +413,7 @@ def mixing(
         baseline_id: ``integrated_gradients`` only: the token whose embedding, at every
             position, is the path's start (not the zero vector, which a model whose first
             operation is a norm cannot be integrated from; :mod:`attnlab.inspect.mixing_causal`).
+        steps: ``integrated_gradients`` only: its interpolation steps (default 32).
         **forward_kwargs: further arguments of ``model(input_ids, ...)`` (``attention_mask``;
             ``tgt_in`` for an :class:`attnlab.Transformer`).
 
@@ -457,7 +459,14 @@ def mixing(
         from attnlab.inspect import mixing_causal
 
         return mixing_causal.run(
-            model, input_ids, method, layers, forward_kwargs, rows, baseline_id=baseline_id
+            model,
+            input_ids,
+            method,
+            layers,
+            forward_kwargs,
+            rows,
+            baseline_id=baseline_id,
+            steps=steps,
         )
     forward = lambda: model(input_ids, **forward_kwargs)  # noqa: E731
     runs, _ = record_layers(model, forward, weights=False, stop=True)

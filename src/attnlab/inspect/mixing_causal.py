@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError
 from attnlab.inspect.capture import attention_modules
 
@@ -51,6 +52,7 @@ def run(
     rows: Any = None,
     *,
     baseline_id: int = 0,
+    steps: int = 32,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -64,6 +66,7 @@ def run(
             value zeroing cuts its result to them, the gradient methods run one backward pass
             per position asked for only.
         baseline_id: ``integrated_gradients``' baseline token (see the module docstring).
+        steps: ``integrated_gradients``' interpolation steps.
 
     Returns:
         A :class:`~attnlab.inspect.mixing.Mixing`.
@@ -81,10 +84,11 @@ def run(
         idx = row_positions(rows, per_layer.shape[-2])
         return Mixing(method, MEANING[method], names, per_layer[:, :, idx], rows=idx)
     idx = row_positions(rows, t)
-    if t > MAX_GRADIENT_LENGTH:
+    check_positive_int("steps", steps)
+    if len(idx) > MAX_GRADIENT_LENGTH:
         raise ArgumentError(
             f"{method} runs one backward pass per position: at most {MAX_GRADIENT_LENGTH} "
-            f"tokens, got {t}"
+            f"positions, got {len(idx)} (choose some with rows=)"
         )
     with torch.no_grad():
         targets = model(input_ids, **forward_kwargs).logits.argmax(-1)  # (B, T)
@@ -96,7 +100,9 @@ def run(
         names = [r.name for r in runs]
         return Mixing(method, MEANING[method], names, None, total=cumulative[-1],
                       cumulative=cumulative, rows=out_rows)  # fmt: skip
-    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, idx, baseline_id)
+    total = _integrated_gradients(
+        model, input_ids, targets, forward_kwargs, idx, baseline_id, steps
+    )
     return Mixing(method, MEANING[method], [], None, total=total, rows=out_rows)
 
 

@@ -11,23 +11,35 @@ source position (:func:`source_alignment`); its alignment is then scored by
 - **token F1**: the F1 of the ``k`` highest-scored source positions against the ``k`` true ones,
   averaged over target positions (equal to top-1 accuracy when every token is distinct);
 
-beside a random alignment's, the floor any method should clear.
+beside a random alignment's, the floor any method should clear. Special tokens (padding,
+``<eos>``: ``ignore_ids``) are not scored, whatever the source holds.
+
+:func:`plausibility_of_batches` scores a run's held-out batches (``attnlab inspect RUN
+--plausibility``); :func:`plausibility_table` is the table that command prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from attnlab.errors import ArgumentError
 
-__all__ = ["ALIGNMENT_METHODS", "Plausibility", "plausibility", "source_alignment"]
+__all__ = [
+    "ALIGNMENT_METHODS",
+    "Plausibility",
+    "plausibility",
+    "plausibility_of_batches",
+    "plausibility_table",
+    "source_alignment",
+]
 
 #: the alignments :func:`source_alignment` gives
-ALIGNMENT_METHODS = ("weights", "alti")
+ALIGNMENT_METHODS = ("weights", "rollout", "norm", "norm_residual", "alti")
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,21 @@ def source_alignment(
 ) -> torch.Tensor:
     """What each target position takes from each source position, by one method.
 
-    ``"weights"``: the cross-attention weights, averaged over every decoder layer and head;
-    ``"alti"``: the source part of ALTI+ (:func:`attnlab.inspect.mixing`), through the encoder,
-    the decoder's self-attention and its cross-attention.
+    - ``"weights"``: the cross-attention weights, averaged over every decoder layer and head,
+      ``Ā = mean_l mean_h A^{l,h}``;
+    - ``"rollout"``: those weights through the encoder's rolled-out attention (Abnar &
+      Zuidema), ``Ā · R_enc`` with ``R_enc = Ã_L ⋯ Ã_1``, ``Ã = 0.5 A + 0.5 I``: the encoder
+      output at ``s`` is itself a mixture of the source tokens;
+    - ``"norm"``: ``‖Σ_h α^h_is f_h(e_s)‖`` (Kobayashi et al. 2020) of each cross-attention,
+      averaged over the decoder layers;
+    - ``"norm_residual"``: the same through the residual connection and a post-norm block's
+      LayerNorm (Kobayashi et al. 2021), the source columns of each cross-attention block;
+    - ``"alti"``: the source part of ALTI+ (:func:`attnlab.inspect.mixing`), through the
+      encoder, the decoder's self-attention and its cross-attention.
+
+    Value zeroing, gradient-weighted attention and integrated gradients explain a decoder
+    position through one stack's layers (:func:`attnlab.inspect.mixing` with ``layers=``), not
+    across the cross-attention: they give no source alignment here.
 
     Args:
         model: an encoder-decoder (:class:`attnlab.Transformer`).
@@ -68,7 +92,8 @@ def source_alignment(
     Shape:
         src ``(B, S)``, tgt_in ``(B, T)`` → ``(B, T, S)``.
     """
-    from attnlab.inspect.mixing import mixing, record_layers
+    from attnlab.inspect.mixing import _Rows, mixing, record_layers
+    from attnlab.inspect.mixing_rules import rollout
 
     if method not in ALIGNMENT_METHODS:
         raise ArgumentError(f"method must be one of {', '.join(ALIGNMENT_METHODS)}, got {method!r}")
@@ -79,30 +104,54 @@ def source_alignment(
             raise ArgumentError("ALTI+ needs an encoder-decoder with cross-attention")
         return total[:, :, :s]
     runs, _ = record_layers(model, lambda: model(src, tgt_in))
-    cross = [r.weights for r in runs if r.role == "cross_attn"]
+    cross = [r for r in runs if r.role == "cross_attn"]
     if not cross:
         raise ArgumentError(f"{type(model).__name__} has no cross-attention to align with")
-    return torch.stack(cross).mean(dim=(0, 2))  # over layers and heads     (B, T, S)
+    if method in ("norm", "norm_residual"):
+        # norm: ‖Σ_h α^h_is W_O^h v^h_s‖; norm_residual: the source columns of ‖T_i(e_s)‖ (its
+        # last column is y_i itself); mixing's own per-layer rows, mean over layers  (B, T, S)
+        every = torch.arange(tgt_in.shape[-1])
+        with torch.no_grad():
+            rows = [_Rows(r, method, False)(every)[0][..., :s] for r in cross]
+        return torch.stack(rows).mean(0)
+    weights = torch.stack([r.weights for r in cross]).mean(dim=(0, 2))  # layers, heads (B,T,S)
+    if method == "weights":
+        return weights
+    encoder = [r.weights.mean(1) for r in runs if r.role == "self_attn"]
+    return weights @ rollout(encoder).to(weights.dtype)  # Ā · R_enc                 (B, T, S)
 
 
 def _score(
-    scores: torch.Tensor, src: torch.Tensor, written: torch.Tensor
+    scores: torch.Tensor, src: torch.Tensor, written: torch.Tensor, ignore: Sequence[int] = ()
 ) -> tuple[float, float, int]:
+    hits, f1, n = _sums(scores, src, written, ignore)
+    if n == 0:
+        raise ArgumentError("no target token is a copy of a source token: nothing to align")
+    return hits / n, f1 / n, n
+
+
+def _sums(
+    scores: torch.Tensor,
+    src: torch.Tensor,
+    written: torch.Tensor,
+    ignore: Sequence[int] | set[int] = (),
+) -> tuple[float, float, int]:
+    """Top-1 hits, the sum of token F1 and the positions scored."""
     hits, f1, n = 0.0, 0.0, 0
     for b in range(scores.shape[0]):
         for i in range(scores.shape[1]):
+            if int(written[b, i]) in ignore:
+                continue  # padding, <eos>: not a copy of a source token
             gold = set((src[b] == written[b, i]).nonzero().flatten().tolist())
             if not gold:
-                continue  # a token not copied from the source (<eos>, padding)
+                continue  # a token not copied from the source
             ranked = torch.argsort(scores[b, i], descending=True, stable=True).tolist()
             hits += ranked[0] in gold
             top = set(ranked[: len(gold)])
             overlap = len(top & gold) / len(gold)  # precision = recall: both sets hold k
             f1 += overlap
             n += 1
-    if n == 0:
-        raise ArgumentError("no target token is a copy of a source token: nothing to align")
-    return hits / n, f1 / n, n
+    return hits, f1, n
 
 
 def plausibility(
@@ -114,6 +163,7 @@ def plausibility(
     *,
     random_draws: int = 5,
     seed: int = 0,
+    ignore_ids: Sequence[int] = (),
 ) -> list[Plausibility]:
     """Each method's alignment against the known sources, then a random alignment's.
 
@@ -125,6 +175,8 @@ def plausibility(
         methods: among :data:`ALIGNMENT_METHODS`.
         random_draws: random alignments averaged for the ``"random"`` row.
         seed: their seed.
+        ignore_ids: tokens not scored (padding, ``<eos>``: in the source too, but copied from
+            nowhere).
 
     Returns:
         One :class:`Plausibility` per method, then ``"random"``.
@@ -132,26 +184,82 @@ def plausibility(
     Shape:
         src ``(B, S)``; tgt_in, written ``(B, T)``.
     """
-    if written.shape != tgt_in.shape:
-        raise ArgumentError(
-            f"written must have tgt_in's shape {tuple(tgt_in.shape)}, got {tuple(written.shape)}"
-        )
-    rows = []
-    with torch.no_grad():
-        for method in methods:
-            top1, f1, n = _score(source_alignment(model, src, tgt_in, method), src, written)
-            rows.append(Plausibility(method, top1, f1, n))
+    return plausibility_of_batches(
+        model, [(src, tgt_in, written)], methods, random_draws=random_draws, seed=seed,
+        ignore_ids=ignore_ids,
+    )  # fmt: skip
+
+
+def plausibility_of_batches(
+    model: nn.Module,
+    batches: Sequence[Any],
+    methods: Sequence[str] = ALIGNMENT_METHODS,
+    *,
+    random_draws: int = 5,
+    seed: int = 0,
+    ignore_ids: Sequence[int] = (),
+) -> list[Plausibility]:
+    """:func:`plausibility` over several batches (each target position counted once).
+
+    Args:
+        model: an encoder-decoder trained on copy, reverse or sort.
+        batches: ``(src, tgt_in, written)`` triples, or batches with ``src``, ``tgt_in`` and
+            ``targets`` (a task's held-out batches, :class:`attnlab.data.batching.Seq2SeqBatch`).
+        methods: among :data:`ALIGNMENT_METHODS`.
+        random_draws: random alignments averaged for the ``"random"`` row.
+        seed: their seed.
+        ignore_ids: tokens not scored (padding, ``<eos>``).
+
+    Returns:
+        One :class:`Plausibility` per method, then ``"random"``.
+
+    Raises:
+        ValueError: an unknown method, no batch, ``written`` of another shape than
+            ``tgt_in``, or no target token that is a copy of a source token.
+    """
+    if not batches:
+        raise ArgumentError("batches must hold at least one batch, got none")
+    triples = [(b.src, b.tgt_in, b.targets) if hasattr(b, "targets") else tuple(b) for b in batches]
+    for _, tgt_in, written in triples:
+        if written.shape != tgt_in.shape:
+            raise ArgumentError(
+                f"written must have tgt_in's shape {tuple(tgt_in.shape)}, got "
+                f"{tuple(written.shape)}"
+            )
+    ignore = {int(i) for i in ignore_ids}
     generator = torch.Generator().manual_seed(seed)
-    shape = (*tgt_in.shape, src.shape[-1])
-    draws = [
-        _score(torch.rand(shape, generator=generator), src, written) for _ in range(random_draws)
-    ]
-    rows.append(
-        Plausibility(
-            "random",
-            sum(d[0] for d in draws) / len(draws),
-            sum(d[1] for d in draws) / len(draws),
-            draws[0][2],
-        )
-    )
+    # per row: top-1 hits, the sum of token F1, positions (the random row: mean over draws)
+    totals = {name: torch.zeros(3, dtype=torch.float64) for name in [*methods, "random"]}
+    with torch.no_grad():
+        for src, tgt_in, written in triples:
+            for method in methods:
+                scores = source_alignment(model, src, tgt_in, method)
+                totals[method] += torch.tensor(_sums(scores, src, written, ignore))
+            shape = (*tgt_in.shape, src.shape[-1])
+            for _ in range(random_draws):
+                scores = torch.rand(shape, generator=generator)
+                totals["random"] += torch.tensor(_sums(scores, src, written, ignore)) / random_draws
+    rows = []
+    for name, (hits, f1, n) in totals.items():
+        if n == 0:
+            raise ArgumentError("no target token is a copy of a source token: nothing to align")
+        rows.append(Plausibility(name, float(hits / n), float(f1 / n), round(float(n))))
     return rows
+
+
+def plausibility_table(rows: Sequence[Plausibility]) -> str:
+    """The methods × {top-1, token F1} table as plain text (what ``attnlab inspect RUN
+    --plausibility`` prints).
+
+    Args:
+        rows: :func:`plausibility`'s.
+
+    Returns:
+        The table, one method a line.
+    """
+    width = max(len("method"), *(len(r.method) for r in rows))
+    lines = [f"{'method'.ljust(width)}  top-1 ↑  token F1 ↑"]
+    lines += [f"{r.method.ljust(width)}  {r.top1:7.3f}  {r.f1:10.3f}" for r in rows]
+    return "\n".join(
+        [f"{rows[0].positions} target positions whose token is a copy of a source token", *lines]
+    )
