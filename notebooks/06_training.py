@@ -30,7 +30,7 @@ if FULL:  # the demo: the task's defaults, 1200 steps, the rate cooled to 0 over
     TASK = dict(num_symbols=10, max_len=16, num_heldout=500)
     TASK |= dict(d_model=128, layers=2, heads=4, d_ff=256, batch_size=64, warmup=200, lr_factor=0.5)
 else:  # short strings over 8 letters, one layer each side: learned in about 10 s on one thread
-    STEPS, PROBE, N_EVAL = 600, "abcdefgh", 200
+    STEPS, PROBE, N_EVAL = 400, "abcdefgh", 200
     TASK = dict(num_symbols=8, max_len=8, num_heldout=200)
     TASK |= dict(d_model=64, layers=1, heads=4, d_ff=128, batch_size=64, warmup=100, lr_factor=1.0)
 COOLDOWN = STEPS // 3

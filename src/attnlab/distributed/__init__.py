@@ -23,24 +23,64 @@
   (``attnlab checkpoint convert``; ``checkpoint``)
 """
 
-from attnlab.distributed.checkpoint import consolidate
-from attnlab.distributed.context_parallel import ContextParallelModel, context_parallelize
-from attnlab.distributed.fsdp import FSDPStrategy, shard_model, transformer_blocks
-from attnlab.distributed.mesh import MeshStrategy
-from attnlab.distributed.ring import ring_attention, unshard_sequence
-from attnlab.distributed.ring_schedule import (
-    RingPiece,
-    ring_pieces,
-    sequence_positions,
-    shard_sequence,
-    zigzag_visibility,
-)
-from attnlab.distributed.tensor_parallel import (
-    HeadParallel,
-    ReplicateParallel,
-    qkv_row_order,
-    tp_plan,
-)
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnlab.distributed.checkpoint import consolidate
+    from attnlab.distributed.context_parallel import ContextParallelModel, context_parallelize
+    from attnlab.distributed.fsdp import FSDPStrategy, shard_model, transformer_blocks
+    from attnlab.distributed.mesh import MeshStrategy
+    from attnlab.distributed.ring import ring_attention, unshard_sequence
+    from attnlab.distributed.ring_schedule import (
+        RingPiece,
+        ring_pieces,
+        sequence_positions,
+        shard_sequence,
+        zigzag_visibility,
+    )
+    from attnlab.distributed.tensor_parallel import (
+        HeadParallel,
+        ReplicateParallel,
+        qkv_row_order,
+        tp_plan,
+    )
+
+# each name is imported from its module when first used: the modules pull in
+# torch.distributed.checkpoint and DTensor (about a second of CPU), which `import attnlab.tasks`
+# (for ring_schedule's LAYOUTS) on one device never needs
+_WHERE = {
+    "ContextParallelModel": "context_parallel",
+    "FSDPStrategy": "fsdp",
+    "HeadParallel": "tensor_parallel",
+    "MeshStrategy": "mesh",
+    "ReplicateParallel": "tensor_parallel",
+    "RingPiece": "ring_schedule",
+    "consolidate": "checkpoint",
+    "context_parallelize": "context_parallel",
+    "qkv_row_order": "tensor_parallel",
+    "ring_attention": "ring",
+    "ring_pieces": "ring_schedule",
+    "sequence_positions": "ring_schedule",
+    "shard_model": "fsdp",
+    "shard_sequence": "ring_schedule",
+    "tp_plan": "tensor_parallel",
+    "transformer_blocks": "fsdp",
+    "unshard_sequence": "ring",
+    "zigzag_visibility": "ring_schedule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")  # a submodule, e.g. .fsdp
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ContextParallelModel",

@@ -27,8 +27,6 @@ from typing import Any
 from rich.console import Console
 from torch import nn
 
-from attnlab.distributed.fsdp import FSDPStrategy
-from attnlab.distributed.mesh import MeshStrategy
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.tasks.base import TaskSetup
 from attnlab.tasks.probe import AttentionProbe
@@ -95,6 +93,11 @@ def strategy_of(options: TrainOptions) -> ParallelStrategy:
     Raises:
         ValueError: ``parallel="fsdp"`` with context or tensor parallelism.
     """
+    # imported here: attnlab.distributed pulls in torch.distributed.checkpoint and DTensor (about a
+    # second of CPU), which a run on one device never needs
+    from attnlab.distributed.fsdp import FSDPStrategy
+    from attnlab.distributed.mesh import MeshStrategy
+
     cp, tp = options.context_parallel, options.tensor_parallel
     if cp == 1 and tp == 1:
         return FSDPStrategy() if options.parallel == "fsdp" else DDPStrategy()

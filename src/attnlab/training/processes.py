@@ -29,18 +29,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from attnlab.errors import ArgumentError, AttnlabError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "DDPStrategy",
@@ -235,6 +238,23 @@ def all_reduce_sum(value: torch.Tensor, group: Any = None) -> torch.Tensor:
     return value
 
 
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
+    """Whether ``t`` is a ``DTensor``, without importing ``torch.distributed.tensor``.
+
+    A ``DTensor`` can exist only once its module has been imported (by FSDP, tensor parallelism or
+    a checkpoint): until then the answer is ``False``. Importing the module costs about a second
+    of CPU, which every process that only trains on one device (a notebook, a test) would pay.
+
+    Args:
+        t: any object.
+
+    Returns:
+        ``True`` for a ``torch.distributed.tensor.DTensor``.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: a ``DTensor``'s local shard, any other tensor itself.
 
@@ -247,7 +267,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     Shape:
         a ``DTensor``'s local shard shape; any other tensor's own.
     """
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:

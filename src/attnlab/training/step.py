@@ -32,11 +32,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from attnlab.errors import ArgumentTypeError
 from attnlab.training.losses import TokenLoss
-from attnlab.training.processes import map_batch
+from attnlab.training.processes import is_dtensor, map_batch
 
 if TYPE_CHECKING:
     from attnlab.training.trainer import Trainer
@@ -50,7 +49,7 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 
 def _as_float(t: torch.Tensor) -> float:
     """A scalar tensor's value (a ``DTensor`` norm is replicated: its whole value)."""
-    return float(t.full_tensor() if isinstance(t, DTensor) else t)
+    return float(t.full_tensor() if is_dtensor(t) else t)
 
 
 def _first_tensor(batch: Any) -> torch.Tensor | None:
@@ -152,7 +151,7 @@ def train_step(trainer: Trainer) -> tuple[float, float, float, bool, bool, bool]
     # the global norm: over DTensor shards, clip_grad_norm_ all-reduces the sum of squares
     if cfg.clip is not None:
         norm = _as_float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
-    elif any(isinstance(p, DTensor) for p in params):
+    elif any(is_dtensor(p) for p in params):
         grads = [p.grad for p in params if p.grad is not None]
         norm = _as_float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     else:
