@@ -56,8 +56,6 @@ from attnlab.inspect.faithfulness import leave_one_out
 from attnlab.training.trainer import IndexedBatches, TrainConfig, Trainer
 from attnlab.viz import Plot
 
-torch.manual_seed(SEED)
-
 # %% [markdown]
 # ## 1 · The task: agreement across attractors
 #
@@ -100,6 +98,7 @@ print(f"vocabulary: {len(VOCABULARY)} tokens; the blank that replaces a removed 
 # are never drawn for training.
 
 # %%
+torch.manual_seed(SEED)  # the model's initial weights
 config = al.GPTConfig(
     vocab_size=len(VOCABULARY), n_positions=32, n_embd=D, n_layer=LAYERS, n_head=HEADS
 )
