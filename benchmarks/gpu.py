@@ -182,7 +182,7 @@ def host_rows(
             ("flex, window 256", t_flex, t_flex, attn(backend="flex", is_causal=True, window=256)),
             (f"flex, BigBird b={block}", t_flex, t_flex, attn(backend="flex", block_mask=layout)),
         ]
-    n = args.host_calls
+    n = args.host_calls if args.host_calls is not None else (20 if args.quick else 200)
     for name, t_q, t_k, fn in cases:
         q = torch.randn(1, h, t_q, d, device=device, dtype=dtype)
         kv = torch.randn(1, h, t_k, d, device=device, dtype=dtype)
@@ -524,7 +524,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[8, 16, 24, 32],
         help="training batches tried, the largest that fits is run",
     )
-    parser.add_argument("--host-calls", type=int, default=200, help="profiled calls per kernel")
+    parser.add_argument(
+        "--host-calls",
+        type=int,
+        default=None,
+        help="profiled calls per kernel (default 200; 20 with --quick: the profiler's own "
+        "summary of 200 calls takes longer than the smoke run's every other section)",
+    )
     parser.add_argument("--host-flex-length", type=int, default=4096, help="T of the flex rows")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
     args = parser.parse_args(argv)

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.task in ("copy", "all"):
         if args.quick:
-            args.steps, args.length = 20, 64
+            args.steps, args.length = 4, 64  # the script works; the table says nothing
         rows: list[dict[str, object]] = []
         for name, options in COPY_ATTENTIONS.items():
             if wanted(name):

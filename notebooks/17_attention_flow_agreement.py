@@ -325,5 +325,7 @@ Plot(fig, {f"{m} vs {r}": np.array(rho[m, r]) for m in shown for r in REFERENCES
 # **What we found.** Raw attention at the top of a small agreement model says nothing about which
 # word decides its answer; following the weights down through the residual connections — rollout,
 # flow — finds that word, and agrees with blank-out and with integrated gradients as far as those
-# agree with each other. This is the end of the path that began with attention as a matrix product
-# in [notebook 01](01_attention_from_matmul.ipynb).
+# agree with each other.
+#
+# **Next:** [notebook 18](18_sinks_are_loud.ipynb): the first token takes much of the raw
+# attention — how much does it contribute, by the norm-based and ALTI measures?

@@ -77,7 +77,7 @@ def test_unbalanced_quotes_in_args_are_one_line(capsys: pytest.CaptureFixture[st
 
 
 def test_runs_the_long_quality_benchmark_quickly(capfd: pytest.CaptureFixture[str]) -> None:
-    """The selective-copy table of every attention (20 steps: the script works, not the result)."""
+    """The selective-copy table of every attention (4 steps: the script works, not the result)."""
     assert main(["bench", "long_quality", "--quick", "--args", "copy"]) == 0
     out = capfd.readouterr().out
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -60,3 +60,16 @@ def test_bucketed_source_is_a_pure_function_of_the_step() -> None:
     epoch0 = [a.batch(s).src.shape for s in range(n)]
     epoch1 = [a.batch(n + s).src.shape for s in range(n)]
     assert epoch0 != epoch1  # a new shuffle each epoch
+
+
+def test_pad_batch_places_each_row_like_a_loop() -> None:
+    # the one-scatter padding against row-by-row assignment, over ragged rows (empty ones too)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        lengths = torch.randint(0, 6, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g)
+        seqs = [torch.randint(1, 50, (int(n),), generator=g).tolist() for n in lengths]
+        length = int(lengths.max()) + int(torch.randint(0, 3, (1,), generator=g))
+        expected = torch.full((len(seqs), length), 0, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            expected[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        assert torch.equal(pad_batch(seqs, 0, length=length), expected)

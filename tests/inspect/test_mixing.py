@@ -93,7 +93,7 @@ def test_token_vectors_sum_to_the_layers_output(family: str) -> None:
 def test_norm_and_alti_equal_the_equations_by_hand(family: str) -> None:
     model = tiny(**FAMILIES[family])
     ids = torch.randint(0, 40, (1, 8))
-    norm = mixing(model, ids, "norm")
+    norm = mixing(model, ids, "norm", heads=True)
     alti = mixing(model, ids, "alti")
     res = mixing(model, ids, "norm_residual")
     layers_c = []
@@ -125,6 +125,9 @@ def test_norm_and_alti_equal_the_equations_by_hand(family: str) -> None:
         torch.testing.assert_close(c.sum(-1), torch.ones(1, t, dtype=torch.float64))
         layers_c.append(c)
     torch.testing.assert_close(alti.total, layers_c[1] @ layers_c[0], rtol=1e-10, atol=1e-12)
+    # rolled out layer by layer: layer 0's own contributions, then the product up to layer 1
+    torch.testing.assert_close(alti.cumulative[0], layers_c[0], rtol=1e-10, atol=1e-12)
+    assert torch.equal(alti.cumulative[-1], alti.total)
 
 
 def test_rollout_of_identity_layers_is_the_identity() -> None:
@@ -139,10 +142,13 @@ def test_rollout_and_flow_match_the_equations() -> None:
     w = mixing(model, ids, "weights").per_layer  # (L, B, T, T), head means
     eye = torch.eye(6, dtype=torch.float64)
     r = eye
-    for a in w[:, 0]:
+    for layer, a in enumerate(w[:, 0]):
         m = 0.5 * a + 0.5 * eye
         r = (m / m.sum(-1, keepdim=True)) @ r
+        # the product up to layer l
+        torch.testing.assert_close(out.cumulative[layer, 0], r, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(out.total[0], r, rtol=1e-12, atol=1e-14)
+    assert torch.equal(out.cumulative[-1], out.total)
     # one layer: the only path from j to i is the edge itself, of capacity Ã[i, j]
     one = max_flow([w[0]])
     m = 0.5 * w[0] + 0.5 * eye
@@ -223,7 +229,10 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
     # multiplies V, so autograd gives ∂s/∂A directly
     model = tiny(**FAMILIES["llama"])
     ids = torch.randint(0, 40, (1, 6))
-    got = mixing(model, ids, "grad_weights").total
+    out = mixing(model, ids, "grad_weights")
+    got = out.total
+    assert out.cumulative is not None and out.cumulative[-1] is not None
+    assert torch.equal(out.cumulative[-1], got)  # the last layer's R is the total
     ref_model = tiny(**FAMILIES["llama"], backend="math")
     kept: list[torch.Tensor] = []
     handles = [
@@ -238,20 +247,26 @@ def test_grad_weights_reads_the_gradient_with_respect_to_the_weights_used() -> N
     for i in range(t):
         grads = torch.autograd.grad(logits[0, i, targets[0, i]], kept, retain_graph=True)
         r = torch.eye(t, dtype=torch.float64)
-        for a, g in zip(kept, grads):
+        for layer, (a, g) in enumerate(zip(kept, grads)):
             r = r + (g * a).clamp(min=0).mean(1)[0] @ r
+            # R after layer l: the relevance through layers 0 … l
+            torch.testing.assert_close(
+                out.cumulative[layer, 0, i], r[i].detach(), rtol=1e-9, atol=1e-12
+            )
         torch.testing.assert_close(got[0, i], r[i].detach(), rtol=1e-9, atol=1e-12)
 
 
 def test_integrated_gradients_are_complete() -> None:
-    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline)
+    # Sundararajan et al.'s completeness: the attributions sum to f(x) − f(baseline), the
+    # baseline being token 0's embedding at every position
     model = tiny(n_layer=1)
     ids = torch.randint(0, 40, (1, 4))
     ig = mixing(model, ids, "integrated_gradients").total
     with torch.no_grad():
         logits = model(ids).logits
     targets = logits.argmax(-1)
-    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: torch.zeros_like(o))
+    blank = model.transformer.wte(torch.zeros_like(ids))  # the baseline: token 0 everywhere
+    handle = model.transformer.wte.register_forward_hook(lambda _m, _a, o: blank)
     with torch.no_grad():
         base = model(ids).logits
     handle.remove()
@@ -329,6 +344,8 @@ def test_an_encoders_decomposition_goes_through_its_layer_norm(norm_first: bool)
             torch.testing.assert_close(after.sum(2) + bias_part, mid, rtol=0, atol=1e-12)
     alti = mixing(model, src, "alti", layers="encoder.", tgt_in=tgt)
     assert alti.layers == [r.name for r in enc]
+    # no autograd graph is kept through the LayerNorm's parameters (a result, not a graph)
+    assert not alti.per_layer.requires_grad and not alti.total.requires_grad
     torch.testing.assert_close(alti.per_layer.sum(-1), torch.ones(2, 2, 7, dtype=torch.float64))
     rolled = mixing(model, src, "rollout", layers="encoder.", tgt_in=tgt)
     torch.testing.assert_close(rolled.total.sum(-1), torch.ones(2, 7, dtype=torch.float64))
@@ -356,9 +373,13 @@ def test_a_length_past_the_memory_is_refused_before_running(
     model = tiny(n_layer=2)
     ids = torch.randint(0, 40, (1, 8))
     need = mixing_bytes(model, "alti", 1, 8)
-    assert need == (2 * 4 * 64 + 2 * 64 * 32) * 8
+    # recorded: L·B·T·(3·d + 2·H·d_head + 3·H_kv·d_head) (no logits: it stops early); result
+    # L·B·T² + L·B·T² (each layer's rollout); one block of 8 rows, B·b·T·(2·H + 3·d), and f,
+    # B·H·T·d
+    recorded = 2 * 8 * (3 * 32 + 2 * 32 + 3 * 32)
+    assert need == (recorded + 2 * 64 + 2 * 64 + 8 * 8 * (8 + 96) + 4 * 8 * 32) * 8
     monkeypatch.setattr(budget, "available_memory", lambda device=None: need - 1)
-    with pytest.raises(ArgumentError, match="input_ids of 8 tokens needs about"):
+    with pytest.raises(ArgumentError, match=r"input_ids of 8 tokens \(T = 8\) needs about"):
         mixing(model, ids, "alti")
 
 

@@ -140,6 +140,8 @@ def test_notebook_executes(source: Path):
         _check_low_rank_relations(nb)
     if source.stem.startswith("17"):
         _check_attention_flow(nb)
+    if source.stem.startswith("18"):
+        _check_sinks_say_little(nb)
 
 
 def _check_attention_flow(nb: nbformat.NotebookNode) -> None:
@@ -177,6 +179,24 @@ def _check_low_rank_relations(nb: nbformat.NotebookNode) -> None:
     assert n_all > n_heavy >= 10 and -1 <= rho_heavy <= 1 and -1 <= rho_all <= 1, m.group(0)
     # the claim the notebook makes: among the keys that get weight, the order falls apart
     assert rho_heavy < rho_all - 0.2, m.group(0)
+
+
+def _check_sinks_say_little(nb: nbformat.NotebookNode) -> None:
+    """Notebook 18: in layers 12–29 the first token takes a large share of the weight and a far
+    smaller share of what is moved, its value vectors being short (32 tokens: weights 0.581,
+    norm 0.239, norm_residual 0.060, alti 0.005; value norm 0.25 of the others')."""
+    text = _printed(nb)
+    m = re.search(
+        r"first-token share, layers 12–29: weights ([\d.]+), norm ([\d.]+), "
+        r"norm_residual ([\d.]+), alti ([\d.]+)",
+        text,
+    )
+    assert m, "notebook 18 must print 'first-token share, layers 12–29: weights X, norm Y, ...'"
+    weights, norm, residual, alti = map(float, m.groups())
+    assert weights > 0.3 and weights > 2 * norm and norm > residual > alti, m.group(0)
+    v = re.search(r"value norms, layers 12–29: first token ([\d.]+), others ([\d.]+)", text)
+    assert v, "notebook 18 must print the value norms of the first token and the others"
+    assert float(v[1]) < 0.5 * float(v[2]), v.group(0)
 
 
 def _check_induction_heads_formed(nb: nbformat.NotebookNode) -> None:

@@ -82,7 +82,9 @@ def run_mixing(loaded: Run, inputs: ModelInputs, args: argparse.Namespace) -> in
     loaded.model.eval()
     if args.faithfulness:
         return _faithfulness(loaded, ids, inputs, args)
-    mix = mixing(loaded.model, ids, args.mixing, layers=layers, **kwargs)
+    # the table shows the last position's row: only that row is computed (a long text fits)
+    rows = None if args.json else -1
+    mix = mixing(loaded.model, ids, args.mixing, layers=layers, rows=rows, **kwargs)
     final = mix.total if mix.total is not None else mix.per_layer[-1]  # type: ignore[index]
     if args.json:
         out = {

@@ -9,6 +9,13 @@ linformer``) is shown as it computes: its ``T × k`` weights over the projected 
 the effective weights ``A · F`` over the source tokens (see :mod:`attnlab.viz.viewer`).
 The page opens on the most informative head (:func:`attnlab.viz.most_informative_head`).
 
+``--mixing norm,alti,…`` (or ``all``) adds a method switch: the grid and the matrix show what
+:func:`attnlab.inspect.mixing` computed by each method instead of the weights, the colour bar
+labelled by what the number means (:mod:`attnlab.viz.viewer_mixing`). A per-head method (norm)
+adds as many numbers as the weights, a per-layer one (rollout, norm_residual, alti,
+value_zeroing, grad_weights) ``1/H`` of them; the size check counts them. An encoder-decoder's
+methods read its encoder (one stack over the same tokens).
+
 The page's size is known before anything runs: every captured layer's ``H × T × T`` weights, as
 base64 float32 (:data:`PAGE_BYTES_PER_WEIGHT`). A page over :data:`MAX_PAGE_BYTES` (a browser
 cannot open a 1.2 GB page, and building it takes several times its size in memory) is refused
@@ -29,12 +36,15 @@ from attnlab._budget import check_fits, format_bytes
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._mixing import _ids
 from attnlab.cli.options import add_cache_argument
+from attnlab.inspect import ActivationCache
 from attnlab.tasks.base import ModelInputs
 from attnlab.tasks.figures import attention_size, capture_inputs, viewer_for
 from attnlab.tasks.run import Run, load_run
 from attnlab.viz.files import check_output_path
-from attnlab.viz.viewer import write_viewer
+from attnlab.viz.viewer import ViewerData, write_viewer
+from attnlab.viz.viewer_mixing import METHODS, add_mixing, page_factor
 
 __all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES_PER_WEIGHT", "register", "run"]
 
@@ -77,6 +87,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the attention recorded while the run trained (--probe), with a step slider",
     )
+    p.add_argument(
+        "--mixing",
+        metavar="METHODS",
+        help="add a method switch: comma-separated context-mixing methods of attnlab.inspect."
+        f"mixing ({', '.join(m for m in METHODS if m != 'weights')}) or 'all'; the grid and "
+        "the matrix then show each method's scores, the colour bar saying what they mean. "
+        "Page size: norm adds as much as the weights, each other method 1/H of it (SmolLM2, 9 "
+        "heads: 'all' makes the page about 2.6× the weights-only page); value_zeroing runs a "
+        "forward per layer, grad_weights a backward per token. Default: weights only",
+    )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
     p.add_argument("--device", type=device, default="cpu")
     add_cache_argument(p)
@@ -89,35 +109,95 @@ def run(args: argparse.Namespace) -> int:
         return _training_view(args)
     if args.text is None and args.ids is None:
         raise CLIError("view needs --text TEXT (or --ids), or --training")
+    methods = _methods(args.mixing)
     loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
-    _check_page_size(loaded, inputs, names, args.device)
+    if inputs.kind == "seq2seq" and "grad_weights" in methods:
+        if args.mixing.strip() != "all":
+            raise CLIError(
+                "--mixing grad_weights explains output positions through layers over the same "
+                "tokens; an encoder-decoder's methods read its encoder: choose others"
+            )
+        methods.remove("grad_weights")
+    _check_page_size(loaded, inputs, names, args.device, methods)
     cache = capture_inputs(loaded.model, inputs, names=names)
     title = f"attnlab · {Path(args.path).name} · {inputs.output}"
-    out = write_viewer(viewer_for(inputs, cache, title), args.output)
+    data = viewer_for(inputs, cache, title)
+    if methods:
+        data = _with_mixing(data, loaded, inputs, cache, methods)
+    out = write_viewer(data, args.output)
     Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 
+def _methods(text: str | None) -> list[str]:
+    """The methods of ``--mixing`` (``all``: every one), checked before anything is loaded."""
+    if text is None:
+        return []
+    known = [m for m in METHODS if m != "weights"]
+    if text.strip() == "all":
+        return known
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    for m in chosen:
+        if m in ("flow", "integrated_gradients"):
+            raise CLIError(
+                f"--mixing {m} gives only a total through every layer, no matrix per layer to "
+                f"show on the grid (attnlab plot mixing --method {m} draws it); choose from "
+                f"{', '.join(known)} or all"
+            )
+        if m not in METHODS:
+            raise CLIError(f"--mixing: unknown method {m!r}; choose from {', '.join(known)} or all")
+    if not chosen:
+        raise CLIError(
+            f"--mixing needs methods, e.g. norm,alti; choose from {', '.join(known)} or all"
+        )
+    return [m for m in dict.fromkeys(chosen) if m != "weights"]
+
+
+def _with_mixing(
+    data: ViewerData,
+    loaded: Run,
+    inputs: ModelInputs,
+    cache: ActivationCache,
+    methods: list[str],
+) -> ViewerData:
+    """The page with the method switch (one stack: an encoder-decoder's encoder)."""
+    if cache.projected:
+        raise CLIError(
+            "--mixing reads T × T matrices over the tokens; this model's Linformer layers attend "
+            "over k projected rows (their effective weights A·F are on the page without it)"
+        )
+    ids, kwargs, layers = _ids(loaded, inputs)
+    loaded.model.eval()
+    return add_mixing(data, loaded.model, ids, methods, layers=layers, **kwargs)
+
+
 def _check_page_size(
-    loaded: Run, inputs: ModelInputs, names: Callable[[str], bool] | None, device: object
+    loaded: Run,
+    inputs: ModelInputs,
+    names: Callable[[str], bool] | None,
+    device: object,
+    methods: list[str] | None = None,
 ) -> None:
     """Refuse a page a browser could not open (:data:`MAX_PAGE_BYTES`), or whose weights would
-    not fit the memory, in one line saying how to reduce it, before anything is captured."""
+    not fit the memory, in one line saying how to reduce it, before anything is captured; the
+    methods of ``--mixing`` count (:func:`~attnlab.viz.viewer_mixing.page_factor`)."""
     layers, heads, t = attention_size(loaded.model, inputs, names)
     if not layers:
         return  # the capture says that --layer selects nothing
-    weights = heads * t * t
+    factor = page_factor(methods or [], max(1, heads // layers))
+    weights = int(heads * t * t * factor)
     page = int(weights * PAGE_BYTES_PER_WEIGHT)
     if page > MAX_PAGE_BYTES:
-        longest = math.isqrt(int(MAX_PAGE_BYTES / PAGE_BYTES_PER_WEIGHT / heads))
+        longest = math.isqrt(int(MAX_PAGE_BYTES / PAGE_BYTES_PER_WEIGHT * t * t / weights))
         one = f"one layer: about {format_bytes(page // layers)}; " if layers > 1 else ""
         raise CLIError(
             f"the page would hold {layers} attention layers, {heads} heads of {t} × {t} "
-            f"weights: about {format_bytes(page)}, more than the {format_bytes(MAX_PAGE_BYTES)} "
+            f"weights{f' and --mixing ({factor:.1f}× the weights)' if methods else ''}: about "
+            f"{format_bytes(page)}, more than the {format_bytes(MAX_PAGE_BYTES)} "
             f"a browser opens; choose layers with --layer PATH ({one}these layers take at most "
             f"{longest} tokens) or shorten the text (inspect --long measures a long text)"
         )

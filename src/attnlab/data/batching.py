@@ -51,10 +51,11 @@ def pad_batch(
     length = longest if length is None else length
     if length < longest:
         raise ArgumentError(f"length must be >= the longest sequence ({longest}), got {length}")
+    lengths = torch.tensor([len(s) for s in seqs])
+    # one tensor of every token, placed where column < the row's length: row b holds seqs[b]
+    tokens = torch.tensor([int(t) for s in seqs for t in s], dtype=torch.long)
     out = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        if len(seq):
-            out[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+    out[torch.arange(length) < lengths[:, None]] = tokens
     return out
 
 

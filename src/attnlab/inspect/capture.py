@@ -100,6 +100,39 @@ class ProjectedKeys:
     value_projection: torch.Tensor
     key_mask: torch.Tensor | None = None
 
+    @classmethod
+    def of(
+        cls, call: ResolvedCall, keep: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> ProjectedKeys:
+        """The projected key axis of one Linformer call, from its resolved call: ``E``, ``F``
+        per query head cut to the call's ``T_k`` keys, and the key mask the projection applied.
+
+        Args:
+            call: a resolved call with ``method == "linformer"``.
+            keep: applied to each stored tensor (capture's detach and move); default none.
+
+        Returns:
+            The :class:`ProjectedKeys`.
+
+        Raises:
+            ValueError: the call carries no projections (not a Linformer call).
+
+        Shape:
+            ``E``, ``F`` ``(H, k, T_k)``; the key mask ``(B or 1, H or 1, T_k)``.
+        """
+        e, f = call.key_projection, call.value_projection
+        if e is None or f is None:
+            raise ArgumentError(f"a {call.method} call carries no sequence projections")
+        keep = keep or (lambda t: t)
+        return cls(
+            method="linformer",
+            k=e.shape[-2],
+            key_length=e.shape[-1],
+            key_projection=keep(e),
+            value_projection=keep(f),
+            key_mask=None if call.key_mask is None else keep(call.key_mask),
+        )
+
     @property
     def labels(self) -> list[str]:
         """One label per projected row, ``"E·K row 0"`` … ``"E·K row {k-1}"``: the columns of
@@ -407,7 +440,7 @@ def capture(
                 # what the layer ran: its kind, Linformer's projections, the statistics
                 cache.kinds[name] = "cross" if call.cross else "self"
                 if call.method == "linformer" and call.key_projection is not None:
-                    cache.projected[name] = _projected_keys(call, keep)
+                    cache.projected[name] = ProjectedKeys.of(call, keep)
                 if stats:  # from q, k and the masking as scored: never a T × T weight matrix
                     result = call_stats(call)
                     cache.stats[name] = AttentionStats(*(keep(t) for t in (
@@ -434,24 +467,6 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _projected_keys(
-    call: ResolvedCall, keep: Callable[[torch.Tensor], torch.Tensor]
-) -> ProjectedKeys:
-    """The :class:`ProjectedKeys` of one Linformer call, from its resolved call: ``E``, ``F``
-    per query head cut to the call's ``T_k`` keys, and the key mask the projection applied."""
-    e, f = call.key_projection, call.value_projection
-    if e is None or f is None:  # unreachable: a Linformer call carries both
-        raise ArgumentError("a Linformer call carries no projections")
-    return ProjectedKeys(
-        method="linformer",
-        k=e.shape[-2],
-        key_length=e.shape[-1],
-        key_projection=keep(e),
-        value_projection=keep(f),
-        key_mask=None if call.key_mask is None else keep(call.key_mask),
-    )
 
 
 def _path(layer: str, hook_name: str) -> str:

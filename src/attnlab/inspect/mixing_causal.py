@@ -10,8 +10,14 @@
   position ``i``'s relevance. ``∇A`` is read as ``(∂L/∂z) vᵀ``: the layer computed
   ``z = A v``, so this is the gradient with respect to the weights it used, whatever kernel ran.
 - ``"integrated_gradients"`` (Sundararajan et al. 2017, through Captum): for output position
-  ``i``'s target logit, the token embeddings' attributions from a zero baseline, summed over
-  the embedding dimension.
+  ``i``'s target logit, the token embeddings' attributions along the straight path from a
+  baseline, every position holding the embedding of token ``baseline_id`` (default 0), summed
+  over the embedding dimension. Not the zero vector: in a model whose first operation is a
+  norm (every family without a learned position table: Llama, Mistral, Qwen2, NeoX, ALiBi
+  models), the path from zero passes through inputs that the norms scale by up to
+  ``1/√ε``, the output changes over many decades of scale next to zero, and no Riemann sum of
+  32 (or 512) steps integrates it: completeness, ``Σ_j IG_ij = f_i(x) − f_i(baseline)``,
+  failed by more than 100% on a tiny Llama. From a token's embedding it holds to 1e-3.
 
 The target of position ``i`` is the token the model scores highest there (its prediction).
 """
@@ -42,6 +48,9 @@ def run(
     method: str,
     layers: str | None,
     forward_kwargs: dict[str, Any],
+    rows: Any = None,
+    *,
+    baseline_id: int = 0,
 ) -> Any:
     """Run one of this module's methods (:func:`attnlab.inspect.mixing` dispatches here).
 
@@ -51,6 +60,10 @@ def run(
         method: ``"value_zeroing"``, ``"grad_weights"`` or ``"integrated_gradients"``.
         layers: the attention layers to read, by path prefix (as :func:`~attnlab.inspect.mixing`).
         forward_kwargs: further arguments of the model's forward.
+        rows: the query positions to return (``rows=`` of :func:`~attnlab.inspect.mixing`):
+            value zeroing cuts its result to them, the gradient methods run one backward pass
+            per position asked for only.
+        baseline_id: ``integrated_gradients``' baseline token (see the module docstring).
 
     Returns:
         A :class:`~attnlab.inspect.mixing.Mixing`.
@@ -58,12 +71,16 @@ def run(
     Shape:
         input_ids ``(B, T)``.
     """
-    from attnlab.inspect.mixing import MEANING, Mixing, _select, record_layers
+    from attnlab.inspect.mixing import MEANING, Mixing, _select, record_layers, row_positions
 
+    t = input_ids.shape[-1]
     if method == "value_zeroing":
         names, per_layer = _value_zeroing(model, input_ids, layers, forward_kwargs)
-        return Mixing(method, MEANING[method], names, per_layer)
-    t = input_ids.shape[-1]
+        if rows is None:
+            return Mixing(method, MEANING[method], names, per_layer)
+        idx = row_positions(rows, per_layer.shape[-2])
+        return Mixing(method, MEANING[method], names, per_layer[:, :, idx], rows=idx)
+    idx = row_positions(rows, t)
     if t > MAX_GRADIENT_LENGTH:
         raise ArgumentError(
             f"{method} runs one backward pass per position: at most {MAX_GRADIENT_LENGTH} "
@@ -71,13 +88,16 @@ def run(
         )
     with torch.no_grad():
         targets = model(input_ids, **forward_kwargs).logits.argmax(-1)  # (B, T)
+    out_rows = None if rows is None else idx
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)
         runs = _select(runs, layers)
-        total = _relevance(runs, out, targets)
-        return Mixing(method, MEANING[method], [r.name for r in runs], None, total=total)
-    total = _integrated_gradients(model, input_ids, targets, forward_kwargs)
-    return Mixing(method, MEANING[method], [], None, total=total)
+        cumulative = _relevance(runs, out, targets, idx)
+        names = [r.name for r in runs]
+        return Mixing(method, MEANING[method], names, None, total=cumulative[-1],
+                      cumulative=cumulative, rows=out_rows)  # fmt: skip
+    total = _integrated_gradients(model, input_ids, targets, forward_kwargs, idx, baseline_id)
+    return Mixing(method, MEANING[method], [], None, total=total, rows=out_rows)
 
 
 def _value_zeroing(
@@ -155,8 +175,12 @@ def _value_zeroing(
     return names, torch.stack(matrices)
 
 
-def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s rolled-out relevance, one backward pass per output position."""
+def _relevance(
+    runs: list[Any], out: Any, targets: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Chefer et al.'s rolled-out relevance, one backward pass per output position asked for:
+    ``R`` after each layer, ``(L, B, R, T)`` (the last is the relevance through every layer;
+    ``z = A v`` with a Linformer layer's effective weights and token values: ``∂s/∂(A F)``)."""
     self_runs = runs
     logits = out.logits  # (B, T, V)
     b, t = targets.shape
@@ -166,23 +190,25 @@ def _relevance(runs: list[Any], out: Any, targets: torch.Tensor) -> torch.Tensor
             "tokens: an encoder-decoder's encoder layers are over the source (not supported)"
         )
     outputs = [r.call.output for r in self_runs]
-    relevance = torch.zeros(b, t, t, dtype=logits.dtype, device=logits.device)
+    relevance = torch.zeros(len(runs), b, len(rows), t, dtype=logits.dtype, device=logits.device)
     eye = torch.eye(t, dtype=logits.dtype, device=logits.device).expand(b, t, t)
-    for i in range(t):
+    for n, i in enumerate(rows.tolist()):
         score = logits[:, i].gather(-1, targets[:, i : i + 1]).sum()
-        grads = torch.autograd.grad(score, outputs, retain_graph=i < t - 1, allow_unused=True)
+        last = n == len(rows) - 1
+        grads = torch.autograd.grad(score, outputs, retain_graph=not last, allow_unused=True)
         r = eye.clone()
-        for run, g in zip(self_runs, grads):
+        for layer, (run, g) in enumerate(zip(self_runs, grads)):
             a = run.weights.detach()
             if g is None:
+                relevance[layer, :, n] = r[:, i]
                 continue
             heads = a.shape[1]
-            v = run.call.v.detach().repeat_interleave(heads // run.call.v.shape[1], dim=1)
+            v = run.values.detach().repeat_interleave(heads // run.values.shape[1], dim=1)
             grad_a = g @ v.transpose(-2, -1)  # ∂s/∂A = (∂s/∂z) vᵀ              (B, H, T, T)
             # Ā = E_h[(∇A ⊙ A)^+];  R ← R + Ā R
             a_bar = (grad_a * a).clamp(min=0.0).mean(1)
             r = r + a_bar @ r
-        relevance[:, i] = r[:, i]
+            relevance[layer, :, n] = r[:, i]
     return relevance.detach()
 
 
@@ -191,9 +217,12 @@ def _integrated_gradients(
     input_ids: torch.Tensor,
     targets: torch.Tensor,
     forward_kwargs: dict[str, Any],
+    rows: torch.Tensor,
+    baseline_id: int,
     steps: int = 32,
 ) -> torch.Tensor:
-    """Captum's integrated gradients on the token embeddings, one row per output position."""
+    """Captum's integrated gradients on the token embeddings from the embedding of
+    ``baseline_id`` at every position, one row per output position asked for."""
     from captum.attr import IntegratedGradients
 
     embedding = getattr(getattr(model, "transformer", None), "wte", None)
@@ -202,17 +231,21 @@ def _integrated_gradients(
             f"integrated_gradients needs the token embedding of {type(model).__name__} "
             "(model.transformer.wte)"
         )
+    vocab = getattr(embedding, "num_embeddings", None)
+    if isinstance(vocab, int) and baseline_id >= vocab:
+        raise ArgumentError(f"baseline_id must be a token id in [0, {vocab}), got {baseline_id}")
     b, t = input_ids.shape
     with torch.no_grad():
         embedded = embedding(input_ids)  # (B, T, d_model)
-    result = torch.zeros(b, t, t, dtype=embedded.dtype, device=embedded.device)
+        baseline = embedding(torch.full_like(input_ids[:1], baseline_id))  # (1, T, d_model)
+    result = torch.zeros(b, len(rows), t, dtype=embedded.dtype, device=embedded.device)
     for row in range(b):
         ids = input_ids[row : row + 1]
         kwargs = {
             k: v[row : row + 1] if isinstance(v, torch.Tensor) else v
             for k, v in forward_kwargs.items()
         }
-        for i in range(t):
+        for n, i in enumerate(rows.tolist()):
 
             def forward(
                 emb: torch.Tensor,
@@ -230,10 +263,10 @@ def _integrated_gradients(
             ig = IntegratedGradients(forward)
             attributions = ig.attribute(
                 embedded[row : row + 1],
-                baselines=torch.zeros_like(embedded[row : row + 1]),
+                baselines=baseline,
                 target=int(targets[row, i]),
                 n_steps=steps,
                 internal_batch_size=steps,
             )
-            result[row, i] = attributions[0].sum(-1).detach()
+            result[row, n] = attributions[0].sum(-1).detach()
     return result

@@ -17,7 +17,7 @@ much each output position takes from each input token (:func:`attnlab.inspect.mi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -27,10 +27,14 @@ __all__ = [
     "MAX_FLOW_LENGTH",
     "alti_contributions",
     "alti_plus",
+    "head_outputs",
     "max_flow",
     "rollout",
+    "rollout_rows",
+    "split_by_token",
     "through_layer_norm",
     "token_vectors",
+    "with_residual",
 ]
 
 #: the longest sequence :func:`max_flow` accepts: it solves ``T²`` maximum-flow problems over a
@@ -39,47 +43,61 @@ __all__ = [
 MAX_FLOW_LENGTH = 32
 
 
-def with_residual(weights: torch.Tensor) -> torch.Tensor:
+def with_residual(
+    weights: torch.Tensor, positions: torch.Tensor | None = None, *, renormalise: bool = True
+) -> torch.Tensor:
     """``Ã = 0.5 · A + 0.5 · I``, rows renormalised (Abnar & Zuidema 2020, §3): the residual
     connection counted as attention to the token itself.
 
     Args:
-        weights: one layer's weights, averaged over heads.
+        weights: one layer's weights, averaged over heads (all rows, or some rows).
+        positions: the token of each row (its column of ``I``); default row ``i`` is token
+            ``i``.
+        renormalise: divide each row by its sum (default). ``False`` for signed effective
+            weights (Linformer's ``A · F``), whose rows do not sum to 1: ``Ã`` is then the linear
+            map the value path and the residual compose to.
 
     Returns:
-        ``Ã``; each row sums to 1 (a row of zeros — a query that sees no key — keeps only
-        itself).
+        ``Ã``; with ``renormalise`` each row sums to 1 (a row of zeros — a query that sees no
+        key — keeps only itself).
 
     Shape:
-        ``(B, T, T)`` → ``(B, T, T)``.
+        ``(B, R, T)`` → ``(B, R, T)``; positions ``(R,)``.
     """
-    t = weights.shape[-1]
-    eye = torch.eye(t, dtype=weights.dtype, device=weights.device)
-    mixed = 0.5 * weights + 0.5 * eye
-    return mixed / mixed.sum(-1, keepdim=True)
+    r = weights.shape[-2]
+    rows = torch.arange(r, device=weights.device)
+    columns = rows if positions is None else positions.to(weights.device)
+    mixed = 0.5 * weights
+    mixed[..., rows, columns] += 0.5
+    return mixed / mixed.sum(-1, keepdim=True) if renormalise else mixed
 
 
-def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch.Tensor:
+def rollout(
+    matrices: Sequence[torch.Tensor], *, residual: bool = True, cumulative: bool = False
+) -> torch.Tensor:
     """Attention rollout: ``R = Ã_L ⋯ Ã_2 Ã_1`` (Abnar & Zuidema 2020, eq. 1).
 
     ``R[i, j]`` is how much of output position ``i`` (after the last layer) comes from input
-    token ``j``, if each layer mixed its inputs linearly by ``Ã``.
+    token ``j``, if each layer mixed its inputs linearly by ``Ã``. With ``cumulative`` every
+    prefix ``R_l = Ã_l ⋯ Ã_1`` (what layer ``l``'s outputs take from the tokens), the last of
+    which is ``R``, the same tensor.
 
     Args:
         matrices: each layer's mixing matrix, first layer first (head-averaged weights for
             rollout proper; ALTI's contributions with ``residual=False``).
         residual: add the identity first (:func:`with_residual`); ``False`` when the matrices
             already count the residual stream (ALTI, Chefer et al.'s relevance).
+        cumulative: return every layer's ``R_l``, not only the last.
 
     Returns:
-        ``R``.
+        ``R``, or with ``cumulative`` ``R_1, …, R_L`` stacked.
 
     Raises:
         ValueError: no layer, or a layer that is not square (cross-attention, Linformer's
             projected rows).
 
     Shape:
-        each ``(B, T, T)`` → ``(B, T, T)``.
+        each ``(B, T, T)`` → ``(B, T, T)``; with ``cumulative`` ``(L, B, T, T)``.
     """
     if not matrices:
         raise ArgumentError("rollout needs at least one layer, got none")
@@ -90,11 +108,50 @@ def rollout(matrices: Sequence[torch.Tensor], *, residual: bool = True) -> torch
             )
     steps = [with_residual(a) if residual else a for a in matrices]
     result = steps[0]
+    prefixes = [result]
     for step in steps[1:]:
         # R_l = Ã_l R_{l−1}: output i of layer l takes Ã_l[i, k] of position k, which took
         # R_{l−1}[k, j] of token j
         result = step @ result
-    return result
+        prefixes.append(result)
+    return torch.stack(prefixes) if cumulative else result
+
+
+def rollout_rows(
+    last: torch.Tensor,
+    earlier: Callable[[int, torch.Tensor], torch.Tensor],
+    layers: int,
+    t: int,
+    block: int,
+) -> torch.Tensor:
+    """Some rows of a rollout, ``R[rows] = M_L[rows] M_{L−1} ⋯ M_1``, multiplied from the last
+    layer backwards so that each earlier layer's ``M_l`` is only ever held one block of rows
+    at a time: ``r ← Σ_blocks r[:, block] M_l[block, :]``. Memory ``O(R · T + block · T)``; the
+    time is that of every layer's whole matrix (a rollout needs all of them).
+
+    Args:
+        last: ``M_L`` at the rows asked for (each step's residual already added).
+        earlier: ``earlier(l, positions)`` gives ``M_l`` at those rows (``l`` from 0, the first
+            layer; the residual added as in ``last``).
+        layers: ``L``.
+        t: ``T``, the tokens (rows of every ``M_l``).
+        block: rows per block.
+
+    Returns:
+        ``R[rows]``: with all rows, :func:`rollout`'s ``R`` up to rounding.
+
+    Shape:
+        last ``(B, R, T)`` → ``(B, R, T)``.
+    """
+    r = last
+    for layer in reversed(range(layers - 1)):
+        acc = torch.zeros_like(r)
+        for i0 in range(0, t, block):
+            positions = torch.arange(i0, min(t, i0 + block), device=r.device)
+            # (R_{>l} M_l)[rows] = Σ_k R_{>l}[rows, k] M_l[k, :], k over the block
+            acc += r[..., i0 : i0 + len(positions)] @ earlier(layer, positions).to(r.dtype)
+        r = acc
+    return r
 
 
 def max_flow(matrices: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -156,6 +213,7 @@ def token_vectors(
     values: torch.Tensor,
     w_out: torch.Tensor,
     residual: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One attention layer's output split by source token (Kobayashi et al. 2020, eq. 5;
     with ``residual``, 2021's ATTN-RES):
@@ -171,6 +229,9 @@ def token_vectors(
             as the layer added it).
         w_out: ``W_O`` per head (:func:`attnlab.inspect.head_weights`' ``output``).
         residual: the residual stream ``x`` the layer adds its output to, or ``None``.
+        positions: with some query rows only (``weights`` cut to them): the token of each row;
+            ``residual`` is then the stream at those rows. Default every row, row ``i`` at
+            position ``i + T_k − T_q``.
 
     Returns:
         ``T[b, i, j, :]``.
@@ -180,21 +241,68 @@ def token_vectors(
         ``(H, d_model, d_head)``; residual ``(B, T_q, d_model)`` (``T_q == T_k``) →
         ``(B, T_q, T_k, d_model)``.
     """
-    heads = weights.shape[1]
-    v = values.repeat_interleave(heads // values.shape[1], dim=1).to(weights.dtype)
+    return split_by_token(
+        weights, head_outputs(values, w_out, weights.shape[1], weights.dtype), residual, positions
+    )
+
+
+def head_outputs(
+    values: torch.Tensor, w_out: torch.Tensor, heads: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``f_h(x_j) = W_O^h v^h_j``: what each head writes for each token at weight 1.
+
+    Args:
+        values: the values (``H_kv`` heads).
+        w_out: ``W_O`` per head.
+        heads: ``H`` (grouped values repeated to the query heads).
+        dtype: computed in this dtype.
+
+    Returns:
+        ``f``.
+
+    Shape:
+        values ``(B, H_kv, T_k, d_head)``; w_out ``(H, d_model, d_head)`` →
+        ``(B, H, T_k, d_model)``.
+    """
+    v = values.repeat_interleave(heads // values.shape[1], dim=1).to(dtype)
     # f_h(x_j) = W_O^h v^h_j                                            (B, H, T_k, d_model)
-    f = torch.einsum("bhjd,hed->bhje", v, w_out.to(weights.dtype))
+    return torch.einsum("bhjd,hed->bhje", v, w_out.to(dtype))
+
+
+def split_by_token(
+    weights: torch.Tensor,
+    f: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`token_vectors` from the heads' outputs ``f`` (:func:`head_outputs`), computed once
+    per layer when the rows come block by block.
+
+    Args:
+        weights: the weights of every query head (all rows, or some rows).
+        f: :func:`head_outputs`.
+        residual: as :func:`token_vectors`.
+        positions: as :func:`token_vectors`.
+
+    Returns:
+        ``T[b, i, j, :]``.
+
+    Shape:
+        weights ``(B, H, T_q, T_k)``; f ``(B, H, T_k, d_model)`` → ``(B, T_q, T_k, d_model)``.
+    """
     # Σ_h α^h_ij f_h(x_j)                                               (B, T_q, T_k, d_model)
-    vectors = torch.einsum("bhij,bhje->bije", weights, f)
+    vectors = torch.einsum("bhij,bhje->bije", weights, f.to(weights.dtype))
     if residual is not None:
-        if residual.shape[1] != vectors.shape[2]:
+        if positions is None and residual.shape[1] != vectors.shape[2]:
             raise ArgumentError(
                 f"the residual stream has {residual.shape[1]} positions but the layer "
                 f"attends over {vectors.shape[2]} keys: the residual needs self-attention"
             )
         t_q, t_k = vectors.shape[1], vectors.shape[2]
-        diag = torch.arange(t_q, device=vectors.device) + (t_k - t_q)  # query i at position p_i
-        vectors[:, torch.arange(t_q), diag] += residual[:, -t_q:].to(vectors.dtype)
+        if positions is None:
+            positions = torch.arange(t_q, device=vectors.device) + (t_k - t_q)  # query i at p_i
+            residual = residual[:, -t_q:]
+        vectors[:, torch.arange(t_q), positions.to(vectors.device)] += residual.to(vectors.dtype)
     return vectors
 
 
@@ -232,7 +340,7 @@ def through_layer_norm(
 
 
 def alti_contributions(
-    vectors: torch.Tensor, output: torch.Tensor, *, own: int | None = None
+    vectors: torch.Tensor, output: torch.Tensor, *, own: int | torch.Tensor | None = None
 ) -> torch.Tensor:
     """ALTI's contributions of one layer (Ferrando et al. 2022, eq. 8–9): the closer the part a
     token gives to the output, in Manhattan distance, the more it contributes,
@@ -243,7 +351,8 @@ def alti_contributions(
         vectors: the token vectors ``T_i(x_j)`` (:func:`token_vectors`, residual included).
         output: the layer's output ``y_i`` (their sum, and the bias).
         own: the column a row gives everything to when no part is closer than zero: default
-            the row's own position (self-attention); a cross-attention block's residual column.
+            the row's own position (self-attention); a cross-attention block's residual column;
+            one column per row (a tensor) for some rows of a self-attention.
 
     Returns:
         ``c``; each row sums to 1.
@@ -257,7 +366,10 @@ def alti_contributions(
     total = closeness.sum(-1, keepdim=True)
     t_q, t_k = closeness.shape[-2:]
     fallback = torch.zeros_like(closeness)
-    columns = torch.arange(t_q) + (t_k - t_q) if own is None else torch.full((t_q,), own)
+    if isinstance(own, torch.Tensor):
+        columns = own.to(closeness.device)
+    else:
+        columns = torch.arange(t_q) + (t_k - t_q) if own is None else torch.full((t_q,), own)
     fallback[:, torch.arange(t_q), columns] = 1.0
     return torch.where(total > 0, closeness / total.clamp(min=torch.finfo(y.dtype).tiny), fallback)
 

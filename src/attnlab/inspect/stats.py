@@ -45,7 +45,14 @@ from attnlab.nn.mask_spec import Masking, normalize_mask
 if TYPE_CHECKING:
     from attnlab.nn.resolved_call import ResolvedCall
 
-__all__ = ["TILE_ELEMENTS", "AttentionStats", "attention_stats", "call_stats"]
+__all__ = [
+    "TILE_ELEMENTS",
+    "AttentionStats",
+    "attention_stats",
+    "call_stats",
+    "call_weights",
+    "structure_at",
+]
 
 # elements of one score tile (all batch dims and heads together): 2^22 fp32 values = 16 MiB
 TILE_ELEMENTS = 1 << 22
@@ -317,18 +324,97 @@ def _structure(
     hides_hi = hi is not None and j1 - 1 > i0 + hi
     if not (hides_lo or hides_hi or masking.blocks is not None):
         return None
-    i = torch.arange(i0, i1, device=device)[:, None]
-    j = torch.arange(j0, j1, device=device)[None, :]
-    vis = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
-    if hides_lo and lo is not None:
+    i = torch.arange(i0, i1, device=device)
+    j = torch.arange(j0, j1, device=device)
+    return structure_at(
+        masking, (lo if hides_lo else None, hi if hides_hi else None), i, j, t_q, t_k
+    )
+
+
+def structure_at(
+    masking: Masking,
+    bounds: tuple[int | None, int | None],
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    t_q: int,
+    t_k: int,
+) -> torch.Tensor:
+    """The causal rule, the window (row ``i`` sees ``i + lo <= j <= i + hi``) and the block
+    layout (query ``i`` at position ``i + T_k − T_q``) at the given query rows and key columns.
+
+    Args:
+        masking: the normalised mask (its ``blocks`` read here).
+        bounds: ``(lo, hi)``, :meth:`Masking.bounds <attnlab.nn.mask_spec.Masking.bounds>` (a
+            side ``None`` hides nothing).
+        rows: query indices.
+        cols: key indices.
+        t_q: ``T_q`` of the whole call.
+        t_k: ``T_k`` of the whole call.
+
+    Returns:
+        ``True = may attend``.
+
+    Shape:
+        rows ``(R,)``, cols ``(C,)`` → ``(R, C)``.
+    """
+    lo, hi = bounds
+    i, j = rows[:, None], cols[None, :]
+    vis = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=rows.device)
+    if lo is not None:
         vis &= j >= i + lo
-    if hides_hi and hi is not None:
+    if hi is not None:
         vis &= j <= i + hi
     if masking.blocks is not None:
         b = masking.blocks.block_size
-        grid = masking.blocks.blocks.to(device)
+        grid = masking.blocks.blocks.to(rows.device)
         vis &= grid[(i + t_k - t_q) // b, j // b]
     return vis
+
+
+def call_weights(
+    call: ResolvedCall, rows: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """The weights some query rows of one call computed, from its queries, keys and normalised
+    mask (the tile rule of :func:`call_stats`): ``softmax`` over the visible keys of
+    :meth:`ResolvedCall.scores <attnlab.nn.resolved_call.ResolvedCall.scores>` at those rows —
+    a Linformer call's over its projected rows ``E K``, a FAVOR+ call's ``D⁻¹ φ(q) φ(k)ᵀ``.
+    Only ``R × T_k`` scores per head exist, so a few rows of a long call are cheap.
+
+    Args:
+        call: a :class:`~attnlab.nn.resolved_call.ResolvedCall`.
+        rows: the query rows, indices in ``[0, T_q)``.
+        dtype: computed in this dtype (default float64).
+
+    Returns:
+        The weights; a row that may see no key is zeros (as the layers return it).
+
+    Shape:
+        rows ``(R,)`` → ``(B, H, R, T_k)``.
+    """
+    t_q, t_k = call.q.shape[-2], call.k.shape[-2]
+    masking = call.masking
+
+    def at_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if t is None or t.shape[-2] == 1 else t[..., rows, :]
+
+    qf = call.q_features
+    part = replace(
+        call,
+        q=call.q[..., rows, :],
+        q_features=None if qf is None else qf[..., rows, :],
+        masking=Masking(None, at_rows(masking.bias), None),
+    )
+    s = part.scores(dtype)  # (B, H, R, T_k), the structure not yet applied
+    allowed = at_rows(masking.allowed)
+    vis = structure_at(
+        masking, masking.bounds(t_q, t_k), rows.to(s.device), torch.arange(t_k, device=s.device),
+        t_q, t_k,
+    )  # fmt: skip
+    if allowed is not None:
+        vis = vis & allowed.to(s.device)
+    s = s.masked_fill(~vis, float("-inf"))
+    empty = s.amax(-1, keepdim=True) == float("-inf")
+    return torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
 
 
 def _grouped(

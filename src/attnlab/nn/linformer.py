@@ -433,9 +433,11 @@ class LinformerAttention(MultiHeadAttention):
         if self.hook_call.active:
             e_h, f_h = self.head_projections(t_k)
             hidden = key_mask(call.mask, q.shape[0], self.num_heads, t_k, "Linformer attention")
+            # V as the projection saw it (hidden positions zeroed): v_bar = F · token_values
+            tokens = v if hidden is None else v.masked_fill(~hidden[..., None], 0.0)
             self.emit_call(
                 call, q, k_bar, v_bar, nothing, result, method="linformer",
-                key_projection=e_h, value_projection=f_h, key_mask=hidden,
+                key_projection=e_h, value_projection=f_h, key_mask=hidden, token_values=tokens,
             )  # fmt: skip
         return result
 

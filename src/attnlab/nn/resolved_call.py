@@ -16,7 +16,8 @@ Kinds that are not softmax over the keys say what their fields mean (``method``)
 * ``"softmax"``: ``A = softmax(q kᵀ · scale + bias, hidden → −∞)``, ``z = A v``;
 * ``"linformer"``: ``k`` and ``v`` are the *projected* keys and values ``E K`` and ``F V``
   (``k`` rows, Wang et al. 2020); the weights are over those rows, and ``key_projection``,
-  ``value_projection`` hold ``E`` and ``F`` (cut to ``T_k`` columns, one per query head);
+  ``value_projection`` hold ``E`` and ``F`` (cut to ``T_k`` columns, one per query head), and
+  ``token_values`` the values ``V`` before the projection, so that ``z = A (F V) = (A F) V``;
 * ``"favor"``: Performer's FAVOR+ (Choromanski et al. 2021): ``q_features`` and ``k_features``
   are ``φ(q)`` and ``φ(k)``; the implied weights are ``D⁻¹ φ(q) φ(k)ᵀ``, i.e. the softmax of
   ``log φ(q) φ(k)ᵀ`` over the visible keys (:meth:`ResolvedCall.scores`).
@@ -69,6 +70,8 @@ class ResolvedCall:
         value_projection: Linformer's ``F`` per query head, else ``None``.
         key_mask: Linformer's key mask as the projection applied it (hidden keys and values
             were zeroed before ``E K``, ``F V``), or ``None`` (no mask, or another method).
+        token_values: Linformer's values ``V`` as the projection saw them (hidden positions
+            zeroed), one row per key token, else ``None``: ``v`` is ``F`` times them.
         q_features: FAVOR+'s ``φ(q)``, else ``None``.
         k_features: FAVOR+'s ``φ(k)``, else ``None``.
 
@@ -77,7 +80,8 @@ class ResolvedCall:
         ``(B, H, T_q, d_head)``; k ``(B, H_kv, T_k, d_head)``; v ``(B, H_kv, T_k, d_v)``
         (Linformer: ``(B, H_kv, k, ·)``); weights ``(B, H, T_q, T_k)``; output
         ``(B, H, T_q, d_v)``; key/value projections ``(H, k, T_k)``; key_mask
-        ``(B or 1, H or 1, T_k)``; features ``(B, H, T, m)``.
+        ``(B or 1, H or 1, T_k)``; features ``(B, H, T, m)``; token_values
+        ``(B, H_kv, T_k, d_v)``.
     """
 
     query_input: torch.Tensor
@@ -99,6 +103,7 @@ class ResolvedCall:
     key_mask: torch.Tensor | None = None
     q_features: torch.Tensor | None = None
     k_features: torch.Tensor | None = None
+    token_values: torch.Tensor | None = None
 
     @classmethod
     def of(

@@ -12,6 +12,14 @@ colour bar under the controls gives the scale (``0 … max`` of the head shown; 
 ``√(weight / max)``), and the layers × heads grid names its layers, heads and axes (rows are the
 queries, columns the keys).
 
+**Method switch.** With :func:`~attnlab.viz.viewer_mixing.add_mixing` (``attnlab view
+--mixing``) a row of buttons switches the grid and the matrix from the weights to what
+:func:`attnlab.inspect.mixing` computed — rollout, norm, norm with the residual, ALTI, value
+zeroing, gradient-weighted attention — per head where the method defines it, else one matrix
+per layer (the same whichever head is chosen, and the page says so; rollout, ALTI and grad show
+layer ``l``'s product through layers ``0 … l``). The colour bar is labelled by what the number
+means (e.g. "ALTI contribution (Ferrando et al. 2022)"); the page computes nothing of its own.
+
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
 
@@ -46,6 +54,7 @@ import torch
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
+from attnlab.viz.viewer_mixing import MixingView, check_mixing
 from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
 if TYPE_CHECKING:
@@ -76,12 +85,16 @@ class AttentionLayer:
         effective: only in a group with projected keys (:attr:`AttentionGroup.projected_from`):
             the effective weights ``A · F`` over the tokens the rows mix, ``(H, T_q, T_tok)``
             (``(S, H, T_q, T_tok)`` with steps), signed; or ``None``.
+        mixing: the method switch's matrices of this layer, method name → ``(H, T_q, T_k)``
+            (a per-head method) or ``(1, T_q, T_k)`` (one per layer), see
+            :func:`~attnlab.viz.viewer_mixing.add_mixing`; or ``None``.
     """
 
     name: str
     weights: np.ndarray
     mask: np.ndarray | None = None
     effective: np.ndarray | None = None
+    mixing: dict[str, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,8 @@ class ViewerData:
         start: the group, layer and head the page opens on; ``None`` (default): the most
             informative head, chosen by :func:`~attnlab.viz.viewer_start.most_informative_head`
             (the cross-attention of an encoder-decoder, the lowest-entropy head that is no sink).
+        methods: the context-mixing methods of the page's method switch (their matrices are
+            the layers' :attr:`AttentionLayer.mixing`); ``None`` (default): weights only.
     """
 
     title: str
@@ -136,6 +151,7 @@ class ViewerData:
     steps: list[int] | None = None
     prompt_length: int | None = None
     start: ViewerStart | None = None
+    methods: list[MixingView] | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -192,6 +208,7 @@ class ViewerData:
                         f"effective weights of {layer.name!r} have {layer.effective.shape[-3]} heads, "
                         f"the weights {layer.weights.shape[-3]}"
                     )
+        check_mixing(self)
 
     def _check_start(self, start: object) -> None:
         if not isinstance(start, ViewerStart):
@@ -227,8 +244,10 @@ class ViewerData:
         Returns:
             A JSON-ready dict: ``title``, ``sequences``, ``groups`` (each with its layers' names,
             shapes, weights, masks and effective weights, and the group's ``projected_from`` and
-            ``note``), ``steps``, ``prompt_length`` and ``start`` (the initial group, layer,
-            head and why: :attr:`start`, or :func:`~attnlab.viz.viewer_start.most_informative_head`).
+            ``note``), ``steps``, ``prompt_length``, ``start`` (the initial group, layer,
+            head and why: :attr:`start`, or :func:`~attnlab.viz.viewer_start.most_informative_head`)
+            and ``methods`` (the method switch: each layer's ``mixing`` holds, per method, its
+            ``heads`` (``H`` or 1) and base64 float32 ``values``).
         """
 
         def b64(a: np.ndarray) -> str:
@@ -240,6 +259,7 @@ class ViewerData:
             "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
             "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
+            "methods": [v.to_json() for v in self.methods or []],
             "groups": [
                 {
                     "name": g.name,
@@ -258,6 +278,10 @@ class ViewerData:
                             "effective": None
                             if layer.effective is None
                             else b64(layer.effective.astype("<f4")),
+                            "mixing": {
+                                m: {"heads": int(a.shape[0]), "values": b64(a.astype("<f4"))}
+                                for m, a in (layer.mixing or {}).items()
+                            },
                         }
                         for layer in g.layers
                     ],

@@ -27,8 +27,11 @@
   // "effective" (A·F, T × T over the tokens the rows mix; signed)
   // the page opens where Python chose (viewer_start.most_informative_head), else on the first head
   const START = DATA.start && DATA.groups[DATA.start.group] ? DATA.start : { group: 0, layer: 0, head: 0, reason: "" };
+  // the method switch (attnlab view --mixing): what Python's attnlab.inspect.mixing computed,
+  // per head or one matrix per layer; "weights" is the page's own data
+  const METHODS = new Map((DATA.methods || []).map((m) => [m.name, m]));
   const state = { group: START.group, layer: START.layer, head: START.head, view: "matrix", mode: "weights", showMask: false, threshold: 0.02,
-    focus: -1, step: STEPS ? STEPS.length - 1 : 0 };
+    focus: -1, step: STEPS ? STEPS.length - 1 : 0, method: "weights" };
   const cache = new Map();
   const canvas = document.getElementById("canvas");
   const ctx = canvas.getContext("2d");
@@ -42,32 +45,44 @@
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     return new Type(bytes.buffer);
   }
+  // the method a layer shows: the one switched on when the layer has its matrices, else null
+  // (its weights)
+  function methodOf(L) {
+    return state.method !== "weights" && L.mixing && L.mixing[state.method] ? METHODS.get(state.method) : null;
+  }
   function current(layer) {
     if (layer === undefined) layer = state.layer;
     const g = DATA.groups[state.group], L = g.layers[layer];
     const projected = !!g.projected_from;
-    const signed = projected && state.mode === "effective" && !!L.effective;
-    const key = state.group + ":" + layer + (signed ? ":effective" : "");
+    const mix = projected ? null : methodOf(L);
+    const effective = !mix && projected && state.mode === "effective" && !!L.effective;
+    const signed = mix ? !!mix.signed : effective;
+    const key = state.group + ":" + layer + (mix ? ":" + mix.name : effective ? ":effective" : "");
     if (!cache.has(key)) {
-      cache.set(key, signed ? { w: decode(L.effective, Float32Array), m: null }
-        : { w: decode(L.weights, Float32Array), m: L.mask ? decode(L.mask, Uint8Array) : null });
+      const mask = L.mask ? decode(L.mask, Uint8Array) : null;
+      cache.set(key, mix ? { w: decode(L.mixing[mix.name].values, Float32Array), m: mask, nh: L.mixing[mix.name].heads }
+        : effective ? { w: decode(L.effective, Float32Array), m: null, nh: L.heads }
+        : { w: decode(L.weights, Float32Array), m: mask, nh: L.heads });
     }
     // the columns: key tokens, the k projected rows, or (effective) the tokens the rows mix
-    const kname = signed ? g.projected_from : g.key;
+    const kname = effective ? g.projected_from : g.key;
     const tq = DATA.sequences[g.query].length, tk = DATA.sequences[kname].length;
     // with steps the weights are (S, H, T_q, T_k): this step's block starts at step · H · T_q · T_k
-    const offset = STEPS ? state.step * L.heads * tq * tk : 0;
-    return Object.assign({ g, L, layer, tq, tk, offset, projected, signed, mode: signed ? "effective" : "weights",
-      q: DATA.sequences[g.query], k: DATA.sequences[kname], qname: g.query, kname }, cache.get(key));
+    const offset = STEPS && !mix ? state.step * L.heads * tq * tk : 0;
+    return Object.assign({ g, L, layer, tq, tk, offset, projected, signed, mode: mix ? mix.name : effective ? "effective" : "weights",
+      method: mix ? mix.name : "weights", mix, q: DATA.sequences[g.query], k: DATA.sequences[kname], qname: g.query, kname }, cache.get(key));
   }
   // generated tokens (after the prompt) of a sequence, and the position where they start
   function generated(name, i) { return PROMPT !== null && name === "tokens" && i >= PROMPT; }
   function boundary(name, n) { return PROMPT !== null && name === "tokens" && PROMPT > 0 && PROMPT < n ? PROMPT : -1; }
   function labelColor(name, i) { return generated(name, i) ? GEN_COLOR : TEXT_COLOR; }
   function label(name, t, i, n) { return (generated(name, i) ? "▸" : "") + truncate(t, n); }
-  // a layer with projected keys has no token-to-token lines: its columns are not tokens
-  function viewOf(g) { return g.projected_from && state.view === "lines" ? "matrix" : state.view; }
-  function weight(c, h, i, j) { return c.w[c.offset + (h * c.tq + i) * c.tk + j]; }
+  // a layer with projected keys has no token-to-token lines: its columns are not tokens; a
+  // method's scores are no weights to draw lines by
+  function noLines(g) { return !!g.projected_from || !!methodOf(g.layers[state.layer]); }
+  function viewOf(g) { return noLines(g) && state.view === "lines" ? "matrix" : state.view; }
+  // a per-layer method (nh = 1) has one matrix, whichever head is asked for
+  function weight(c, h, i, j) { return c.w[c.offset + ((c.nh === 1 ? 0 : h) * c.tq + i) * c.tk + j]; }
   function stepText() { return STEPS ? "training step " + STEPS[state.step] : ""; }
   function allowed(c, i, j) { return !c.m || c.m[i * c.tk + j] === 1; }
 
@@ -80,6 +95,8 @@
       b.className = cls + (item.value === active ? " active" : "");
       b.dataset.value = item.value;
       if (item.color) b.style.borderLeftColor = item.color;
+      if (item.title) b.title = item.title;
+      if (item.disabled) b.disabled = true;
       b.addEventListener("click", () => onClick(item.value));
       box.appendChild(b);
     });
@@ -96,11 +113,13 @@
     for (let h = 0; h < H; h++) heads.push({ label: String(h), value: h, color: HEAD_COLORS[h % HEAD_COLORS.length] });
     buttons("heads", heads, state.head, (v) => { state.head = v; update(); }, "head-btn");
     const projected = !!g.projected_from;
+    methodControls(g);
     document.querySelectorAll(".view-btn").forEach((b) => {
       b.classList.toggle("active", b.dataset.view === viewOf(g));
-      const off = projected && b.dataset.view === "lines";
+      const off = noLines(g) && b.dataset.view === "lines";
       b.disabled = off;
-      b.title = off ? "no lines: this layer's columns are projected rows (mixes of all positions), not tokens" : "";
+      b.title = !off ? "" : projected ? "no lines: this layer's columns are projected rows (mixes of all positions), not tokens"
+        : "no lines: the lines show attention weights; a method's scores are drawn as a matrix or a grid";
     });
     document.getElementById("mode-row").hidden = !projected;
     document.getElementById("note-row").hidden = !(projected && g.note);
@@ -111,6 +130,23 @@
       if (b.dataset.mode === "effective") b.disabled = !hasEffective;
     });
     document.getElementById("layers").title = g.layers[state.layer].name;
+  }
+  // the method switch: weights, then each method Python computed; a method without matrices in
+  // this group (an encoder-decoder's decoder) is greyed out, and the note says what is shown
+  function methodControls(g) {
+    document.getElementById("method-row").hidden = METHODS.size === 0;
+    if (METHODS.size === 0) return;
+    const has = (name) => g.layers.some((L) => L.mixing && L.mixing[name]);
+    const items = [{ label: "weights", value: "weights", title: "attention weight α_ij" }];
+    METHODS.forEach((m) => items.push({ label: m.label, value: m.name, title: m.meaning, disabled: !has(m.name) }));
+    buttons("methods", items, state.method, (v) => { state.method = v; tip.hidden = true; update(); }, "method-btn");
+    const m = METHODS.get(state.method);
+    let note = "";
+    if (m && !has(m.name)) {
+      const where = DATA.groups.filter((o) => o.layers.some((L) => L.mixing && L.mixing[m.name])).map((o) => o.name);
+      note = m.label + " was computed for the " + where.join(", ") + " only: this group shows its attention weights";
+    } else if (m) note = m.label + ": " + m.note;
+    document.getElementById("method-note").textContent = note;
   }
   function update() { controls(); draw(); }
 
@@ -155,7 +191,7 @@
   }
   function drawMatrix(c) {
     const avail = Math.max(240, document.getElementById("stage").clientWidth - 40);
-    const heads = state.head < 0 ? [...Array(c.L.heads).keys()] : [state.head];
+    const heads = c.nh === 1 ? [Math.max(0, state.head)] : state.head < 0 ? [...Array(c.L.heads).keys()] : [state.head];
     const cols = heads.length === 1 ? 1 : Math.min(heads.length, 4);
     const rows = Math.ceil(heads.length / cols);
     const n = Math.max(c.tq, c.tk);
@@ -176,7 +212,7 @@
       ctx.lineWidth = heads.length > 1 ? 2 : 1;
       ctx.strokeRect(x0 - 0.5, y0 - 0.5, pw + 1, ph + 1);
       ctx.fillStyle = "#1f2328"; ctx.font = "12px system-ui, sans-serif";
-      if (!labels) ctx.fillText("head " + h, x0, y0 - 6);
+      if (!labels) ctx.fillText(c.nh === 1 && c.L.heads > 1 ? "all heads (one matrix per layer)" : "head " + h, x0, y0 - 6);
       if (labels) {
         ctx.font = Math.min(12, Math.max(8, cell - 2)) + "px system-ui, sans-serif";
         ctx.textAlign = "right"; ctx.textBaseline = "middle";
@@ -192,7 +228,7 @@
       panels.push({ h, x0, y0, pw, ph });
     });
     geom = { view: "matrix", cell, panels };
-    drawLegend(c.signed, vmaxes);
+    drawLegend(c, vmaxes);
   }
   // a dashed line between the prompt and the generated tokens, on rows and on columns
   function promptLine(c, x0, y0, cell) {
@@ -209,24 +245,27 @@
   function drawGrid() {
     const g = DATA.groups[state.group], nl = g.layers.length;
     const first = current(0);
-    const nh = Math.max(...g.layers.map((L) => L.heads));
+    // a per-layer method: one column (its matrix is the same for every head)
+    const nh = Math.max(...g.layers.map((L, l) => current(l).nh));
     const n = Math.max(first.tq, first.tk);
     const left = 84, top = 50, gap = 10;
     const avail = Math.max(400, document.getElementById("stage").clientWidth - 40);
     // room for the token labels: right of the last column (queries), below the last row (keys)
-    const tile0 = Math.min(240, Math.floor((avail - left - 110) / nh) - gap);
+    // the tiles keep the weights' size whatever the method, so the switch keeps the layout
+    const tile0 = Math.min(240, Math.floor((avail - left - 110) / Math.max(...g.layers.map((L) => L.heads))) - gap);
     const cell = Math.max(1, tile0 / n);
     const tokenLabels = cell >= 5;
     const right = tokenLabels ? 110 : 10, bottom = tokenLabels ? 100 : 10;
     const pw = cell * first.tk, ph = cell * first.tq;
-    setSize(left + nh * (pw + gap) + right, top + nl * (ph + gap) + bottom);
+    // at least as wide as the line naming the axes (one column of a per-layer method)
+    setSize(Math.max(left + nh * (pw + gap) + right, 420), top + nl * (ph + gap) + bottom);
     ctx.imageSmoothingEnabled = false;
     const panels = [], vmaxes = [], labels = { layers: [], heads: [], queries: [], keys: [], axes: [] };
     ctx.fillStyle = TEXT_COLOR; ctx.font = "12px system-ui, sans-serif"; ctx.textBaseline = "middle";
     ctx.textAlign = "center";
-    ctx.fillText("head →", left + (nh * (pw + gap)) / 2, 26);
+    ctx.fillText(nh === 1 && first.L.heads > 1 ? "one matrix per layer" : "head →", left + (nh * (pw + gap)) / 2, 26);
     for (let h = 0; h < nh; h++) {
-      const t = String(h);
+      const t = nh === 1 && first.L.heads > 1 ? "all heads" : String(h);
       ctx.fillText(t, left + h * (pw + gap) + pw / 2, top - 10);
       labels.heads.push(t);
     }
@@ -239,16 +278,16 @@
       ctx.fillStyle = l === state.layer ? "#0969da" : TEXT_COLOR; ctx.textAlign = "right";
       ctx.fillText(t, left - 6, y0 + ph / 2);
       labels.layers.push(t);
-      for (let h = 0; h < c.L.heads; h++) {
+      for (let h = 0; h < c.nh; h++) {
         const x0 = left + h * (pw + gap);
         const { off, vmax } = heatImage(c, h);
         vmaxes.push(vmax);
         ctx.drawImage(off, x0, y0, pw, ph);
-        const chosen = l === state.layer && h === state.head;
+        const chosen = l === state.layer && (c.nh === 1 || h === state.head);
         ctx.strokeStyle = chosen ? "#0969da" : "#8c959f"; ctx.lineWidth = chosen ? 2 : 1;
         ctx.strokeRect(x0 - 0.5, y0 - 0.5, pw + 1, ph + 1);
         promptLine(c, x0, y0, cell);
-        panels.push({ layer: l, h, x0, y0, pw, ph });
+        panels.push({ layer: l, h, nh: c.nh, x0, y0, pw, ph });
       }
     }
     if (tokenLabels) {
@@ -277,7 +316,7 @@
     labels.axes.push(rowsAxis, colsAxis);
     ctx.textAlign = "left"; ctx.textBaseline = "alphabetic"; ctx.fillStyle = TEXT_COLOR;
     geom = { view: "grid", cell, panels, labels };
-    drawLegend(first.signed, vmaxes);
+    drawLegend(first, vmaxes);
   }
 
   // ---------------------------------------------------------------- colour scale
@@ -285,7 +324,8 @@
   // √(weight / max)); signed values map t ∈ [−1, 1] to sign(t) · t² · max. One head: its max in
   // numbers; several heads (each scaled to its own max): the largest of them, and a note.
   function fmt(v) { const a = Math.abs(v); return a === 0 ? "0" : a >= 0.01 ? v.toFixed(3) : v.toExponential(1); }
-  function drawLegend(signed, vmaxes) {
+  function drawLegend(c, vmaxes) {
+    const signed = c.signed;
     const el = document.getElementById("legend"), g = el.getContext("2d");
     document.getElementById("legend-row").hidden = false;
     const W = 260, H = 34, barH = 12, x0 = 10, bw = W - 20;
@@ -311,11 +351,14 @@
       g.textAlign = k === 0 ? "left" : k === ticks.length - 1 ? "right" : "center";
       g.fillText(text(v), k === 0 ? x - 2 : k === ticks.length - 1 ? x + 2 : x, barH + 6);
     });
-    const what = signed ? "effective weight A·F (signed; colour ∝ sign · √|value|)" : "attention weight (colour ∝ √weight)";
-    const note = one ? what + (signed ? ", " + fmt(-max) + " … " + fmt(max) + " (the head's max |value|)" : ", 0 … " + fmt(max) + " (the head's max)")
-      : what + ", each head scaled to its own max (largest " + fmt(max) + ")";
+    // what one number means: the method's label (Python's), or the weights
+    const label = c.mix ? c.mix.meaning : signed ? "effective weight A·F" : "attention weight α_ij";
+    const what = label + (signed ? " (signed; colour ∝ sign · √|value|)" : c.mix ? " (colour ∝ √value)" : " (colour ∝ √weight)");
+    const whose = c.nh === 1 && c.L.heads > 1 ? "the layer's" : "the head's", each = c.nh === 1 && c.L.heads > 1 ? "each layer" : "each head";
+    const note = one ? what + (signed ? ", " + fmt(-max) + " … " + fmt(max) + " (" + whose + " max |value|)" : ", 0 … " + fmt(max) + " (" + whose + " max)")
+      : what + ", " + each + " scaled to its own max (largest " + fmt(max) + ")";
     document.getElementById("legend-note").textContent = note;
-    legend = { signed, min: signed ? -max : 0, max, perHead: !one, ticks: ticks.map(([t, v]) => ({ at: t, value: v, text: text(v) })), note };
+    legend = { signed, label, method: c.method, min: signed ? -max : 0, max, perHead: !one, ticks: ticks.map(([t, v]) => ({ at: t, value: v, text: text(v) })), note };
   }
 
   // ---------------------------------------------------------------- lines view
@@ -362,10 +405,12 @@
     const shape = c.signed ? c.tq + " × " + c.tk + " effective A·F (queries × tokens)"
       : c.projected ? c.tq + " × " + c.tk + " (queries × projected E·K rows)" : c.tq + " × " + c.tk;
     const colour = view === "lines" ? ""
-      : c.signed ? " · colour sign·√(|value| / max |value| of the head): blue < 0 < red"
+      : c.signed ? " · colour sign·√(|value| / max |value| of the " + (c.nh === 1 ? "layer" : "head") + "): blue < 0 < red"
+      : c.mix ? " · colour √(value / max of the " + (c.nh === 1 && c.L.heads > 1 ? "layer" : "head") + ")"
       : " · colour √(weight / max of the head)";
     const gen = PROMPT !== null && c.g.query === "tokens" ? " · " + PROMPT + " prompt + " + (c.tq - PROMPT) + " generated tokens (▸, orange)" : "";
-    const where = view === "grid" ? c.g.name + ": " + c.g.layers.length + " layers × heads (click a tile to open it)" : c.L.name;
+    const where = (c.mix ? c.mix.label + " · " : "") +
+      (view === "grid" ? c.g.name + ": " + c.g.layers.length + " layers × " + (c.nh === 1 && c.L.heads > 1 ? "one matrix" : "heads") + " (click a tile to open it)" : c.L.name);
     document.getElementById("info").textContent = where + " · " + shape + gen + (STEPS ? " · " + stepText() : "") + colour;
   }
 
@@ -421,7 +466,10 @@
     const who = (STEPS ? stepText() + "\n" : "") + (t.layer !== undefined ? "layer " + t.layer + "  " : "") +
       "head " + t.h + "  query " + t.i + " " + JSON.stringify(t.c.q[t.i]) + (generated(t.c.qname, t.i) ? " (generated)" : "");
     let text;
-    if (t.c.signed) {
+    if (t.c.mix) {
+      text = who.replace("head " + t.h, t.c.nh === 1 && t.c.L.heads > 1 ? "all heads" : "head " + t.h) + " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) +
+        "\n" + t.c.mix.label + " = " + v.toFixed(6) + "  (" + t.c.mix.meaning + ")" + (masked ? "  (masked)" : "");
+    } else if (t.c.signed) {
       text = who + " → token " + t.j + " " + JSON.stringify(t.c.k[t.j]) + " through F" +
         "\neffective weight (A·F) = " + v.toFixed(6) + "  (may be negative)";
     } else if (t.c.projected) {
@@ -435,7 +483,7 @@
     if (!geom || geom.view !== "grid") return;
     const t = hit(ev);
     if (!t) return;
-    state.layer = t.layer; state.head = t.h; state.view = "matrix"; tip.hidden = true;
+    state.layer = t.layer; if (t.c.nh > 1) state.head = t.h; state.view = "matrix"; tip.hidden = true;
     update();
   });
   canvas.addEventListener("mouseleave", () => {
@@ -447,7 +495,7 @@
     tip.style.left = ev.clientX + 14 + "px"; tip.style.top = ev.clientY + 14 + "px";
     if (t) {
       tip.dataset.value = String(t.v); tip.dataset.head = t.h; tip.dataset.query = t.i; tip.dataset.key = t.j;
-      tip.dataset.mode = t.c.mode;
+      tip.dataset.mode = t.c.mode; tip.dataset.method = t.c.method;
       if (STEPS) tip.dataset.step = String(STEPS[state.step]);
     }
   }
@@ -482,10 +530,19 @@
     start: START,
     // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
     get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
+    // the method switch: the method drawn ("weights" where the layer has none of the chosen
+    // one), whether it is one matrix per layer, and how many tiles or panels are drawn
+    get method() {
+      const c = current();
+      return { view: geom ? geom.view : null, chosen: state.method, method: c.method, perLayer: c.nh === 1 && c.L.heads > 1,
+        tiles: geom && geom.panels ? geom.panels.length : 0 };
+    },
+    // the methods of the switch, as Python sent them
+    methods: [...METHODS.values()],
     // which layer and head are chosen, where the prompt ends, and the grid's axis labels
     get chosen() {
       const c = current();
-      return { view: geom ? geom.view : null, rows: c.tq, layer: state.layer, head: state.head,
+      return { view: geom ? geom.view : null, rows: c.tq, layer: state.layer, head: state.head, method: c.method,
         layerName: c.L.name, promptLength: PROMPT, labels: geom && geom.labels ? geom.labels : null };
     },
     cellCenter(i, j, head) {
