@@ -147,7 +147,8 @@ def test_notebook_executes(source: Path):
 def _check_attention_flow(nb: nbformat.NotebookNode) -> None:
     """Notebook 17 (Abnar & Zuidema's Table 1): the agreement model learnt its task, and rollout
     and flow agree with blank-out better than the last layer's raw attention (small run: raw
-    −0.01, rollout 0.30, flow 0.35 over 16 sentences, accuracy 1.000)."""
+    −0.01, rollout 0.30, flow 0.35 over 16 sentences, accuracy 1.000; against integrated
+    gradients −0.04, 0.06, 0.10: not asserted, the margin is within the spread)."""
     m = re.search(
         r"spearman with blank-out: raw ([-\d.]+), rollout ([-\d.]+), flow ([-\d.]+); "
         r"with integrated gradients: raw ([-\d.]+), rollout ([-\d.]+), flow ([-\d.]+) "
