@@ -300,11 +300,12 @@ Plot(fig, {f"{m} vs {r}": np.array(rho[m, r]) for m in shown for r in REFERENCES
 #
 # At full size (`FULL = True`: 3 layers, 400 steps of 32 sentences, 64 sentences of 7–23 tokens,
 # accuracy again 1.000 at every attractor count): with blank-out, raw −0.17 ± 0.39, rollout
-# 0.17 ± 0.33, flow 0.25 ± 0.33; with integrated gradients, raw −0.06 ± 0.32, rollout 0.23 ± 0.30,
-# flow 0.26 ± 0.36; the subject ranked first by raw 0 %, rollout 69 %, flow 75 %, the first
-# layer's raw attention 100 %, blank-out 89 %, integrated gradients 56 %. The same ordering —
-# raw worst, flow a little ahead of rollout — with a third layer to mix through, raw attention of
-# the top layer is now negatively correlated and never points at the subject; rollout and flow
+# 0.17 ± 0.33, flow 0.25 ± 0.33; with integrated gradients, raw 0.10 ± 0.30, rollout 0.28 ± 0.32,
+# flow 0.27 ± 0.35; the subject ranked first by raw 0 %, rollout 69 %, flow 75 %, the first
+# layer's raw attention 100 %, blank-out 89 %, integrated gradients 88 %. The same ordering
+# against blank-out — raw worst, flow a little ahead of rollout; against integrated gradients
+# rollout and flow tie, both above raw. With a third layer to mix through, raw attention of the
+# top layer never points at the subject, and rollout and flow
 # find it less often than in the 2-layer model. (A first full-size attempt, 4 layers of width 128
 # trained 1500 steps, did not finish its training within the 50 minutes a cell may take on the
 # shared 2-core machine.)
