@@ -328,5 +328,8 @@ viz.Plot(fig, {"weight": weight.numpy(), "effect": effect.numpy()})
 # and buys several relations with separate softmaxes. And a head's attention weight says where it
 # looks, not whether what it reads there matters — for that, intervene (notebooks 09 and 12). From
 # the command line, `attnlab inspect smollm2-135m --qk-spectrum` prints the effective ranks of every
-# head. This is the end of the path that began with attention as a matrix product in
-# [notebook 01](01_attention_from_matmul.ipynb).
+# head.
+#
+# **Next:** [notebook 17](17_attention_flow_agreement.ipynb) follows the weights through the
+# layers — attention rollout and flow — and scores them against blank-out, as Abnar & Zuidema
+# did.

@@ -163,6 +163,37 @@ def test_rollout_and_flow_match_the_equations() -> None:
     assert (two >= out.total[0] - 1e-9).all()  # one path's bottleneck ≥ the product along it
 
 
+def test_flow_equals_a_fresh_maximum_flow_per_pair() -> None:
+    """max_flow reuses one residual network and skips pairs no path joins; each value must be
+    networkx's default maximum flow on a graph built for that pair alone."""
+    import networkx as nx
+
+    g = torch.Generator().manual_seed(0)
+    t, layers = 7, 3
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    mats = []
+    for _ in range(layers):
+        a = torch.rand(2, t, t, generator=g, dtype=torch.float64)
+        a[1] = a[1] * causal  # row 0 attends everywhere, row 1 causally: no path from j > i
+        mats.append(a / a.sum(-1, keepdim=True))
+    got = max_flow(mats)
+    want = torch.zeros(2, t, t, dtype=torch.float64)
+    for row in range(2):
+        graph = nx.DiGraph()
+        for layer, a in enumerate(mats, start=1):
+            m = 0.5 * a[row] + 0.5 * torch.eye(t, dtype=torch.float64)
+            m = m / m.sum(-1, keepdim=True)
+            for i in range(t):
+                for j in range(t):
+                    if m[i, j] > 0:
+                        graph.add_edge((layer - 1, j), (layer, i), capacity=float(m[i, j]))
+        for i in range(t):
+            for j in range(t):
+                want[row, i, j] = nx.maximum_flow_value(graph, (0, j), (layers, i))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert (got[0] > 0).all() and (got[1, ~causal] == 0).all() and (got[1, causal] > 0).all()
+
+
 def test_flow_refuses_long_inputs_in_one_line() -> None:
     a = torch.full((1, MAX_FLOW_LENGTH + 1, MAX_FLOW_LENGTH + 1), 0.5, dtype=torch.float64)
     with pytest.raises(ArgumentError, match=f"at most {MAX_FLOW_LENGTH} tokens"):

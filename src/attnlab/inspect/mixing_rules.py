@@ -38,8 +38,8 @@ __all__ = [
 ]
 
 #: the longest sequence :func:`max_flow` accepts: it solves ``T²`` maximum-flow problems over a
-#: graph of ``L · T²`` edges (networkx's preflow-push, ``O(V² √E)`` each), about 10 s at 32
-#: tokens and 6 layers on one CPU core
+#: graph of ``L · T²`` edges (networkx's Boykov–Kolmogorov on one residual network), about 7 s at
+#: 32 tokens and 6 layers on one CPU core of a shared machine (a random causal input)
 MAX_FLOW_LENGTH = 32
 
 
@@ -173,6 +173,7 @@ def max_flow(matrices: Sequence[torch.Tensor]) -> torch.Tensor:
         each ``(B, T, T)`` → ``(B, T, T)``.
     """
     import networkx as nx
+    from networkx.algorithms.flow import boykov_kolmogorov, build_residual_network
 
     t = matrices[0].shape[-1]
     if t > MAX_FLOW_LENGTH:
@@ -191,11 +192,19 @@ def max_flow(matrices: Sequence[torch.Tensor]) -> torch.Tensor:
                     cap = float(a[row, i, j])
                     if cap > 0.0:
                         graph.add_edge((layer - 1, j), (layer, i), capacity=cap)
-        for i in range(t):
-            for j in range(t):
-                source, sink = (0, j), (n_layers, i)
-                if source in graph and sink in graph:
-                    out[row, i, j] = nx.maximum_flow_value(graph, source, sink)
+        # one residual network for all T² problems (each solve resets its flows), and no solve
+        # where no path joins j to i (a causal model's j > i): 4–12× faster than a fresh
+        # network per problem, the same values
+        residual = build_residual_network(graph, "capacity")
+        for j in range(t):
+            source = (0, j)
+            reached = nx.descendants(graph, source) if source in graph else set()
+            for i in range(t):
+                if (n_layers, i) in reached:
+                    solved = boykov_kolmogorov(
+                        graph, source, (n_layers, i), residual=residual, value_only=True
+                    )
+                    out[row, i, j] = solved.graph["flow_value"]
     return out.to(matrices[0].dtype)
 
 
