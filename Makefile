@@ -43,8 +43,10 @@ demo: setup
 
 # two workers; --dist loadgroup: tests/conftest.py's scheduler (the slow tests first, the tests that
 # share a module's fixture on one worker), --no-loadscope-reorder keeps that order
+# PYTHONDONTWRITEBYTECODE unset: the suite starts many Python processes (notebook kernels, CLI
+# children, ranks) that import attnlab; cached bytecode spares each of them compiling it anew
 test: setup browser
-	ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE ATTNLAB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: setup docs
 	$(BIN)/ruff check src tests benchmarks notebooks docs

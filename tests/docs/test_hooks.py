@@ -7,8 +7,6 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.toc import get_toc
-from mkdocs_jupyter.plugin import NotebookFile
-
 from tests.docs.site_modules import hooks
 
 
@@ -24,6 +22,9 @@ def _notebook(folder: Path, name: str, title: str) -> Path:
 
 
 def _site_files(tmp_path: Path, names: list[str]) -> Files:
+    # imported here, not at collection: it costs each test worker seconds (nbconvert, jsonschema)
+    from mkdocs_jupyter.plugin import NotebookFile
+
     files = []
     for name in names:
         plain = File(name, src_dir=str(tmp_path), dest_dir="site", use_directory_urls=True)

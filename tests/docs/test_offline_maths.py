@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import markdown
 import nbformat
 import pytest
-from mkdocs_jupyter.nbconvert2 import nb2html
 
 from tests.docs.site_modules import hooks
 from tests.viz.test_viewer import browser  # noqa: F401 (the Chromium fixture)
@@ -35,6 +34,9 @@ def _page(site: Path, dest: str, body: str) -> Path:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
+    # imported here, not at collection: nbconvert costs each test worker seconds
+    from mkdocs_jupyter.nbconvert2 import nb2html
+
     root = tmp_path_factory.mktemp("site")
     hooks.copy_mathjax(root / hooks.MATHJAX_DIR)
     nb = nbformat.v4.new_notebook(
