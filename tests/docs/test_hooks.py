@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.toc import get_toc
+
 from tests.docs.site_modules import hooks
 
 
