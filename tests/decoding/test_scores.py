@@ -4,14 +4,12 @@ decoded sequence, no cache) with temperature, top-k and top-p applied by hand.""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import attnlab as al
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from tests.decoding._models import tiny_gpt, tiny_transformer
+from tests.decoding._models import filtered_softmax, tiny_gpt, tiny_transformer
 
 T, N = 4, 6  # prompt length, new tokens
 
@@ -25,21 +23,6 @@ def _prompt() -> torch.Tensor:
     return torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(7))
 
 
-def _reference(z: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None):
-    """π = softmax(filter(z / τ)), written out: top-k keeps z >= the k-th largest, top-p keeps a
-    token when the mass of the more likely ones is below p."""
-    z = z / temperature
-    if top_k is not None:
-        z = torch.where(z >= z.sort(descending=True).values[..., top_k - 1 : top_k], z, -math.inf)
-    if top_p is not None:
-        p = z.softmax(-1)
-        sorted_p, order = p.sort(-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p
-        keep = torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, before < top_p)
-        z = torch.where(keep, z, -math.inf)
-    return z.softmax(-1)
-
-
 def _entropy(p: torch.Tensor) -> torch.Tensor:
     return -torch.where(p > 0, p * p.log(), 0.0).sum(-1)
 
@@ -51,7 +34,7 @@ def _step_logits(model: al.GPT, sequences: torch.Tensor) -> torch.Tensor:
 
 
 def _check(out, z, temperature=1.0, top_k=None, top_p=None) -> None:  # type: ignore[no-untyped-def]
-    pi = _reference(z, temperature, top_k, top_p)
+    pi = filtered_softmax(z, temperature, top_k, top_p)
     new = out.new_tokens
     tol = {"rtol": 0, "atol": 1e-12}
     torch.testing.assert_close(out.token_probs, pi.gather(-1, new[..., None])[..., 0], **tol)
