@@ -105,6 +105,17 @@ def test_rows_that_stopped_hold_nan(model: al.GPT) -> None:
     assert out.token_probs[0, : stop + 1].isfinite().all()
     assert out.token_probs[0, stop + 1 :].isnan().all()
     assert (out.top_ids[0, stop + 1 :] == -1).all()
+    # a beam hypothesis that ends on EOS: its own length, NaN after it
+    kw = {"strategy": "beam", "num_beams": 2, "eos_token_id": eos, "length_penalty": 0.0}
+    beam = al.generate(model, ids, max_new_tokens=N, return_scores=True, **kw)
+    assert torch.equal(beam.sequences, al.generate(model, ids, max_new_tokens=N, **kw))
+    assert beam.beam_logprobs is not None and beam.beam_scores is not None
+    for row, tokens in enumerate(beam.new_tokens.tolist()):
+        n = tokens.index(eos) + 1 if eos in tokens else N
+        assert (
+            beam.token_probs[row, :n].isfinite().all() and beam.token_probs[row, n:].isnan().all()
+        )
+        assert float(beam.beam_scores[row]) == float(beam.beam_logprobs[row, n - 1])  # α = 0
 
 
 def test_encoder_decoder_greedy_scores() -> None:

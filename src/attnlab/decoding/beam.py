@@ -151,8 +151,8 @@ def beam_search(
         if alternatives:  # each candidate's own log softmax(z)[y], and the step's numbers
             own = logp.view(batch, k_beams * vocab).gather(1, top_index).tolist()
             steps.append(step_scores(logp.exp(), None, alternatives))
-        else:
-            own = [[math.nan] * n_cand for _ in range(batch)]
+        else:  # nothing recorded
+            own = [[math.nan] * n_cand] * batch
 
         new_scores = torch.full((batch, k_beams), -math.inf, dtype=torch.float64)
         new_rows = [0] * (batch * k_beams)
@@ -169,7 +169,7 @@ def beam_search(
                 if s == -math.inf:
                     break  # only the copies of the start beam remain
                 beam, token = divmod(flat, vocab)
-                trace = traces[base + beam] + [(base + beam, lp, s)]
+                trace = traces[base + beam] + [(base + beam, lp, s)] if alternatives else []
                 if token in eos:
                     if rank < k_beams:
                         seq = sequences[base + beam] + [token]

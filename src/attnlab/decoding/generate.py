@@ -156,6 +156,9 @@ def generate(
     Shape:
         - input_ids, attention_mask: ``(B, T)``
         - output: ``(B, T + n)`` (decoder-only) or ``(B, 1 + n)`` (encoder-decoder)
+        - with ``return_scores``: ``token_probs``, ``entropy``, ``raw_entropy``,
+          ``beam_logprobs`` ``(B, n)``; ``top_ids``, ``top_probs`` ``(B, n, num_alternatives)``;
+          ``beam_scores`` ``(B,)``
 
     Examples:
         >>> cfg = al.GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
