@@ -39,7 +39,6 @@ def test_generated_page_layers_heads_and_grid(browser, tmp_path: Path) -> None: 
     last = scores[-1]
     assert f"generated with p = {last['probability']:.4f}" in tip
     assert f"entropy {last['entropy']:.3f} nats" in tip and "alternatives: " in tip
-    page.screenshot(path=str(tmp_path / "matrix.png"))
     # a prompt row has no such line
     c = page.evaluate("window.attnlabViewer.cellCenter(1, 0)")
     page.mouse.move(c["x"], c["y"])
