@@ -66,6 +66,15 @@ def test_view_generate_holds_the_prompt_and_the_generated_tokens(
     layer = data["groups"][0]["layers"][1]
     w = np.frombuffer(base64.b64decode(layer["weights"]), dtype="<f4").reshape(4, n + 3, n + 3)
     assert np.allclose(w.sum(-1), 1, atol=1e-5) and np.all(np.triu(w, 1) == 0)
+    # each generated token with the probability it was generated with (greedy: the softmax of
+    # the logits, its largest entry), read off one forward of the whole sequence
+    scores = data["token_scores"]
+    assert [s["position"] for s in scores] == [n, n + 1, n + 2]
+    with torch.no_grad():
+        seq = torch.tensor([TOKENIZER.encode(PROMPT) + [s["id"] for s in scores]])
+        pi = _gpt()(seq).logits[0, n - 1 : -1].softmax(-1)
+    assert [s["probability"] for s in scores] == pytest.approx(pi.max(-1).values.tolist(), abs=1e-6)
+    assert [s["alternatives"][0]["id"] for s in scores] == [s["id"] for s in scores]
     # --max-new-tokens is the same option
     again = tmp_path / "w.html"
     argv = ["view", str(gpt_run), "--text", PROMPT, "--max-new-tokens", "3", "-o", str(again)]
@@ -75,6 +84,7 @@ def test_view_generate_holds_the_prompt_and_the_generated_tokens(
     plain = tmp_path / "p.html"
     assert main(["view", str(gpt_run), "--text", PROMPT, "-o", str(plain)]) == 0
     assert _embedded(plain.read_text())["prompt_length"] is None
+    assert _embedded(plain.read_text())["token_scores"] is None
 
 
 def test_generate_on_an_encoder_decoder_is_one_line(
@@ -244,3 +254,16 @@ def test_ids_outside_the_vocabulary_name_ids(
     assert (
         err == f"attnlab: error: --ids must be token ids in [0, 13) (the vocabulary), got {ids}\n"
     )
+
+
+def test_token_scores_need_one_entry_per_generated_token() -> None:
+    from attnlab.errors import ArgumentError
+    from attnlab.viz.viewer import viewer_data
+
+    weights = {"transformer.h.0.attn": np.tril(np.ones((1, 3, 3))) / np.arange(1, 4)[:, None]}
+    one = [{"probability": 0.5, "entropy": 1.0, "alternatives": []}]
+    assert viewer_data(weights, tokens=list("abc"), prompt_length=2, token_scores=one)
+    with pytest.raises(ArgumentError, match="one entry per generated token"):
+        viewer_data(weights, tokens=list("abc"), prompt_length=1, token_scores=one)
+    with pytest.raises(ArgumentError, match="token_scores needs prompt_length"):
+        viewer_data(weights, tokens=list("abc"), token_scores=one)

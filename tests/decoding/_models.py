@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnlab import GPT, GPTConfig, Transformer, TransformerConfig
@@ -59,3 +61,20 @@ def greedy_without_cache(
         nxt = model(ids, **forward_kw).logits[:, -1].argmax(-1)  # type: ignore[arg-type]
         ids = torch.cat([ids, nxt[:, None]], dim=1)
     return ids
+
+
+def filtered_softmax(
+    z: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
+) -> torch.Tensor:
+    """π = softmax(filter(z / τ)), written out: top-k keeps z >= the k-th largest, top-p keeps a
+    token when the mass of the more likely ones is below p."""
+    z = z / temperature
+    if top_k is not None:
+        z = torch.where(z >= z.sort(descending=True).values[..., top_k - 1 : top_k], z, -math.inf)
+    if top_p is not None:
+        p = z.softmax(-1)
+        sorted_p, order = p.sort(-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p
+        keep = torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, before < top_p)
+        z = torch.where(keep, z, -math.inf)
+    return z.softmax(-1)

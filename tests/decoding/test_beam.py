@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -165,5 +166,10 @@ def test_live_beams_compete_on_the_last_step() -> None:
             pad_token_id=1,
             length_penalty=1.0,
             early_stopping=early,
+            alternatives=2,
         )
-        assert best == [[0, 0]], early
+        (won,) = best.best
+        assert won.tokens == [0, 0], early
+        # by hand: log 0.6, then log(0.6 · 0.5); the score divides by n^α = 2
+        assert [cum for _, _, cum in won.trace] == pytest.approx([math.log(0.6), math.log(0.3)])
+        assert won.score == pytest.approx(math.log(0.3) / 2)  # (a float32 table)

@@ -20,7 +20,7 @@ def test_generated_page_layers_heads_and_grid(browser, tmp_path: Path) -> None: 
     start = page.evaluate("window.attnlabViewer.start")  # the head Python chose to open on
     assert drawn["promptLength"] == n - 3
     assert (drawn["layer"], drawn["head"]) == (start["layer"], start["head"])
-    assert "3 generated" in page.inner_text("#info")
+    assert "3 generated" in page.inner_text("#info") and "%" in page.inner_text("#info")
     page.click("#layers button:has-text('0')")
     page.click("#heads button[data-value='0']")
     before = _canvas_hash(page)
@@ -29,10 +29,20 @@ def test_generated_page_layers_heads_and_grid(browser, tmp_path: Path) -> None: 
     drawn = page.evaluate("window.attnlabViewer.chosen")
     assert (drawn["layer"], drawn["head"], drawn["layerName"]) == (1, 2, "transformer.h.1.attn")
     assert _canvas_hash(page) != before
-    # hover a generated query row: the tip names it as generated
+    # hover a generated query row: the tip names it as generated, with the probability it was
+    # generated with, the entropy and the alternatives (those of generate(return_scores=True))
     c = page.evaluate(f"window.attnlabViewer.cellCenter({n - 1}, 0)")
     page.mouse.move(c["x"], c["y"])
-    assert "(generated)" in page.inner_text("#tip")
+    tip = page.inner_text("#tip")
+    scores = page.evaluate("window.attnlabViewer.tokenScores")
+    assert len(scores) == 3 and "(generated)" in tip
+    last = scores[-1]
+    assert f"generated with p = {last['probability']:.4f}" in tip
+    assert f"entropy {last['entropy']:.3f} nats" in tip and "alternatives: " in tip
+    # a prompt row has no such line
+    c = page.evaluate("window.attnlabViewer.cellCenter(1, 0)")
+    page.mouse.move(c["x"], c["y"])
+    assert "generated with" not in page.inner_text("#tip")
     # the layers × heads grid: layer and head numbers on its axes, tokens on the others
     page.click(".view-btn[data-view='grid']")
     drawn = page.evaluate("window.attnlabViewer.chosen")

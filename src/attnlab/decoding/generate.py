@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -27,21 +27,35 @@ from attnlab._checks import (
     check_tensor,
     shape_str,
 )
-from attnlab.decoding.beam import beam_search
+from attnlab.decoding.beam import BeamResult, beam_search
 from attnlab.decoding.compiled import CompiledStepper, static_unsupported
 from attnlab.decoding.layout import lay_out_for_decoding
+from attnlab.decoding.scores import Generation, StepScores, stack_steps, step_scores
 from attnlab.decoding.steppers import CausalStepper, Seq2SeqStepper, Stepper
-from attnlab.decoding.strategies import greedy_choice, sample_choice
+from attnlab.decoding.strategies import draw, greedy_choice, sampling_distribution
 from attnlab.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["STRATEGIES", "generate"]
+__all__ = ["STRATEGIES", "Generation", "generate"]
 
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("greedy", "sample", "beam")
 
 
-@torch.no_grad()
+@overload
+def generate(
+    model: Any, input_ids: torch.Tensor, *, return_scores: Literal[False] = ..., **kwargs: Any
+) -> torch.Tensor: ...
+
+
+@overload
+def generate(
+    model: Any, input_ids: torch.Tensor, *, return_scores: Literal[True], **kwargs: Any
+) -> Generation: ...
+
+
+# the overloads give the result's type from return_scores; the options are the implementation's
+@torch.no_grad()  # type: ignore[misc]
 def generate(
     model: Any,
     input_ids: torch.Tensor,
@@ -61,7 +75,9 @@ def generate(
     compile: bool = False,
     cache_sinks: int | None = None,
     cache_window: int | None = None,
-) -> torch.Tensor:
+    return_scores: bool = False,
+    num_alternatives: int = 5,
+) -> torch.Tensor | Generation:
     """Generate tokens with a KV cache, from a decoder-only or an encoder-decoder model.
 
     **Decoder-only** (:class:`attnlab.GPT`): ``input_ids`` is the prompt; the result is the prompt
@@ -112,10 +128,22 @@ def generate(
             full-attention decoder generates past ``n_positions``. Decoder-only, no left padding;
             steps run eagerly. Default ``None`` (every position kept).
         cache_window: the recent positions a sink cache keeps (with ``cache_sinks``).
+        return_scores: return a :class:`~attnlab.decoding.scores.Generation`: the token ids
+            and, for each generated token, its probability under the distribution it was
+            chosen from (sampling: ``softmax(filter(z / τ))``, temperature, top-k and top-p
+            applied, the very tensor drawn from; greedy and beam: ``softmax(z)``), the
+            ``num_alternatives`` most likely tokens under it with their probabilities, its
+            entropy (``entropy``: of that processed distribution; ``raw_entropy``: of
+            ``softmax(z)``), and for beam search the cumulative log-probabilities and score of
+            the returned hypothesis, as the beam ranked it. The tokens are those of
+            ``return_scores=False`` (the same draws). Default ``False``: the ids alone.
+        num_alternatives: how many alternatives ``return_scores`` lists per token (at most the
+            vocabulary). Default 5.
 
     Returns:
         token ids ``(B, T + n)`` for a decoder-only model, ``(B, 1 + n)`` for an encoder-decoder,
-        where ``n <= max_new_tokens`` is the number of steps run.
+        where ``n <= max_new_tokens`` is the number of steps run; with ``return_scores``, a
+        :class:`~attnlab.decoding.scores.Generation` holding them as ``sequences``.
 
     Raises:
         ValueError: the prompt plus ``max_new_tokens`` would not fit the model's position table
@@ -128,6 +156,9 @@ def generate(
     Shape:
         - input_ids, attention_mask: ``(B, T)``
         - output: ``(B, T + n)`` (decoder-only) or ``(B, 1 + n)`` (encoder-decoder)
+        - with ``return_scores``: ``token_probs``, ``entropy``, ``raw_entropy``,
+          ``beam_logprobs`` ``(B, n)``; ``top_ids``, ``top_probs`` ``(B, n, num_alternatives)``;
+          ``beam_scores`` ``(B,)``
 
     Examples:
         >>> cfg = al.GPTConfig(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
@@ -155,6 +186,9 @@ def generate(
         raise ArgumentError(f"length_penalty must be finite, got {length_penalty}")
     if not isinstance(compile, bool):
         raise ArgumentTypeError(f"compile must be a bool, got {type(compile).__name__}")
+    if not isinstance(return_scores, bool):
+        raise ArgumentTypeError(f"return_scores must be a bool, got {type(return_scores).__name__}")
+    check_positive_int("num_alternatives", num_alternatives)
     if not isinstance(early_stopping, bool):
         raise ArgumentTypeError(
             f"early_stopping must be a bool, got {type(early_stopping).__name__}"
@@ -195,8 +229,10 @@ def generate(
         expand = num_beams if strategy == "beam" else 1
         sink = (cache_sinks, cache_window) if streaming else None
         stepper = _make_stepper(model, ids, mask, max_new_tokens, expand, seq2seq, compile, sink)
+        alternatives = num_alternatives if return_scores else None
+        beam_numbers, scores = None, None
         if strategy == "beam":
-            best = beam_search(
+            result = beam_search(
                 stepper,
                 batch=ids.shape[0],
                 num_beams=num_beams,
@@ -205,14 +241,17 @@ def generate(
                 pad_token_id=pad_token_id,
                 length_penalty=float(length_penalty),
                 early_stopping=early_stopping,
+                alternatives=alternatives,
             )
-            longest = max(len(seq) for seq in best)
+            longest = max(len(h.tokens) for h in result.best)
             new = torch.full((ids.shape[0], longest), pad_token_id, dtype=torch.long)
-            for b, seq in enumerate(best):
-                new[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            for b, h in enumerate(result.best):
+                new[b, : len(h.tokens)] = torch.tensor(h.tokens, dtype=torch.long)
             new = new.to(ids.device)
+            if return_scores:
+                beam_numbers = _beam_scores(result, new, longest)
         else:
-            new = _sequential(
+            new, scores = _sequential(
                 stepper,
                 n_rows,
                 max_new_tokens,
@@ -223,11 +262,43 @@ def generate(
                 top_k=top_k,
                 top_p=top_p,
                 generator=generator,
+                alternatives=alternatives,
             )
     finally:
         model.train(was_training)
     prefix = ids.new_full((ids.shape[0], 1), cfg.bos_id) if seq2seq else ids
-    return torch.cat([prefix, new], dim=1)
+    sequences = torch.cat([prefix, new], dim=1)
+    if not return_scores:
+        return sequences
+    if beam_numbers is not None:
+        return Generation(sequences, **beam_numbers)
+    assert scores is not None
+    return Generation(sequences, **scores)
+
+
+def _beam_scores(result: BeamResult, new: torch.Tensor, longest: int) -> dict[str, Any]:
+    """:class:`Generation`'s fields for beam search: each hypothesis' trace read against the
+    steps' numbers (the row it extended at each step), NaN (``-1`` ids) past its end."""
+    steps = result.steps
+    batch, k = new.shape[0], steps[0].top_ids.shape[1]
+    dtype, device = steps[0].top_probs.dtype, steps[0].top_probs.device
+    token_probs = torch.full((batch, longest), math.nan, dtype=dtype, device=device)
+    top_ids = torch.full((batch, longest, k), -1, dtype=torch.long, device=device)
+    top_probs = torch.full((batch, longest, k), math.nan, dtype=dtype, device=device)
+    ent = torch.full((batch, longest), math.nan, dtype=dtype, device=device)
+    cumulative = torch.full((batch, longest), math.nan, dtype=torch.float64)
+    for b, h in enumerate(result.best):
+        for t, (row, logp, cum) in enumerate(h.trace):
+            token_probs[b, t] = math.exp(logp)
+            top_ids[b, t], top_probs[b, t] = steps[t].top_ids[row], steps[t].top_probs[row]
+            ent[b, t] = steps[t].entropy[row]
+            cumulative[b, t] = cum
+    return {
+        "token_probs": token_probs, "top_ids": top_ids, "top_probs": top_probs,
+        "entropy": ent, "raw_entropy": ent.clone(),
+        "beam_logprobs": cumulative.to(device),
+        "beam_scores": torch.tensor([h.score for h in result.best], dtype=torch.float64),
+    }  # fmt: skip
 
 
 def _sequential(
@@ -242,20 +313,30 @@ def _sequential(
     top_k: int | None,
     top_p: float | None,
     generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Greedy or sampled decoding: one token per row per step. Returns ``(N, n)``."""
+    alternatives: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """Greedy or sampled decoding: one token per row per step. Returns ``(N, n)`` tokens and,
+    when ``alternatives`` is set, each step's scores (:func:`~attnlab.decoding.scores.stack_steps`)."""
     logits = stepper.prefill()  # (N, V)
     device = logits.device
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
+    steps: list[StepScores] = []
+    stopped: list[torch.Tensor] = []
+    filtered = temperature != 1.0 or top_k is not None or top_p is not None
     for step in range(max_new_tokens):
-        if sample:
-            nxt = sample_choice(
-                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-            )
+        if sample:  # π = softmax(filter(z / τ)), the tensor the token is drawn from
+            probs = sampling_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            nxt = draw(probs, generator)
+            raw = sampling_distribution(logits) if filtered and alternatives else None
         else:
             nxt = greedy_choice(logits)
+            probs = sampling_distribution(logits) if alternatives else logits
+            raw = None
+        if alternatives:
+            steps.append(step_scores(probs, nxt, alternatives, raw))
+            stopped.append(finished.clone())
         if eos:
             nxt = nxt.masked_fill(finished, pad_token_id)
             finished |= torch.isin(nxt, eos_t)
@@ -263,7 +344,8 @@ def _sequential(
         if step == max_new_tokens - 1 or (eos and bool(finished.all())):
             break
         logits = stepper.step(nxt)
-    return torch.stack(tokens, dim=1)
+    scores = stack_steps(steps, torch.stack(stopped, dim=1)) if alternatives else None
+    return torch.stack(tokens, dim=1), scores
 
 
 def _make_stepper(

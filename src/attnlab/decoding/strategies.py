@@ -10,7 +10,22 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.errors import ArgumentError
 
-__all__ = ["greedy_choice", "sample_choice", "top_k_filter", "top_p_filter"]
+__all__ = [
+    "greedy_choice",
+    "sample_choice",
+    "sampling_distribution",
+    "top_k_filter",
+    "top_p_filter",
+]
+
+
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` in float32, or in their own dtype when it is wider (float64 stays float64).
+
+    Shape:
+        any → the same.
+    """
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
@@ -77,11 +92,53 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p >= 1.0:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
-    probs = sorted_logits.float().softmax(dim=-1)
+    probs = at_least_float32(sorted_logits).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # Σ_{j < i} π_(j)
     remove_sorted = mass_before >= p
     remove = remove_sorted.scatter(-1, order, remove_sorted)  # back to vocabulary order
     return logits.masked_fill(remove, float("-inf"))
+
+
+def sampling_distribution(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """The distribution a token is sampled from: ``softmax(logits / temperature)`` after top-k
+    then top-p filtering (the order Hugging Face applies them), in float32 (float64 logits stay
+    float64). :func:`sample_choice` draws from exactly this tensor.
+
+        π = softmax(filter(z / τ))
+
+    Args:
+        logits: ``(N, V)``.
+        temperature: ``τ > 0``; below 1 sharpens, above 1 flattens the distribution.
+        top_k: keep only the ``k`` most likely tokens, or ``None``.
+        top_p: keep the nucleus of mass ``p``, or ``None``.
+
+    Returns:
+        probabilities ``(N, V)``, zero on the filtered tokens.
+
+    Shape:
+        logits ``(N, V)`` → ``(N, V)``; ``N`` rows, ``V`` the vocabulary size.
+    """
+    z = at_least_float32(logits) / temperature
+    if top_k is not None:
+        z = top_k_filter(z, top_k)
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    return z.softmax(dim=-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row drawn from ``probs`` (``torch.multinomial``).
+
+    Shape:
+        probs ``(N, V)`` → token ids ``(N,)``.
+    """
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def sample_choice(
@@ -92,10 +149,8 @@ def sample_choice(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row from ``softmax(logits / temperature)`` after top-k then top-p
-    filtering (the order Hugging Face applies them).
-
-        π = softmax(filter(z / τ))
+    """Draw one token per row from :func:`sampling_distribution`,
+    ``π = softmax(filter(logits / τ))``.
 
     Args:
         logits: ``(N, V)``.
@@ -110,10 +165,5 @@ def sample_choice(
     Shape:
         logits ``(N, V)`` → ``(N,)``; ``N`` rows, ``V`` the vocabulary size.
     """
-    z = logits.float() / temperature
-    if top_k is not None:
-        z = top_k_filter(z, top_k)
-    if top_p is not None:
-        z = top_p_filter(z, top_p)
-    probs = z.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    probs = sampling_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return draw(probs, generator)

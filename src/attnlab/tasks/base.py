@@ -42,13 +42,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from attnlab._checks import check_finite_weights
 from attnlab.training.trainer import BatchSource
+
+if TYPE_CHECKING:
+    from attnlab.tasks.token_scores import TokenScore
 
 __all__ = [
     "EvaluationSet",
@@ -137,6 +140,9 @@ class ModelInputs:
         source_tokens: labels of ``source_ids``.
         target_tokens: labels of what the decoder rows wrote (seq2seq) or of the continuation (lm).
         output: the decoded output text, as ``attnlab translate`` / ``generate`` print it.
+        token_scores: a language model's generated tokens with their probabilities,
+            alternatives and entropies (:class:`~attnlab.tasks.token_scores.TokenScore`);
+            empty when nothing was generated.
     """
 
     kind: Literal["seq2seq", "lm"]
@@ -145,6 +151,7 @@ class ModelInputs:
     source_tokens: tuple[str, ...]
     target_tokens: tuple[str, ...]
     output: str
+    token_scores: tuple[TokenScore, ...] = ()
 
     @property
     def decoder_input_ids(self) -> tuple[int, ...]:

@@ -165,7 +165,8 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
     Returns:
         The viewer's data, every captured layer labelled by its tokens (a layer with projected
         keys, Linformer, by its ``"E·K row j"`` rows, with its effective weights ``A · F``); a
-        language model's generated tokens are marked as such (``prompt_length``).
+        language model's generated tokens are marked as such (``prompt_length``), with their
+        probabilities and alternatives (``token_scores``).
     """
     if inputs.kind == "lm":
         return viewer_data(
@@ -175,6 +176,7 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
             projected=cache.projected,
             title=title,
             prompt_length=len(inputs.source_tokens) if inputs.target_tokens else None,
+            token_scores=[t.to_json() for t in inputs.token_scores] or None,
         )
     return viewer_data(
         cache.attentions,

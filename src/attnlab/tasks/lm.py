@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from attnlab.data import corpora
 from attnlab.data.text import LMBatch, LMBatchSource, read_text_file, split_train_val
 from attnlab.data.tokenizers import CharTokenizer, HFTokenizer, tokenizer_from_json, train_bpe
 from attnlab.decoding.generate import STRATEGIES, generate
+from attnlab.decoding.scores import Generation, merge_generations
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig, config_to_dict
 from attnlab.models.families import preset
@@ -42,6 +43,7 @@ from attnlab.tasks.base import (
 )
 from attnlab.tasks.budget import check_training_memory, option_sizes
 from attnlab.tasks.registry import register_task
+from attnlab.tasks.token_scores import token_scores
 from attnlab.tasks.train_options import LMOptions, attention_options, warmup_steps
 from attnlab.training.losses import TokenLoss, token_loss
 from attnlab.training.schedules import WarmupCosineLR
@@ -220,6 +222,7 @@ def generate_text(
     prompt_ids: Sequence[int],
     *,
     max_new_tokens: int,
+    scores: list[Generation] | None = None,
     **kwargs: Any,
 ) -> list[int]:
     """Generate past the context length by sliding the window (oldest tokens dropped, as
@@ -229,6 +232,9 @@ def generate_text(
         model: a GPT.
         prompt_ids: the prompt's token ids (at least one).
         max_new_tokens: how many tokens to add.
+        scores: a list that receives the scores of the whole continuation, one
+            :class:`~attnlab.decoding.scores.Generation` (the calls of each window merged,
+            :func:`~attnlab.decoding.scores.merge_generations`); ``None`` (default): none kept.
         **kwargs: passed to :func:`attnlab.generate` (strategy, temperature, generator, …).
 
     Returns:
@@ -242,20 +248,24 @@ def generate_text(
         )
     ids = list(prompt_ids)
     remaining = max_new_tokens
+    parts: list[Generation] = []
     while remaining > 0:
         chunk = min(remaining, max(1, n_pos // 2))
         context = ids[-(n_pos - chunk) :]
-        out = generate(
-            model,
-            torch.tensor([context], dtype=torch.long, device=device),
-            max_new_tokens=chunk,
-            **kwargs,
-        )
+        prompt = torch.tensor([context], dtype=torch.long, device=device)
+        if scores is None:
+            out = generate(model, prompt, max_new_tokens=chunk, **kwargs)
+        else:
+            parts.append(generate(model, prompt, max_new_tokens=chunk, return_scores=True,
+                                  **kwargs))  # fmt: skip
+            out = parts[-1].sequences
         new = out[0, len(context) :].tolist()
         ids.extend(new)
         remaining -= chunk
         if len(new) < chunk:  # stopped on an end token
             break
+    if scores is not None:
+        scores.append(merge_generations(parts, torch.tensor([ids], dtype=torch.long)))
     return ids
 
 
@@ -317,6 +327,7 @@ class LMIO:
         strategy: str = "greedy",
         seed: int = 0,
         source_ids: Sequence[int] | None = None,
+        scores: list[Generation] | None = None,
         **options: Any,
     ) -> list[int]:
         """Prompt ids followed by ``max_new_tokens`` new ones (see :func:`generate_text`).
@@ -328,7 +339,10 @@ class LMIO:
             strategy: ``"greedy"``, ``"sample"`` or ``"beam"``.
             seed: the sampling generator's seed.
             source_ids: the prompt's ids verbatim, instead of ``text``.
-            **options: ``temperature``, ``top_k``, ``top_p`` (sampling), ``num_beams`` (beam).
+            scores: a list that receives the continuation's scores (see :func:`generate_text`;
+                nothing for ``max_new_tokens=0``).
+            **options: ``temperature``, ``top_k``, ``top_p`` (sampling), ``num_beams`` (beam),
+                ``num_alternatives`` (with ``scores``).
 
         Returns:
             The prompt's ids followed by the new ones (the prompt alone for ``max_new_tokens=0``).
@@ -364,7 +378,9 @@ class LMIO:
             )
         elif strategy == "beam" and "num_beams" in options:
             kwargs["num_beams"] = options["num_beams"]
-        return generate_text(model, ids, max_new_tokens=max_new_tokens, **kwargs)
+        if "num_alternatives" in options:
+            kwargs["num_alternatives"] = options["num_alternatives"]
+        return generate_text(model, ids, max_new_tokens=max_new_tokens, scores=scores, **kwargs)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of some ids.
@@ -412,10 +428,14 @@ class LMIO:
                 f"the text has {len(prompt)} tokens{more}: {len(prompt) + max_new_tokens}, "
                 f"more than the model's limit of {self.n_positions}"
             )
+        scores: list[Generation] = []
         ids = self.generate(
-            model, None, max_new_tokens=max_new_tokens, source_ids=prompt, **options
+            model, None, max_new_tokens=max_new_tokens, source_ids=prompt, scores=scores, **options
         )
-        return self._model_inputs(ids[: len(prompt)], ids[len(prompt) :])
+        inputs = self._model_inputs(ids[: len(prompt)], ids[len(prompt) :])
+        if not scores:
+            return inputs
+        return replace(inputs, token_scores=tuple(token_scores(self.tokenizer, scores[0])))
 
     def probe_inputs(self, text: str) -> ModelInputs:
         """The text's tokens, without a continuation (the attention probe's input).

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -138,6 +138,11 @@ class ViewerData:
             prompt tokens at the start of ``sequences["tokens"]``; the page marks the tokens
             after it as generated (their labels in another colour, a line at the boundary).
             ``None`` (default): nothing was generated.
+        token_scores: with ``prompt_length``, one JSON object per generated token (as
+            :meth:`attnlab.tasks.token_scores.TokenScore.to_json`: ``probability``,
+            ``entropy``, ``alternatives`` of ``token`` and ``probability``): the page shows
+            each generated token's probability in its label and the rest on hover. ``None``
+            (default): none.
         start: the group, layer and head the page opens on; ``None`` (default): the most
             informative head, chosen by :func:`~attnlab.viz.viewer_start.most_informative_head`
             (the cross-attention of an encoder-decoder, the lowest-entropy head that is no sink).
@@ -152,6 +157,7 @@ class ViewerData:
     prompt_length: int | None = None
     start: ViewerStart | None = None
     methods: list[MixingView] | None = None
+    token_scores: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -174,6 +180,8 @@ class ViewerData:
                     f"prompt_length must lie in [0, len(sequences['tokens'])] (a language "
                     f"model's tokens), got {n} with sequences {list(self.sequences)}"
                 )
+        if self.token_scores is not None:
+            self._check_token_scores(self.token_scores)
         if self.start is not None:
             self._check_start(self.start)
         for g in self.groups:
@@ -209,6 +217,20 @@ class ViewerData:
                         f"the weights {layer.weights.shape[-3]}"
                     )
         check_mixing(self)
+
+    def _check_token_scores(self, scores: object) -> None:
+        if not isinstance(scores, list) or not all(isinstance(d, dict) for d in scores):
+            raise ArgumentTypeError(
+                f"token_scores must be a list of dicts, got {type(scores).__name__}"
+            )
+        if self.prompt_length is None:
+            raise ArgumentError("token_scores needs prompt_length (the generated tokens' start)")
+        n = len(self.sequences["tokens"]) - self.prompt_length
+        if len(scores) != n:
+            raise ArgumentError(
+                f"token_scores must hold one entry per generated token ({n} after "
+                f"prompt_length {self.prompt_length}), got {len(scores)}"
+            )
 
     def _check_start(self, start: object) -> None:
         if not isinstance(start, ViewerStart):
@@ -257,6 +279,7 @@ class ViewerData:
             "title": self.title,
             "steps": None if self.steps is None else [int(s) for s in self.steps],
             "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
+            "token_scores": self.token_scores,
             "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
             "methods": [v.to_json() for v in self.methods or []],
@@ -311,6 +334,7 @@ def viewer_data(
     batch_index: int = 0,
     title: str = "attnlab attention viewer",
     prompt_length: int | None = None,
+    token_scores: list[dict[str, Any]] | None = None,
 ) -> ViewerData:
     """Build :class:`ViewerData` from captured weights (``cache.attentions``).
 
@@ -337,6 +361,8 @@ def viewer_data(
         title: page title.
         prompt_length: a GPT's prompt length when ``tokens`` continue with generated ones (see
             :attr:`ViewerData.prompt_length`); default ``None``.
+        token_scores: the generated tokens' probabilities (see
+            :attr:`ViewerData.token_scores`); default ``None``.
 
     Returns:
         :class:`ViewerData`.
@@ -426,7 +452,10 @@ def viewer_data(
         (g for g in groups.values() if g.layers),
         key=lambda g: base_order.index(parents.get(g.name, g.name)),
     )
-    return ViewerData(title=title, sequences=seqs, groups=kept, prompt_length=prompt_length)
+    return ViewerData(
+        title=title, sequences=seqs, groups=kept, prompt_length=prompt_length,
+        token_scores=token_scores,
+    )  # fmt: skip
 
 
 def _projected_group(

@@ -23,6 +23,8 @@
   // a language model's prompt followed by generated tokens: positions >= PROMPT are generated
   const PROMPT = typeof DATA.prompt_length === "number" ? DATA.prompt_length : null;
   const GEN_COLOR = "#bc4c00", TEXT_COLOR = "#1f2328";
+  // each generated token's probability, entropy and alternatives (generate(return_scores=True))
+  const SCORES = PROMPT !== null && Array.isArray(DATA.token_scores) ? DATA.token_scores : null;
   // mode: for a layer with projected keys (Linformer), "weights" (T × k over the E·K rows) or
   // "effective" (A·F, T × T over the tokens the rows mix; signed)
   // the page opens where Python chose (viewer_start.most_informative_head), else on the first head
@@ -76,7 +78,21 @@
   function generated(name, i) { return PROMPT !== null && name === "tokens" && i >= PROMPT; }
   function boundary(name, n) { return PROMPT !== null && name === "tokens" && PROMPT > 0 && PROMPT < n ? PROMPT : -1; }
   function labelColor(name, i) { return generated(name, i) ? GEN_COLOR : TEXT_COLOR; }
-  function label(name, t, i, n) { return (generated(name, i) ? "▸" : "") + truncate(t, n); }
+  function scoreOf(name, i) { return SCORES && generated(name, i) ? SCORES[i - PROMPT] || null : null; }
+  function percent(p) { return p >= 0.995 ? "100%" : p < 0.01 ? "<1%" : Math.round(p * 100) + "%"; }
+  function label(name, t, i, n) {
+    const s = scoreOf(name, i);
+    return (generated(name, i) ? "▸" : "") + truncate(t, n) + (s ? " " + percent(s.probability) : "");
+  }
+  // a generated token's line on hover: its probability, the entropy and the alternatives
+  function scoreText(name, i) {
+    const s = scoreOf(name, i);
+    if (!s) return "";
+    const alts = s.alternatives.map((a) => JSON.stringify(a.token) + " " + a.probability.toFixed(4)).join(", ");
+    return "\ngenerated with p = " + s.probability.toFixed(4) + " · entropy " + s.entropy.toFixed(3) + " nats" +
+      (s.cumulative_logprob !== null && s.cumulative_logprob !== undefined ? " · beam log p " + s.cumulative_logprob.toFixed(3) : "") +
+      "\nalternatives: " + alts;
+  }
   // a layer with projected keys has no token-to-token lines: its columns are not tokens; a
   // method's scores are no weights to draw lines by
   function noLines(g) { return !!g.projected_from || !!methodOf(g.layers[state.layer]); }
@@ -408,7 +424,7 @@
       : c.signed ? " · colour sign·√(|value| / max |value| of the " + (c.nh === 1 ? "layer" : "head") + "): blue < 0 < red"
       : c.mix ? " · colour √(value / max of the " + (c.nh === 1 && c.L.heads > 1 ? "layer" : "head") + ")"
       : " · colour √(weight / max of the head)";
-    const gen = PROMPT !== null && c.g.query === "tokens" ? " · " + PROMPT + " prompt + " + (c.tq - PROMPT) + " generated tokens (▸, orange)" : "";
+    const gen = PROMPT !== null && c.g.query === "tokens" ? " · " + PROMPT + " prompt + " + (c.tq - PROMPT) + " generated tokens (▸, orange" + (SCORES ? "; % the probability each was generated with" : "") + ")" : "";
     const where = (c.mix ? c.mix.label + " · " : "") +
       (view === "grid" ? c.g.name + ": " + c.g.layers.length + " layers × " + (c.nh === 1 && c.L.heads > 1 ? "one matrix" : "heads") + " (click a tile to open it)" : c.L.name);
     document.getElementById("info").textContent = where + " · " + shape + gen + (STEPS ? " · " + stepText() : "") + colour;
@@ -451,7 +467,7 @@
       if (f !== state.focus) { state.focus = f; draw(); }
       if (t) {
         const heads = state.head < 0 ? [...Array(t.c.L.heads).keys()] : [state.head];
-        const lines = [t.c.q[t.i] + " (query " + t.i + ")"];
+        const lines = [t.c.q[t.i] + " (query " + t.i + ")" + scoreText(t.c.qname, t.i)];
         for (const h of heads) {
           const best = [...Array(t.c.tk).keys()].sort((a, b) => weight(t.c, h, t.i, b) - weight(t.c, h, t.i, a)).slice(0, 3);
           lines.push("head " + h + ": " + best.map((j) => t.c.k[j] + "=" + weight(t.c, h, t.i, j).toFixed(4)).join("  "));
@@ -477,7 +493,7 @@
     } else {
       text = who + " → key " + t.j + " " + JSON.stringify(t.c.k[t.j]) + "\nweight = " + v.toFixed(6) + (masked ? "  (masked)" : "");
     }
-    showTip(ev, text, { v, ...t });
+    showTip(ev, text + scoreText(t.c.qname, t.i), { v, ...t });
   });
   canvas.addEventListener("click", (ev) => {
     if (!geom || geom.view !== "grid") return;
@@ -528,6 +544,8 @@
     get legend() { return legend; },
     // where the page opened, as Python chose it, and why
     start: START,
+    // the generated tokens' probabilities, entropies and alternatives, as Python sent them
+    tokenScores: SCORES,
     // what the canvas shows now: "matrix" or "lines", and "weights" or "effective"
     get drawn() { const c = current(); return { view: geom ? geom.view : null, mode: c.mode, rows: c.tq, cols: c.tk, columns: c.k }; },
     // the method switch: the method drawn ("weights" where the layer has none of the chosen
