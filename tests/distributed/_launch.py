@@ -12,6 +12,14 @@ traceback; a group that runs past ``timeout`` is killed and fails the caller, so
 hangs. ``fn`` must be a module-level function of an importable module (the processes import it
 by name) and return something picklable.
 
+:func:`command_line` is such a function: it runs a command line's ``main(argv)`` (``attnlab``'s, or
+a test script's that registers a task first) on each rank as ``torchrun`` starts a worker
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set; the group already joined, which
+:func:`attnlab.training.processes.init_distributed` takes), and returns its exit code and output.
+A test of what several processes compute uses it instead of a real ``torchrun``, whose agent and
+workers each import torch anew (seconds each); what only the launcher does (its agent, a
+rendezvous of nodes, a lost worker) keeps a real one (:mod:`tests.distributed._torchrun`).
+
 Launches take turns across pytest-xdist workers (a lock file in the temporary folder), so that at
 most one group's processes (the caller keeps ``world_size <= 4``) run at a time on a small machine.
 """
@@ -19,12 +27,14 @@ most one group's processes (the caller keeps ``world_size <= 4``) run at a time 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import multiprocessing as mp
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -32,11 +42,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["free_port", "launch"]
+from attnlab.cli import COMMANDS
+
+__all__ = ["Finished", "command_line", "free_port", "launch"]
 
 MAX_PROCESSES = 4
-# what the fork server imports once, before it forks any rank (what every rank needs first)
+# what the fork server imports once, before it forks any rank (what every rank needs first; the
+# command line's modules, which a rank of :func:`command_line` imports all of to build its parser:
+# seconds of CPU a rank, once here)
 _PRELOAD = ["torch", "torch.distributed", "attnlab", "attnlab.distributed", "pytest"]
+_PRELOAD += ["attnlab.cli", *(f"attnlab.cli.{name}" for name in COMMANDS)]
 _LOCK = Path(tempfile.gettempdir()) / "attnlab-tests-distributed.lock"
 
 
@@ -85,8 +100,52 @@ def _entry(
     tmp = Path(out) / f"{rank}.tmp"
     tmp.write_bytes(pickle.dumps(result))
     tmp.rename(Path(out) / f"{rank}.pkl")
-    if result[0] == "ok":
+    if result[0] == "ok" and dist.is_initialized():  # (a command line leaves it itself)
         dist.destroy_process_group()
+
+
+@dataclasses.dataclass
+class Finished:
+    """How a command ended: its exit code and what it wrote (a command line on a launched rank,
+    or a ``torchrun`` agent: :mod:`tests.distributed._torchrun`)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def command_line(
+    rank: int, world_size: int, main: Callable[[list[str]], int], argv: list[str]
+) -> Finished:
+    """Run ``main(argv)`` as rank ``rank`` of ``world_size`` workers that ``torchrun`` started.
+
+    For :func:`launch`: the environment of a torchrun worker on one node (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), whose process group is the launched
+    one; file descriptors 1 and 2 (whatever writes to them: ``print``, rich, logging) go to
+    files, returned as the rank's output with its exit code (``SystemExit``'s too).
+    """
+    for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world_size)):
+        os.environ[name] = str(value)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / "stdout", Path(tmp) / "stderr"]
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            for fd, path in zip((1, 2), paths):
+                with open(path, "wb") as f:
+                    os.dup2(f.fileno(), fd)
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+        out, err = (p.read_text(errors="replace") for p in paths)
+    return Finished(int(code), out, err)
 
 
 def launch(

@@ -20,23 +20,13 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.distributed._launch import _one_launch_at_a_time, free_port
+from tests.distributed._launch import Finished, _one_launch_at_a_time, free_port
 
 __all__ = ["Finished", "torchrun", "torchrun_nodes"]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Finished:
-    """One agent's exit code and output."""
-
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 def _env() -> dict[str, str]:

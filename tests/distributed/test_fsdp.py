@@ -1,4 +1,7 @@
-"""FSDP2 training (``--parallel fsdp``, issue 13) with real processes: torchrun on the CPU (gloo).
+"""FSDP2 training (``--parallel fsdp``, issue 13) with real processes on the CPU (gloo), started as
+``torchrun`` starts its workers (:func:`tests.distributed._launch.command_line`: forked from the
+tests' fork server instead of each importing torch anew; ``test_families_torchrun.py`` trains
+FSDP under a real ``torchrun``).
 
 - 2 processes give the losses, evaluation and report of 1 process on the same global batch;
 - a checkpoint saved by 2 processes resumes in 1 and one saved by 1 resumes in 2: the parameters
@@ -36,10 +39,9 @@ from attnlab.training.checkpoint import (
 from attnlab.training.manifest import file_entry
 from attnlab.training.processes import DistInfo
 from tests.distributed import _fsdp_task
-from tests.distributed._torchrun import torchrun
+from tests.distributed._launch import command_line, launch
 from tests.training._tiny_task import TASK as DDP_TASK
 
-TASK_SCRIPT = str(Path(_fsdp_task.__file__))
 ARGS = ["train", "fsdp_tiny", "--parallel", "fsdp", "--grad-accum", "2", "--seed", "4"]
 ARGS += ["--eval-every", "2", "--clip", "0.3"]  # every step clipped: by the global norm
 
@@ -78,8 +80,11 @@ def test_two_processes_match_one_and_resume_on_any_number_of_processes(
 
     # two processes, 2 steps: same losses, evaluation and report; each rank wrote its shards
     two = tmp_path / "two"
-    proc = torchrun([TASK_SCRIPT, *ARGS, "--steps", "2", "--out", str(two)], nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs = launch(
+        command_line, 2, _fsdp_task.main, [*ARGS, "--steps", "2", "--out", str(two)], timeout=240.0
+    )
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(two) == pytest.approx(ref[:2], rel=1e-5)
     norms = [x["grad_norm"] for x in _lines(one, "train")]
     assert min(norms) > 0.3  # clipped at every step
@@ -98,7 +103,8 @@ def test_two_processes_match_one_and_resume_on_any_number_of_processes(
         torch.testing.assert_close(whole_two[k], whole_one[k], rtol=1e-5, atol=1e-6)
     # rank 0's report ran on the gathered weights
     total = sum(float(v.double().sum()) for v in whole_one.values())
-    assert _report(proc.stdout) == pytest.approx(total, rel=1e-5, abs=1e-5)
+    assert _report(procs[0].stdout) == pytest.approx(total, rel=1e-5, abs=1e-5)
+    assert "report:" not in procs[1].stdout  # rank 0 alone
 
     # 2 → 1: resumed here, in one process, exactly as saved; then the same losses as `one`
     result = _fsdp_task.resume_check(two, 4)
@@ -115,8 +121,9 @@ def test_two_processes_match_one_and_resume_on_any_number_of_processes(
     shutil.rmtree(back / "checkpoints" / "step-00000004")
     (back / "checkpoints" / "latest").write_text("step-00000002\n")
     check = tmp_path / "check.json"
-    proc = torchrun([TASK_SCRIPT, "resume-check", str(back), "4", str(check)], nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = ["resume-check", str(back), "4", str(check)]
+    for proc in launch(command_line, 2, _fsdp_task.main, argv, timeout=240.0):
+        assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(check.read_text())
     assert result["model_equal"] and result["optim_equal"] and result["step"] == 2
     assert _losses(back) == pytest.approx(ref, rel=1e-5)

@@ -1,9 +1,13 @@
-"""``attnlab train lm --context-parallel C --tensor-parallel N`` under torchrun (issue 13).
+"""``attnlab train lm --context-parallel C --tensor-parallel N`` in several processes (issue 13).
 
 A GPT trained with its sequences spread over 2 processes (ring attention) has the loss curve,
 gradient norms and evaluation of one process on the same global batch; a checkpoint of the one
 process resumes on 4 processes as a 2 × 2 (context × tensor) mesh and continues the same curve,
 and the checkpoint those 4 write holds the whole weights of the one-process run.
+
+The processes run the command line as ``torchrun``'s workers do (:func:`tests.distributed._launch.
+command_line`: forked from the tests' fork server instead of each importing torch anew; what
+``torchrun`` itself does is tested where it matters: ``test_multinode.py``, ``test_peer_lost.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from safetensors.torch import load_file
 
 from attnlab.cli import main
 from attnlab.training.checkpoint import resolve_checkpoint
-from tests.distributed._torchrun import torchrun
+from tests.distributed._launch import command_line, launch
 
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 
@@ -59,15 +63,17 @@ def test_context_and_tensor_parallel_training_follows_one_process(
 
     # the sequences over 2 processes (zigzag): the same curve, norms and evaluations
     two = tmp_path / "two"
-    proc = torchrun(["-m", "attnlab", *lm, "--steps", "4", "--context-parallel", "2",
-                     "--out", str(two)], nproc=2)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs = launch(command_line, 2, main, [*lm, "--steps", "4", "--context-parallel", "2",
+                   "--out", str(two)], timeout=240.0)  # fmt: skip
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     assert _train(two, "loss") == pytest.approx(ref, rel=1e-5)
     assert _train(two, "grad_norm") == pytest.approx(_train(one, "grad_norm"), rel=1e-5)
     assert _train(two, "tokens") == _train(one, "tokens")  # every token counted once
     for got, want in zip(_lines(two, "eval"), _lines(one, "eval"), strict=True):
         assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
-    assert proc.stdout.count("checkpoint:") == 1 and "sample:" in proc.stdout  # rank 0 alone
+    assert procs[0].stdout.count("checkpoint:") == 1 and "sample:" in procs[0].stdout
+    assert "checkpoint:" not in procs[1].stdout and "sample:" not in procs[1].stdout  # rank 0 alone
     for name, w in _weights(one).items():
         torch.testing.assert_close(_weights(two)[name], w, rtol=1e-4, atol=1e-5)
 
@@ -76,10 +82,11 @@ def test_context_and_tensor_parallel_training_follows_one_process(
     shutil.copytree(one, four)
     shutil.rmtree(four / "checkpoints" / "step-00000004")
     (four / "checkpoints" / "latest").write_text("step-00000002\n")
-    proc = torchrun(["-m", "attnlab", *lm, "--steps", "4", "--resume", "--context-parallel", "2",
-                     "--tensor-parallel", "2", "--context-layout", "contiguous",
-                     "--out", str(four)], nproc=4)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs = launch(command_line, 4, main, [*lm, "--steps", "4", "--resume", "--context-parallel",
+                   "2", "--tensor-parallel", "2", "--context-layout", "contiguous",
+                   "--out", str(four)], timeout=240.0)  # fmt: skip
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     assert _train(four, "loss") == pytest.approx(ref, rel=1e-5)
     assert _train(four, "grad_norm") == pytest.approx(_train(one, "grad_norm"), rel=1e-5)
     # written by rank 0 from the gathered shards: the single-process layout (QKV rows as one

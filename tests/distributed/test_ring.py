@@ -1,11 +1,12 @@
 """Ring attention (issue 13): exact against single-process attention, for 1, 2 and 4 processes.
 
 The schedule and the layouts are checked in this process (pure functions); the ring itself in
-real process groups (gloo on the CPU, :mod:`tests.distributed._launch`): one launch per world size
+real process groups (gloo on the CPU, :mod:`tests.distributed._launch`): one launch of 2 ranks
 runs the whole grid — dtype (fp64 to ~1e-12, fp32 by the flash-attention rule, one bf16 case),
 causal or not, both layouts, MHA/GQA/MQA, odd chunk lengths (5 and 17 tokens per rank, or per
-zigzag half), ``D_v ≠ D`` (the written-out fallback) — and the bad inputs that must raise on every
-rank instead of hanging, and reports back what failed.
+zigzag half), ``D_v ≠ D`` (the written-out fallback) —, one of 4 ranks the part of it that 4 ranks
+add to (:data:`GRID_OF_FOUR`), and both the bad inputs that must raise on every rank instead of
+hanging, and report back what failed.
 """
 
 from __future__ import annotations
@@ -298,6 +299,18 @@ def _grid() -> list[Case]:
 
 
 GRID = _grid()
+# On 4 ranks, what 4 ranks add to 2: the schedule with 3 visiting ranks (a zigzag rank's two chunks
+# far apart, hidden blocks, more partial results merged): every dtype, causal or not, layout and
+# odd length, with GQA on the fused kernel, and the written-out fallback (MQA, D_v ≠ D) where its
+# merges are loosest (fp32, causal). Which heads a key/value head serves (MHA, GQA, MQA) is decided
+# inside each piece's kernel call, alike on 2 ranks and on 4: MHA and the rest of MQA run on 2.
+GRID_OF_FOUR = [
+    c
+    for c in GRID
+    if (c.h, c.h_kv) == (4, 2)
+    or c.dtype == "bf16"
+    or (c.d_v != 8 and c.dtype == "fp32" and c.is_causal)
+]
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -442,7 +455,7 @@ def ring_worker(
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_in_a_process_group(world: int) -> None:
-    results = launch(ring_worker, world, GRID, timeout=150.0)
+    results = launch(ring_worker, world, GRID if world == 2 else GRID_OF_FOUR, timeout=150.0)
     problems = [p for _, rank_problems, _ in results for p in rank_problems]
     assert not problems, f"{len(problems)} mismatches:\n" + "\n".join(problems[:40])
 
@@ -484,3 +497,9 @@ def test_the_grid_covers_the_issue() -> None:
     assert any(c.h_kv < c.h for c in GRID) and any(c.d_v != 8 for c in GRID)
     halves = {c.t_local // 2 if c.layout == "zigzag" else c.t_local for c in GRID}
     assert {5, 17} <= halves and all(n % 2 for n in halves)
+    # on 4 ranks: every dtype, causal or not, layout and length, on the kernel and the fallback
+    four = {(c.dtype, c.is_causal, c.layout, c.t_local) for c in GRID_OF_FOUR if c.d_v == 8}
+    assert four == {(c.dtype, c.is_causal, c.layout, c.t_local) for c in GRID if c.d_v == 8}
+    fallback = {(c.layout, c.t_local) for c in GRID_OF_FOUR if c.d_v != 8}
+    assert fallback == {(c.layout, c.t_local) for c in GRID if c.d_v != 8}
+    assert len(GRID_OF_FOUR) < len(GRID) // 2

@@ -1,4 +1,9 @@
-"""torchrun with 2 processes on the CPU (gloo) gives the result of 1 process on the same global batch."""
+"""2 processes on the CPU (gloo) give the result of 1 process on the same global batch.
+
+The 2 processes run ``attnlab train`` as ``torchrun``'s workers do (:func:`tests.distributed._launch.
+command_line`: forked from the tests' fork server rather than each importing torch anew; a real
+``torchrun`` launch of the same task is ``tests/distributed/test_multinode.py``'s).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +26,9 @@ from attnlab.training.processes import (
     init_distributed,
     shard_batch,
 )
-from tests.distributed._torchrun import torchrun
+from tests.distributed._launch import command_line, launch
+from tests.training import _tiny_task
 from tests.training._tiny_task import TASK, tiny_trainer
-
-HERE = Path(__file__).resolve().parent
 
 
 def _losses(run: Path) -> list[float]:
@@ -50,8 +54,9 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
         "--seed",
         "4",
     ]
-    proc = torchrun([str(HERE / "_tiny_task.py"), *args, "--out", str(tmp_path / "two")], nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = [*args, "--out", str(tmp_path / "two")]
+    for proc in launch(command_line, 2, _tiny_task.main, argv, timeout=240.0):
+        assert proc.returncode == 0, proc.stderr[-3000:]
 
     register_task(TASK)
     torch.set_num_threads(1)
