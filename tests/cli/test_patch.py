@@ -83,3 +83,48 @@ def test_errors_are_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_attribution_and_path_methods(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["patch", str(run), *ARGS, "--json", "--method", "attribution"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "attribution" and out["patching"]["kind"] == "heads"
+    est = out["attribution_patching"]
+    assert len(est["q"]) == 2 and len(est["resid"]) == 3
+    # the estimate of head (l, h) is the sum over positions of its z attribution
+    total = sum(est["z"][1][2])
+    assert out["patching"]["patched"][1][2] == pytest.approx(est["corrupted"] + total, abs=1e-9)
+    fig = tmp_path / "senders.png"
+    argv = ["patch", str(run), *ARGS, "--method", "path", "--receivers", "1.0,1.3"]
+    assert main([*argv, "--via", "k", "--json", "-o", str(fig)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == {"receivers": [[1, 0], [1, 3]], "via": "k"}
+    assert len(out["patching"]["patched"]) == 1 and fig.stat().st_size > 0
+    assert main([*argv, "--sender", "0.2"]) == 0
+    assert "path 0.2 → 1.0,1.3 via v" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "path"], "--method path needs --receivers"),
+        (["--receivers", "1.0"], "--receivers is for --method path"),
+        (["--method", "path", "--receivers", "1"], "'1' is not a head: LAYER.HEAD"),
+        (["--method", "path", "--receivers", "1.9"], "head 9 is not one of layer 1's 4 heads"),
+        (["--method", "path", "--receivers", "1.0", "--by", "positions"], "no --by positions"),
+        (["--method", "path", "--receivers", "0.1"], "receivers are all in layer 0"),
+        (["--method", "attribution", "--position", "7"], "--position 7 is outside the 4 tokens"),
+    ],
+)
+def test_method_errors_are_one_line(
+    run: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["patch", str(run), *ARGS, *extra])
+    except SystemExit as e:  # argparse's own (one line too)
+        code = e.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

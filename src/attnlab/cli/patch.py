@@ -11,6 +11,12 @@ run and prints the sites that restore the most of the clean difference, normalis
 logit attribution on the clean prompt. ``--json`` prints everything as one JSON object;
 ``-o FIGURE`` writes the heatmap and ``--dla-figure FIGURE`` the attribution's bar chart.
 
+``--method`` chooses how: ``exact`` (the default) runs the corrupted prompt once per site;
+``attribution`` estimates every site from one forward of each prompt and one backward
+(:func:`~attnlab.inspect.attribution_patching.attribution_patch`; the JSON adds every head's
+q/k/v estimates); ``path`` patches every earlier head's output through the ``--receivers``'
+queries, keys or values only (``--via``), or one ``--sender`` (Wang et al. 2022).
+
 Both prompts must tokenize to the same number of tokens, and each answer to one token; when not,
 the error says how they tokenize.
 """
@@ -31,7 +37,15 @@ from attnlab.cli._outputs import checked_figure
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.options import add_cache_argument, positive_int
 from attnlab.inspect.attribution import direct_logit_attribution
-from attnlab.inspect.patching import logit_difference, patch_heads, patch_residual
+from attnlab.inspect.attribution_patching import attribution_patch
+from attnlab.inspect.patching import (
+    PatchResult,
+    _number,
+    logit_difference,
+    patch_heads,
+    patch_residual,
+)
+from attnlab.inspect.path_patching import PathPatch, path_patch, path_patch_heads
 from attnlab.tasks.base import token_labels
 from attnlab.tasks.run import Run, load_run
 from attnlab.viz.patching import attribution_figure, patching_figure
@@ -68,6 +82,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="--by heads: patch the heads at this position only (default every position)",
     )
+    p.add_argument(
+        "--method",
+        choices=("exact", "attribution", "path"),
+        default="exact",
+        help="exact: one patched run per site (default); attribution: every site from one "
+        "forward of each prompt and one backward (gradient × activation difference); path: "
+        "each earlier head through the --receivers' query, key or value only",
+    )
+    p.add_argument(
+        "--receivers",
+        type=_heads,
+        default=None,
+        metavar="L.H[,L.H…]",
+        help="--method path: the receiver heads, e.g. 9.6,9.9",
+    )
+    p.add_argument(
+        "--via",
+        choices=("q", "k", "v"),
+        default="v",
+        help="--method path: the receivers' input the senders reach (default v)",
+    )
+    p.add_argument(
+        "--sender",
+        type=_heads,
+        default=None,
+        metavar="L.H",
+        help="--method path: one sender head (default every head before the last receiver)",
+    )
     p.add_argument("--top", type=positive_int, default=10, help="rows of each table (default 10)")
     p.add_argument("-o", "--output", default=None, metavar="FIGURE", help="the heatmap (.png/.svg)")
     p.add_argument("--dla-figure", default=None, metavar="FIGURE", help="the DLA bar chart")
@@ -75,6 +117,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     add_cache_argument(p)
     p.set_defaults(func=run)
+
+
+def _heads(text: str) -> list[tuple[int, int]]:
+    """``"9.6,9.9"`` → ``[(9, 6), (9, 9)]``."""
+    out = []
+    for part in text.split(","):
+        layer, dot, head = part.strip().partition(".")
+        try:
+            out.append((int(layer), int(head)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a head: LAYER.HEAD, e.g. 9.6 (several: 9.6,9.9)"
+            ) from None
+        if not dot:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a head: LAYER.HEAD, e.g. 9.6")
+    return out
+
+
+def _check_method(args: argparse.Namespace) -> None:
+    path = args.method == "path"
+    for flag, value in (("--receivers", args.receivers), ("--sender", args.sender)):
+        if value is not None and not path:
+            raise CLIError(f"{flag} is for --method path")
+    if args.via != "v" and not path:
+        raise CLIError("--via is for --method path")
+    if not path:
+        return
+    if args.receivers is None:
+        raise CLIError("--method path needs --receivers L.H[,L.H…] (the heads the senders feed)")
+    if args.by != "heads" or args.position is not None:
+        raise CLIError("--method path patches head outputs: no --by positions, no --position")
+    if args.sender is not None and len(args.sender) != 1:
+        raise CLIError(f"--sender is one head, got {len(args.sender)}")
+    if args.sender is not None and args.output is not None:
+        raise CLIError("-o/--output draws every sender: leave out --sender")
 
 
 def _tokens(loaded: Run, text: str, flag: str) -> list[int]:
@@ -110,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.position is not None and args.by != "heads":
         raise CLIError("--position is for --by heads (--by positions patches every position)")
+    _check_method(args)
     loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
     if loaded.is_seq2seq:
         raise CLIError("patch is for language models; this run is an encoder-decoder")
@@ -139,17 +217,34 @@ def run(args: argparse.Namespace) -> int:
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return logit_difference(logits, answer, wrong)
 
-    if args.by == "heads":
+    extra: dict[str, Any] = {"method": args.method}
+    result: PatchResult | None = None
+    single: PathPatch | None = None
+    if args.method == "attribution":
+        estimate = attribution_patch(model, clean_ids, corrupted_ids, metric)
+        by_heads = args.by == "heads"
+        result = estimate.heads(args.position) if by_heads else estimate.residual()
+        extra["attribution_patching"] = estimate.to_dict()
+    elif args.method == "path" and args.sender is not None:
+        single = path_patch(
+            model, clean_ids, corrupted_ids, args.sender[0], args.receivers, metric, via=args.via
+        )
+        extra["path"] = single.to_dict()
+    elif args.method == "path":
+        result = path_patch_heads(
+            model, clean_ids, corrupted_ids, args.receivers, metric, via=args.via
+        )
+        extra["path"] = {"receivers": [list(r) for r in args.receivers], "via": args.via}
+    elif args.by == "heads":
         result = patch_heads(model, clean_ids, corrupted_ids, metric, position=args.position)
     else:
         result = patch_residual(model, clean_ids, corrupted_ids, metric)
     dla = direct_logit_attribution(model, clean_ids, answer, against=wrong)
     tokenizer = getattr(loaded.io, "tokenizer", None)
     clean_labels = token_labels(tokenizer, clean)
-    if figure is not None:
-        patching_figure(result, tokens=clean_labels if args.by == "positions" else None).save(
-            figure
-        )
+    if figure is not None and result is not None:
+        tokens = clean_labels if args.by == "positions" else None
+        patching_figure(result, tokens=tokens, title=_title(args, result)).save(figure)
     if dla_figure is not None:
         title = (
             f"Direct logit attribution, top {args.top} heads\n"
@@ -162,8 +257,9 @@ def run(args: argparse.Namespace) -> int:
             "corrupted_tokens": token_labels(tokenizer, corrupted),
             "answer": {"text": args.answer, "id": answer},
             "wrong": {"text": args.wrong, "id": wrong},
-            "patching": result.to_dict(),
-            "top": result.top(args.top),
+            **extra,
+            "patching": None if result is None else result.to_dict(),
+            "top": None if result is None else result.top(args.top),
             "attribution": dla.to_dict(),
             "top_dla": dla.top(args.top),
         }
@@ -176,21 +272,25 @@ def run(args: argparse.Namespace) -> int:
         markup=False,
         highlight=False,
     )
+    base = result if result is not None else single
+    if base is None:  # unreachable: every method makes one or the other
+        raise RuntimeError("no patching result")
     console.print(
-        f"logit[{args.answer!r}] − logit[{args.wrong!r}]: clean {result.clean:.4f}, "
-        f"corrupted {result.corrupted:.4f}",
+        f"logit[{args.answer!r}] − logit[{args.wrong!r}]: clean {base.clean:.4f}, "
+        f"corrupted {base.corrupted:.4f}",
         markup=False,
         highlight=False,
     )
-    column = "head" if args.by == "heads" else "position"
-    table = Table(box=box.SIMPLE, title=f"patching, top {args.top} by |normalised score|")
-    for name in ("layer", column, "patched", "normalised"):
-        table.add_column(name, justify="right")
-    for site in result.top(args.top):
-        c = site[column]
-        label = f"{c} {clean_labels[c]!r}" if column == "position" else str(c)
-        table.add_row(site["layer"], label, _f(site["patched"]), _f(site["normalized"]))
-    console.print(table)
+    if single is not None:
+        console.print(
+            f"path {single.sender[0]}.{single.sender[1]} → "
+            f"{','.join(f'{a}.{b}' for a, b in single.receivers)} via {single.via}: "
+            f"{single.patched:.4f}, normalised {_f(_number(single.normalized))}",
+            markup=False,
+            highlight=False,
+        )
+    if result is not None:
+        _print_top(console, result, args, clean_labels)
     dla_table = Table(box=box.SIMPLE, title=f"direct logit attribution (clean), top {args.top}")
     for name in ("layer", "head", "DLA"):
         dla_table.add_column(name, justify="right")
@@ -204,6 +304,34 @@ def run(args: argparse.Namespace) -> int:
         highlight=False,
     )
     return 0
+
+
+def _title(args: argparse.Namespace, result: PatchResult) -> str | None:
+    """The figure's title: the default for exact patching, else what was estimated or kept."""
+    scores = f"m_clean = {result.clean:.3g}, m_corrupted = {result.corrupted:.3g}"
+    if args.method == "attribution":
+        what = "head outputs" if result.kind == "heads" else "residual stream"
+        return f"Attribution patching of {what} (∇m · Δa, one backward)\n{scores}"
+    if args.method == "path":
+        receivers = ",".join(f"{a}.{b}" for a, b in args.receivers)
+        return f"Path patching: each head → {receivers} via {args.via} only\n{scores}"
+    return None
+
+
+def _print_top(
+    console: TextConsole, result: PatchResult, args: argparse.Namespace, labels: list[str]
+) -> None:
+    column = "head" if result.kind == "heads" else "position"
+    what = {"exact": "patching", "attribution": "attribution patching (estimate)"}
+    name = what.get(args.method, f"path patching via {args.via}: senders")
+    table = Table(box=box.SIMPLE, title=f"{name}, top {args.top} by |normalised score|")
+    for name in ("layer", column, "patched", "normalised"):
+        table.add_column(name, justify="right")
+    for site in result.top(args.top):
+        c = site[column]
+        label = f"{c} {labels[c]!r}" if column == "position" else str(c)
+        table.add_row(site["layer"], label, _f(site["patched"]), _f(site["normalized"]))
+    console.print(table)
 
 
 def _f(v: float | None) -> str:

@@ -16,7 +16,10 @@
   (Olsson et al. 2022), as a :class:`HeadRoles`.
 - :func:`patch_heads` / :func:`patch_residual` / :func:`run_with_patches`: activation patching,
   a clean run's head outputs or residual stream put into a corrupted run, scored by a metric
-  such as :func:`logit_difference`; :func:`direct_logit_attribution`: each head's direct part
+  such as :func:`logit_difference`; :func:`attribution_patch`: every head's and position's
+  patching effect estimated from one forward of each prompt and one backward;
+  :func:`path_patch` / :func:`path_patch_heads`: a head's effect through other heads' queries,
+  keys or values only; :func:`direct_logit_attribution`: each head's direct part
   in a logit.
 - :func:`qk_spectrum`: every head as a low-rank bilinear relation — the singular values, numerical
   rank and effective rank of its QK circuit ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit
@@ -46,6 +49,7 @@ from attnlab.inspect.ablation import (
     pruning_order,
 )
 from attnlab.inspect.attribution import LogitAttribution, direct_logit_attribution
+from attnlab.inspect.attribution_patching import Attribution, attribution_patch
 from attnlab.inspect.capture import (
     ActivationCache,
     attention_modules,
@@ -94,6 +98,7 @@ from attnlab.inspect.patching import (
     patch_residual,
     run_with_patches,
 )
+from attnlab.inspect.path_patching import PathPatch, path_patch, path_patch_heads
 from attnlab.inspect.plausibility import (
     Plausibility,
     plausibility,
@@ -115,6 +120,7 @@ __all__ = [
     "MIXING_METHODS",
     "ActivationCache",
     "AttentionStats",
+    "Attribution",
     "CircuitSpectrum",
     "Faithfulness",
     "FaithfulnessSummary",
@@ -131,12 +137,14 @@ __all__ = [
     "NonFiniteOrigin",
     "NonFiniteWatch",
     "PatchResult",
+    "PathPatch",
     "Plausibility",
     "PromptSetFaithfulness",
     "PruningCurve",
     "attention_entropy",
     "attention_modules",
     "attention_stats",
+    "attribution_patch",
     "capture",
     "capture_attention",
     "copying_scores",
@@ -160,6 +168,8 @@ __all__ = [
     "patch_heads",
     "patch_residual",
     "patching_importance",
+    "path_patch",
+    "path_patch_heads",
     "peak_memory",
     "peak_memory_supported",
     "plausibility",
