@@ -1,7 +1,8 @@
 """What a one-device process imports: not ``torch.distributed.tensor`` or its checkpointing.
 
 Importing them costs about a second of CPU in every notebook kernel, test worker and CLI call that
-trains, inspects or draws on one device; they are imported when a run shards (FSDP, tensor or
+trains, inspects or draws on one device (and in every CLI call, ``--help`` included, whose parser
+imported them); they are imported when a run shards (FSDP, tensor or
 context parallelism) or converts a sharded checkpoint.
 """
 
@@ -30,6 +31,13 @@ def _imported_after(statement: str) -> set[str]:
 
 def test_one_device_imports_leave_distributed_tensors_out() -> None:
     mods = _imported_after("import attnlab.viz, attnlab.tasks, attnlab.inspect, attnlab.training")
+    assert not {m for m in mods if m.startswith(_HEAVY)}
+
+
+def test_every_command_line_parses_without_distributed_tensors() -> None:
+    """``attnlab --help`` or any one-device command builds the whole parser: ``attnlab checkpoint
+    convert`` imports its sharded-checkpoint reader when it runs, not when the parser is built."""
+    mods = _imported_after("from attnlab.cli import build_parser; build_parser()")
     assert not {m for m in mods if m.startswith(_HEAVY)}
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from attnlab.cli._help import plain
 from attnlab.cli._terminal import TextConsole
 from attnlab.cli.errors import CLIError
-from attnlab.distributed.checkpoint import consolidate
 
 __all__ = ["register", "run_convert"]
 
@@ -47,6 +46,10 @@ def run_convert(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CLIError(f"--out must be a new or empty folder, got {out}, which holds files")
+    # imported here: torch.distributed.checkpoint (and DTensor) cost every command's start-up
+    # about a second of CPU when the parser was built
+    from attnlab.distributed.checkpoint import consolidate
+
     path = consolidate(args.path, out)
     TextConsole().print(f"checkpoint: {path}")
     return 0
