@@ -29,8 +29,7 @@ against the actual next token, both in bits per token (Belrose et al.'s Figure 3
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +39,7 @@ from torch import nn
 from attnlab._budget import check_fits
 from attnlab._checks import check_positive_int, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
+from attnlab.inspect.patching import _evaluating
 from attnlab.nn.hooks import hook_points
 
 __all__ = [
@@ -151,16 +151,6 @@ def lens_stack(
     names = (f"{prefix}.0.hook_resid_pre", *(f"{prefix}.{i}.hook_resid_post" for i in range(n)))
     labels = ("embed", *(str(i) for i in range(n)))
     return LensStack(names, labels, norm, model.lm_head, run)
-
-
-@contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
-    was = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was)
 
 
 def record_stream(stack: LensStack, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
