@@ -41,6 +41,11 @@ token each output token came from (held-out strings, ``--examples``).
 ``W_Q^hᵀ W_K^h / √d_head`` and OV circuit ``W_V^hᵀ W_O^hᵀ`` per layer and head, and the
 numerical ranks (never above ``d_head``); ``--json`` gives every singular value. Only the
 weights are read: no text, no forward pass (``--layer`` keeps the layers whose path contains it).
+
+``--lens logit|tuned:PATH`` instead shows what each layer would predict at each position: the
+residual stream after each layer through the model's final norm and unembedding (the logit lens)
+or through a tuned lens first (:mod:`attnlab.cli._lens`); ``--train-tuned-lens OUT --data TEXT``
+trains one (Belrose et al. 2023) and prints per-layer KL and bits per token, logit vs tuned.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from rich.table import Table
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._lens import add_lens_arguments, run_lens, wants_lens
 from attnlab.cli._mixing import (
     add_mixing_arguments,
     run_mixing,
@@ -93,7 +99,8 @@ EXIT_STATUS = (
     "exit status: 0 nothing broken (sink, one-token and uniform heads are reported, not "
     "failures); 1 broken — a NaN/inf weight or module output, a row that does not sum to 1 "
     "within --atol, or a collapsed model (every head uniform or a sink: the weights depend on "
-    "no token); 2 a usage error. --roles, --qk-spectrum and --ablate exit 0 when they ran."
+    "no token); 2 a usage error. --roles, --qk-spectrum, --ablate, --lens and "
+    "--train-tuned-lens exit 0 when they ran."
 )
 
 
@@ -101,7 +108,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
         help="health of every attention head of a model on a text; --roles: what each head "
-        "does, --qk-spectrum: heads as low-rank relations, --ablate: head importance, pruning",
+        "does, --qk-spectrum: heads as low-rank relations, --ablate: head importance, pruning, "
+        "--lens: what each layer predicts",
         description="Run TEXT through a run's latest checkpoint (or a checkpoint / GPT-2 folder) "
         "and print entropy, max weight, row sums, masked rows and NaN/inf per layer and head, "
         "and each head's status: ok, SINK (every row ≥ 0.99 on the first token: an attention "
@@ -143,6 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_roles_arguments(p)
     add_mixing_arguments(p)
+    add_lens_arguments(p)
     p.add_argument(
         "--qk-spectrum",
         action="store_true",
@@ -220,6 +229,14 @@ def _table(report: HealthReport) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    if wants_lens(args):
+        other = [f for f, on in (("--roles", args.roles), ("--ablate", args.ablate),
+                 ("--qk-spectrum", args.qk_spectrum), ("--mixing", args.mixing),
+                 ("--faithfulness", args.faithfulness), ("--plausibility", args.plausibility)) if on]  # fmt: skip
+        if other:
+            raise CLIError(
+                f"--lens/--train-tuned-lens is a view of its own; it takes no {other[0]}"
+            )
     if args.ablate:
         checked_figure(args.figure, "--figure")  # before any work
     if args.roles and (args.ablate or args.text is not None or args.ids is not None):
@@ -237,6 +254,9 @@ def run(args: argparse.Namespace) -> int:
         return _roles(loaded, args)
     if args.ablate:
         return _ablate(loaded, args)
+    if wants_lens(args):
+        given = args.text is not None or args.ids is not None
+        return run_lens(loaded, model_inputs(loaded, args) if given else None, args)
     if args.plausibility:
         return run_plausibility(loaded, args)
     if args.prompt_set is not None or args.prompts is not None:

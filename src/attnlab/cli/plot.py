@@ -45,6 +45,7 @@ from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._help import KindHelp
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._lens import add_lens_argument
 from attnlab.cli._outputs import checked_figure
 from attnlab.cli._roles import add_roles_arguments, measure_roles, read_roles
 from attnlab.cli.options import add_cache_argument, seed
@@ -59,7 +60,7 @@ __all__ = ["register", "run"]
 
 KINDS = (
     "noam", "positional", "masks", "steps", "heatmap", "heads", "layers", "training", "roles",
-    "spectrum", "mixing",
+    "spectrum", "mixing", "lens",
 )  # fmt: skip
 _MODEL_KINDS = ("heatmap", "heads", "layers")
 
@@ -103,6 +104,11 @@ _KIND_TEXT = {
     "grad_weights, integrated_gradients; default alti): the matrix through every layer (or the "
     "last layer's) and each layer's; an encoder-decoder's encoder (ALTI+ of the decoder: "
     "attnlab inspect --mixing alti --json).",
+    "lens": "What each layer of --model would predict at each position of --text: layers × "
+    "positions, each cell the most probable next token and its probability, read through the "
+    "model's final norm and unembedding (--lens logit, the default) or a tuned lens first "
+    "(--lens tuned:PATH, from attnlab inspect MODEL --train-tuned-lens PATH); the top row is "
+    "the model's output. An encoder-decoder: its decoder's positions.",
 }
 _KIND_OPTIONS = {
     "noam": ("--d-model", "--warmup", "--steps"),
@@ -137,6 +143,7 @@ _KIND_OPTIONS = {
     ),
     "spectrum": ("--model", "--no-cache", "--layer", "--device"),
     "mixing": ("--model", "--no-cache", *_INPUTS, "--method", "--device"),
+    "lens": ("--model", "--no-cache", *_INPUTS, "--lens", "--device"),
 }
 
 
@@ -161,7 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         help="RUN_OR_CHECKPOINT (or a pretrained model) for steps / heatmap / heads / "
-        "layers / roles / spectrum",
+        "layers / roles / spectrum / mixing / lens",
     )
     p.add_argument(
         "--kind",
@@ -192,6 +199,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="alti",
         help="mixing: the context-mixing method (default alti)",
     )
+    add_lens_argument(p)
     p.add_argument(
         "--from",
         dest="from_file",
@@ -483,6 +491,23 @@ def _mixing(args: argparse.Namespace) -> Plot:
     )  # fmt: skip
 
 
+def _lens(args: argparse.Namespace) -> Plot:
+    from attnlab.cli._lens import lens_of, token_decoder
+    from attnlab.tasks.run import load_run
+    from attnlab.viz.lens import lens_figure
+
+    if args.model is None or (args.text is None and args.ids is None):
+        raise CLIError("plot lens needs --model MODEL and --text TEXT (or --ids)")
+    loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
+    loaded.model.eval()
+    spec = args.lens or "logit"
+    lens, labels = lens_of(loaded, model_inputs(loaded, args), spec)
+    return lens_figure(
+        lens, labels, token_decoder(loaded),
+        title=f"{_literal(args.model)}: {spec} lens — each layer's most probable next token",
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from attnlab import viz as F
 
@@ -499,6 +524,8 @@ def run(args: argparse.Namespace) -> int:
             f"masks and weights it has), got plot {args.kind}"
             + (" --model" if args.model and args.kind == "steps" else "")
         )
+    if args.lens is not None and args.kind != "lens":
+        raise CLIError(f"--lens is for plot lens, got plot {args.kind}")
     if args.from_file is not None and args.kind != "roles":
         raise CLIError(f"--from FILE is for plot roles, got plot {args.kind}")
     written = [out]
@@ -529,6 +556,8 @@ def run(args: argparse.Namespace) -> int:
         plot = _spectrum(args)
     elif args.kind == "mixing":
         plot = _mixing(args)
+    elif args.kind == "lens":
+        plot = _lens(args)
     elif args.kind == "steps" and args.model is None:
         plot = _steps_by_hand(args)
     else:

@@ -35,6 +35,11 @@
   same over a set of prompts, mean ± std; :func:`plausibility` /
   :func:`plausibility_of_batches`: an encoder-decoder's alignments against the known sources of
   copy/reverse/sort.
+- :func:`logit_lens` / :func:`train_tuned_lens` / :func:`lens_comparison`: what each layer would
+  predict, read through the model's own final norm and unembedding (the last layer is the
+  model's logits, bit for bit), or through a trained affine translator per layer (the tuned lens,
+  Belrose et al. 2023, a :class:`TunedLens`); per-layer KL to the final distribution and bits
+  per token.
 - :func:`masked_heads` / :func:`head_importance` / :func:`pruning_order` / :func:`pruning_curve`:
   switch heads off, score them by ablation and by the gradient of their mask, and prune them
   (Michel et al. 2019).
@@ -76,6 +81,7 @@ from attnlab.inspect.faithfulness import (
     patching_importance,
 )
 from attnlab.inspect.flops import FlopReport, flops, kv_cache_bytes
+from attnlab.inspect.lens import LensComparison, LensResult, lens_comparison, logit_lens
 from attnlab.inspect.memory import (
     peak_memory,
     peak_memory_supported,
@@ -115,6 +121,7 @@ from attnlab.inspect.roles import (
     role_scores,
 )
 from attnlab.inspect.stats import AttentionStats, attention_stats
+from attnlab.inspect.tuned_lens import TunedLens, load_tuned_lens, train_tuned_lens
 
 __all__ = [
     "MIXING_METHODS",
@@ -130,6 +137,8 @@ __all__ = [
     "HeadRoles",
     "HeadWeights",
     "HealthReport",
+    "LensComparison",
+    "LensResult",
     "LogitAttribution",
     "Metric",
     "Mixing",
@@ -141,6 +150,7 @@ __all__ = [
     "Plausibility",
     "PromptSetFaithfulness",
     "PruningCurve",
+    "TunedLens",
     "attention_entropy",
     "attention_modules",
     "attention_stats",
@@ -161,7 +171,10 @@ __all__ = [
     "head_weights",
     "kv_cache_bytes",
     "leave_one_out",
+    "lens_comparison",
+    "load_tuned_lens",
     "logit_difference",
+    "logit_lens",
     "masked_heads",
     "mixing",
     "ordinary_token_range",
@@ -184,5 +197,6 @@ __all__ = [
     "run_with_cache",
     "run_with_patches",
     "stabilize_allocator",
+    "train_tuned_lens",
     "watch_nonfinite",
 ]
