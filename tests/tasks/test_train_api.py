@@ -114,9 +114,9 @@ def test_a_task_without_an_options_class_cannot_be_trained_by_name(tmp_path) -> 
 
 
 def test_a_ddp_run_does_not_import_attnlab_distributed(tmp_path, monkeypatch) -> None:
-    """``strategy_of`` imported attnlab.distributed.fsdp and .mesh (torch.distributed.checkpoint,
-    DTensor: about 1.5 s of CPU) for every run, though DDP and one process need neither (the
-    FSDP and mesh strategies are run by tests/distributed)."""
+    """``strategy_of`` imported attnlab.distributed.fsdp and .mesh (and torch.distributed.checkpoint
+    with them) for every run, though DDP and one process need neither (the FSDP and mesh
+    strategies are run by tests/distributed)."""
     from attnlab.tasks.driver import strategy_of
     from attnlab.training.processes import DDPStrategy
 

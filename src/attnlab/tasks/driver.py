@@ -94,8 +94,8 @@ def strategy_of(options: TrainOptions) -> ParallelStrategy:
         ValueError: ``parallel="fsdp"`` with context or tensor parallelism.
     """
     # attnlab.distributed is imported only in the branch that uses it: it pulls in
-    # torch.distributed.checkpoint and DTensor (about 1.5 s of CPU), which DDP — and every run
-    # on one device — never needs
+    # torch.distributed.checkpoint, which DDP — and every run on one device — never needs
+    # (DTensor comes anyway: the optimizer imports torch._dynamo, which imports it)
     cp, tp = options.context_parallel, options.tensor_parallel
     if cp == 1 and tp == 1:
         if options.parallel != "fsdp":
