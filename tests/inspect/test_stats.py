@@ -54,6 +54,28 @@ def test_matches_exact_values_at_1024() -> None:
         _close(stats, _reference(q, k, is_causal=causal), 1e-4)
 
 
+def test_causal_rows_score_little_more_than_the_keys_they_see(monkeypatch) -> None:
+    """Query chunks of up to TILE_ELEMENTS / block_size rows scored every key up to their last
+    row's: at 1024 causal tokens all 1024² pairs, twice the 525k visible ones (a third of
+    notebook 11's time). Chunks of block_size / 4 rows stop near the diagonal."""
+    t, d = 1024, 8
+    q, k = torch.randn(1, 1, t, d), torch.randn(1, 1, t, d)
+    scored = []
+    matmul = torch.matmul
+
+    def counting(a, b):
+        out = matmul(a, b)
+        if a.shape[-1] == d and b.shape[-2] == d:  # scores Q Kᵀ (not the e · [K, 1] product)
+            scored.append(out.shape[-2] * out.shape[-1])
+        return out
+
+    monkeypatch.setattr(torch, "matmul", counting)
+    stats = attention_stats(q, k, is_causal=True)
+    monkeypatch.undo()
+    assert sum(scored) <= 0.6 * t * t  # the visible pairs: t (t + 1) / 2 ≈ 0.5 t²
+    _close(stats, _reference(q, k, is_causal=True), 1e-5)
+
+
 @pytest.mark.parametrize(
     ("t_q", "t_k", "h", "h_kv", "causal"),
     [(1, 17, 4, 4, True), (17, 113, 4, 2, True), (113, 17, 4, 1, True), (127, 127, 2, 2, False)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -110,3 +111,16 @@ def test_a_task_without_an_options_class_cannot_be_trained_by_name(tmp_path) -> 
 
     with pytest.raises(ValueError, match="task 'bare' declares no options class"):
         tasks.train_options.options_class(Bare())
+
+
+def test_a_ddp_run_does_not_import_attnlab_distributed(tmp_path, monkeypatch) -> None:
+    """``strategy_of`` imported attnlab.distributed.fsdp and .mesh (and torch.distributed.checkpoint
+    with them) for every run, though DDP and one process need neither (the FSDP and mesh
+    strategies are run by tests/distributed)."""
+    from attnlab.tasks.driver import strategy_of
+    from attnlab.training.processes import DDPStrategy
+
+    for name in ("attnlab.distributed.fsdp", "attnlab.distributed.mesh"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it raises ImportError
+    options = tasks.AlgorithmicOptions(task="copy", out=tmp_path / "a", steps=1, **TINY)
+    assert type(strategy_of(options)) is DDPStrategy

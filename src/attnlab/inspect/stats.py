@@ -104,7 +104,8 @@ def attention_stats(
     and block layout, grouped-query heads) and reducing each row — but ``P`` is never formed: keys are visited in
     blocks of ``block_size`` and queries in chunks that keep one score tile near
     :data:`TILE_ELEMENTS` values. Key blocks hidden by the causal rule or the window are
-    skipped. Not
+    skipped; under the causal rule a chunk holds at most ``block_size / 4`` queries, so that
+    the keys past its last query (hidden from all its rows) are not scored. Not
     differentiable (runs under ``torch.no_grad``).
 
     Memory beyond the inputs: a scaled copy of the queries, the keys with a ones column, the
@@ -236,7 +237,10 @@ def _blockwise(
     allowed = _grouped(masking.allowed, query.shape, t_k, h_kv, groups)
     bias = _grouped(masking.bias, query.shape, t_k, h_kv, groups)
 
+    lo, hi = masking.bounds(t_q, t_k)  # row i sees keys i + lo <= j <= i + hi
     rows_per_tile = TILE_ELEMENTS // max(1, query[..., 0, 0].numel() * min(block_size, t_k))
+    if hi is not None:  # a chunk's keys end at its last row's: narrow chunks skip more of them
+        rows_per_tile = min(rows_per_tile, max(1, block_size // 4))
     q_chunk = max(1, min(t_q, rows_per_tile))
     q = q.to(acc) * scale  # the scale folded into the queries            (..., H_kv, G, T_q, D)
     # [K, 1]: one matmul gives Σ e^{s−m'} k_j and Σ e^{s−m'}       (..., H_kv, 1, T_k, D + 1)
@@ -247,7 +251,6 @@ def _blockwise(
     u = torch.zeros((*shape, d + 1), dtype=acc, device=query.device)  # [Σ e k_j, l]
     s0 = torch.full(shape, float("-inf"), dtype=acc, device=query.device)  # s_0 − (its shift)
     eb = torch.zeros(shape, dtype=acc, device=query.device) if bias is not None else None
-    lo, hi = masking.bounds(t_q, t_k)  # row i sees keys i + lo <= j <= i + hi
     for i0 in range(0, t_q, q_chunk):
         i1 = min(t_q, i0 + q_chunk)
         q_c = q[..., i0:i1, :]

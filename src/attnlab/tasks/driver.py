@@ -93,19 +93,23 @@ def strategy_of(options: TrainOptions) -> ParallelStrategy:
     Raises:
         ValueError: ``parallel="fsdp"`` with context or tensor parallelism.
     """
-    # imported here: attnlab.distributed pulls in torch.distributed.checkpoint and DTensor (about a
-    # second of CPU), which a run on one device never needs
-    from attnlab.distributed.fsdp import FSDPStrategy
-    from attnlab.distributed.mesh import MeshStrategy
-
+    # attnlab.distributed is imported only in the branch that uses it: it pulls in
+    # torch.distributed.checkpoint, which DDP — and every run on one device — never needs
+    # (DTensor comes anyway: the optimizer imports torch._dynamo, which imports it)
     cp, tp = options.context_parallel, options.tensor_parallel
     if cp == 1 and tp == 1:
-        return FSDPStrategy() if options.parallel == "fsdp" else DDPStrategy()
+        if options.parallel != "fsdp":
+            return DDPStrategy()
+        from attnlab.distributed.fsdp import FSDPStrategy
+
+        return FSDPStrategy()
     if options.parallel == "fsdp":
         raise ArgumentError(
             "--parallel fsdp does not combine with --context-parallel or --tensor-parallel: "
             "their data-parallel dimension replicates the model (use --parallel ddp)"
         )
+    from attnlab.distributed.mesh import MeshStrategy
+
     return MeshStrategy(context_parallel=cp, tensor_parallel=tp, layout=options.context_layout)
 
 
