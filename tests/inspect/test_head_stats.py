@@ -97,7 +97,9 @@ def test_stopping_after_the_last_attention_layer_skips_the_logits() -> None:
 
 
 def _peak(t: int) -> int:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    # one OpenMP thread, as the test workers run (tests/conftest.py): a second one would spin on
+    # the other core, doubling the CPU seconds, for no memory that the test is about
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "head_stats.py"), "--child", str(t),
          "--layers", "2"],

@@ -147,6 +147,9 @@ _MEMORY_SCRIPT = textwrap.dedent(
         return None
 
     t = int(sys.argv[1])
+    # one thread, as the test workers run (tests/conftest.py): a second OpenMP thread adds no
+    # memory worth measuring here, but spins on the other core (twice the CPU seconds)
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     q, k = torch.randn(1, 12, t, 64), torch.randn(1, 12, t, 64)
     attention_stats(q[..., :64, :], k[..., :64, :])  # warm up torch's lazily loaded kernels

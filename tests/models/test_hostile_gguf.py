@@ -276,3 +276,43 @@ def test_rope_scaling_types(tmp_path: Path) -> None:
     )
     rope = load_pretrained(path).model.config.rope_scaling
     assert rope is not None and (rope.rope_type, rope.factor) == ("linear", 2.0)
+
+
+def test_the_config_reads_the_header_as_the_reader_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_gguf_config`` parses the header itself (``gguf.GGUFReader`` takes seconds on
+    SmolLM2's 49k-token vocabulary): every value type, as the reader's ``contents()`` gives it."""
+    import attnlab.models.gguf as gguf_module
+    from attnlab.models.gguf_header import read_header
+
+    scalars = {f"x.t{int(t)}": (v, t) for v, t in [
+        (200, V.UINT8), (-7, V.INT8), (60000, V.UINT16), (-3, V.INT16), (4_000_000_000, V.UINT32),
+        (-5, V.INT32), (0.1, V.FLOAT32), (True, V.BOOL), ("é ✓", V.STRING), (2**40, V.UINT64),
+        (-(2**40), V.INT64), (0.1, V.FLOAT64),
+    ]}  # fmt: skip
+    arrays = {
+        "x.floats": ([0.5, -1.25], V.ARRAY, V.FLOAT32),
+        "x.bools": ([True, False], V.ARRAY, V.BOOL),
+        "x.strings": (["a", "", "ü"], V.ARRAY, V.STRING),
+        "x.ints": ([3, -4], V.ARRAY, V.INT64),
+    }
+    path = tiny(tmp_path, **{k.replace(".", "__"): v for k, v in {**scalars, **arrays}.items()})
+    reader = gguf.GGUFReader(str(path))
+    theirs = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    header = read_header(path)
+    assert header is not None
+    ours, names = header
+    assert ours == theirs and names == [t.name for t in reader.tensors]
+    for key, value in theirs.items():
+        assert type(ours[key]) is type(value), key
+        if isinstance(value, list):
+            assert [type(v) for v in ours[key]] == [type(v) for v in value], key
+    expected = read_gguf(path).hf_config
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("read_gguf_config built a gguf.GGUFReader")
+
+    monkeypatch.setattr(gguf_module, "_READERS", type(gguf_module._READERS)())
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    assert read_gguf_config(path) == expected

@@ -46,7 +46,7 @@ from attnlab._budget import check_fits
 from attnlab.data.gguf_metadata import GGUFMetadata
 from attnlab.data.pretrained_tokenizer import PretrainedTokenizer, tokenizer_from_gguf
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
-from attnlab.models.gguf_header import check_header
+from attnlab.models.gguf_header import check_header, read_header
 from attnlab.models.gguf_quants import dequantize, ggml_type_name, tensor_nbytes
 
 __all__ = [
@@ -503,7 +503,16 @@ def read_gguf_config(path: str | Path) -> dict[str, Any]:
         ArgumentError: not a GGUF file, or an unsupported architecture.
     """
     path = Path(path)
-    reader = _open(path)
+    check_gguf_path(path)
+    with path.open("rb") as handle:
+        is_gguf = handle.read(4) == b"GGUF"
+    if is_gguf:
+        check_header(path)  # before anything trusts the header's counts
+        # the header parsed directly (milliseconds; the reader takes seconds on a vocabulary)
+        header = read_header(path)
+        if header is not None:
+            return _hf_config(GGUFMetadata(header[0], where=str(path)), set(header[1]), path)
+    reader = _open(path)  # anything unusual: the reader's own reading and errors
     return _hf_config(_metadata(reader, path), {t.name for t in reader.tensors}, path)
 
 

@@ -1,4 +1,5 @@
-"""A bounds check of a GGUF file's header, before ``gguf.GGUFReader`` parses it.
+"""A bounds check of a GGUF file's header, before ``gguf.GGUFReader`` parses it; and
+:func:`read_header`, its metadata and tensor names read directly (the config needs no more).
 
 The reader trusts the counts the header declares: an array of ``2**40`` items past the end of
 a 40-byte file makes it loop, reading nothing, for hours. :func:`check_header` walks the same
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from attnlab.errors import ArgumentError
 
-__all__ = ["MAX_DIMS", "check_header"]
+__all__ = ["MAX_DIMS", "check_header", "read_header"]
 
 #: the most dimensions a GGUF tensor may have (``GGML_MAX_DIMS``)
 MAX_DIMS = 4
@@ -146,3 +147,85 @@ def check_header(path: Path) -> None:
                 )
             walk.fail("a tensor's entry", 1, 8 * dims + 4 + 8)  # dimensions, type, offset
             walk.offset += 8 * dims + 4 + 8
+
+
+# GGUFValueType → struct format of a scalar of that type (little-endian)
+_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}  # fmt: skip
+
+
+class _Values:
+    """A little-endian cursor that reads values as ``gguf.GGUFReader``'s ``contents()`` gives
+    them (``int``, ``float``, ``bool``, ``str``, lists of them); any oddity raises."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data, self.offset = data, 0
+
+    def number(self, fmt: str) -> object:
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.offset)
+        self.offset += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = int(self.number("Q"))  # type: ignore[call-overload]
+        end = self.offset + length
+        if end > len(self.data):
+            raise _Stop
+        text = self.data[self.offset : end].decode("utf-8")
+        self.offset = end
+        return text
+
+    def value(self, kind: int) -> object:
+        if kind in _FORMATS:
+            return self.number(_FORMATS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise _Stop
+        item, count = int(self.number("I")), int(self.number("Q"))  # type: ignore[call-overload]
+        if item in _FORMATS:
+            width = _SCALAR_BYTES[item]
+            if self.offset + count * width > len(self.data):
+                raise _Stop
+            values = struct.unpack_from(f"<{count}{_FORMATS[item]}", self.data, self.offset)
+            self.offset += count * width
+            return list(values)
+        return [self.value(item) for _ in range(count)]
+
+
+def read_header(path: Path) -> tuple[dict[str, object], list[str]] | None:
+    """A GGUF file's metadata and tensor names, parsed directly from its header: what
+    ``gguf.GGUFReader`` gives (``{key: field.contents()}``, its own ``GGUF.*`` fields left
+    out), in milliseconds where the reader takes seconds on a 49k-token vocabulary (it makes a
+    NumPy view of every string). ``None`` for anything but a well-formed little-endian GGUF
+    version 2 or 3 header (the reader then reads the file and reports what is wrong).
+
+    Args:
+        path: a regular file that starts with ``b"GGUF"`` and passed :func:`check_header`.
+
+    Returns:
+        ``(metadata, tensor names)``, or ``None``.
+    """
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        walk = _Values(data)
+        try:
+            walk.offset = 4
+            if walk.number("I") not in (2, 3):
+                return None
+            tensors, keys = int(walk.number("Q")), int(walk.number("Q"))  # type: ignore[call-overload]
+            values: dict[str, object] = {}
+            for _ in range(keys):
+                key = walk.string()
+                if key in values or key.startswith("GGUF."):
+                    return None
+                values[key] = walk.value(int(walk.number("I")))  # type: ignore[call-overload]
+            names = []
+            for _ in range(tensors):
+                names.append(walk.string())
+                dims = int(walk.number("I"))  # type: ignore[call-overload]
+                walk.offset += 8 * dims + 4 + 8  # dimensions, type, offset
+            if walk.offset > len(data):
+                return None
+        except (_Stop, struct.error, UnicodeDecodeError, ValueError, OverflowError):
+            return None
+    return values, names
