@@ -40,10 +40,11 @@ REPO = HERE.parent
 SOURCE = REPO / "src" / "attnlab"
 BUILD = REPO / "build" / "notebooks"
 SWITCH = re.compile(r"^FULL = False\b", re.MULTILINE)
-# what every notebook imports (and the kernel itself): the kernel server imports it once
+# what every notebook imports (and the kernel itself), and what constructing an optimizer imports
+# (torch._dynamo, 2 CPU-s): the kernel server imports them once
 PRELOAD = [
     "torch", "numpy", "matplotlib", "matplotlib.figure", "attnlab", "attnlab.inspect", "attnlab.viz",
-    "ipykernel.kernelapp", "ipykernel.ipkernel",
+    "torch._dynamo", "ipykernel.kernelapp", "ipykernel.ipkernel",
 ]  # fmt: skip
 
 
