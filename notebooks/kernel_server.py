@@ -9,7 +9,8 @@ The server forks; the child starts a session of its own (``setsid``: the kernel 
 its process group), takes ``env`` as its whole environment, ``cwd`` as its working folder and
 first ``sys.path`` entry (what ``python -m`` gives), and runs the module as ``__main__``. The server
 answers ``{"pid": N}`` once the child has its session, and ``{"exit": N, "code": C}`` when it ends
-(``C`` as ``Popen.returncode``: minus the signal that killed it). Each kernel is a fork of the
+(``C`` as ``Popen.returncode``: minus the signal that killed it; ``"cpu"``, the seconds of CPU
+it and its reaped children used). Each kernel is a fork of the
 server as it was after its imports, so no kernel sees what another one did; what a fork skips is
 importing torch, matplotlib and IPython anew (about 4 CPU-seconds a kernel). When its stdin
 closes (the runner exited), the server terminates the kernels still running and exits.
@@ -17,6 +18,7 @@ closes (the runner exited), the server terminates the kernels still running and 
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -80,12 +82,12 @@ def _serve() -> int | None:
         if wake_r in readable:
             os.read(wake_r, 4096)
             while children:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
                 if pid == 0:
                     break
                 children.discard(pid)
-                reply({"exit": pid, "code": -os.WTERMSIG(status) if os.WIFSIGNALED(status)
-                       else os.WEXITSTATUS(status)})  # fmt: skip
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                reply({"exit": pid, "code": code, "cpu": usage.ru_utime + usage.ru_stime})
         if 0 not in readable:
             continue
         data = os.read(0, 65536)
@@ -122,7 +124,20 @@ def main() -> int:
         except Exception:  # the notebook that imports it shows the error in its cell
             pass
     code = _serve()
-    return 0 if code is None else code
+    if code is None:
+        return 0
+    # a kernel that ended: what exiting would run, without tearing down every module (a forked
+    # kernel's objects would be copied from the server page by page only to be freed)
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,7 @@ class _KernelServer:
         self.lock = threading.Lock()  # one request and its answer at a time
         self.changed = threading.Condition()
         self.exits: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}  # CPU-seconds of each kernel that ended
         self.started: list[int] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -209,6 +210,7 @@ class _KernelServer:
             with self.changed:
                 if "exit" in message:
                     self.exits[message["exit"]] = message["code"]
+                    self.cpu[message["exit"]] = message["cpu"]
                 else:
                     self.started.append(message["pid"])
                 self.changed.notify_all()
