@@ -15,17 +15,24 @@ An executed notebook records a key, the SHA-256 of its source, the size it ran a
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
+import json
 import os
 import re
+import signal
+import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jupytext
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
@@ -33,6 +40,12 @@ REPO = HERE.parent
 SOURCE = REPO / "src" / "attnlab"
 BUILD = REPO / "build" / "notebooks"
 SWITCH = re.compile(r"^FULL = False\b", re.MULTILINE)
+# what every notebook imports (and the kernel itself), and what constructing an optimizer imports
+# (torch._dynamo, 2 CPU-s): the kernel server imports them once
+PRELOAD = [
+    "torch", "numpy", "matplotlib", "matplotlib.figure", "attnlab", "attnlab.inspect", "attnlab.viz",
+    "torch._dynamo", "ipykernel.kernelapp", "ipykernel.ipkernel",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ def execute(
     threads: int | None = None,
     timeout: int = 600,
     library: str | None = None,
+    fork: bool = True,
 ) -> Executed:
     """Run one notebook in a fresh kernel (working folder: ``notebooks/``) and write it executed.
 
@@ -105,6 +119,8 @@ def execute(
         threads: ``OMP_NUM_THREADS`` for the kernel (the tests give each of their two workers one).
         timeout: seconds one cell may take.
         library: the digest of ``src/attnlab`` when the caller has it already.
+        fork: start the kernel as a fork of a kernel server that imported :data:`PRELOAD`
+            (:class:`ForkingKernelManager`) rather than as a new interpreter.
 
     Returns:
         The :class:`Executed` run. A failing cell raises ``nbclient``'s ``CellExecutionError``
@@ -125,6 +141,7 @@ def execute(
         nb,
         timeout=timeout,
         kernel_name="python3",
+        kernel_manager_class=ForkingKernelManager if fork else AsyncKernelManager,
         resources={"metadata": {"path": str(HERE)}},
     )
     start = time.perf_counter()
@@ -136,6 +153,123 @@ def execute(
     nbformat.write(nb, tmp)
     tmp.replace(out)
     return Executed(source.stem, nb, out, seconds, False)
+
+
+class _Forked:
+    """A kernel the server forked: the part of ``subprocess.Popen`` the kernel manager uses."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, server: _KernelServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.server.changed:
+            if not self.server.changed.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(f"kernel {self.pid}", timeout or 0)
+        return self.server.exits[self.pid]
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:  # its pid may be another process's once it has ended
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _KernelServer:
+    """``kernel_server.py`` running with one environment: it forks the kernels started with it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "kernel_server.py"), *PRELOAD],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=HERE,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lock = threading.Lock()  # one request and its answer at a time
+        self.changed = threading.Condition()
+        self.exits: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}  # CPU-seconds of each kernel that ended
+        self.started: list[int] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            with self.changed:
+                if "exit" in message:
+                    self.exits[message["exit"]] = message["code"]
+                    self.cpu[message["exit"]] = message["cpu"]
+                else:
+                    self.started.append(message["pid"])
+                self.changed.notify_all()
+        with self.changed:
+            self.started.append(-1)  # the server is gone
+            self.changed.notify_all()
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> _Forked:
+        assert self.process.stdin is not None
+        with self.lock:
+            request = {"argv": argv, "env": env, "cwd": cwd}
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.flush()
+            with self.changed:
+                self.changed.wait_for(lambda: bool(self.started))
+                pid = self.started.pop(0)
+        if pid < 0:
+            raise RuntimeError(f"the kernel server exited ({self.process.wait()})")
+        return _Forked(self, pid)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()  # it terminates its kernels and exits
+        self.process.wait(timeout=30)
+
+
+_SERVERS: dict[tuple[tuple[str, str], ...], _KernelServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server(env: dict[str, str]) -> _KernelServer:
+    """The server whose kernels get ``env``: one per environment, a module may read it on import
+    (ipykernel reads ``JPY_PARENT_PID``, the runner's pid, torch ``OMP_NUM_THREADS``)."""
+    key = tuple(sorted(env.items()))
+    with _SERVERS_LOCK:
+        if key not in _SERVERS or _SERVERS[key].process.poll() is not None:
+            if not _SERVERS:
+                atexit.register(lambda: [s.close() for s in _SERVERS.values()])
+            _SERVERS[key] = _KernelServer(dict(key))
+        return _SERVERS[key]
+
+
+class ForkingKernelManager(AsyncKernelManager):
+    """Starts a Python kernel (``python -m ipykernel_launcher``) as a fork of a kernel server that
+    has imported :data:`PRELOAD` already, rather than as a new interpreter; other kernels as usual."""
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        python, *argv = kernel_cmd
+        if argv[:2] != ["-m", "ipykernel_launcher"] or (
+            os.path.realpath(python) != os.path.realpath(sys.executable)
+        ):
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+        env = dict(kw.get("env") or os.environ, JPY_PARENT_PID=str(os.getpid()))
+        cwd = str(kw.get("cwd") or os.getcwd())
+        process = _server(env).spawn(argv, env, cwd)
+        provisioner: Any = self.provisioner  # a LocalProvisioner: what its launch_kernel sets
+        provisioner.process, provisioner.pid, provisioner.pgid = process, process.pid, process.pid
+        provisioner.cwd = cwd
+        self._reconcile_connection_info(provisioner.connection_info)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -259,6 +259,37 @@ def test_switch_is_required_and_turned_on_for_full(tmp_path):
     assert runner.cache_key(good, full=True) != runner.cache_key(good, full=False)
 
 
+def test_kernels_are_forks_of_one_server_and_share_nothing(tmp_path):
+    """Each kernel is a fork of the kernel server (torch imported before the first cell), yet a
+    fresh one: what a notebook changes (a module, the environment, the seeds) no other sees."""
+    probe = """# %%
+FULL = False
+
+# %%
+import os
+import sys
+
+preloaded = "torch" in sys.modules
+import torch
+
+print(preloaded, hasattr(torch, "marked"), os.environ.get("MARKED"), os.getcwd(),
+      torch.get_num_threads(), torch.initial_seed(), os.getsid(0) == os.getpid())
+torch.marked = os.environ["MARKED"] = "yes"
+"""
+    for name in ("01_first", "02_second"):
+        (tmp_path / f"{name}.py").write_text(probe, encoding="utf-8")
+    seen = []
+    for name in ("01_first", "02_second"):
+        run = runner.execute(
+            tmp_path / f"{name}.py", out_dir=tmp_path / "out", force=True, threads=1
+        )
+        seen.append(_printed(run.notebook).split())
+    for words in seen:
+        assert words[:5] == ["True", "False", "None", str(runner.HERE), "1"], words
+        assert words[6] == "True", words  # a session of its own: its process group is signalled
+    assert seen[0][5] != seen[1][5], seen  # torch's seed drawn afresh, as a new interpreter does
+
+
 def test_progress_bar_in_a_notebook_is_one_html_output_updated_in_place(tmp_path):
     source = tmp_path / "01_progress.py"
     source.write_text(
