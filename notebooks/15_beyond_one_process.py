@@ -425,12 +425,9 @@ Plot(fig, {"work": work["zigzag"]})
 # numbers are added (the all-reduces, the ring's merges): the losses should agree to within a
 # few units of float32 rounding, $\approx 2.4 \times 10^{-7}$ at a loss of 3.
 #
-# Both runs share one `torchrun` launch: its two processes call the command line's `main`
-# twice, `attnlab train lm … --tensor-parallel 2`, then `attnlab train lm … --context-parallel 2`
-# (each run joins the process group and leaves it at its end), because most of the time of runs
-# this small is starting Python and importing torch, in every process of every launch. Meanwhile
-# the one-process run trains here, through `attnlab.tasks.train` — the function the command line
-# calls — with the same options.
+# The two `torchrun` launches run at the same time (most of their time is starting Python and
+# importing torch in three processes each); meanwhile the one-process run trains here, through
+# `attnlab.tasks.train` — the function the command line calls — with the same options.
 
 # %%
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
@@ -453,20 +450,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-RUNS = {
-    "tensor-parallel": ["--tensor-parallel", "2"],
-    "context-parallel": ["--context-parallel", "2"],
-}
-ARGVS = [[*LM, *options, "--out", str(work_dir / label)] for label, options in RUNS.items()]
-launcher = work_dir / "train_twice.py"  # what each of the two processes runs: main, twice
-launcher.write_text(
-    f"import sys\nfrom attnlab.cli import main\nfor argv in {ARGVS!r}:\n"
-    "    if main(argv):\n        sys.exit(1)\n",
-    encoding="utf-8",
-)
-print(f"torchrun --nproc_per_node 2 {launcher.name}: in each process")
-for options in RUNS.values():
-    print(f"  attnlab train lm … {' '.join(options)}")
+def torchrun(name: str, *options: str) -> subprocess.Popen:
+    """Start ``torchrun --nproc_per_node 2 -m attnlab train lm ... OPTIONS --out TMP/NAME``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+           "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "attnlab", *LM, *options, "--out", str(work_dir / name)]  # fmt: skip
+    print(f"torchrun --nproc_per_node 2 -m attnlab train lm … {' '.join(options)}")
+    with open(work_dir / f"{name}.log", "w") as log:  # the process keeps its own handle
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def train_lines(name: str) -> list[dict]:
@@ -475,25 +466,25 @@ def train_lines(name: str) -> list[dict]:
 
 
 start = time.perf_counter()
-cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-       "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(launcher)]  # fmt: skip
-with open(work_dir / "torchrun.log", "w") as log:  # the process keeps its own handle
-    launched = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+launched = {
+    "tensor-parallel": ("tensor", torchrun("tensor", "--tensor-parallel", "2")),
+    "context-parallel": ("context", torchrun("context", "--context-parallel", "2")),
+}
 torch.set_num_threads(1)
 one = LMOptions(data=str(data), out=work_dir / "one", **OPTIONS)
 tasks.train(one, progress=False, report=None)
 print(f"one process: {time.perf_counter() - start:.1f} s")
 runs = {"one process": train_lines("one")}
-try:
-    code = launched.wait(timeout=300)
-finally:
-    if launched.poll() is None:
-        launched.kill()  # the agent; its workers end with it
-if code:
-    raise RuntimeError(f"torchrun failed:\n{(work_dir / 'torchrun.log').read_text()[-3000:]}")
-for label in RUNS:
-    runs[label] = train_lines(label)
-print(f"two processes, both runs: {time.perf_counter() - start:.1f} s")
+for label, (name, proc) in launched.items():
+    try:
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # the agent; its workers end with it
+    if code:
+        raise RuntimeError(f"{label} failed:\n{(work_dir / f'{name}.log').read_text()[-3000:]}")
+    runs[label] = train_lines(name)
+    print(f"{label}: {time.perf_counter() - start:.1f} s")
 shutil.rmtree(work_dir)  # the runs' folders: their metrics are read
 
 # %%
