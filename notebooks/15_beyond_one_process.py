@@ -39,6 +39,7 @@ RING = 4  # context-parallel ranks drawn (the run below uses 2)
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -457,7 +458,9 @@ def torchrun(name: str, *options: str) -> subprocess.Popen:
            "-m", "attnlab", *LM, *options, "--out", str(work_dir / name)]  # fmt: skip
     print(f"torchrun --nproc_per_node 2 -m attnlab train lm … {' '.join(options)}")
     with open(work_dir / f"{name}.log", "w") as log:  # the process keeps its own handle
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(  # its own session: a kill reaches the agent and its workers
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def train_lines(name: str) -> list[dict]:
@@ -480,7 +483,7 @@ for label, (name, proc) in launched.items():
         code = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()  # the agent; its workers end with it
+            os.killpg(proc.pid, signal.SIGKILL)  # the agent and its workers
     if code:
         raise RuntimeError(f"{label} failed:\n{(work_dir / f'{name}.log').read_text()[-3000:]}")
     runs[label] = train_lines(name)
