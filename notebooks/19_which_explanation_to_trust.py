@@ -314,5 +314,7 @@ print("random is never the best row")
 # weights, the norms and ALTI+ all point at the true source, and rollout through the encoder is
 # the one that does not (on reverse). Read a heat map only after asking which of these tables it
 # would pass: `attnlab inspect … --faithfulness --prompt-set …` and `attnlab inspect RUN
-# --plausibility` print them. This is the end of the path that began with attention as a matrix
-# product in [notebook 01](01_attention_from_matmul.ipynb).
+# --plausibility` print them.
+#
+# **Next:** [notebook 20](20_what_each_layer_predicts.ipynb): what each layer predicts — the logit
+# lens and a tuned lens on SmolLM2, layer by layer.

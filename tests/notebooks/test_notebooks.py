@@ -142,6 +142,8 @@ def test_notebook_executes(source: Path):
         _check_attention_flow(nb)
     if source.stem.startswith("18"):
         _check_sinks_say_little(nb)
+    if source.stem.startswith("20"):
+        _check_lenses(nb)
 
 
 def _check_attention_flow(nb: nbformat.NotebookNode) -> None:
@@ -180,6 +182,20 @@ def _check_low_rank_relations(nb: nbformat.NotebookNode) -> None:
     assert n_all > n_heavy >= 10 and -1 <= rho_heavy <= 1 and -1 <= rho_all <= 1, m.group(0)
     # the claim the notebook makes: among the keys that get weight, the order falls apart
     assert rho_heavy < rho_all - 0.2, m.group(0)
+
+
+def _check_lenses(nb: nbformat.NotebookNode) -> None:
+    """Notebook 20: through the logit lens " Paris" is SmolLM2's top token only at the output
+    (row 30 of 31, at both sizes), and the line comparing the lenses is printed."""
+    m = re.search(
+        r"' Paris' first top-1: logit lens row (\d+), tuned lens row (\w+) \(of (\d+)\); "
+        r"tuned KL at or below logit KL at (\d+) of (\d+) rows",
+        _printed(nb),
+    )
+    assert m, "notebook 20 must print \"' Paris' first top-1: logit lens row N, ...\""
+    first, rows, below, compared = int(m[1]), int(m[3]), int(m[4]), int(m[5])
+    assert rows == 31 and first == rows - 1 and compared == rows - 1, m.group(0)
+    assert 0 <= below <= compared, m.group(0)
 
 
 def _check_sinks_say_little(nb: nbformat.NotebookNode) -> None:
