@@ -289,8 +289,10 @@ viz.Plot(fig, {"path": np.array([scores[i] for i in order]),
 # *negative* name movers of Wang et al. do (10.7, 11.10 in GPT-2). With the ABC corruption, the
 # heads that feed their queries are few and a few layers below them: on the first prompt, over
 # all 207 senders (`path_patch_heads`, the full run's call), 20.0 (+0.109) and 19.2 (+0.082)
-# through the queries of 23.3 and 23.0, the next one a fifth of that (21.8, +0.020); the small
-# run above finds the same two among its three candidates, and they are the earlier heads with
+# through the queries of 23.3 and 23.0, the next one a fifth of that (21.8, +0.020), and the
+# same two lead on each of the first four prompts (20.0 +0.061 to +0.109, 19.2 +0.019 to
+# +0.082, every other sender under 0.021 in absolute value); the small run above finds the same
+# two among its three candidates, and they are the earlier heads with
 # the largest whole effect on the ABC pair (0.36 and 0.30; 17.4, third at 0.20, sends nothing
 # through the queries). They are S-inhibition-like in where they act — the answering heads'
 # queries — but less than a third of their effect goes that way; the rest reaches the logits by
@@ -299,8 +301,8 @@ viz.Plot(fig, {"path": np.array([scores[i] for i in order]),
 # below (19–20 under 23), in a model of 30 layers rather than 12. With the name-swap twin the
 # same question has no answer (every query path under 0.3 %): path patching finds only what the
 # corruption changes. Two prompts and three senders are a sketch; the full run (8 prompts, 207
-# senders a prompt, and `via="k"`, `via="v"` at the same cost) is the one to read; it is what
-# Wang et al.'s Figure 5 is built from.
+# senders a prompt, and `via="k"`, `via="v"` at the same cost) is the one to read; it is the
+# experiment by which Wang et al. found the S-inhibition heads.
 #
 # This is the end of the path that began with attention as a matrix product in
 # [notebook 01](01_attention_from_matmul.ipynb); [notebook 20](20_what_each_layer_predicts.ipynb)
