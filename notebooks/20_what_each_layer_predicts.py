@@ -260,5 +260,7 @@ print(f"' Paris' first top-1: logit lens row {first}, tuned lens row {first_tune
 # **What we found.** Read straight through the output head, SmolLM2's middle layers say little
 # about its answer — worse than its first block; one affine map per layer, trained in minutes on
 # a CPU, brings every layer closer to the output, as Belrose et al. found at larger scale, and
-# shows " Paris" among the top three from block 24. This is the end of the path that began with
-# attention as a matrix product in [notebook 01](01_attention_from_matmul.ipynb).
+# shows " Paris" among the top three from block 24.
+#
+# **Next:** [notebook 21](21_patching_at_scale.ipynb) — which heads carry the answer, and how far
+# one backward pass can stand in for patching every head.
