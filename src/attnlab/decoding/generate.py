@@ -270,10 +270,10 @@ def generate(
     sequences = torch.cat([prefix, new], dim=1)
     if not return_scores:
         return sequences
-    if beam_numbers is not None:
-        return Generation(sequences, **beam_numbers)
-    assert scores is not None
-    return Generation(sequences, **scores)
+    numbers = beam_numbers if beam_numbers is not None else scores
+    if numbers is None:  # every strategy records its numbers when return_scores is set
+        raise RuntimeError("generate: return_scores=True but no scores were recorded")
+    return Generation(sequences, **numbers)
 
 
 def _beam_scores(result: BeamResult, new: torch.Tensor, longest: int) -> dict[str, Any]:

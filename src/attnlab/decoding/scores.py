@@ -201,11 +201,10 @@ def merge_generations(parts: Sequence[Generation], sequences: torch.Tensor) -> G
     fields = ("token_probs", "top_ids", "top_probs", "entropy", "raw_entropy")
     merged = {f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in fields}
     beam = None
-    if all(p.beam_logprobs is not None for p in parts):
+    logprobs = [p.beam_logprobs for p in parts if p.beam_logprobs is not None]
+    if len(logprobs) == len(parts):
         chunks, offset = [], 0.0
-        for p in parts:
-            lp = p.beam_logprobs
-            assert lp is not None
+        for lp in logprobs:
             chunks.append(lp + offset)
             done = lp[~lp.isnan()]
             offset += float(done[-1]) if done.numel() else 0.0
