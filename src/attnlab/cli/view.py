@@ -36,6 +36,7 @@ from attnlab._budget import check_fits, format_bytes
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._lens import lens_of, lens_spec, token_decoder
 from attnlab.cli._mixing import _ids
 from attnlab.cli.options import add_cache_argument
 from attnlab.inspect import ActivationCache
@@ -44,6 +45,7 @@ from attnlab.tasks.figures import attention_size, capture_inputs, viewer_for
 from attnlab.tasks.run import Run, load_run
 from attnlab.viz.files import check_output_path
 from attnlab.viz.viewer import ViewerData, write_viewer
+from attnlab.viz.viewer_lens import MAX_LENS_POSITIONS, add_lens
 from attnlab.viz.viewer_mixing import METHODS, add_mixing, page_factor
 
 __all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES_PER_WEIGHT", "register", "run"]
@@ -97,6 +99,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "heads: 'all' makes the page about 2.6× the weights-only page); value_zeroing runs a "
         "forward per layer, grad_weights a backward per token. Default: weights only",
     )
+    p.add_argument(
+        "--lens",
+        type=lens_spec,
+        default=None,
+        metavar="logit|tuned:PATH",
+        help="add a lens panel: layers × positions, each cell the token that layer would predict "
+        "next and its probability (hover: the top 5; colour: the probability or the KL to the "
+        "output), from attnlab.inspect.logit_lens; tuned:PATH adds the tuned lens saved in the "
+        f"folder PATH (inspect --train-tuned-lens) beside the logit lens; at most "
+        f"{MAX_LENS_POSITIONS} tokens",
+    )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
     p.add_argument("--device", type=device, default="cpu")
     add_cache_argument(p)
@@ -112,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     methods = _methods(args.mixing)
     loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
+    if args.lens is not None:
+        _check_lens_size(inputs)
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
@@ -128,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     data = viewer_for(inputs, cache, title)
     if methods:
         data = _with_mixing(data, loaded, inputs, cache, methods)
+    if args.lens is not None:
+        data = _with_lens(data, loaded, inputs, args.lens)
     out = write_viewer(data, args.output)
     Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
@@ -173,6 +190,33 @@ def _with_mixing(
     ids, kwargs, layers = _ids(loaded, inputs)
     loaded.model.eval()
     return add_mixing(data, loaded.model, ids, methods, layers=layers, **kwargs)
+
+
+def _lens_positions(inputs: ModelInputs) -> int:
+    """The positions a lens reads: a language model's tokens, an encoder-decoder's decoder's."""
+    if inputs.kind == "seq2seq":
+        return len(inputs.decoder_input_ids)
+    return len(inputs.source_ids) + len(inputs.target_ids)
+
+
+def _check_lens_size(inputs: ModelInputs) -> None:
+    """Refuse ``--lens`` over more than :data:`MAX_LENS_POSITIONS` tokens, before any work."""
+    t = _lens_positions(inputs)
+    if t > MAX_LENS_POSITIONS:
+        raise CLIError(
+            f"--lens shows at most {MAX_LENS_POSITIONS} positions (each layer's logits over the "
+            f"vocabulary are computed, its top 5 kept), the text has {t} tokens: shorten it"
+        )
+
+
+def _with_lens(data: ViewerData, loaded: Run, inputs: ModelInputs, spec: str) -> ViewerData:
+    """The page with the lens panel: the logit lens, and the tuned lens of ``tuned:PATH``."""
+    decode = token_decoder(loaded)
+    loaded.model.eval()
+    for which in dict.fromkeys(["logit", spec]):
+        lens, labels = lens_of(loaded, inputs, which)
+        data = add_lens(data, lens, labels, decode)
+    return data
 
 
 def _check_page_size(
