@@ -126,7 +126,9 @@ def lens_view(
     _, batch, t = lens.logits.shape[:3]
     check_lens_positions(t)
     if len(positions) != t:
-        raise ArgumentError(f"positions must hold one label per position ({t}), got {len(positions)}")
+        raise ArgumentError(
+            f"positions must hold one label per position ({t}), got {len(positions)}"
+        )
     if not 0 <= batch_index < batch:
         raise ArgumentError(f"batch_index must be in [0, {batch}), got {batch_index}")
     probs, ids = lens.top(k)
