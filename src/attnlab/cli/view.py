@@ -16,6 +16,12 @@ adds as many numbers as the weights, a per-layer one (rollout, norm_residual, al
 value_zeroing, grad_weights) ``1/H`` of them; the size check counts them. An encoder-decoder's
 methods read its encoder (one stack over the same tokens).
 
+``--lens logit`` (or ``tuned:PATH``: the tuned lens saved there, beside the logit lens) adds the
+lens panel (:mod:`attnlab.viz.viewer_lens`): layers × positions, each cell the token that layer
+would predict next and its probability, from :func:`attnlab.inspect.logit_lens`; an
+encoder-decoder's decoder positions. A text over
+:data:`~attnlab.viz.viewer_lens.MAX_LENS_POSITIONS` tokens is refused before anything runs.
+
 The page's size is known before anything runs: every captured layer's ``H × T × T`` weights, as
 base64 float32 (:data:`PAGE_BYTES_PER_WEIGHT`). A page over :data:`MAX_PAGE_BYTES` (a browser
 cannot open a 1.2 GB page, and building it takes several times its size in memory) is refused
