@@ -113,6 +113,9 @@ def test_view_lens_cli_logit_tuned_and_refusals(
     assert main(["view", str(long), "--ids", "5 " * 129, "--lens", "logit", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert f"--lens shows at most {MAX_LENS_POSITIONS} positions" in err and "\n" not in err
+    # the recorded probe has no lens (it was ignored before)
+    assert main(["view", str(run), "--training", "--lens", "logit", "-o", str(out)]) == 2
+    assert "--lens" in capsys.readouterr().err
 
 
 def test_the_lens_panel_in_chromium(browser, tmp_path: Path) -> None:  # noqa: F811

@@ -261,8 +261,11 @@ def _training_view(args: argparse.Namespace) -> int:
     from attnlab.tasks.probe import load_probe_history
     from attnlab.viz.evolution_viewer import viewer_data_from_history
 
-    if args.text is not None or args.ids is not None or args.layer:
-        raise CLIError("--training shows the recorded probe; it takes no --text, --ids or --layer")
+    if args.text is not None or args.ids is not None or args.layer or args.lens or args.mixing:
+        raise CLIError(
+            "--training shows the recorded probe; it takes no --text, --ids, --layer, --lens or "
+            "--mixing"
+        )
     history = load_probe_history(args.path)
     title = f"attnlab · {Path(args.path).name} · attention during training"
     out = write_viewer(viewer_data_from_history(history, title=title), args.output)
