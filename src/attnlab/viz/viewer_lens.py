@@ -14,7 +14,8 @@ hovering a cell shows its top ``k``, a click keeps them under the table.
 KL values (for SmolLM2, 31 rows, a 128-token text and ``k = 5``: about 20,000 cells, under a
 megabyte); the token texts appear once each. ``k`` is at most :data:`MAX_TOP_K`, ``T`` at most
 :data:`MAX_LENS_POSITIONS` (the lens holds every layer's logits over the whole vocabulary
-while it runs: 31 × 128 × 49,152 float32 for SmolLM2 is 780 MB); more is refused in one line.
+while it runs: 31 × 128 × 49,152 float32 for SmolLM2 is 780 MB; the probabilities and KL are
+taken a layer at a time, in float64); more is refused in one line.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def lens_view(
     k: int = DEFAULT_TOP_K,
     batch_index: int = 0,
 ) -> LensView:
-    """The page's numbers of one lens: its top ``k`` and KL to the final layer, as they are.
+    """The page's numbers of one lens: its top ``k`` and KL to the final layer, as
+    :meth:`~attnlab.inspect.lens.LensResult.top` and
+    :meth:`~attnlab.inspect.lens.LensResult.kl_to_final` give them, one layer at a time.
 
     Args:
         lens: from :func:`attnlab.inspect.logit_lens` (``tuned=``: the tuned lens).
@@ -131,9 +134,20 @@ def lens_view(
         )
     if not 0 <= batch_index < batch:
         raise ArgumentError(f"batch_index must be in [0, {batch}), got {batch_index}")
-    probs, ids = lens.top(k)
-    top_ids = ids[:, batch_index].tolist()
-    kl = lens.kl_to_final()[:, batch_index].tolist()
+    top_ids: list[list[list[int]]] = []
+    top_probs: list[list[list[float]]] = []
+    kl: list[list[float]] = []
+    final = lens.final[batch_index : batch_index + 1]
+    for row, label in enumerate(lens.layers):
+        # one row and sequence at a time (LensResult's own top and KL): its float64 softmax
+        # over the vocabulary exists for one layer, not for all L + 1 at once
+        one = LensResult(
+            lens.lens, (label,), lens.logits[row : row + 1, batch_index : batch_index + 1], final
+        )
+        probs, ids = one.top(k)
+        top_ids.append(ids[0, 0].tolist())
+        top_probs.append(probs[0, 0].tolist())
+        kl.append(one.kl_to_final()[0, 0].tolist())
     tokens = {i: decode(i) for i in sorted({i for row in top_ids for cell in row for i in cell})}
     return LensView(
         lens=lens.lens,
@@ -142,7 +156,7 @@ def lens_view(
         layers=list(lens.layers),
         positions=[str(p) for p in positions],
         top_ids=top_ids,
-        top_probs=probs[:, batch_index].tolist(),
+        top_probs=top_probs,
         kl_bits=kl,
         tokens=tokens,
     )

@@ -109,7 +109,12 @@ function attnlabLensPanel(DATA, LUT, tip) {
       const td = ev.target.closest("td");
       if (!td) { tip.hidden = true; return; }
       tip.textContent = describe(L, Number(td.dataset.row), Number(td.dataset.pos));
-      tip.hidden = false; tip.style.left = ev.clientX + 14 + "px"; tip.style.top = ev.clientY + 14 + "px";
+      tip.hidden = false;
+      // beside the cursor, kept inside the window (the top k can be wider than what is left)
+      const w = tip.offsetWidth, h = tip.offsetHeight;
+      const x = ev.clientX + 14 + w > window.innerWidth ? Math.max(0, ev.clientX - 14 - w) : ev.clientX + 14;
+      const y = ev.clientY + 14 + h > window.innerHeight ? Math.max(0, ev.clientY - 14 - h) : ev.clientY + 14;
+      tip.style.left = x + "px"; tip.style.top = y + "px";
     });
     table.addEventListener("mouseleave", () => { tip.hidden = true; });
     table.addEventListener("click", (ev) => {
