@@ -60,7 +60,7 @@ def model_fingerprint(model: nn.Module) -> str:
     them exactly.
 
     Args:
-        model: an :class:`attnlab.GPT`.
+        model: an :class:`attnlab.GPT` or an :class:`attnlab.Transformer`.
 
     Returns:
         16 hex digits.
@@ -203,7 +203,7 @@ def load_tuned_lens(path: str | os.PathLike[str], model: nn.Module) -> TunedLens
 
     Args:
         path: the folder.
-        model: the model it will read (an :class:`attnlab.GPT`).
+        model: the model it will read (an :class:`attnlab.GPT`, or a Transformer: its decoder).
 
     Returns:
         :class:`TunedLens`, on the model's device.
