@@ -20,6 +20,11 @@ per layer (the same whichever head is chosen, and the page says so; rollout, ALT
 layer ``l``'s product through layers ``0 … l``). The colour bar is labelled by what the number
 means (e.g. "ALTI contribution (Ferrando et al. 2022)"); the page computes nothing of its own.
 
+**Lens panel.** With :func:`~attnlab.viz.viewer_lens.add_lens` (``attnlab view --lens``) a
+"lens" view shows what each layer would predict at each position, layers × positions, each cell
+the top token of :func:`attnlab.inspect.logit_lens` (or the tuned lens) and its probability, the
+top ``k`` on hover; ``templates/viewer_lens.js`` draws it as a table.
+
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
 
