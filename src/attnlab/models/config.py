@@ -28,7 +28,7 @@ C = TypeVar("C")
 #: the normalisations, MLP activations and model families a :class:`GPTConfig` can name
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox", "phi3")
 
 
 def _accepts_legacy_attention(cls: type[C]) -> type[C]:
@@ -349,6 +349,9 @@ class GPTConfig:
             ``False`` gives ``lm_head`` its own weight (Llama 2, NeoX).
         parallel_residual: ``x + Attention(LN_1(x)) + MLP(LN_2(x))`` (GPT-J, GPT-NeoX) instead
             of the sequential ``x + Attention(LN_1(x))`` then ``+ MLP(LN_2(·))``.
+        full_layers: the layers (indices, ascending) that attend fully although ``attention``
+            is a sliding window: Qwen2's ``layer_types`` / ``max_window_layers`` mixing
+            windowed and full layers. Default ``()``: every layer is ``attention``.
         family: the model family the config follows, ``"gpt2"``, ``"llama"``, ``"mistral"``,
             ``"qwen2"`` or ``"neox"``: the Hugging Face class it exports to.
     """
@@ -379,6 +382,7 @@ class GPTConfig:
     mlp_bias: bool | None = None
     tie_embeddings: bool = True
     parallel_residual: bool = False
+    full_layers: tuple[int, ...] = ()
     family: str = "gpt2"
 
     def __post_init__(self) -> None:
@@ -441,12 +445,46 @@ class GPTConfig:
                     f"rotary_dim must be even and at most d_head = {self.d_head}, got "
                     f"{self.rotary_dim}"
                 )
+        self._check_full_layers()
         if self.positions != "rope":
             for name, default in (("rotary_dim", None), ("rope_scaling", None)):
                 if getattr(self, name) != default:
                     raise ArgumentError(
                         f"{name} is for positions='rope', got it with positions={self.positions!r}"
                     )
+
+    def _check_full_layers(self) -> None:
+        """``full_layers``: a list or tuple of distinct ascending layer indices, only beside a
+        sliding window (stored as a tuple)."""
+        layers = self.full_layers
+        if not isinstance(layers, (list, tuple)) or any(
+            isinstance(i, bool) or not isinstance(i, int) for i in layers
+        ):
+            raise ArgumentTypeError(f"full_layers must be a tuple of ints, got {layers!r}")
+        object.__setattr__(self, "full_layers", tuple(layers))
+        if list(layers) != sorted(set(layers)) or (
+            layers and not 0 <= layers[0] <= layers[-1] < self.n_layer
+        ):
+            raise ArgumentError(
+                f"full_layers must be distinct ascending indices in [0, n_layer = "
+                f"{self.n_layer}), got {tuple(layers)}"
+            )
+        if layers and self.attention.name != "sliding":
+            raise ArgumentError(
+                f"full_layers is for attention='sliding' (full layers among windowed ones), "
+                f"got it with attention={self.attention.name!r}"
+            )
+
+    def attention_of(self, layer: int) -> AttentionSpec:
+        """The attention of one layer: full for a layer of ``full_layers``, else ``attention``.
+
+        Args:
+            layer: the layer's index.
+
+        Returns:
+            The :class:`~attnlab.nn.kinds.AttentionSpec` its block is built with.
+        """
+        return FullSpec() if layer in self.full_layers else self.attention
 
     @property
     def d_head(self) -> int:
@@ -487,5 +525,6 @@ class GPTConfig:
 #: the fields that choose a GPT's parts (left out of a saved config when they are GPT-2's)
 _PART_FIELDS = frozenset(
     ("norm", "activation", "mlp", "d_ff", "rotary_dim", "rope_pairing", "rope_scaling",
-     "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "family")
+     "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "full_layers",
+     "family")
 )  # fmt: skip

@@ -79,9 +79,10 @@ class GPTTrunk(nn.Module):
             else None
         )
         self.drop = nn.Dropout(config.dropout)
-        parts = block_parts(config, rotary)
-        self.h = nn.ModuleList(GPTBlock(parts) for _ in range(config.n_layer))
-        self.ln_f = parts.norm()
+        self.h = nn.ModuleList(
+            GPTBlock(block_parts(config, rotary, i)) for i in range(config.n_layer)
+        )
+        self.ln_f = block_parts(config, rotary).norm()
 
 
 class GPT(nn.Module):

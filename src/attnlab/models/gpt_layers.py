@@ -402,14 +402,18 @@ class BlockParts:
     parallel_residual: bool = False
 
 
-def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> BlockParts:
+def block_parts(
+    config: GPTConfig, rotary: RotaryEmbedding | None = None, layer: int = 0
+) -> BlockParts:
     """The parts the config chooses: LayerNorm (biases as ``bias``) or
-    :class:`~attnlab.nn.norms.RMSNorm`, with ``layer_norm_epsilon``; the config's attention at
-    :func:`attention_site`; and :class:`GPTMLP`. GPT-2's by default.
+    :class:`~attnlab.nn.norms.RMSNorm`, with ``layer_norm_epsilon``; the layer's attention
+    (:meth:`~attnlab.models.config.GPTConfig.attention_of`) at :func:`attention_site`; and
+    :class:`GPTMLP`. GPT-2's by default.
 
     Args:
         config: the model's :class:`~attnlab.models.config.GPTConfig`.
         rotary: the shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+        layer: the block's index (a layer of ``full_layers`` attends fully). Default 0.
 
     Returns:
         The :class:`BlockParts`.
@@ -424,7 +428,7 @@ def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> Blo
 
     return BlockParts(
         norm=norm,
-        attention=lambda: config.attention.build(site),
+        attention=lambda: config.attention_of(layer).build(site),
         mlp=None if config.mlp == "none" else lambda: GPTMLP(config),
         parallel_residual=config.parallel_residual,
     )

@@ -16,6 +16,7 @@ calculator, ``torchrun`` training) works on every family with the same hook name
 | mistral | `mistral` | Llama + a sliding window |
 | qwen2 | `qwen2` | Llama + query/key/value biases |
 | neox | `gpt_neox` | parallel residual, partial rotary, exact GELU |
+| phi3 | `phi3` | Llama with fused `qkv_proj`/`gate_up_proj`, partial rotary, a sliding window |
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def family_named(name: str) -> Family:
     """The family of a :class:`~attnlab.models.config.GPTConfig`'s ``family`` field.
 
     Args:
-        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"neox"``.
+        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"neox"`` or ``"phi3"``.
 
     Returns:
         The :class:`Family`.
@@ -206,4 +207,4 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
     if not _FAMILIES:
-        from attnlab.models.families import gpt2, llama, neox  # noqa: F401
+        from attnlab.models.families import gpt2, llama, neox, phi3  # noqa: F401

@@ -19,6 +19,8 @@ __all__ = [
     "TensorTaker",
     "activation_of",
     "build_config",
+    "ends_from_hf",
+    "ends_to_hf",
     "hf_activation",
     "json_bool",
     "json_float",
@@ -271,3 +273,53 @@ def tied_head(head: torch.Tensor | None, embedding: torch.Tensor, head_name: str
             "config.json's tie_word_embeddings is true (the head is the embedding), so the "
             "stored head would be dropped"
         )
+
+
+def ends_from_hf(src: TensorTaker, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """A Llama-layout file's ends, taken from ``src``: ``model.embed_tokens``, ``model.norm``
+    and, untied, ``lm_head`` (a tied config's stored head checked by :func:`tied_head`).
+
+    Args:
+        src: the file's tensors.
+        config: the model's config (``tie_embeddings``).
+
+    Returns:
+        attnlab's ``transformer.wte.weight``, ``transformer.ln_f.weight`` (and ``lm_head.weight``).
+
+    Shape:
+        the embedding and the head ``(vocab_size, n_embd)``, the norm ``(n_embd,)``.
+    """
+    out = {
+        "transformer.wte.weight": src.take("model.embed_tokens.weight"),
+        "transformer.ln_f.weight": src.take("model.norm.weight"),
+    }
+    head = src.maybe("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = src.take("lm_head.weight") if head is None else head
+    else:
+        tied_head(head, out["transformer.wte.weight"], "lm_head.weight")
+    return out
+
+
+def ends_to_hf(src: TensorTaker, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`ends_from_hf`: attnlab's embedding, final norm and head under
+    Llama's names (a tied head left out, as ``save_pretrained`` writes it).
+
+    Args:
+        src: the model's tensors.
+        config: the model's config (``tie_embeddings``).
+
+    Returns:
+        ``model.embed_tokens.weight``, ``model.norm.weight`` (and ``lm_head.weight``).
+
+    Shape:
+        as :func:`ends_from_hf`.
+    """
+    out = {
+        "model.embed_tokens.weight": src.take("transformer.wte.weight"),
+        "model.norm.weight": src.take("transformer.ln_f.weight"),
+    }
+    head = src.take("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = head
+    return out
