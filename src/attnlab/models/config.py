@@ -26,9 +26,9 @@ __all__ = [
 C = TypeVar("C")
 
 #: the normalisations, MLP activations and model families a :class:`GPTConfig` can name
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox", "phi3")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox", "phi3", "gemma2")
 
 
 def _accepts_legacy_attention(cls: type[C]) -> type[C]:
@@ -351,7 +351,20 @@ class GPTConfig:
             of the sequential ``x + Attention(LN_1(x))`` then ``+ MLP(LN_2(·))``.
         full_layers: the layers (indices, ascending) that attend fully although ``attention``
             is a sliding window: Qwen2's ``layer_types`` / ``max_window_layers`` mixing
-            windowed and full layers. Default ``()``: every layer is ``attention``.
+            windowed and full layers, Gemma 2's global layers. Default ``()``: every layer is
+            ``attention``.
+        sandwich_norm: a norm on what the attention and the MLP add to the stream as well
+            (``ln_attn_out``, ``ln_mlp_out``: Gemma 2's post-attention and post-feed-forward
+            norms), ``x + LN(Attention(LN_1(x)))``. Default False.
+        embedding_scale: the token embedding times ``√n_embd`` (rounded to float32, then to
+            the embedding's dtype, as transformers' Gemma 2 computes it).
+        attn_scale: the score scale; ``None`` means ``1 / √d_head`` (Gemma 2:
+            ``query_pre_attn_scalar^(−1/2)``).
+        attn_softcap: ``c`` of the attention scores' soft-capping ``c · tanh(s / c)`` before
+            the mask (Gemma 2's ``attn_logit_softcapping``), or ``None``; the ``math`` backend
+            applies it (``auto`` picks it), the others refuse the call in one line.
+        logit_softcap: ``c`` of the logits' soft-capping ``c · tanh(z / c)`` (Gemma 2's
+            ``final_logit_softcapping``), or ``None``.
         family: the model family the config follows, ``"gpt2"``, ``"llama"``, ``"mistral"``,
             ``"qwen2"`` or ``"neox"``: the Hugging Face class it exports to.
     """
@@ -383,6 +396,11 @@ class GPTConfig:
     tie_embeddings: bool = True
     parallel_residual: bool = False
     full_layers: tuple[int, ...] = ()
+    sandwich_norm: bool = False
+    embedding_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
     family: str = "gpt2"
 
     def __post_init__(self) -> None:
@@ -427,7 +445,8 @@ class GPTConfig:
         check_choice("family", self.family, FAMILIES)
         if self.d_ff is not None:
             check_positive_int("d_ff", self.d_ff)
-        for name in ("qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual"):
+        for name in ("qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual",
+                     "sandwich_norm", "embedding_scale"):  # fmt: skip
             value = getattr(self, name)
             if not (isinstance(value, bool) or (value is None and name.endswith("_bias"))):
                 raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -446,6 +465,14 @@ class GPTConfig:
                     f"{self.rotary_dim}"
                 )
         self._check_full_layers()
+        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < 1e308
+            ):
+                raise ArgumentError(f"{name} must be a positive float or None, got {value!r}")
         if self.positions != "rope":
             for name, default in (("rotary_dim", None), ("rope_scaling", None)):
                 if getattr(self, name) != default:
@@ -526,5 +553,5 @@ class GPTConfig:
 _PART_FIELDS = frozenset(
     ("norm", "activation", "mlp", "d_ff", "rotary_dim", "rope_pairing", "rope_scaling",
      "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "full_layers",
-     "family")
+     "sandwich_norm", "embedding_scale", "attn_scale", "attn_softcap", "logit_softcap", "family")
 )  # fmt: skip

@@ -328,6 +328,8 @@ class GPT(nn.Module):
 
         # h_0 = W_e[x_t] + W_p[pos_t]   (token embedding plus, for learned positions, position embedding)
         x = self.transformer.wte(input_ids)  # (B, T, n_embd)
+        if cfg.embedding_scale:  # h_0 = √d · W_e[x_t], √d in float32 then x's dtype (Gemma 2)
+            x = x * torch.tensor(cfg.n_embd**0.5, dtype=torch.float32).to(x.dtype)
         if self.transformer.wpe is not None and positions is not None:
             # (B, T, n_embd) or (T, n_embd), broadcast; in range: checked, or derived from the mask
             x = x + self.transformer.wpe(positions, check=False)
@@ -350,7 +352,10 @@ class GPT(nn.Module):
                     x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
-        return self.lm_head(x)  # (B, T, vocab_size)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if cfg.logit_softcap is not None:  # z = c · tanh(z / c) (Gemma 2's final soft-cap)
+            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+        return logits
 
     def _inputs(
         self,

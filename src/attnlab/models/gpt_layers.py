@@ -51,6 +51,8 @@ class GPTProjections:
         resid_dropout: dropout on what the layer adds to the residual stream. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` (default) means the layer's ``bias`` (which
             ``c_attn`` has): Qwen2 has query/key/value biases and none on the output.
+        score_scale: the score scale (``None``: ``1 / √d_head``).
+        softcap: soft-capping of the scores, ``c · tanh(s / c)``, or ``None``.
         **kwargs: the base class's keyword arguments.
     """
 
@@ -62,11 +64,28 @@ class GPTProjections:
     resid_dropout: nn.Dropout
 
     def __init__(
-        self, *args: Any, resid_dropout: float = 0.0, proj_bias: bool | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        resid_dropout: float = 0.0,
+        proj_bias: bool | None = None,
+        score_scale: float | None = None,
+        softcap: float | None = None,
+        **kwargs: Any,
     ) -> None:
         object.__setattr__(self, "_proj_bias", proj_bias)  # read by _build_projections
         super().__init__(*args, **kwargs)
         self.resid_dropout = nn.Dropout(resid_dropout)
+        if score_scale is not None or softcap is not None:
+            # the scale and the cap act in MultiHeadAttention's softmax call: a kind that
+            # attends otherwise (its own attend_heads: FAVOR+) would ignore them
+            if getattr(type(self), "attend_heads", None) is not MultiHeadAttention.attend_heads:
+                raise ArgumentError(
+                    f"attn_scale and attn_softcap need softmax attention (full, sliding, a "
+                    f"block layout), got the layer {type(self).__name__}"
+                )
+            self.softcap = softcap
+            if score_scale is not None:
+                self.score_scale = score_scale
 
     def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
         kv = self.num_kv_heads * self.d_head
@@ -133,6 +152,8 @@ class GPTSelfAttention(GPTProjections, MultiHeadAttention):
         *args: as :class:`~attnlab.nn.multihead.MultiHeadAttention` (``d_model``, ``num_heads``).
         resid_dropout: dropout on the output. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` means the layer's ``bias``.
+        score_scale: the score scale (``None``: ``1 / √d_head``).
+        softcap: soft-capping of the scores, ``c · tanh(s / c)``, or ``None``.
         **kwargs: as :class:`~attnlab.nn.multihead.MultiHeadAttention`.
 
     Shape:
@@ -155,6 +176,8 @@ class GPTPerformerAttention(GPTProjections, PerformerAttention):
         *args: as :class:`~attnlab.nn.performer.PerformerAttention`.
         resid_dropout: dropout on the output. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` means the layer's ``bias``.
+        score_scale: refused (FAVOR+ has no score matrix to scale); ``None``.
+        softcap: refused likewise; ``None``.
         **kwargs: as :class:`~attnlab.nn.performer.PerformerAttention`.
 
     Shape:
@@ -212,7 +235,12 @@ def attention_site(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> 
         positions=config.positions,
         rotary=rotary,
         layer_class=gpt_layer_class,
-        layer_kwargs={"resid_dropout": config.dropout, "proj_bias": config.bias_of("proj")},
+        layer_kwargs={
+            "resid_dropout": config.dropout,
+            "proj_bias": config.bias_of("proj"),
+            "score_scale": config.attn_scale,
+            "softcap": config.attn_softcap,
+        },
     )
 
 
@@ -394,12 +422,14 @@ class BlockParts:
             block (no MLP, no ``ln_2``; ``hook_mlp_out`` never fires).
         parallel_residual: the attention and the MLP read the same residual stream and both
             add to it (GPT-NeoX), instead of one after the other.
+        sandwich_norm: what the attention and the MLP add is normalised too (Gemma 2).
     """
 
     norm: Callable[[], nn.Module]
     attention: Callable[[], MultiHeadAttention]
     mlp: Callable[[], nn.Module] | None
     parallel_residual: bool = False
+    sandwich_norm: bool = False
 
 
 def block_parts(
@@ -422,8 +452,8 @@ def block_parts(
     eps = config.layer_norm_epsilon
 
     def norm() -> nn.Module:
-        if config.norm == "rmsnorm":
-            return RMSNorm(config.n_embd, eps=eps)
+        if config.norm in ("rmsnorm", "rmsnorm_offset"):  # Gemma's gain is 1 + g
+            return RMSNorm(config.n_embd, eps=eps, offset=float(config.norm == "rmsnorm_offset"))
         return nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias_of("norm"))
 
     return BlockParts(
@@ -431,6 +461,7 @@ def block_parts(
         attention=lambda: config.attention_of(layer).build(site),
         mlp=None if config.mlp == "none" else lambda: GPTMLP(config),
         parallel_residual=config.parallel_residual,
+        sandwich_norm=config.sandwich_norm,
     )
 
 
@@ -460,6 +491,9 @@ class GPTBlock(nn.Module):
         self.ln_2 = None if parts.mlp is None else parts.norm()
         self.mlp = None if parts.mlp is None else parts.mlp()
         self.parallel_residual = parts.parallel_residual
+        # Gemma 2's sandwich: what the attention and the MLP add is normalised too
+        self.ln_attn_out = parts.norm() if parts.sandwich_norm else None
+        self.ln_mlp_out = parts.norm() if parts.sandwich_norm and parts.mlp else None
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()
@@ -527,10 +561,21 @@ class GPTBlock(nn.Module):
         Shape:
             x, a ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
         """
+        if self.ln_attn_out is not None:  # sandwich: x + LN(Attention(LN_1(x)))
+            a = self.ln_attn_out(a)
         if self.mlp is None or self.ln_2 is None:  # attention-only
             return x + self.hook_attn_out(a)
         if self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
-            m = self.hook_mlp_out(self.mlp(self.ln_2(x)))
+            m = self.hook_mlp_out(self._mlp(self.ln_2(x)))
             return x + self.hook_attn_out(a) + m
         x = x + self.hook_attn_out(a)
-        return x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
+        return x + self.hook_mlp_out(self._mlp(self.ln_2(x)))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP, and with a sandwich norm its norm (``ln_mlp_out``).
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
+        m = cast(nn.Module, self.mlp)(x)
+        return m if self.ln_mlp_out is None else self.ln_mlp_out(m)

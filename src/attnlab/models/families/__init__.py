@@ -17,6 +17,7 @@ calculator, ``torchrun`` training) works on every family with the same hook name
 | qwen2 | `qwen2` | Llama + query/key/value biases |
 | neox | `gpt_neox` | parallel residual, partial rotary, exact GELU |
 | phi3 | `phi3` | Llama with fused `qkv_proj`/`gate_up_proj`, partial rotary, a sliding window |
+| gemma2 | `gemma2` | (1 + g) RMSNorms, sandwich norms, √d embedding scale, GELU gate, soft-capped scores and logits, local/global layers |
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def family_named(name: str) -> Family:
     """The family of a :class:`~attnlab.models.config.GPTConfig`'s ``family`` field.
 
     Args:
-        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"neox"`` or ``"phi3"``.
+        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"neox"``, ``"phi3"`` or
+            ``"gemma2"``.
 
     Returns:
         The :class:`Family`.
@@ -207,4 +209,4 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
     if not _FAMILIES:
-        from attnlab.models.families import gpt2, llama, neox, phi3  # noqa: F401
+        from attnlab.models.families import gemma2, gpt2, llama, neox, phi3  # noqa: F401

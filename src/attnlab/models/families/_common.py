@@ -25,6 +25,8 @@ __all__ = [
     "json_bool",
     "json_float",
     "json_optional_int",
+    "qkv_from_hf",
+    "qkv_to_hf",
     "rope_fields",
     "size",
     "tied_head",
@@ -323,3 +325,48 @@ def ends_to_hf(src: TensorTaker, config: GPTConfig) -> dict[str, torch.Tensor]:
     if not config.tie_embeddings:
         out["lm_head.weight"] = head
     return out
+
+
+def qkv_from_hf(src: TensorTaker, out: dict[str, torch.Tensor], hf: str, at: str) -> None:
+    """Stack a layer's ``q_proj``, ``k_proj``, ``v_proj`` (weights, and biases when all three
+    have one) into attnlab's ``c_attn``: rows ``[q; k; v]``.
+
+    Args:
+        src: the file's tensors.
+        out: the state dict being built.
+        hf: the layer's prefix in the file (``model.layers.i.``).
+        at: its prefix here (``transformer.h.i.``).
+
+    Shape:
+        ``(H · d_head, d)``, ``(H_kv · d_head, d)`` ×2 → ``((H + 2 · H_kv) · d_head, d)``.
+    """
+    for kind in ("weight", "bias"):
+        parts = [src.maybe(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
+        if all(t is not None for t in parts):
+            out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
+        elif any(t is not None for t in parts) or kind == "weight":
+            raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
+
+
+def qkv_to_hf(
+    src: TensorTaker, out: dict[str, torch.Tensor], hf: str, at: str, config: GPTConfig
+) -> None:
+    """The inverse of :func:`qkv_from_hf`: ``c_attn`` split into ``q_proj``, ``k_proj``,
+    ``v_proj``.
+
+    Args:
+        src: the model's tensors.
+        out: the state dict being built.
+        hf: the layer's prefix there.
+        at: its prefix here.
+        config: the model's config (the heads' sizes).
+
+    Shape:
+        as :func:`qkv_from_hf`, the other way.
+    """
+    kv = config.kv_heads * config.d_head
+    for kind in ("weight", "bias"):
+        fused = src.maybe(f"{at}attn.c_attn.{kind}")
+        if fused is not None:
+            for p, t in zip("qkv", fused.split([config.n_embd, kv, kv])):
+                out[f"{hf}self_attn.{p}_proj.{kind}"] = t

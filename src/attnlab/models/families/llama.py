@@ -45,6 +45,8 @@ from attnlab.models.families._common import (
     json_bool,
     json_float,
     json_optional_int,
+    qkv_from_hf,
+    qkv_to_hf,
     rope_fields,
     size,
 )
@@ -224,13 +226,9 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
         hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
         for theirs, ours in _NORMS:
             out[f"{at}{ours}.weight"] = src.take(f"{hf}{theirs}.weight")
-        # c_attn = [q_proj; k_proj; v_proj]: (H + 2 · H_kv) · d_head rows
-        for kind in ("weight", "bias"):
-            parts = [src.maybe(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
-            if all(t is not None for t in parts):
-                out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
-            elif any(t is not None for t in parts) or kind == "weight":
-                raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
+        qkv_from_hf(
+            src, out, hf, at
+        )  # c_attn = [q_proj; k_proj; v_proj]: (H + 2 · H_kv) · d_head rows
         src.move(out, _RENAMED, hf, at)
     src.done()
     return out
@@ -239,16 +237,11 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
 def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
     src = TensorTaker(state, "the model")
     out = ends_to_hf(src, config)
-    sizes = [config.n_embd, config.kv_heads * config.d_head, config.kv_heads * config.d_head]
     for i in range(config.n_layer):
         hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
         for theirs, ours in _NORMS:
             out[f"{hf}{theirs}.weight"] = src.take(f"{at}{ours}.weight")
-        for kind in ("weight", "bias"):
-            fused = src.maybe(f"{at}attn.c_attn.{kind}")
-            if fused is not None:
-                for p, t in zip("qkv", fused.split(sizes)):
-                    out[f"{hf}self_attn.{p}_proj.{kind}"] = t
+        qkv_to_hf(src, out, hf, at, config)
         src.move(out, _BACK, at, hf)
     src.done()
     return out
