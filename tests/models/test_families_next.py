@@ -228,3 +228,30 @@ def test_a_soft_cap_needs_softmax_attention() -> None:
     )  # fmt: skip
     with pytest.raises(al.errors.ArgumentError, match="attn_scale and attn_softcap need softmax"):
         al.GPT(config)
+
+
+def test_inspection_reads_the_soft_capped_weights() -> None:
+    """What inspection recomputes from a Gemma 2 call (its statistics, some rows' weights,
+    ``scores()``) is the soft-capped softmax the layer computed."""
+    from attnlab.inspect.stats import call_stats, call_weights
+
+    _, gpt = models("gemma2")
+    calls: list[Any] = []
+    layer = gpt.transformer.h[1].attn  # a global layer: every key visible
+    handle = layer.hook_call.register_forward_hook(lambda m, a, call: calls.append(call))
+    try:
+        with torch.no_grad():
+            gpt(ids(9, batch=1))
+    finally:
+        handle.remove()
+    call = calls[0]
+    with capture(gpt) as weights:
+        with torch.no_grad():
+            gpt(ids(9, batch=1))
+    want = weights[weights.names()[1]]
+    assert (call.scores().softmax(-1) - want).abs().max().item() < 1e-12
+    rows = torch.arange(9)
+    assert (call_weights(call, rows) - want).abs().max().item() < 1e-12
+    p = want.clamp_min(1e-300)
+    entropy = -(want * p.log()).sum(-1)
+    assert (call_stats(call).entropy - entropy).abs().max().item() < 1e-10
