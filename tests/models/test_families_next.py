@@ -12,6 +12,7 @@ float32: the float64 reference keeps float64 in both (patched, the norm as in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -249,3 +250,14 @@ def test_inspection_reads_the_soft_capped_weights() -> None:
     p = want.clamp_min(1e-300)
     entropy = -(want * p.log()).sum(-1)
     assert (call_stats(call).entropy - entropy).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("case", ["qwen2-max-window-layers", "gemma2"])
+def test_flop_calculator_counts_full_layers_beside_windowed_ones(case: str) -> None:
+    from attnlab.inspect.flops import flops, kv_cache_bytes
+
+    _, gpt = models(case)
+    cache = gpt.new_cache(1, 20, dtype=torch.float32)
+    assert kv_cache_bytes(gpt.config, 20) == cache.nbytes()
+    windowed = dataclasses.replace(gpt.config, full_layers=())
+    assert flops(gpt.config, 20).forward_total > flops(windowed, 20).forward_total
