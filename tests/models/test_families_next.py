@@ -261,3 +261,14 @@ def test_flop_calculator_counts_full_layers_beside_windowed_ones(case: str) -> N
     assert kv_cache_bytes(gpt.config, 20) == cache.nbytes()
     windowed = dataclasses.replace(gpt.config, full_layers=())
     assert flops(gpt.config, 20).forward_total > flops(windowed, 20).forward_total
+
+
+def test_the_logit_lens_last_row_is_the_soft_capped_logits() -> None:
+    from attnlab.inspect.lens import logit_lens
+
+    _, gpt = models("gemma2")
+    x = ids(7, batch=1)
+    with torch.no_grad():
+        want = gpt(x).logits
+        assert want.abs().max().item() < 2.0  # final_logit_softcapping = 2
+        assert torch.equal(logit_lens(gpt, x).logits[-1], want)

@@ -32,6 +32,7 @@ from attnlab.models.gpt_layers import (
     GPTBlock,
     GPTPerformerAttention,
     GPTSelfAttention,
+    LMHead,
     RecomputeCache,
     attention_site,
     block_parts,
@@ -137,7 +138,7 @@ class GPT(nn.Module):
                 scaling=config.rope_scaling,
             )
         self.transformer = GPTTrunk(config, rotary)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.n_embd, config.vocab_size, softcap=config.logit_softcap)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
         if self.lm_head.weight.is_meta:  # built to receive weights (model_from_state): a meta
@@ -352,10 +353,7 @@ class GPT(nn.Module):
                     x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
-        if cfg.logit_softcap is not None:  # z = c · tanh(z / c) (Gemma 2's final soft-cap)
-            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
-        return logits
+        return self.lm_head(x)  # (B, T, vocab_size); soft-capped with logit_softcap (Gemma 2)
 
     def _inputs(
         self,

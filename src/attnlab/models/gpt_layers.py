@@ -34,6 +34,7 @@ __all__ = [
     "GPTPerformerAttention",
     "GPTProjections",
     "GPTSelfAttention",
+    "LMHead",
     "RecomputeCache",
     "attention_site",
     "block_parts",
@@ -405,6 +406,42 @@ class GPTMLP(nn.Module):
         else:
             h = self.act(self.c_gate(x)) * self.c_fc(x)  # act(x W_gate) ⊙ x W_fc: (B, T, d_ff)
         return _dropout(self.dropout, self.c_proj(h))
+
+
+class LMHead(nn.Linear):
+    """The output projection ``z = h W_Uᵀ`` (no bias), soft-capped when the config says so
+    (Gemma 2's ``final_logit_softcapping``): ``z = c · tanh(h W_Uᵀ / c)``. The cap is part of the
+    head, so whatever reads the model's ``lm_head`` (the logit lens) gives the model's logits.
+
+    Args:
+        d_model: the model width.
+        vocab_size: the vocabulary.
+        softcap: ``c``, or ``None`` for none.
+
+    Shape:
+        ``(..., d_model)`` → ``(..., vocab_size)``.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, softcap: float | None = None) -> None:
+        super().__init__(d_model, vocab_size, bias=False)
+        self.softcap = softcap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits.
+
+        Args:
+            x: the final hidden states (after ``ln_f``).
+
+        Returns:
+            ``x W_Uᵀ``, soft-capped.
+
+        Shape:
+            ``(..., d_model)`` → ``(..., vocab_size)``.
+        """
+        z = super().forward(x)
+        if self.softcap is None:
+            return z
+        return torch.tanh(z / self.softcap) * self.softcap  # z = c · tanh(z / c)
 
 
 @dataclass(frozen=True)
