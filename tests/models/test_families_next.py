@@ -272,3 +272,14 @@ def test_the_logit_lens_last_row_is_the_soft_capped_logits() -> None:
         want = gpt(x).logits
         assert want.abs().max().item() < 2.0  # final_logit_softcapping = 2
         assert torch.equal(logit_lens(gpt, x).logits[-1], want)
+
+
+def test_mixing_refuses_decompositions_a_sandwich_norm_breaks() -> None:
+    from attnlab.inspect.mixing import mixing
+
+    _, gpt = models("gemma2")
+    x = ids(5, batch=1)
+    with pytest.raises(al.errors.ArgumentError, match="normalises what attention adds"):
+        mixing(gpt, x, "alti")
+    with torch.no_grad():
+        assert mixing(gpt, x, "rollout").per_layer.shape[0] == 4
