@@ -283,3 +283,18 @@ def test_mixing_refuses_decompositions_a_sandwich_norm_breaks() -> None:
         mixing(gpt, x, "alti")
     with torch.no_grad():
         assert mixing(gpt, x, "rollout").per_layer.shape[0] == 4
+
+
+def test_qk_spectrum_uses_the_layers_score_scale() -> None:
+    from attnlab.inspect.qk_circuits import qk_spectrum
+
+    _, gpt = models("gemma2")
+    layer = gpt.transformer.h[0].attn
+    own = qk_spectrum(gpt, 0).qk
+    assert layer.score_scale == 12**-0.5  # query_pre_attn_scalar = 12, d_head = 8
+    try:
+        layer.score_scale = 8**-0.5
+        plain = qk_spectrum(gpt, 0).qk
+    finally:
+        layer.score_scale = 12**-0.5
+    assert torch.allclose(own, plain * (8 / 12) ** 0.5, rtol=1e-12, atol=0)
