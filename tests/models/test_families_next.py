@@ -298,3 +298,29 @@ def test_qk_spectrum_uses_the_layers_score_scale() -> None:
     finally:
         layer.score_scale = 12**-0.5
     assert torch.allclose(own, plain * (8 / 12) ** 0.5, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"head_dim": None}, "head_dim = 256 times num_attention_heads = 6 must be hidden_size"),
+        ({"layer_types": ["full_attention"]}, "layer_types must be a list of"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention must be false"),
+        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a finite positive"),
+        ({"attn_logit_softcapping": -1.0}, "attn_logit_softcapping must be a finite positive"),
+    ],
+)
+def test_gemma2_configs_attnlab_cannot_hold_are_refused_in_one_line(
+    change: dict[str, Any], message: str
+) -> None:
+    config = {"model_type": "gemma2", **CASES["gemma2"][2], **change}
+    config = {k: v for k, v in config.items() if v is not None}
+    with pytest.raises(al.errors.ArgumentError, match=message):
+        al.models.hf.config_from_hf(config)
+
+
+def test_gemma2_without_soft_caps_reads_null() -> None:
+    config = {"model_type": "gemma2", **CASES["gemma2"][2]}
+    config |= {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+    got = al.models.hf.config_from_hf(config)
+    assert (got.attn_softcap, got.logit_softcap, got.attn_scale) == (None, None, 12**-0.5)
