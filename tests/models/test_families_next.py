@@ -324,3 +324,8 @@ def test_gemma2_without_soft_caps_reads_null() -> None:
     config |= {"attn_logit_softcapping": None, "final_logit_softcapping": None}
     got = al.models.hf.config_from_hf(config)
     assert (got.attn_softcap, got.logit_softcap, got.attn_scale) == (None, None, 12**-0.5)
+
+
+def test_a_soft_capped_config_refuses_a_backend_that_cannot_cap() -> None:
+    with pytest.raises(al.errors.ArgumentError, match="backend must be one of auto, math with"):
+        al.GPTConfig(vocab_size=11, n_embd=8, n_head=2, attn_softcap=5.0, backend="sdpa")

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.backends import check_backend
+from attnlab.nn.backends import SOFTCAP_BACKENDS, check_backend
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kinds import AttentionSpec, BigBirdSpec, FullSpec, spec_from_dict, spec_from_legacy
 from attnlab.nn.kinds.base import legacy_field_names
@@ -473,6 +473,11 @@ class GPTConfig:
                 or not 0 < value < 1e308
             ):
                 raise ArgumentError(f"{name} must be a positive float or None, got {value!r}")
+        if self.attn_softcap is not None and self.backend not in ("auto", *SOFTCAP_BACKENDS):
+            raise ArgumentError(
+                f"backend must be one of auto, {', '.join(sorted(SOFTCAP_BACKENDS))} with "
+                f"attn_softcap (the others cannot soft-cap scores), got {self.backend!r}"
+            )
         if self.positions != "rope":
             for name, default in (("rotary_dim", None), ("rope_scaling", None)):
                 if getattr(self, name) != default:
