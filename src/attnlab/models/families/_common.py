@@ -21,6 +21,7 @@ __all__ = [
     "build_config",
     "ends_from_hf",
     "ends_to_hf",
+    "head_sizes",
     "hf_activation",
     "json_bool",
     "json_float",
@@ -370,3 +371,29 @@ def qkv_to_hf(
         if fused is not None:
             for p, t in zip("qkv", fused.split([config.n_embd, kv, kv])):
                 out[f"{hf}self_attn.{p}_proj.{kind}"] = t
+
+
+def head_sizes(config: Mapping[str, Any], head_dim: int | None = None) -> tuple[int, int, int]:
+    """The width, the query heads and the key/value heads of a ``config.json``
+    (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``), refused in one line
+    when its ``head_dim`` times the heads is not the width: attnlab's heads split the model
+    width.
+
+    Args:
+        config: the config dict.
+        head_dim: the family's default ``head_dim`` when the file has none (``None``: the
+            width over the heads; Gemma 2's is 256).
+
+    Returns:
+        ``(d, heads, kv_heads)``.
+    """
+    d = size(config, "hidden_size", "width")
+    heads = size(config, "num_attention_heads", "heads")
+    kv = size(config, "num_key_value_heads", "heads", heads)
+    head = json_optional_int(config, "head_dim") or head_dim or d // heads
+    if head * heads != d:
+        raise ArgumentError(
+            f"config.json's head_dim = {head} times num_attention_heads = {heads} must be "
+            f"hidden_size = {d} (attnlab's heads split the model width)"
+        )
+    return d, heads, kv

@@ -45,6 +45,7 @@ from attnlab.models.families._common import (
     build_config,
     ends_from_hf,
     ends_to_hf,
+    head_sizes,
     hf_activation,
     hf_rope,
     json_bool,
@@ -91,15 +92,7 @@ def _layers(config: Mapping[str, Any], n_layer: int) -> tuple[Any, tuple[int, ..
 
 
 def _config_from_hf(config: Mapping[str, Any]) -> GPTConfig:
-    d = size(config, "hidden_size", "width")
-    heads = size(config, "num_attention_heads", "heads")
-    kv = size(config, "num_key_value_heads", "heads", heads)
-    head_dim = json_optional_int(config, "head_dim") or 256  # Gemma2Config's default
-    if head_dim * heads != d:
-        raise ArgumentError(
-            f"config.json's head_dim = {head_dim} times num_attention_heads = {heads} must be "
-            f"hidden_size = {d} (attnlab's heads split the model width)"
-        )
+    d, heads, kv = head_sizes(config, 256)  # Gemma2Config's default head_dim
     if config.get("use_bidirectional_attention") is not None and json_bool(
         config, "use_bidirectional_attention"
     ):  # null in transformers' own files: causal

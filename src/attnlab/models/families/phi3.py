@@ -39,6 +39,7 @@ from attnlab.models.families._common import (
     build_config,
     ends_from_hf,
     ends_to_hf,
+    head_sizes,
     hf_activation,
     hf_rope,
     json_bool,
@@ -55,15 +56,7 @@ _IGNORED = (".rotary_emb.inv_freq",)
 
 
 def _config_from_hf(config: Mapping[str, Any]) -> GPTConfig:
-    d = size(config, "hidden_size", "width")
-    heads = size(config, "num_attention_heads", "heads")
-    kv = size(config, "num_key_value_heads", "heads", heads)
-    head_dim = json_optional_int(config, "head_dim") or d // heads
-    if head_dim * heads != d:
-        raise ArgumentError(
-            f"config.json's head_dim = {head_dim} times num_attention_heads = {heads} must be "
-            f"hidden_size = {d} (attnlab's heads split the model width)"
-        )
+    d, heads, kv = head_sizes(config)
     w = json_optional_int(config, "sliding_window", minimum=2)
     return build_config(
         config,
