@@ -209,3 +209,11 @@ def test_info_names_the_layers_and_the_limits(client) -> None:
     assert info["layers"] == ["transformer.h.0.attn", "transformer.h.1.attn"]
     assert info["heads"] == [4, 4] and info["max_tokens"] == MAX_TOKENS
     assert json.loads(json.dumps(info)) == info
+
+
+def test_share_downloads_the_viewer_page_of_the_chosen_head(client) -> None:
+    r = client.post("/api/share", json={"text": TEXT, "layer": 1, "head": 3})
+    assert r.status_code == 200
+    assert r.headers["content-disposition"] == 'attachment; filename="attnlab-view.html"'
+    assert r.text.startswith("<!DOCTYPE html>") and "attnlab-data" in r.text
+    assert '"start":{"group":0,"layer":1,"head":3' in r.text

@@ -243,7 +243,7 @@ def _steps(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     ids, _ = _ids(session, body)
     layer, head = _keep(session, {"layer": 0, "head": 0, **body}) or (0, 0)
     query = check_index(body, "query", len(ids), len(ids) - 1)
-    figure = body.get("figure", True)
+    figure = body.get("figure", False)
     if not isinstance(figure, bool):
         raise FieldError("figure", f"figure must be true or false, got {figure!r}")
     return session.steps(ids, layer, head, query, figure=figure)

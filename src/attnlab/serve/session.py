@@ -35,7 +35,7 @@ from attnlab.serve.requests import FieldError, Sampling
 from attnlab.tasks.base import ModelInputs, token_labels
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.lm import LMIO
-from attnlab.viz.steps import step_panel_from_model
+from attnlab.viz.steps import step_data_from_model, step_panel_from_model
 from attnlab.viz.viewer import ViewerData
 from attnlab.viz.viewer_start import ViewerStart
 
@@ -216,28 +216,32 @@ class Session:
             layer: index into :attr:`layers`.
             head: the query head.
             query: the query position.
-            figure: also draw the seven panels as a PNG (``data:`` URL).
+            figure: also draw the seven panels (``plot steps``' figure) as a PNG ``data:`` URL;
+                ``False``: only the numbers, from the same resolved call, undrawn.
 
         Returns:
             ``layer`` (its path), ``head``, ``query``, ``tokens``, ``q`` (the row as scored),
             ``scores`` (``null`` where masked), ``weights``, ``output``, the panel's shapes and
-            its ``title``, and ``image``.
+            with a figure its ``title`` and ``image`` (else ``null``).
         """
         name = self.layers[layer]
         tokens = self.labels(ids)
         x = torch.tensor([list(ids)], dtype=torch.long, device=_device(self.model))
+        image = title = None
         with self.running():
-            plot = step_panel_from_model(
-                self.model, lambda: self.model(x), layer=name, head=head,
-                query_tokens=tokens, key_tokens=tokens,
-            )  # fmt: skip
-        d = plot.data
-        image = None
+            if figure:  # the panel of `attnlab plot steps`, drawn (seconds of CPU on a large model)
+                plot = step_panel_from_model(
+                    self.model, lambda: self.model(x), layer=name, head=head,
+                    query_tokens=tokens, key_tokens=tokens,
+                )  # fmt: skip
+                d = plot.data
+            else:  # the same resolved call, not drawn
+                d = step_data_from_model(self.model, lambda: self.model(x), layer=name, head=head)
         if figure:
             buf = io.BytesIO()
             plot.figure.savefig(buf, format="png", dpi=72)
             image = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-        title = plot.figure.get_suptitle() if hasattr(plot.figure, "get_suptitle") else ""
+            title = plot.figure.get_suptitle()
         return {
             "layer": name,
             "head": head,
