@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const gridFrame = $("grid-frame"), matrixFrame = $("matrix-frame");
   // the sequence shown: the text's tokens, or ids with the generated ones after prompt
-  const state = { ids: null, prompt: null, tokens: [], layer: null, head: null, query: null, info: null };
+  const state = { ids: null, prompt: null, tokens: [], layer: null, head: null, query: null, queryChosen: false, info: null };
   let viewSeq = 0, nextSeq = 0, stepsSeq = 0, typing = null;
   const stats = { views: 0, nexts: 0, steps: 0, generated: 0 };
 
@@ -55,7 +55,8 @@
     nextToken(); steps();
   }
   function fillQueries(tokens) {
-    const box = $("query"), keep = state.query !== null && state.query < tokens.length ? state.query : tokens.length - 1;
+    // the last token until a query is chosen (then it is kept while it exists)
+    const box = $("query"), keep = state.queryChosen && state.query < tokens.length ? state.query : tokens.length - 1;
     box.textContent = "";
     tokens.forEach((t, i) => { const o = document.createElement("option"); o.value = String(i); o.textContent = i + " " + visible(t); box.appendChild(o); });
     state.query = keep; box.value = String(keep);
@@ -116,7 +117,7 @@
     $("steps-image").hidden = true; $("steps-draw").disabled = false;
     stats.steps++;
   }
-  $("query").addEventListener("change", (e) => { state.query = Number(e.target.value); steps(); });
+  $("query").addEventListener("change", (e) => { state.query = Number(e.target.value); state.queryChosen = true; steps(); });
   // the seven panels of `attnlab plot steps`, drawn by the server on demand (seconds of CPU)
   $("steps-draw").addEventListener("click", async () => {
     if (state.layer === null) return;
