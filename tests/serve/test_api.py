@@ -164,6 +164,8 @@ def test_bodies_that_are_not_json_and_foreign_hosts_are_refused(client) -> None:
         r = client.post("/api/view", content=raw, headers=headers)
         assert r.status_code in (400, 422), (raw, r.text)
         assert r.json()["field"] in ("body", "text")
+    r = client.post("/api/view", content=b"[" * 200_000 + b"]" * 200_000, headers=headers)
+    assert r.status_code == 400 and "nested" in r.json()["error"]
     r = client.post("/api/view", content=b"x" * 1_000_001, headers=headers)
     assert r.status_code == 413
     # DNS rebinding: a page on another name that resolves to 127.0.0.1 is not answered
@@ -217,3 +219,15 @@ def test_share_downloads_the_viewer_page_of_the_chosen_head(client) -> None:
     assert r.headers["content-disposition"] == 'attachment; filename="attnlab-view.html"'
     assert r.text.startswith("<!DOCTYPE html>") and "attnlab-data" in r.text
     assert '"start":{"group":0,"layer":1,"head":3' in r.text
+
+
+def test_a_page_too_large_for_a_browser_is_refused(client, monkeypatch) -> None:
+    import attnlab.serve.session
+
+    monkeypatch.setattr(
+        attnlab.serve.session, "MAX_PAGE_BYTES", 8 * 100 * 16 // 3 + 1
+    )  # 8 heads, T=10
+    r = client.post("/api/view", json={"text": "abcdefghab"})
+    assert r.status_code == 200
+    r = client.post("/api/view", json={"text": "abcdefghabc"})
+    assert r.status_code == 413 and "at most 10 tokens" in r.json()["error"]

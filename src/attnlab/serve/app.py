@@ -178,6 +178,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FieldError("body", f"the request is not JSON: {exc.msg} at {exc.pos}", 400) from None
+    except RecursionError:  # arrays nested deeper than Python's parser goes
+        raise FieldError("body", "the request's JSON is nested too deeply", 400) from None
     if not isinstance(body, dict):
         raise FieldError(
             "body", f"the request must be a JSON object, got {type(body).__name__}", 400

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnlab._budget import format_bytes
 from attnlab.decoding.strategies import sampling_distribution
 from attnlab.inspect.capture import attention_modules
 from attnlab.models.config import GPTConfig
@@ -39,11 +40,14 @@ from attnlab.viz.steps import step_data_from_model, step_panel_from_model
 from attnlab.viz.viewer import ViewerData
 from attnlab.viz.viewer_start import ViewerStart
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Session"]
+__all__ = ["DEFAULT_MAX_TOKENS", "MAX_PAGE_BYTES", "Session"]
 
 #: the longest sequence (prompt and generated tokens) the server runs by default: its page holds
 #: ``layers · heads · T²`` weights (SmolLM2-135M, 270 heads, 128 tokens: about 24 MB of base64)
 DEFAULT_MAX_TOKENS = 128
+#: the largest viewer page a request may ask for (``attnlab view``'s bound: a browser does not
+#: open much more), as base64 float32 weights: 16/3 bytes each
+MAX_PAGE_BYTES = 200 * 10**6
 
 
 @dataclass
@@ -192,7 +196,21 @@ class Session:
 
         Returns:
             The :class:`~attnlab.viz.viewer.ViewerData` (title: the server's).
+
+        Raises:
+            FieldError: the page would pass :data:`MAX_PAGE_BYTES` (status 413).
         """
+        heads = sum(int(m.num_heads) for m in attention_modules(self.model).values())
+        page = heads * len(ids) ** 2 * 16 // 3
+        if page > MAX_PAGE_BYTES:
+            longest = math.isqrt(MAX_PAGE_BYTES * 3 // (16 * heads))
+            raise FieldError(
+                "text",
+                f"text: {len(ids)} tokens make a page of {heads} heads of {len(ids)} × "
+                f"{len(ids)} weights, about {format_bytes(page)}, more than the "
+                f"{format_bytes(MAX_PAGE_BYTES)} a browser opens; at most {longest} tokens",
+                413,
+            )
         inputs = self.inputs(ids, prompt_length)
         with self.running():
             cache = capture_inputs(self.model, inputs)
