@@ -108,6 +108,8 @@ def test_type_slide_generate_and_choose_a_head(server, browser) -> None:  # noqa
     chosen = "() => [attnlabViewer.chosen.layer, attnlabViewer.chosen.head]"
     assert matrix.evaluate(chosen) == [1, head]
     assert f"transformer.h.1.attn · head {head}" in page.inner_text("#steps-where")
+    # the plot steps figure is drawn only on demand: no broken image before
+    assert page.is_hidden("#steps-image")
     # text is shown as text: the typed markup is a token label, not an element
     assert page.query_selector("#generated b") is None
     assert not errors and not foreign
