@@ -30,6 +30,7 @@ COMMANDS = (
     "generate",
     "translate",
     "view",
+    "serve",
     "inspect",
     "patch",
     "plot",

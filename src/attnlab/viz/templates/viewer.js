@@ -178,7 +178,8 @@
     } else if (m) note = m.label + ": " + m.note;
     document.getElementById("method-note").textContent = note;
   }
-  function update() { controls(); draw(); }
+  // each redraw is announced, so a page framing this one (attnlab serve) follows the head chosen
+  function update() { controls(); draw(); window.dispatchEvent(new CustomEvent("attnlab:update")); }
 
   function setSize(w, h) {
     const dpr = window.devicePixelRatio || 1;
@@ -595,6 +596,16 @@
       const p = geom.panels.find((q) => head === undefined || q.h === head) || geom.panels[0];
       const r = canvas.getBoundingClientRect();
       return { x: r.left + p.x0 + (j + 0.5) * geom.cell, y: r.top + p.y0 + (i + 0.5) * geom.cell };
+    },
+    // choose the layer, head and view from a script (attnlab serve's page drives its frames so);
+    // a layer or head that does not exist is left as it was
+    select(sel) {
+      const g = DATA.groups[state.group];
+      if (Number.isInteger(sel.layer) && sel.layer >= 0 && sel.layer < g.layers.length) state.layer = sel.layer;
+      if (Number.isInteger(sel.head) && sel.head >= -1 && sel.head < g.layers[state.layer].heads) state.head = sel.head;
+      if (["matrix", "lines", "grid"].includes(sel.view)) state.view = sel.view;
+      state.focus = -1; tip.hidden = true;
+      update();
     },
     // the centre of one tile of the layers × heads grid
     tileCenter(layer, head) {

@@ -1,0 +1,185 @@
+"use strict";
+// attnlab serve's page: every number comes from the server's JSON API (the library's own
+// capture, step panel, sampler and generate); this script only asks and shows. Token texts are
+// always set as text (textContent), never as HTML.
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const gridFrame = $("grid-frame"), matrixFrame = $("matrix-frame");
+  // the sequence shown: the text's tokens, or ids with the generated ones after prompt
+  const state = { ids: null, prompt: null, tokens: [], layer: null, head: null, query: null, queryChosen: false, info: null };
+  let viewSeq = 0, nextSeq = 0, stepsSeq = 0, typing = null;
+  const stats = { views: 0, nexts: 0, steps: 0, generated: 0 };
+
+  async function call(path, body) {
+    const r = await fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    const type = r.headers.get("content-type") || "";
+    if (!r.ok) {
+      let msg = r.status + " " + r.statusText;
+      if (type.includes("json")) { const e = await r.json(); msg = e.error || msg; }
+      throw new Error(msg);
+    }
+    return type.includes("json") ? r.json() : r.blob();
+  }
+  function showError(e) { $("error").hidden = !e; $("error").textContent = e ? String(e.message || e) : ""; }
+  function status(text) { $("status").textContent = text; }
+
+  // the request's tokens: the text typed, or the ids with their generated tail
+  function sequence() {
+    return state.ids ? { ids: state.ids, prompt_length: state.prompt } : { text: $("text").value };
+  }
+  function chosen() { return state.layer === null ? {} : { layer: state.layer, head: state.head }; }
+  function sampling() {
+    const t = Number($("temperature").value), k = Number($("top-k").value), p = Number($("top-p").value);
+    $("temperature-value").textContent = t.toFixed(2);
+    $("top-k-value").textContent = k === 0 ? "off" : String(k);
+    $("top-p-value").textContent = p >= 1 ? "off" : p.toFixed(2);
+    return { temperature: t, top_k: k === 0 ? null : k, top_p: p >= 1 ? null : p };
+  }
+  function visible(label) { return JSON.stringify(label).slice(1, -1); }
+
+  // ------------------------------------------------------------------ attention
+  async function refresh() {
+    const seq = ++viewSeq;
+    status("running the model…");
+    let v;
+    try { v = await call("/api/view", { ...sequence(), ...chosen() }); } catch (e) { if (seq === viewSeq) { showError(e); status(""); } return; }
+    if (seq !== viewSeq) return;
+    showError(null);
+    state.tokens = v.tokens; state.ids = state.ids ? v.ids : null;
+    state.layer = v.start.layer; state.head = v.start.head;
+    gridFrame.srcdoc = v.html; matrixFrame.srcdoc = v.html;
+    fillQueries(v.tokens);
+    showSequence(v);
+    stats.views++;
+    status(v.tokens.length + " tokens · " + (state.info ? state.info.layers.length + " layers" : ""));
+    nextToken(); steps();
+  }
+  function fillQueries(tokens) {
+    // the last token until a query is chosen (then it is kept while it exists)
+    const box = $("query"), keep = state.queryChosen && state.query < tokens.length ? state.query : tokens.length - 1;
+    box.textContent = "";
+    tokens.forEach((t, i) => { const o = document.createElement("option"); o.value = String(i); o.textContent = i + " " + visible(t); box.appendChild(o); });
+    state.query = keep; box.value = String(keep);
+  }
+  function showSequence(v) {
+    const row = $("generated-row"), out = $("generated");
+    row.hidden = v.prompt_length === null || v.prompt_length === undefined;
+    out.textContent = "";
+    if (row.hidden) return;
+    v.tokens.forEach((t, i) => {
+      const s = document.createElement("span"); s.textContent = t;
+      if (i >= v.prompt_length) { s.className = "gen"; s.title = "generated token " + (i - v.prompt_length + 1); }
+      out.appendChild(s);
+    });
+  }
+  // the frames: the grid frame always shows the grid; a tile clicked there picks the head that
+  // the matrix frame shows; a head picked in the matrix frame is followed too
+  function viewer(frame) { return frame.contentWindow && frame.contentWindow.attnlabViewer; }
+  gridFrame.addEventListener("load", () => {
+    const v = viewer(gridFrame); if (!v) return;
+    v.select({ view: "grid" });
+    gridFrame.contentWindow.addEventListener("attnlab:update", () => {
+      const c = v.chosen;
+      if (c.view === "grid") return;
+      choose(c.layer, c.head);
+      v.select({ view: "grid" });
+    });
+  });
+  matrixFrame.addEventListener("load", () => {
+    const v = viewer(matrixFrame); if (!v) return;
+    matrixFrame.contentWindow.addEventListener("attnlab:update", () => { const c = v.chosen; choose(c.layer, c.head); });
+  });
+  function choose(layer, head) {
+    if (head < 0 || (layer === state.layer && head === state.head)) return;
+    state.layer = layer; state.head = head;
+    const m = viewer(matrixFrame);
+    if (m && (m.chosen.layer !== layer || m.chosen.head !== head)) m.select({ layer, head, view: m.chosen.view === "grid" ? "matrix" : m.chosen.view });
+    steps();
+  }
+
+  // ------------------------------------------------------------------ step by step
+  async function steps() {
+    if (state.layer === null) return;
+    const seq = ++stepsSeq;
+    let s;
+    try { s = await call("/api/steps", { ...sequence(), layer: state.layer, head: state.head, query: state.query }); } catch (e) { if (seq === stepsSeq) showError(e); return; }
+    if (seq !== stepsSeq) return;
+    $("steps-where").textContent = "— " + s.layer + " · head " + s.head + " · query " + s.query + " " + JSON.stringify(s.tokens[s.query]);
+    $("steps-formula").textContent = "S = q·kⱼ / √" + s.d_head + " (masked: −∞) → A = softmax(S) → z = Σⱼ Aⱼ vⱼ  (" + s.d_head + " numbers per head; x has " + s.d_model + ")";
+    const table = $("steps-table"); table.textContent = "";
+    const head = table.insertRow(); ["key", "token", "score S", "weight A", ""].forEach((h) => { const th = document.createElement("th"); th.textContent = h; head.appendChild(th); });
+    s.tokens.forEach((t, j) => {
+      const r = table.insertRow();
+      const cells = [String(j), visible(t), s.scores[j] === null ? "−∞" : s.scores[j].toFixed(3), s.visible[j] ? s.weights[j].toFixed(4) : "masked"];
+      cells.forEach((c, i) => { const td = r.insertCell(); td.textContent = c; if (i === 1) td.className = "tok"; if (!s.visible[j]) td.classList.add("masked"); });
+      const td = r.insertCell(), bar = document.createElement("div"); bar.className = "bar"; bar.style.width = Math.round(120 * s.weights[j]) + "px"; td.appendChild(bar);
+    });
+    $("steps-image").hidden = true; $("steps-draw").disabled = false;
+    stats.steps++;
+  }
+  $("query").addEventListener("change", (e) => { state.query = Number(e.target.value); state.queryChosen = true; steps(); });
+  // the seven panels of `attnlab plot steps`, drawn by the server on demand (seconds of CPU)
+  $("steps-draw").addEventListener("click", async () => {
+    if (state.layer === null) return;
+    const seq = stepsSeq;
+    $("steps-draw").disabled = true; status("drawing the panels…");
+    let s;
+    try { s = await call("/api/steps", { ...sequence(), layer: state.layer, head: state.head, query: state.query, figure: true }); } catch (e) { showError(e); return; }
+    status("");
+    if (seq !== stepsSeq) return;
+    $("steps-image").src = s.image; $("steps-image").hidden = false; $("steps-image").title = s.title;
+  });
+
+  // ------------------------------------------------------------------ next token
+  async function nextToken() {
+    const seq = ++nextSeq;
+    let n;
+    try { n = await call("/api/next", { ...sequence(), ...sampling(), top: 12 }); } catch (e) { if (seq === nextSeq) showError(e); return; }
+    if (seq !== nextSeq) return;
+    const bars = $("bars"); bars.textContent = "";
+    const best = n.tokens.length ? n.tokens[0].probability : 1;
+    for (const t of n.tokens) {
+      const row = document.createElement("div"); row.className = "bar-row";
+      const tok = document.createElement("span"); tok.className = "bar-token"; tok.textContent = JSON.stringify(t.token); tok.title = "id " + t.id + " · raw softmax " + t.raw.toFixed(4);
+      const cell = document.createElement("div"), bar = document.createElement("div"); bar.className = "bar"; bar.style.width = (100 * t.probability / best) + "%"; cell.appendChild(bar);
+      const p = document.createElement("span"); p.className = "bar-p"; p.textContent = (100 * t.probability).toFixed(1) + "%";
+      row.append(tok, cell, p); bars.appendChild(row);
+    }
+    $("next-note").textContent = n.kept + " tokens kept by the filters · entropy " + n.entropy.toFixed(3) + " nats";
+    stats.nexts++;
+  }
+  for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", () => nextToken());
+
+  // ------------------------------------------------------------------ generate, share
+  async function generate(n) {
+    const seed = Number($("seed").value);
+    let g;
+    try { g = await call("/api/generate", { ...sequence(), ...sampling(), n, seed }); } catch (e) { showError(e); return; }
+    state.ids = g.ids; state.prompt = g.prompt_length;
+    if (n === 1) $("seed").value = String(seed + 1); // the next draw, deterministic too
+    stats.generated += g.new.length;
+    refresh();
+  }
+  $("generate-one").addEventListener("click", () => generate(1));
+  $("generate-n").addEventListener("click", () => generate(Number($("n").value)));
+  $("restart").addEventListener("click", () => { state.ids = null; state.prompt = null; refresh(); });
+  $("share").addEventListener("click", async () => {
+    let blob;
+    try { blob = await call("/api/share", { ...sequence(), ...chosen() }); } catch (e) { showError(e); return; }
+    const a = document.createElement("a"); a.href = URL.createObjectURL(blob); a.download = "attnlab-view.html";
+    document.body.appendChild(a); a.click(); a.remove();
+  });
+  $("text").addEventListener("input", () => {
+    state.ids = null; state.prompt = null;
+    clearTimeout(typing); typing = setTimeout(refresh, 300);
+  });
+
+  // a small API for tests: what was drawn and asked
+  window.attnlabServe = { state, stats };
+  sampling();
+  fetch("/api/info").then((r) => r.json()).then((info) => {
+    state.info = info; $("title").textContent = "attnlab serve · " + info.title;
+    document.title = "attnlab serve · " + info.title;
+  }).catch(showError);
+  refresh();
+})();
