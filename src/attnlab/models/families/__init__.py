@@ -94,7 +94,16 @@ class Family:
 @dataclass(frozen=True)
 class EncoderFamily:
     """One encoder family's conversions: :class:`Family`'s fields for an
-    :class:`~attnlab.models.encoder.Encoder` (``hf_class`` is the bare model, ``BertModel``).
+    :class:`~attnlab.models.encoder.Encoder`.
+
+    Attributes:
+        name: attnlab's name (``EncoderConfig.family``).
+        model_type: Hugging Face's ``model_type``.
+        hf_class: the ``transformers`` class of the bare encoder (``BertModel``).
+        config_from_hf: ``config.json`` dict → :class:`~attnlab.models.encoder.EncoderConfig`.
+        config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
+        state_from_hf: Hugging Face state dict → attnlab's (a task head left out).
+        state_to_hf: attnlab's state dict → Hugging Face's.
 
     Shape:
         the state dicts' tensors keep their shapes but for the attention's query, key and value

@@ -231,7 +231,7 @@ def _state_from_hf(
 
 def _state_to_hf(state: Mapping[str, torch.Tensor], config: EncoderConfig, distil: bool) -> State:
     out: State = {}
-    for ours, theirs in _EMBEDDINGS:
+    for theirs, ours in _EMBEDDINGS:
         for kind in ("weight", "bias"):
             t = state.get(f"embeddings.{ours}.{kind}")
             if t is not None:

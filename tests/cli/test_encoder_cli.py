@@ -1,0 +1,68 @@
+"""``attnlab inspect``, ``view`` and ``plot`` on a Hugging Face BERT folder (tiny, random,
+WordPiece tokenizer): the text read with ``[CLS] … [SEP]``, every head reported, the viewer's
+encoder self-attention with no look-ahead mask and the special tokens marked."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab.cli import main
+from tests.models._encoders import tiny_bert_folder
+
+TEXT = "The cat sat on the mat."
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bert_folder(tmp_path_factory.mktemp("bert") / "bert")
+
+
+def test_inspect_json_reads_the_text_with_its_special_tokens(
+    bert: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["inspect", str(bert), "--text", TEXT, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["source_tokens"] == TOKENS and report["target_tokens"] == []
+    assert [(h["layer"], h["head"]) for h in report["heads"]] == [
+        (f"layers.{i}.self_attn", h) for i in range(2) for h in range(4)
+    ]
+    assert all(h["rows"] == len(TOKENS) and h["masked_rows"] == 0 for h in report["heads"])
+
+
+def test_view_shows_bidirectional_attention_and_marks_cls_sep(bert: Path, tmp_path: Path) -> None:
+    out = tmp_path / "v.html"
+    assert main(["view", str(bert), "--text", TEXT, "-o", str(out)]) == 0
+    html = out.read_text()
+    m = re.search(r'<script type="application/json" id="attnlab-data">(.*?)</script>', html, re.S)
+    assert m
+    data = json.loads(m.group(1))
+    assert data["sequences"] == {"tokens": TOKENS}
+    assert data["special"] == {"tokens": [0, len(TOKENS) - 1]}
+    (group,) = data["groups"]
+    assert group["name"] == "encoder self-attention"
+    n = len(TOKENS)
+    for layer in group["layers"]:
+        assert layer["mask"] is None  # no look-ahead mask drawn over an encoder
+        w = np.frombuffer(base64.b64decode(layer["weights"]), dtype="<f4").reshape(4, n, n)
+        above = np.triu_indices(n, 1)
+        assert np.all(w[:, above[0], above[1]] > 0)  # every token sees the tokens after it
+
+
+def test_plot_layers_and_encoder_only_errors(
+    bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "layers.png"
+    assert main(["plot", "layers", "--model", str(bert), "--text", TEXT, "-o", str(out)]) == 0
+    assert out.stat().st_size > 0
+    assert main(["inspect", str(bert), "--text", TEXT, "--generate", "2"]) == 2
+    assert main(["inspect", str(bert), "--text", TEXT, "--target", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "an encoder reads the text in both directions" in err[-2]
+    assert "this run is an encoder" in err[-1]
