@@ -61,8 +61,19 @@ def test_plot_layers_and_encoder_only_errors(
     out = tmp_path / "layers.png"
     assert main(["plot", "layers", "--model", str(bert), "--text", TEXT, "-o", str(out)]) == 0
     assert out.stat().st_size > 0
+    capsys.readouterr()
     assert main(["inspect", str(bert), "--text", TEXT, "--generate", "2"]) == 2
     assert main(["inspect", str(bert), "--text", TEXT, "--target", "x"]) == 2
+    assert main(["generate", str(bert), "--prompt", TEXT]) == 2
+    assert main(["translate", str(bert), TEXT]) == 2
+    assert main(["patch", str(bert), "--clean", "the", "--corrupted", "cat", "--answer", "cat",
+                 "--wrong", "the"]) == 2  # fmt: skip
+    assert main(["inspect", str(bert), "--roles"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "an encoder reads the text in both directions" in err[-2]
-    assert "this run is an encoder" in err[-1]
+    assert len(err) == 6 and all(line.startswith("attnlab: error: ") for line in err)
+    assert "an encoder reads the text in both directions" in err[0]
+    assert "this run is an encoder" in err[1]
+    assert "is an encoder: it reads a text in both directions and generates nothing" in err[2]
+    assert "holds an encoder, not an encoder-decoder" in err[3]
+    assert "patch is for language models; this run is an encoder" in err[4]
+    assert "role scores need a decoder-only language model" in err[5] and "encoder" in err[5]
