@@ -77,3 +77,22 @@ def test_plot_layers_and_encoder_only_errors(
     assert "holds an encoder, not an encoder-decoder" in err[3]
     assert "patch is for language models; this run is an encoder" in err[4]
     assert "role scores need a decoder-only language model" in err[5] and "encoder" in err[5]
+
+
+def test_embed_prints_cosine_similarities(bert: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    import attnlab
+
+    texts = ["the cat sat", "the dog ran on the mat", "a cat"]
+    assert main(["embed", str(bert), *texts, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model, tokenizer = attnlab.load_pretrained(bert)
+    want = attnlab.embed(texts, model, tokenizer)
+    e = torch.tensor(out["embeddings"])
+    assert out["texts"] == texts and torch.allclose(e, want, atol=1e-6)
+    assert torch.allclose(torch.tensor(out["similarity"]), want @ want.T, atol=1e-6)
+    assert main(["embed", str(bert), *texts]) == 0
+    assert "cosine similarity" in capsys.readouterr().out
+    assert main(["embed", str(bert / "missing"), "a"]) == 2
+    assert "MODEL must be a pretrained encoder" in capsys.readouterr().err

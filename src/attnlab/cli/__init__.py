@@ -32,6 +32,7 @@ COMMANDS = (
     "view",
     "inspect",
     "patch",
+    "embed",
     "plot",
     "flops",
     "bench",
