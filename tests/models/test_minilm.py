@@ -120,7 +120,7 @@ def test_an_unwritable_cache_is_named(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "file"))
     monkeypatch.setitem(bundled.BUNDLED_ENCODERS, "tiny-enc", ("no-such-dist", "model.zip"))
     monkeypatch.setattr(bundled, "_zip_path", lambda name: archive)
-    with pytest.raises(ArgumentError, match="cannot be written .*set ATTNLAB_CACHE"):
+    with pytest.raises(ArgumentError, match=r"cannot be written .*set ATTNLAB_CACHE"):
         bundled_encoder_folder("tiny-enc")
 
 
