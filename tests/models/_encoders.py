@@ -15,7 +15,7 @@ VOCAB = SPECIAL + WORDS
 
 
 def tiny_hf(family: str, *, seed: int = 0) -> Any:
-    """A ``transformers`` BertModel / RobertaModel / DistilBertModel of random weights, float64,
+    """A ``transformers`` BertModel / RobertaModel / DistilBertModel / ElectraModel of random weights, float64,
     eager attention (it returns the weights), in eval mode; its query and key weights scaled
     up so that the heads attend sharply (initialised at std 0.02 they are nearly uniform)."""
     model = _tiny_hf(family, seed)
@@ -36,6 +36,9 @@ def _tiny_hf(family: str, seed: int) -> Any:
                                  max_position_embeddings=16, **common)  # fmt: skip
         return t.DistilBertModel(cfg).double().eval()
     sizes = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24)
+    if family == "electra":
+        cfg = t.ElectraConfig(embedding_size=8, max_position_embeddings=16, **sizes, **common)
+        return t.ElectraModel(cfg).double().eval()
     if family == "roberta":
         cfg = t.RobertaConfig(max_position_embeddings=18, type_vocab_size=1, **sizes, **common)
         return t.RobertaModel(cfg).double().eval()

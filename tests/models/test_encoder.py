@@ -1,4 +1,5 @@
-"""attnlab's Encoder against transformers' BertModel, RobertaModel and DistilBertModel on tiny
+"""attnlab's Encoder against transformers' BertModel, RobertaModel, DistilBertModel and
+ElectraModel (embeddings narrower than the model, projected) on tiny
 random weights in float64, with padding in the batch: every hidden state, every attention
 weight, the pooler and every gradient (≤ 1e-10); folders both ways; the families' registration
 and the encoder's typed errors."""
@@ -19,7 +20,7 @@ from attnlab.models.families import encoder_family_named, family_of, supported_m
 from attnlab.models.pretrained import load_pretrained
 from tests.models._encoders import padded_batch, tiny_hf
 
-FAMILIES = ("bert", "roberta", "distilbert")
+FAMILIES = ("bert", "roberta", "distilbert", "electra")
 TOL = 1e-10
 
 
@@ -50,7 +51,7 @@ def test_forward_hidden_states_attention_and_pooler_equal_transformers(
         weights = cache.attentions[f"layers.{i}.self_attn"]
         assert _diff(weights, theirs) <= TOL
         assert float(weights[1, :, :, 4:].abs().max()) == 0.0  # padding is never attended
-    if family == "distilbert":
+    if family in ("distilbert", "electra"):
         assert out.pooler_output is None
     else:
         assert _diff(out.pooler_output, ref.pooler_output) <= TOL
@@ -103,7 +104,7 @@ def test_roberta_positions_skip_padding() -> None:
 
 
 def test_encoder_families_are_registered_and_refused_as_decoders() -> None:
-    assert {"bert", "roberta", "distilbert"} <= set(supported_model_types())
+    assert {"bert", "roberta", "distilbert", "electra"} <= set(supported_model_types())
     with pytest.raises(ArgumentError, match="'bert' is an encoder"):
         family_of({"model_type": "bert"})
 

@@ -11,7 +11,8 @@ GELU) and their attention the one :class:`~attnlab.nn.multihead.MultiHeadAttenti
 backend, head mask, hook and capture works on an encoder as on a decoder. Hugging Face's BERT,
 RoBERTa and DistilBERT are read and written by their families (:mod:`attnlab.models.families`,
 :mod:`attnlab.models.encoder_hf`); RoBERTa counts positions from ``pad_id + 1`` over the tokens
-that are not padding (``position_offset``); DistilBERT has no token types and no pooler.
+that are not padding (``position_offset``); DistilBERT has no token types and no pooler;
+ELECTRA's embeddings may be narrower than the model, projected to it (``embedding_size``).
 
 :meth:`Encoder.embed` is the sentence embedding of sentence-transformers' models
 (all-MiniLM-L6-v2): the mean of the last hidden states over the tokens the attention mask keeps,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["ENCODER_FAMILIES", "Encoder", "EncoderConfig", "EncoderOutput"]
 
 #: the families an :class:`EncoderConfig` can name
-ENCODER_FAMILIES = ("bert", "roberta", "distilbert")
+ENCODER_FAMILIES = ("bert", "roberta", "distilbert", "electra")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,11 @@ class EncoderConfig:
             a token that is not ``pad_id`` has position ``o + (its rank among them)`` and padding
             has ``o - 1`` (RoBERTa: ``o = pad_id + 1``).
         pooler: whether the model has BERT's pooler (``tanh`` of a linear map of ``[CLS]``).
-        family: ``"bert"``, ``"roberta"`` or ``"distilbert"`` (how Hugging Face names its weights).
+        embedding_size: the embeddings' width where it differs from ``d_model`` (ELECTRA): a
+            linear map ``embeddings_project`` takes them to ``d_model`` after their LayerNorm;
+            ``None`` (default): ``d_model``, no projection.
+        family: ``"bert"``, ``"roberta"``, ``"distilbert"`` or ``"electra"`` (how Hugging Face
+            names its weights).
     """
 
     vocab_size: int
@@ -81,11 +86,14 @@ class EncoderConfig:
     pad_id: int | None = 0
     position_offset: int | None = None
     pooler: bool = True
+    embedding_size: int | None = None
     family: str = "bert"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "d_model", "n_layer", "n_head", "d_ff"):
             check_positive_int(name, getattr(self, name))
+        if self.embedding_size is not None:
+            check_positive_int("embedding_size", self.embedding_size)
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ArgumentError(f"type_vocab_size must be an int ≥ 0, got {self.type_vocab_size!r}")
         if self.d_model % self.n_head:
@@ -143,12 +151,13 @@ class EncoderEmbeddings(nn.Module):
         config: the :class:`EncoderConfig`.
 
     Shape:
-        input_ids, position_ids, token_type_ids ``(B, T)`` → ``(B, T, d_model)``.
+        input_ids, position_ids, token_type_ids ``(B, T)`` → ``(B, T, e)``, ``e`` the
+        ``embedding_size`` (default ``d_model``).
     """
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        d = config.d_model
+        d = config.embedding_size or config.d_model
         self.word_embeddings = nn.Embedding(config.vocab_size, d)
         self.position_embeddings = nn.Embedding(config.n_positions, d)
         self.token_type_embeddings = (
@@ -174,14 +183,14 @@ class EncoderEmbeddings(nn.Module):
             The embeddings, normalised.
 
         Shape:
-            ``(B, T)`` each → ``(B, T, d_model)``.
+            ``(B, T)`` each → ``(B, T, e)``.
         """
         # E = W_tok[x] + W_pos[p] + W_type[s]
         e = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if self.token_type_embeddings is not None:
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             e = e + self.token_type_embeddings(types)
-        return self.dropout(self.norm(e))  # (B, T, d_model)
+        return self.dropout(self.norm(e))  # (B, T, e)
 
 
 class Encoder(nn.Module):
@@ -211,6 +220,8 @@ class Encoder(nn.Module):
             raise ArgumentTypeError(f"config must be an EncoderConfig, got {type(config).__name__}")
         self.config = config
         self.embeddings = EncoderEmbeddings(config)
+        e = config.embedding_size or config.d_model
+        self.embeddings_project = nn.Linear(e, config.d_model) if e != config.d_model else None
         self.hook_embed = HookPoint()
         self.layers = nn.ModuleList(
             EncoderLayer(
@@ -326,9 +337,10 @@ class Encoder(nn.Module):
         """
         mask = self._check_inputs(input_ids, attention_mask, token_type_ids)
         masks = layer_head_masks("head_mask", head_mask, self.config.n_layer, self.config.n_head)
-        h = self.hook_embed(
-            self.embeddings(input_ids, self.position_ids(input_ids), token_type_ids)
-        )  # (B, T, d_model)
+        h = self.embeddings(input_ids, self.position_ids(input_ids), token_type_ids)  # (B, T, e)
+        if self.embeddings_project is not None:  # ELECTRA: h ← h W_e + b_e
+            h = self.embeddings_project(h)
+        h = self.hook_embed(h)  # (B, T, d_model)
         states = [h]
         for layer, xi in zip(self.layers, masks, strict=True):
             h = layer(h, mask=mask, head_mask=xi)  # (B, T, d_model)

@@ -1,4 +1,4 @@
-"""Hugging Face interop for the encoder families (BERT, RoBERTa, DistilBERT): weights in and out
+"""Hugging Face interop for the encoder families (BERT, RoBERTa, DistilBERT, ELECTRA): weights in and out
 of ``transformers`` models and Hugging Face folders, as :mod:`attnlab.models.hf` does for the
 decoders. The family of a ``config.json`` (:func:`attnlab.models.families.encoder_family_of`)
 converts the config and the weight names; :class:`~attnlab.models.encoder.Encoder` runs them all.
@@ -45,7 +45,7 @@ def encoder_config_from_hf(hf_config: Any) -> EncoderConfig:
             ``distilbert``).
 
     Returns:
-        The config (``pooler=True`` but for DistilBERT; a loader sets it from the weights).
+        The config (``pooler=True`` but for DistilBERT and ELECTRA; a loader sets it from the weights).
     """
     data = _as_dict(hf_config)
     return encoder_family_of(data).config_from_hf(data)
@@ -152,8 +152,7 @@ def encoder_to_hf(model: Encoder, *, attn_implementation: str = "eager") -> PreT
     hf_config._attn_implementation = attn_implementation
     ref = model.embeddings.word_embeddings.weight
     cls = getattr(transformers, family.hf_class)
-    kwargs = {} if family.name == "distilbert" else {"add_pooling_layer": model.config.pooler}
-    hf = cls(hf_config, **kwargs).to(device=ref.device, dtype=ref.dtype)
+    hf = cls(hf_config, **family.hf_init(model.config)).to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
         state = family.state_to_hf(model.state_dict(), model.config)
         missing, unexpected = hf.load_state_dict(

@@ -16,7 +16,7 @@ Sources, tried in this order:
    network allows; offline, a one-line error.
 
 The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's parts, or for an
-encoder family (BERT, RoBERTa, DistilBERT: :func:`attnlab.models.families.is_encoder`) its
+encoder family (BERT, RoBERTa, DistilBERT, ELECTRA: :func:`attnlab.models.families.is_encoder`) its
 :class:`~attnlab.models.encoder.Encoder`, equal to the ``transformers`` class of the same weights.
 """
 

@@ -1,5 +1,5 @@
-"""The one path between a text and a pretrained encoder (BERT, RoBERTa, DistilBERT, the bundled
-``minilm-l6``): the text's tokens with the special tokens its tokenizer adds (``[CLS] … [SEP]``,
+"""The one path between a text and a pretrained encoder (BERT, RoBERTa, DistilBERT, ELECTRA, the
+bundled ``minilm-l6``): the text's tokens with the special tokens its tokenizer adds (``[CLS] … [SEP]``,
 ``<s> … </s>``), read once in both directions; nothing is generated.
 
 Its :class:`~attnlab.tasks.base.ModelInputs` are of the ``"lm"`` kind (one sequence, its tokens

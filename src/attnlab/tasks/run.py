@@ -10,7 +10,7 @@ Accepted paths:
   (``config.json`` of a supported ``model_type``: GPT-2, Llama, Mistral, Qwen2, GPT-NeoX), a
   ``.gguf`` file, the bundled name ``smollm2-135m``, or a Hub id when the network allows; its
   tokenizer read when there is one, and generation stopping at its end token; an encoder
-  (BERT, RoBERTa, DistilBERT, the bundled ``minilm-l6``) reads the text with its special tokens
+  (BERT, RoBERTa, DistilBERT, ELECTRA, the bundled ``minilm-l6``) reads the text with its special tokens
   (:class:`~attnlab.tasks.encoder.EncoderIO`).
 
 A checkpoint without a task (saved by hand) or a pretrained model gets the plain path of its model
@@ -97,7 +97,7 @@ class Run:
 
     @property
     def is_encoder(self) -> bool:
-        """Whether the model is a pretrained encoder (BERT, RoBERTa, DistilBERT)."""
+        """Whether the model is a pretrained encoder (BERT, RoBERTa, DistilBERT, ELECTRA)."""
         return isinstance(self.config, EncoderConfig)
 
     def inputs(self, text: str, **options: Any) -> ModelInputs:

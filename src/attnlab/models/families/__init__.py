@@ -26,6 +26,7 @@ Encoders follow the same rule with an :class:`EncoderFamily`: ``config.json`` �
 | bert | `bert` | — (post-norm, exact GELU, token types, learned positions, pooler) |
 | roberta | `roberta` | positions counted from `pad_token_id + 1` over the tokens that are not padding |
 | distilbert | `distilbert` | its own weight names, no token types, no pooler |
+| electra | `electra` | no pooler; embeddings of `embedding_size` projected to the width |
 
 Adding a family is one module and one :func:`register_family` call; nothing outside this
 package asks a ``model_type`` (:func:`is_encoder` tells which registry a config belongs to).
@@ -104,6 +105,8 @@ class EncoderFamily:
         config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
         state_from_hf: Hugging Face state dict → attnlab's (a task head left out).
         state_to_hf: attnlab's state dict → Hugging Face's.
+        hf_init: the keyword arguments of ``hf_class`` beside its config for a config
+            (BERT's ``add_pooling_layer``); default none.
 
     Shape:
         the state dicts' tensors keep their shapes but for the attention's query, key and value
@@ -117,6 +120,7 @@ class EncoderFamily:
     config_to_hf: Callable[[EncoderConfig], dict[str, Any]]
     state_from_hf: Callable[[Mapping[str, torch.Tensor], EncoderConfig], State]
     state_to_hf: Callable[[Mapping[str, torch.Tensor], EncoderConfig], State]
+    hf_init: Callable[[EncoderConfig], dict[str, Any]] = lambda config: {}
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -1,5 +1,6 @@
-"""BERT (Devlin et al. 2019), RoBERTa (Liu et al. 2019) and DistilBERT (Sanh et al. 2019): the
-encoder families, read into attnlab's :class:`~attnlab.models.encoder.Encoder`.
+"""BERT (Devlin et al. 2019), RoBERTa (Liu et al. 2019), DistilBERT (Sanh et al. 2019) and ELECTRA
+(Clark et al. 2020, the discriminator): the encoder families, read into attnlab's
+:class:`~attnlab.models.encoder.Encoder`.
 
 All three are the same post-norm encoder; they differ in names and in two parts:
 
@@ -11,6 +12,8 @@ All three are the same post-norm encoder; they differ in names and in two parts:
   not padding (``EncoderConfig.position_offset``).
 - DistilBERT: ``transformer.layer.{i}.attention.{q,k,v,out}_lin``, ``sa_layer_norm``,
   ``ffn.lin{1,2}``, ``output_layer_norm``; no token types, no pooler; LayerNorm ε = 1e-12.
+- ELECTRA: BERT's names, no pooler, embeddings of ``embedding_size`` projected to the model's
+  width by ``embeddings_project`` (when the two differ).
 
 The query, key and value weights are stacked into the layer's one ``in_proj_weight``. A model
 saved with a task head (``BertForMaskedLM``: ``bert.`` before every name, ``cls.…``) is read
@@ -30,11 +33,12 @@ from attnlab.models.encoder import EncoderConfig
 from attnlab.models.families import EncoderFamily, State, register_family
 from attnlab.models.families._common import TensorTaker, json_bool, json_float, size
 
-__all__ = ["BERT", "DISTILBERT", "ROBERTA", "strip_task_head"]
+__all__ = ["BERT", "DISTILBERT", "ELECTRA", "ROBERTA", "strip_task_head"]
 
 #: the prefixes of a task head's tensors (masked LM, classification, QA): not the encoder's
 _HEADS = ("cls.", "lm_head.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
-          "classifier.", "pre_classifier.", "qa_outputs.")  # fmt: skip
+          "classifier.", "pre_classifier.", "qa_outputs.", "discriminator_predictions.",
+          "generator_predictions.", "generator_lm_head.")  # fmt: skip
 #: buffers older ``transformers`` saved with the weights
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
@@ -67,7 +71,8 @@ def _gelu(config: Mapping[str, Any], key: str) -> None:
 
 
 def _bert_config(config: Mapping[str, Any], family: str) -> EncoderConfig:
-    """``BertConfig`` / ``RobertaConfig`` → :class:`~attnlab.models.encoder.EncoderConfig`."""
+    """``BertConfig`` / ``RobertaConfig`` / ``ElectraConfig`` →
+    :class:`~attnlab.models.encoder.EncoderConfig`."""
     _gelu(config, "hidden_act")
     kind = config.get("position_embedding_type", "absolute")
     if kind not in (None, "absolute"):
@@ -75,7 +80,7 @@ def _bert_config(config: Mapping[str, Any], family: str) -> EncoderConfig:
     for key in ("is_decoder", "add_cross_attention"):
         if json_bool(config, key, False):
             raise ArgumentError(f"{key} must be false: attnlab's Encoder is an encoder")
-    pad = config.get("pad_token_id", 0 if family == "bert" else 1)
+    pad = config.get("pad_token_id", 1 if family == "roberta" else 0)
     if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool) or pad < 0):
         raise ArgumentError(f"pad_token_id must be an int ≥ 0 or null, got {pad!r}")
     offset = None
@@ -83,10 +88,12 @@ def _bert_config(config: Mapping[str, Any], family: str) -> EncoderConfig:
         if pad is None:
             raise ArgumentError("pad_token_id must be set for RoBERTa (its positions skip padding)")
         offset = pad + 1
+    d = size(config, "hidden_size", "width")
+    e = size(config, "embedding_size", "width", d) if family == "electra" else d
     return EncoderConfig(
         vocab_size=size(config, "vocab_size", "vocab"),
         n_positions=size(config, "max_position_embeddings", "positions", 512),
-        d_model=size(config, "hidden_size", "width"),
+        d_model=d,
         n_layer=size(config, "num_hidden_layers", "layers"),
         n_head=size(config, "num_attention_heads", "heads"),
         d_ff=size(config, "intermediate_size", "width"),
@@ -96,6 +103,8 @@ def _bert_config(config: Mapping[str, Any], family: str) -> EncoderConfig:
         attention_dropout=json_float(config, "attention_probs_dropout_prob", 0.0, positive=False),
         pad_id=pad,
         position_offset=offset,
+        pooler=family != "electra",
+        embedding_size=None if e == d else e,
         family=family,
     )
 
@@ -103,7 +112,14 @@ def _bert_config(config: Mapping[str, Any], family: str) -> EncoderConfig:
 def _bert_to_hf(config: EncoderConfig, model_type: str, architecture: str) -> dict[str, Any]:
     if not config.type_vocab_size:
         raise ArgumentError(f"type_vocab_size must be ≥ 1 for {model_type}, got 0")
-    expected = None if model_type == "bert" else (config.pad_id or 0) + 1
+    if config.embedding_size is not None and model_type != "electra":
+        raise ArgumentError(
+            f"embedding_size must be None for {model_type} (only ELECTRA projects its "
+            f"embeddings), got {config.embedding_size}"
+        )
+    if config.pooler and model_type == "electra":
+        raise ArgumentError("pooler must be False for electra (ElectraModel has none), got True")
+    expected = (config.pad_id or 0) + 1 if model_type == "roberta" else None
     if config.position_offset != expected:
         raise ArgumentError(
             f"position_offset must be {expected} for {model_type}, got {config.position_offset}"
@@ -124,6 +140,11 @@ def _bert_to_hf(config: EncoderConfig, model_type: str, architecture: str) -> di
         "layer_norm_eps": config.layer_norm_eps,
         "pad_token_id": config.pad_id,
         "position_embedding_type": "absolute",
+        **(
+            {"embedding_size": config.embedding_size or config.d_model}
+            if model_type == "electra"
+            else {}
+        ),
     }
 
 
@@ -149,7 +170,12 @@ def _distil_config(config: Mapping[str, Any]) -> EncoderConfig:
 
 
 def _distil_to_hf(config: EncoderConfig) -> dict[str, Any]:
-    if config.type_vocab_size or config.pooler or config.position_offset is not None:
+    if (
+        config.type_vocab_size
+        or config.pooler
+        or config.position_offset is not None
+        or config.embedding_size is not None
+    ):
         raise ArgumentError(
             "DistilBERT has no token types, no pooler and plain positions: type_vocab_size must "
             f"be 0, pooler False, position_offset None, got {config.type_vocab_size}, "
@@ -224,7 +250,9 @@ def _state_from_hf(
     for i in range(config.n_layer):
         _qkv(take, f"{stack}{i}.", qkv, out, f"layers.{i}.")
         take.move(out, pairs, f"{stack}{i}.", f"layers.{i}.")
-    take.move(out, (("pooler.dense", "pooler"),), "", "")
+    take.move(
+        out, (("pooler.dense", "pooler"), ("embeddings_project", "embeddings_project")), "", ""
+    )
     take.done()
     return out
 
@@ -252,6 +280,9 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: EncoderConfig, disti
         for theirs, ours in pairs:
             for kind in ("weight", "bias"):
                 out[f"{stack}{i}.{theirs}.{kind}"] = state[f"layers.{i}.{ours}.{kind}"]
+    if config.embedding_size is not None and config.embedding_size != config.d_model:
+        for kind in ("weight", "bias"):
+            out[f"embeddings_project.{kind}"] = state[f"embeddings_project.{kind}"]
     if config.pooler:
         out["pooler.dense.weight"], out["pooler.dense.bias"] = (
             state["pooler.weight"],
@@ -269,6 +300,7 @@ BERT = register_family(
         config_to_hf=lambda c: _bert_to_hf(c, "bert", "BertModel"),
         state_from_hf=lambda s, c: _state_from_hf(s, c, "bert.", distil=False),
         state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
+        hf_init=lambda c: {"add_pooling_layer": c.pooler},
     )
 )
 ROBERTA = register_family(
@@ -280,6 +312,7 @@ ROBERTA = register_family(
         config_to_hf=lambda c: _bert_to_hf(c, "roberta", "RobertaModel"),
         state_from_hf=lambda s, c: _state_from_hf(s, c, "roberta.", distil=False),
         state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
+        hf_init=lambda c: {"add_pooling_layer": c.pooler},
     )
 )
 DISTILBERT = register_family(
@@ -291,5 +324,16 @@ DISTILBERT = register_family(
         config_to_hf=_distil_to_hf,
         state_from_hf=lambda s, c: _state_from_hf(s, c, "distilbert.", distil=True),
         state_to_hf=lambda s, c: _state_to_hf(s, c, distil=True),
+    )
+)
+ELECTRA = register_family(
+    EncoderFamily(
+        name="electra",
+        model_type="electra",
+        hf_class="ElectraModel",
+        config_from_hf=lambda c: _bert_config(c, "electra"),
+        config_to_hf=lambda c: _bert_to_hf(c, "electra", "ElectraModel"),
+        state_from_hf=lambda s, c: _state_from_hf(s, c, "electra.", distil=False),
+        state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
     )
 )
