@@ -291,30 +291,25 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: EncoderConfig, disti
     return out
 
 
-BERT = register_family(
-    EncoderFamily(
-        name="bert",
-        model_type="bert",
-        hf_class="BertModel",
-        config_from_hf=lambda c: _bert_config(c, "bert"),
-        config_to_hf=lambda c: _bert_to_hf(c, "bert", "BertModel"),
-        state_from_hf=lambda s, c: _state_from_hf(s, c, "bert.", distil=False),
-        state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
-        hf_init=lambda c: {"add_pooling_layer": c.pooler},
+def _bert_like(name: str, hf_class: str, *, pooler: bool) -> EncoderFamily:
+    """Register a family with BERT's names (``name.`` before them in a task model)."""
+    return register_family(
+        EncoderFamily(
+            name=name,
+            model_type=name,
+            hf_class=hf_class,
+            config_from_hf=lambda c: _bert_config(c, name),
+            config_to_hf=lambda c: _bert_to_hf(c, name, hf_class),
+            state_from_hf=lambda s, c: _state_from_hf(s, c, f"{name}.", distil=False),
+            state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
+            hf_init=(lambda c: {"add_pooling_layer": c.pooler}) if pooler else (lambda c: {}),
+        )
     )
-)
-ROBERTA = register_family(
-    EncoderFamily(
-        name="roberta",
-        model_type="roberta",
-        hf_class="RobertaModel",
-        config_from_hf=lambda c: _bert_config(c, "roberta"),
-        config_to_hf=lambda c: _bert_to_hf(c, "roberta", "RobertaModel"),
-        state_from_hf=lambda s, c: _state_from_hf(s, c, "roberta.", distil=False),
-        state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
-        hf_init=lambda c: {"add_pooling_layer": c.pooler},
-    )
-)
+
+
+BERT = _bert_like("bert", "BertModel", pooler=True)
+ROBERTA = _bert_like("roberta", "RobertaModel", pooler=True)
+ELECTRA = _bert_like("electra", "ElectraModel", pooler=False)  # ElectraModel has none
 DISTILBERT = register_family(
     EncoderFamily(
         name="distilbert",
@@ -324,16 +319,5 @@ DISTILBERT = register_family(
         config_to_hf=_distil_to_hf,
         state_from_hf=lambda s, c: _state_from_hf(s, c, "distilbert.", distil=True),
         state_to_hf=lambda s, c: _state_to_hf(s, c, distil=True),
-    )
-)
-ELECTRA = register_family(
-    EncoderFamily(
-        name="electra",
-        model_type="electra",
-        hf_class="ElectraModel",
-        config_from_hf=lambda c: _bert_config(c, "electra"),
-        config_to_hf=lambda c: _bert_to_hf(c, "electra", "ElectraModel"),
-        state_from_hf=lambda s, c: _state_from_hf(s, c, "electra.", distil=False),
-        state_to_hf=lambda s, c: _state_to_hf(s, c, distil=False),
     )
 )
