@@ -96,3 +96,21 @@ def test_embed_prints_cosine_similarities(bert: Path, capsys: pytest.CaptureFixt
     assert "cosine similarity" in capsys.readouterr().out
     assert main(["embed", str(bert / "missing"), "a"]) == 2
     assert "MODEL must be a pretrained encoder" in capsys.readouterr().err
+
+
+def test_mixing_reads_an_encoders_layers_and_refuses_what_needs_logits(
+    bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m.html"
+    assert main(["view", str(bert), "--text", "the cat", "--mixing", "all", "-o", str(out)]) == 0
+    m = re.search(r'id="attnlab-data">(.*?)</script>', out.read_text(), re.S)
+    assert m
+    methods = [v["name"] for v in json.loads(m.group(1))["methods"]]
+    assert "norm" in methods and "alti" in methods and "grad_weights" not in methods
+    assert main(["inspect", str(bert), "--text", "the cat", "--mixing", "norm"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(bert), "--text", "the cat", "--mixing", "grad_weights"]) == 2
+    assert main(["inspect", str(bert), "--text", "the cat", "--faithfulness"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "Encoder predicts none (no logits)" in err[0]
+    assert "this run is an encoder" in err[1]
