@@ -111,6 +111,7 @@ def test_mixing_reads_an_encoders_layers_and_refuses_what_needs_logits(
     capsys.readouterr()
     assert main(["inspect", str(bert), "--text", "the cat", "--mixing", "grad_weights"]) == 2
     assert main(["inspect", str(bert), "--text", "the cat", "--faithfulness"]) == 2
+    assert main(["view", str(bert), "--text", "the cat", "--lens", "logit", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "Encoder predicts none (no logits)" in err[0]
-    assert "this run is an encoder" in err[1]
+    assert len(err) == 3 and "Encoder predicts none (no logits)" in err[0]
+    assert "this run is an encoder" in err[1] and "an encoder predicts none" in err[2]

@@ -107,3 +107,60 @@ def test_bad_input() -> None:
     ):
         with pytest.raises(error):
             call()
+
+
+def three_layers(intermediate: bool = True) -> GPT:
+    """Every head attends uniformly (its queries and keys are zero), so the model is linear in
+    the residual stream. Residual dims (12: two heads of 6 a layer): e0/e1 the tokens A/B; layer
+    0 head 0, the sender, copies e0 → e2, e1 → e3; layer 1 head 0, the intermediate head, copies
+    e2 → e4, e3 → e5 (with ``intermediate``; else it is zero); layer 2 head 0, the receiver,
+    reads e2 + e4 and e3 + e5 through its values and writes e6, e7, which alone the unembedding
+    reads. The sender reaches the receiver's values directly (e2, e3) and through the
+    intermediate head (e4, e5)."""
+    d = 12
+    cfg = GPTConfig(vocab_size=5, n_positions=8, n_layer=3, n_embd=d, n_head=2, bias=False,
+                    mlp="none")  # fmt: skip
+    model = GPT(cfg).double().eval()
+    for p in model.parameters():
+        p.requires_grad_(False).zero_()
+    model.transformer.ln_f = nn.Identity()  # type: ignore[assignment]
+    for block in model.transformer.h:
+        block.ln_1 = nn.Identity()
+    emb = model.transformer.wte.weight
+    emb[A, 0] = emb[B, 1] = 1.0
+    copies = {0: [(0, 2), (1, 3)], 1: [(2, 4), (3, 5)] if intermediate else []}
+    copies[2] = [(2, 6), (4, 6), (3, 7), (5, 7)]
+    for layer, pairs in copies.items():
+        attn = model.transformer.h[layer].attn
+        wv = attn.c_attn.weight[2 * d :]  # the values' rows; head 0's are [:head]
+        for src, dst in pairs:
+            slot = dst % 2  # value dimension 0 carries the even target, 1 the odd
+            wv[slot, src] = 1.0
+            attn.c_proj.weight[dst, slot] = 2.0 if layer == 0 else 1.0
+    model.lm_head.weight = nn.Parameter(torch.zeros(5, d, dtype=torch.float64))
+    model.lm_head.weight.data[GOOD, 6] = model.lm_head.weight.data[BAD, 7] = 3.0
+    return model
+
+
+def test_every_other_head_is_frozen() -> None:
+    """Wang et al. 2022: the sender's change reaches the receiver only directly; the heads
+    between them keep their corrupted outputs. Here the sender's whole effect runs through the
+    receiver's values, directly and through the intermediate head, so a path patch that let the
+    intermediate head recompute would give the whole effect, not the direct part: the sender's
+    total effect in the same model without the intermediate head."""
+    model = three_layers()
+    exact = patch_heads(model, CLEAN, CORRUPTED, metric, layers=[0])
+    total = float(exact.patched[0, 0]) - exact.corrupted
+    # the direct effect: the sender's whole effect once the intermediate head is gone (linear)
+    alone = patch_heads(three_layers(intermediate=False), CLEAN, CORRUPTED, metric, layers=[0])
+    direct = float(alone.patched[0, 0]) - alone.corrupted
+    path = path_patch(model, CLEAN, CORRUPTED, (0, 0), [(2, 0)], metric, via="v")
+    assert path.corrupted == exact.corrupted
+    assert abs(total - direct) > 0.5 and abs(direct) > 0.5
+    assert path.patched - path.corrupted == pytest.approx(direct, abs=1e-12)
+    # the scan agrees, and the intermediate head's own path is the rest: direct + indirect =
+    # total
+    scan = path_patch_heads(model, CLEAN, CORRUPTED, [(2, 0)], metric, via="v")
+    assert scan.patched[0, 0] == pytest.approx(path.patched, abs=1e-12)
+    indirect = float(scan.patched[1, 0]) - scan.corrupted
+    assert indirect == pytest.approx(total - direct, abs=1e-12)

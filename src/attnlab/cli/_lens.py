@@ -252,6 +252,14 @@ def _lens_table(lens: LensResult, labels: list[str], decode: Any, name: str) -> 
 
 
 def _train(loaded: Run, args: argparse.Namespace) -> int:
+    from attnlab.models.transformer import Transformer
+
+    if isinstance(loaded.model, Transformer):
+        raise CLIError(
+            "--train-tuned-lens trains on a language model's text; an encoder-decoder's decoder "
+            "lens trains on (source, target) rows: attnlab.inspect.train_tuned_lens(model, "
+            "(source_ids, target_ids)), then --lens tuned:PATH"
+        )
     if args.data is None:
         raise CLIError("--train-tuned-lens needs --data TEXT (tinyshakespeare or a text file)")
     wanted = args.steps * args.batch_size * args.seq_len

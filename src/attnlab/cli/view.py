@@ -16,6 +16,12 @@ adds as many numbers as the weights, a per-layer one (rollout, norm_residual, al
 value_zeroing, grad_weights) ``1/H`` of them; the size check counts them. An encoder-decoder's
 methods read its encoder (one stack over the same tokens).
 
+``--lens logit`` (or ``tuned:PATH``: the tuned lens saved there, beside the logit lens) adds the
+lens panel (:mod:`attnlab.viz.viewer_lens`): layers × positions, each cell the token that layer
+would predict next and its probability, from :func:`attnlab.inspect.logit_lens`; an
+encoder-decoder's decoder positions. A text over
+:data:`~attnlab.viz.viewer_lens.MAX_LENS_POSITIONS` tokens is refused before anything runs.
+
 The page's size is known before anything runs: every captured layer's ``H × T × T`` weights, as
 base64 float32 (:data:`PAGE_BYTES_PER_WEIGHT`). A page over :data:`MAX_PAGE_BYTES` (a browser
 cannot open a 1.2 GB page, and building it takes several times its size in memory) is refused
@@ -36,6 +42,7 @@ from attnlab._budget import check_fits, format_bytes
 from attnlab.cli import CLIError
 from attnlab.cli._device import device
 from attnlab.cli._inputs import add_input_arguments, model_inputs
+from attnlab.cli._lens import lens_of, lens_spec, token_decoder
 from attnlab.cli._mixing import _ids
 from attnlab.cli.options import add_cache_argument
 from attnlab.inspect import ActivationCache
@@ -44,6 +51,7 @@ from attnlab.tasks.figures import attention_size, capture_inputs, viewer_for
 from attnlab.tasks.run import Run, load_run
 from attnlab.viz.files import check_output_path
 from attnlab.viz.viewer import ViewerData, write_viewer
+from attnlab.viz.viewer_lens import MAX_LENS_POSITIONS, add_lens
 from attnlab.viz.viewer_mixing import METHODS, add_mixing, page_factor
 
 __all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES_PER_WEIGHT", "register", "run"]
@@ -97,6 +105,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "heads: 'all' makes the page about 2.6× the weights-only page); value_zeroing runs a "
         "forward per layer, grad_weights a backward per token. Default: weights only",
     )
+    p.add_argument(
+        "--lens",
+        type=lens_spec,
+        default=None,
+        metavar="logit|tuned:PATH",
+        help="add a lens panel: layers × positions, each cell the token that layer would predict "
+        "next and its probability (hover: the top 5; colour: the probability or the KL to the "
+        "output), from attnlab.inspect.logit_lens; tuned:PATH adds the tuned lens saved in the "
+        f"folder PATH (inspect --train-tuned-lens) beside the logit lens; at most "
+        f"{MAX_LENS_POSITIONS} tokens",
+    )
     p.add_argument("-o", "--output", default="view.html", help="the HTML file to write")
     p.add_argument("--device", type=device, default="cpu")
     add_cache_argument(p)
@@ -112,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
     methods = _methods(args.mixing)
     loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
+    if args.lens is not None:
+        if loaded.is_encoder:
+            raise CLIError(
+                "--lens shows the token each layer would predict; an encoder predicts none"
+            )
+        _check_lens_size(inputs)
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
@@ -133,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     data = viewer_for(inputs, cache, title)
     if methods:
         data = _with_mixing(data, loaded, inputs, cache, methods)
+    if args.lens is not None:
+        data = _with_lens(data, loaded, inputs, args.lens)
     out = write_viewer(data, args.output)
     Console(stderr=True).print(f"wrote [bold]{out}[/bold] ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
@@ -180,6 +207,33 @@ def _with_mixing(
     return add_mixing(data, loaded.model, ids, methods, layers=layers, **kwargs)
 
 
+def _lens_positions(inputs: ModelInputs) -> int:
+    """The positions a lens reads: a language model's tokens, an encoder-decoder's decoder's."""
+    if inputs.kind == "seq2seq":
+        return len(inputs.decoder_input_ids)
+    return len(inputs.source_ids) + len(inputs.target_ids)
+
+
+def _check_lens_size(inputs: ModelInputs) -> None:
+    """Refuse ``--lens`` over more than :data:`MAX_LENS_POSITIONS` tokens, before any work."""
+    t = _lens_positions(inputs)
+    if t > MAX_LENS_POSITIONS:
+        raise CLIError(
+            f"--lens shows at most {MAX_LENS_POSITIONS} positions (each layer's logits over the "
+            f"vocabulary are computed, its top 5 kept), the text has {t} tokens: shorten it"
+        )
+
+
+def _with_lens(data: ViewerData, loaded: Run, inputs: ModelInputs, spec: str) -> ViewerData:
+    """The page with the lens panel: the logit lens, and the tuned lens of ``tuned:PATH``."""
+    decode = token_decoder(loaded)
+    loaded.model.eval()
+    for which in dict.fromkeys(["logit", spec]):
+        lens, labels = lens_of(loaded, inputs, which)
+        data = add_lens(data, lens, labels, decode)
+    return data
+
+
 def _check_page_size(
     loaded: Run,
     inputs: ModelInputs,
@@ -216,8 +270,11 @@ def _training_view(args: argparse.Namespace) -> int:
     from attnlab.tasks.probe import load_probe_history
     from attnlab.viz.evolution_viewer import viewer_data_from_history
 
-    if args.text is not None or args.ids is not None or args.layer:
-        raise CLIError("--training shows the recorded probe; it takes no --text, --ids or --layer")
+    if args.text is not None or args.ids is not None or args.layer or args.lens or args.mixing:
+        raise CLIError(
+            "--training shows the recorded probe; it takes no --text, --ids, --layer, --lens or "
+            "--mixing"
+        )
     history = load_probe_history(args.path)
     title = f"attnlab · {Path(args.path).name} · attention during training"
     out = write_viewer(viewer_data_from_history(history, title=title), args.output)

@@ -15,6 +15,11 @@ row has no translator: it is the model's output. The model itself is frozen: onl
 A lens is saved as a folder, as a run is: ``tuned_lens.safetensors`` (the translators) and
 ``config.json`` (its shape, how it was trained, and a fingerprint of the model's final norm and
 unembedding); :func:`load_tuned_lens` refuses in one line a lens made for another model.
+
+An encoder-decoder (:class:`~attnlab.Transformer`) has a tuned lens of its decoder: one translator
+for the target embeddings and each decoder layer but the last, before ``decoder.norm`` and
+``lm_head`` (:func:`~attnlab.inspect.lens.lens_stack`); it is trained on pairs of source rows and
+decoder inputs, its KL averaged over the target positions that are not padding.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def model_fingerprint(model: nn.Module) -> str:
     them exactly.
 
     Args:
-        model: an :class:`attnlab.GPT`.
+        model: an :class:`attnlab.GPT` or an :class:`attnlab.Transformer`.
 
     Returns:
         16 hex digits.
@@ -69,16 +74,37 @@ def model_fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _stack_of(model: nn.Module) -> LensStack:
-    from attnlab.models.gpt import GPT
+def _seq2seq(model: nn.Module) -> bool:
+    """Whether ``model`` is an encoder-decoder (its decoder is read); a GPT gives ``False``.
 
+    Raises:
+        TypeError: neither.
+    """
+    from attnlab.models.gpt import GPT
+    from attnlab.models.transformer import Transformer
+
+    if isinstance(model, Transformer):
+        return True
     if not isinstance(model, GPT):
         raise ArgumentTypeError(
-            f"model must be an attnlab.GPT (the tuned lens reads a decoder-only model), got "
+            f"model must be an attnlab.GPT or an attnlab.Transformer (its decoder), got "
             f"{type(model).__name__}"
         )
-    device = next(model.parameters()).device
-    return lens_stack(model, torch.zeros(1, 1, dtype=torch.long, device=device))
+    return False
+
+
+def _stack_of(model: nn.Module) -> LensStack:
+    zero = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+    return lens_stack(model, zero, zero if _seq2seq(model) else None)
+
+
+def _shape_of(model: nn.Module) -> tuple[int, int, int, str]:
+    """The lens's shape for ``model``: blocks (a decoder's layers), width, vocabulary, family."""
+    seq2seq = _seq2seq(model)  # first: refuses another kind of model
+    cfg: Any = model.config
+    if seq2seq:
+        return cfg.num_decoder_layers, cfg.d_model, cfg.tgt_vocab_size, "transformer"
+    return cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.family
 
 
 class TunedLens(nn.Module):
@@ -116,7 +142,8 @@ class TunedLens(nn.Module):
 
     @classmethod
     def for_model(cls, model: nn.Module) -> TunedLens:
-        """An identity lens shaped for ``model`` (an :class:`attnlab.GPT`), on its device.
+        """An identity lens shaped for ``model`` (an :class:`attnlab.GPT`, or an
+        :class:`attnlab.Transformer`'s decoder), on its device.
 
         Args:
             model: the model.
@@ -124,13 +151,9 @@ class TunedLens(nn.Module):
         Returns:
             :class:`TunedLens`.
         """
-        _stack_of(model)
-        cfg: Any = model.config
-        lens = cls(
-            cfg.n_layer,
-            cfg.n_embd,
-            {"vocab_size": cfg.vocab_size, "family": cfg.family, "model": model_fingerprint(model)},
-        )
+        n_layer, d_model, vocab, family = _shape_of(model)
+        fingerprint = model_fingerprint(model)
+        lens = cls(n_layer, d_model, {"vocab_size": vocab, "family": family, "model": fingerprint})
         return lens.to(next(model.parameters()).device)
 
     def translate(self, h: torch.Tensor, row: int) -> torch.Tensor:
@@ -180,7 +203,7 @@ def load_tuned_lens(path: str | os.PathLike[str], model: nn.Module) -> TunedLens
 
     Args:
         path: the folder.
-        model: the model it will read (an :class:`attnlab.GPT`).
+        model: the model it will read (an :class:`attnlab.GPT`, or a Transformer: its decoder).
 
     Returns:
         :class:`TunedLens`, on the model's device.
@@ -237,9 +260,31 @@ def _windows(data: torch.Tensor, seq_len: int, batch_size: int, g: torch.Generat
     return torch.stack([data[s : s + seq_len] for s in starts.tolist()])
 
 
+def _pairs(data: object, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """An encoder-decoder's training data: ``(source rows, decoder input rows)``, checked.
+
+    Shape:
+        ``(R, S)`` and ``(R, T)``.
+    """
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ArgumentTypeError(
+            "data must be a pair (source_ids, target_ids) of (R, S) and (R, T) rows for an "
+            f"encoder-decoder, got {type(data).__name__}"
+        )
+    src, tgt = (
+        _ids("data[0] (source_ids)", data[0], model),
+        _ids("data[1] (target_ids)", data[1], model),
+    )
+    if src.shape[0] != tgt.shape[0]:
+        raise ArgumentError(
+            f"data's source and target rows must pair up, got {src.shape[0]} and {tgt.shape[0]}"
+        )
+    return src, tgt
+
+
 def train_tuned_lens(
     model: nn.Module,
-    data: torch.Tensor,
+    data: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     *,
     steps: int = 100,
     seq_len: int = 128,
@@ -251,17 +296,21 @@ def train_tuned_lens(
 ) -> TunedLens:
     """Train one translator a layer so that each layer's lens matches the final distribution.
 
-    Each step takes ``batch_size`` random windows of ``seq_len`` tokens of ``data``, runs the
+    Each step takes ``batch_size`` random windows of ``seq_len`` tokens of ``data`` (an
+    encoder-decoder: random pairs of rows, whole; padded target positions do not count), runs the
     frozen model once (recording every row's state and its log-probabilities ``log p_L``), and
     for each row ``l < L`` minimises ``mean_tokens KL(p_L ‖ softmax(W_U Norm_f(h + A_l h +
     b_l)))`` by Adam; one row's graph is freed before the next (the unembedding's logits of one
     layer exist at a time).
 
     Args:
-        model: an :class:`attnlab.GPT`; its parameters are not changed.
-        data: token ids: one text ``(N,)`` (random windows) or rows ``(R, T)`` (random rows).
+        model: an :class:`attnlab.GPT`, or an :class:`attnlab.Transformer` (its decoder); its
+            parameters are not changed.
+        data: token ids: one text ``(N,)`` (random windows) or rows ``(R, T)`` (random rows);
+            for a Transformer a pair ``(source_ids, target_ids)`` of rows (the decoder's
+            inputs: ``<bos> y_1 …``, padded with ``pad_id``).
         steps: optimizer steps (default 100).
-        seq_len: tokens a window (default 128).
+        seq_len: tokens a window (default 128; a Transformer's rows are taken whole).
         batch_size: windows a step (default 4).
         lr: Adam's learning rate (default 1e-3).
         seed: the windows' random seed.
@@ -273,21 +322,30 @@ def train_tuned_lens(
         The trained :class:`TunedLens`; its ``config["trained"]`` says how.
 
     Raises:
-        ValueError: ``data`` shorter than ``seq_len``, a lens for another model.
-        TypeError: not a GPT; ``data`` not integer ids.
+        ValueError: ``data`` shorter than ``seq_len``, a lens for another model; a Transformer's
+            source and target rows that do not pair up.
+        TypeError: neither a GPT nor a Transformer; ``data`` not integer ids (a Transformer's
+            not a pair).
 
     Shape:
-        data ``(N,)`` or ``(R, T)``.
+        data ``(N,)`` or ``(R, T)``; a Transformer's ``((R, S), (R, T))``.
     """
     stack0 = _stack_of(model)
-    check_tensor("data", data)
+    seq2seq = _seq2seq(model)
+    if not seq2seq:
+        check_tensor("data", data)
     for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
         check_positive_int(name, value)
     check_seed("seed", seed)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise ArgumentError(f"lr must be a positive finite number, got {lr!r}")
-    ids = _ids("data", data, model)
-    if ids.shape[0] == 1 and ids.shape[1] < seq_len:
+    if seq2seq:
+        src, ids = _pairs(data, model)
+        cfg: Any = model.config
+        pad = int(cfg.pad_id)
+    else:
+        ids = _ids("data", data, model)
+    if not seq2seq and ids.shape[0] == 1 and ids.shape[1] < seq_len:
         raise ArgumentError(f"data has {ids.shape[1]} tokens, fewer than seq_len = {seq_len}")
     if lens is None:
         lens = TunedLens.for_model(model)
@@ -303,8 +361,14 @@ def train_tuned_lens(
             p.requires_grad_(False)
         lens.train()
         for step in range(1, steps + 1):
-            batch = _windows(ids.cpu(), seq_len, batch_size, g).to(ids.device)
-            stack = lens_stack(model, batch)
+            if seq2seq:
+                rows = torch.randint(0, ids.shape[0], (batch_size,), generator=g).to(ids.device)
+                stack = lens_stack(model, src[rows], ids[rows])
+                counted = (ids[rows] != pad).float()  # the target positions that count
+            else:
+                batch = _windows(ids.cpu(), seq_len, batch_size, g).to(ids.device)
+                stack = lens_stack(model, batch)
+                counted = None  # every token
             final, states = record_stream(stack, model)
             log_p = torch.log_softmax(final.float(), dim=-1)
             p_final = log_p.exp()
@@ -313,8 +377,12 @@ def train_tuned_lens(
             with _evaluating(model):
                 for row in range(n_rows - 1):
                     z = stack.logits(lens.translate(states[row], row)).float()
-                    # KL(p_L ‖ q_l) = Σ_v p_L (log p_L − log q_l), mean over tokens
-                    kl = (p_final * (log_p - torch.log_softmax(z, dim=-1))).sum(-1).mean()
+                    # KL(p_L ‖ q_l) = Σ_v p_L (log p_L − log q_l), mean over the counted tokens
+                    per_token = (p_final * (log_p - torch.log_softmax(z, dim=-1))).sum(-1)
+                    if counted is None:
+                        kl = per_token.mean()
+                    else:
+                        kl = (per_token * counted).sum() / counted.sum().clamp(min=1)
                     kl.backward()
                     total += float(kl.detach())
             opt.step()

@@ -23,7 +23,8 @@ attention viewer.
   (:func:`head_roles_figure`, ``roles``), heads as low-rank relations (:func:`head_spectrum_figure`:
   singular values and effective rank of every head's QK/OV circuit, ``spectrum``), the viewer
   (``viewer``: :func:`view` shows it inline in a notebook; it opens on :func:`most_informative_head`,
-  ``viewer_start``; :func:`add_mixing` adds its method switch, ``viewer_mixing``)
+  ``viewer_start``; :func:`add_mixing` adds its method switch, ``viewer_mixing``; :func:`add_lens`
+  its lens panel, ``viewer_lens``)
 
 - activation patching and direct logit attribution: :func:`patching_figure` (layers × heads or
   layers × positions), :func:`attribution_figure` (the top heads' direct part in a logit)
@@ -71,6 +72,7 @@ from attnlab.viz.viewer import (
     viewer_data,
     write_viewer,
 )
+from attnlab.viz.viewer_lens import LensView, add_lens
 from attnlab.viz.viewer_mixing import MixingView, add_mixing
 from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
@@ -78,6 +80,7 @@ __all__ = [
     "AttentionGroup",
     "AttentionLayer",
     "FontChoice",
+    "LensView",
     "MixingView",
     "Plot",
     "ProbeHistory",
@@ -86,6 +89,7 @@ __all__ = [
     "Viewer",
     "ViewerData",
     "ViewerStart",
+    "add_lens",
     "add_mixing",
     "alignment_heatmap",
     "approximation_error_figure",

@@ -20,6 +20,11 @@ per layer (the same whichever head is chosen, and the page says so; rollout, ALT
 layer ``l``'s product through layers ``0 … l``). The colour bar is labelled by what the number
 means (e.g. "ALTI contribution (Ferrando et al. 2022)"); the page computes nothing of its own.
 
+**Lens panel.** With :func:`~attnlab.viz.viewer_lens.add_lens` (``attnlab view --lens``) a
+"lens" view shows what each layer would predict at each position, layers × positions, each cell
+the top token of :func:`attnlab.inspect.logit_lens` (or the tuned lens) and its probability, the
+top ``k`` on hover; ``templates/viewer_lens.js`` draws it as a table.
+
 Weights travel as base64 float32 (exact values), masks as base64 uint8. The embedded JSON has
 ``<``, ``>`` and ``&`` escaped (``\u003c`` …), so no token text can close the script element.
 
@@ -54,6 +59,7 @@ import torch
 from attnlab._checks import shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.viz.files import write_file
+from attnlab.viz.viewer_lens import LensView, check_lenses
 from attnlab.viz.viewer_mixing import MixingView, check_mixing
 from attnlab.viz.viewer_start import ViewerStart, most_informative_head
 
@@ -150,6 +156,9 @@ class ViewerData:
             the layers' :attr:`AttentionLayer.mixing`); ``None`` (default): weights only.
         special: the positions of special tokens (``[CLS]``, ``[SEP]``, ``<s>``) by sequence
             name: the page marks their labels; ``None`` (default): none marked.
+        lenses: the lens panel's lenses (:func:`~attnlab.viz.viewer_lens.add_lens`: what each
+            layer would predict at each position, top ``k`` and KL to the output); ``None``
+            (default): no lens panel.
     """
 
     title: str
@@ -161,6 +170,7 @@ class ViewerData:
     methods: list[MixingView] | None = None
     token_scores: list[dict[str, Any]] | None = None
     special: dict[str, list[int]] | None = None
+    lenses: list[LensView] | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -194,6 +204,8 @@ class ViewerData:
                 )
         if self.start is not None:
             self._check_start(self.start)
+        if self.lenses is not None:
+            check_lenses(self.lenses)
         for g in self.groups:
             sides = (
                 (g.query, g.key) if g.projected_from is None else (g.query, g.key, g.projected_from)
@@ -279,7 +291,8 @@ class ViewerData:
             ``note``), ``steps``, ``prompt_length``, ``start`` (the initial group, layer,
             head and why: :attr:`start`, or :func:`~attnlab.viz.viewer_start.most_informative_head`)
             and ``methods`` (the method switch: each layer's ``mixing`` holds, per method, its
-            ``heads`` (``H`` or 1) and base64 float32 ``values``).
+            ``heads`` (``H`` or 1) and base64 float32 ``values``), ``lenses`` (the lens panel:
+            :meth:`~attnlab.viz.viewer_lens.LensView.to_json` of each).
         """
 
         def b64(a: np.ndarray) -> str:
@@ -294,6 +307,7 @@ class ViewerData:
             "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
             "methods": [v.to_json() for v in self.methods or []],
+            "lenses": [v.to_json() for v in self.lenses or []],
             "groups": [
                 {
                     "name": g.name,
@@ -519,7 +533,7 @@ def render_viewer(data: ViewerData) -> str:
     parts = {
         "/*@CSS@*/": _template("viewer.css"),
         "@TITLE@": _escape(data.title),
-        "/*@JS@*/": _template("viewer.js").replace("</", "<\\/"),
+        "/*@JS@*/": (_template("viewer.js") + _template("viewer_lens.js")).replace("</", "<\\/"),
         "/*@DATA@*/": payload,
     }
     # one pass: an inserted text (a title, a token) is never searched for placeholders again

@@ -38,6 +38,8 @@
   const canvas = document.getElementById("canvas");
   const ctx = canvas.getContext("2d");
   const tip = document.getElementById("tip");
+  // the lens panel (attnlab view --lens): layers × positions, Python's numbers (viewer_lens.js)
+  const LENS = attnlabLensPanel(DATA, LUT, tip);
   let geom = null; // how the current drawing maps positions to pixels
   let renders = 0;
   let legend = null; // what the colour bar shows now
@@ -100,7 +102,10 @@
   // a layer with projected keys has no token-to-token lines: its columns are not tokens; a
   // method's scores are no weights to draw lines by
   function noLines(g) { return !!g.projected_from || !!methodOf(g.layers[state.layer]); }
-  function viewOf(g) { return noLines(g) && state.view === "lines" ? "matrix" : state.view; }
+  function viewOf(g) {
+    if (state.view === "lens") return LENS.available ? "lens" : "matrix";
+    return noLines(g) && state.view === "lines" ? "matrix" : state.view;
+  }
   // a per-layer method (nh = 1) has one matrix, whichever head is asked for
   function weight(c, h, i, j) { return c.w[c.offset + ((c.nh === 1 ? 0 : h) * c.tq + i) * c.tk + j]; }
   function stepText() { return STEPS ? "training step " + STEPS[state.step] : ""; }
@@ -136,7 +141,9 @@
     methodControls(g);
     document.querySelectorAll(".view-btn").forEach((b) => {
       b.classList.toggle("active", b.dataset.view === viewOf(g));
-      const off = noLines(g) && b.dataset.view === "lines";
+      if (b.dataset.view === "lens") { b.hidden = !LENS.available; return; }
+      if (b.dataset.view !== "lines") return;
+      const off = noLines(g);
       b.disabled = off;
       b.title = !off ? "" : projected ? "no lines: this layer's columns are projected rows (mixes of all positions), not tokens"
         : "no lines: the lines show attention weights; a method's scores are drawn as a matrix or a grid";
@@ -150,6 +157,13 @@
       if (b.dataset.mode === "effective") b.disabled = !hasEffective;
     });
     document.getElementById("layers").title = g.layers[state.layer].name;
+    // the lens panel has no attention group, layer, head or method to choose
+    const lensOn = viewOf(g) === "lens";
+    ["groups", "layers", "heads"].forEach((id) => { document.getElementById(id).parentElement.hidden = lensOn; });
+    if (lensOn) ["mode-row", "note-row", "method-row"].forEach((id) => { document.getElementById(id).hidden = true; });
+    document.getElementById("show-mask").parentElement.hidden = lensOn;
+    document.getElementById("threshold").parentElement.hidden = lensOn;
+    if (START.reason) document.getElementById("start-row").hidden = lensOn;
   }
   // the method switch: weights, then each method Python computed; a method without matrices in
   // this group (an encoder-decoder's decoder) is greyed out, and the note says what is shown
@@ -420,6 +434,17 @@
   function draw() {
     const c = current();
     const view = viewOf(c.g);
+    canvas.style.display = view === "lens" ? "none" : "";
+    if (view === "lens") {
+      geom = null; legend = null; tip.hidden = true;
+      document.getElementById("legend-row").hidden = true; // the panel has its own colour bar
+      LENS.draw();
+      renders++;
+      document.getElementById("info").textContent = "what each layer would predict at each position (" +
+        LENS.api.lenses.map((l) => l.label).join(", ") + ", computed by attnlab.inspect.logit_lens)";
+      return;
+    }
+    LENS.hide();
     if (view === "grid") drawGrid(); else if (view === "matrix") drawMatrix(c); else drawLines(c);
     renders++;
     const shape = c.signed ? c.tq + " × " + c.tk + " effective A·F (queries × tokens)"
@@ -559,6 +584,8 @@
       return { view: geom ? geom.view : null, chosen: state.method, method: c.method, perLayer: c.nh === 1 && c.L.heads > 1,
         tiles: geom && geom.panels ? geom.panels.length : 0 };
     },
+    // the lens panel: the lens shown, the colouring, the pinned cell; null without lenses
+    lens: LENS.api,
     // the methods of the switch, as Python sent them
     methods: [...METHODS.values()],
     // which layer and head are chosen, where the prompt ends, and the grid's axis labels
