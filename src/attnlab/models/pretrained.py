@@ -230,10 +230,9 @@ def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT | Encoder, Any]:
 
     model: GPT | Encoder
     if os.path.lexists(path / "config.json") and is_encoder(read_small_json(path / "config.json")):
-        from attnlab.models.encoder_hf import encoder_from_state, read_encoder_directory
+        from attnlab.models.encoder_hf import encoder_from_hf
 
-        hf_config, state = read_encoder_directory(path, dtype=dtype)
-        model = encoder_from_state(hf_config, state)
+        model = encoder_from_hf(path, dtype=dtype)
     else:
         config, state = read_directory(path, dtype=dtype)
         model = model_from_state(config, state)

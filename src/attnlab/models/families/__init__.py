@@ -163,10 +163,16 @@ def is_encoder(config: Mapping[str, Any]) -> bool:
     Returns:
         ``True`` for a registered :class:`EncoderFamily`'s ``model_type``.
     """
+    return _encoder_of(config) is not None
+
+
+def _encoder_of(config: Mapping[str, Any]) -> EncoderFamily | None:
+    """The registered encoder family of a ``config.json``'s ``model_type``, or ``None``."""
     _load()
     if not isinstance(config, Mapping):
         raise ArgumentTypeError(f"config must be a dict, got {type(config).__name__}")
-    return any(f.model_type == config.get("model_type") for f in _ENCODERS.values())
+    found = [f for f in _ENCODERS.values() if f.model_type == config.get("model_type")]
+    return found[0] if found else None
 
 
 def encoder_family_of(config: Mapping[str, Any]) -> EncoderFamily:
@@ -178,15 +184,13 @@ def encoder_family_of(config: Mapping[str, Any]) -> EncoderFamily:
     Returns:
         The :class:`EncoderFamily`.
     """
-    _load()
-    if not isinstance(config, Mapping):
-        raise ArgumentTypeError(f"config must be a dict, got {type(config).__name__}")
-    model_type = config.get("model_type")
-    for family in _ENCODERS.values():
-        if family.model_type == model_type:
-            return family
+    family = _encoder_of(config)
+    if family is not None:
+        return family
     known = ", ".join(sorted(f.model_type for f in _ENCODERS.values()))
-    raise ArgumentError(f"model_type must be an encoder's ({known}), got {model_type!r}")
+    raise ArgumentError(
+        f"model_type must be an encoder's ({known}), got {config.get('model_type')!r}"
+    )
 
 
 def encoder_family_named(name: str) -> EncoderFamily:

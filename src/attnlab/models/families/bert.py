@@ -56,6 +56,11 @@ _DISTIL_LAYER = (
     ("ffn.lin2", "ff.linear2"),
     ("output_layer_norm", "norm2"),
 )
+#: a layer stack's prefix, its renamed parts and its query/key/value projections
+_BERT = ("encoder.layer.", _BERT_LAYER,
+         ("attention.self.query", "attention.self.key", "attention.self.value"))  # fmt: skip
+_DISTIL = ("transformer.layer.", _DISTIL_LAYER,
+           ("attention.q_lin", "attention.k_lin", "attention.v_lin"))  # fmt: skip
 _EMBEDDINGS = (
     ("word_embeddings", "word_embeddings"),
     ("position_embeddings", "position_embeddings"),
@@ -239,14 +244,7 @@ def _state_from_hf(
     take = TensorTaker(strip_task_head(state, prefix), "the weights")
     out: State = {}
     take.move(out, _EMBEDDINGS, "embeddings.", "embeddings.")
-    stack, pairs = (
-        ("transformer.layer.", _DISTIL_LAYER) if distil else ("encoder.layer.", _BERT_LAYER)
-    )
-    qkv = (
-        ("attention.q_lin", "attention.k_lin", "attention.v_lin")
-        if distil
-        else ("attention.self.query", "attention.self.key", "attention.self.value")
-    )
+    stack, pairs, qkv = _DISTIL if distil else _BERT
     for i in range(config.n_layer):
         _qkv(take, f"{stack}{i}.", qkv, out, f"layers.{i}.")
         take.move(out, pairs, f"{stack}{i}.", f"layers.{i}.")
@@ -264,14 +262,7 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: EncoderConfig, disti
             t = state.get(f"embeddings.{ours}.{kind}")
             if t is not None:
                 out[f"embeddings.{theirs}.{kind}"] = t
-    stack, pairs = (
-        ("transformer.layer.", _DISTIL_LAYER) if distil else ("encoder.layer.", _BERT_LAYER)
-    )
-    qkv = (
-        ("attention.q_lin", "attention.k_lin", "attention.v_lin")
-        if distil
-        else ("attention.self.query", "attention.self.key", "attention.self.value")
-    )
+    stack, pairs, qkv = _DISTIL if distil else _BERT
     for i in range(config.n_layer):
         for kind, ours in (("weight", "in_proj_weight"), ("bias", "in_proj_bias")):
             parts = state[f"layers.{i}.self_attn.{ours}"].chunk(3)
