@@ -33,6 +33,7 @@ COMMANDS = (
     "serve",
     "inspect",
     "patch",
+    "embed",
     "plot",
     "flops",
     "bench",

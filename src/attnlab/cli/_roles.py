@@ -88,9 +88,8 @@ def special_ids(tokenizer: Any) -> list[int]:
 def measure_roles(loaded: Run, args: argparse.Namespace) -> HeadRoles:
     """:func:`~attnlab.inspect.roles.head_roles` of a loaded run with the command's options."""
     if not isinstance(loaded.model, GPT):
-        raise CLIError(
-            f"role scores need a decoder-only language model; {loaded.path} is an encoder-decoder"
-        )
+        kind = "an encoder" if loaded.is_encoder else "an encoder-decoder"
+        raise CLIError(f"role scores need a decoder-only language model; {loaded.path} is {kind}")
     check_at_most("--roles-batch", args.roles_batch, MAX_BATCH, "the scores settle long before")
     tokenizer = getattr(loaded.io, "tokenizer", None)
     vocab = loaded.model.config.vocab_size

@@ -143,6 +143,10 @@ class ModelInputs:
         token_scores: a language model's generated tokens with their probabilities,
             alternatives and entropies (:class:`~attnlab.tasks.token_scores.TokenScore`);
             empty when nothing was generated.
+        bidirectional: the model is an encoder (BERT): every token sees every token, no
+            look-ahead mask (``kind`` is ``"lm"``: one sequence).
+        special_positions: the positions of ``source_ids`` holding special tokens
+            (``[CLS]``, ``[SEP]``), which figures and the viewer mark.
     """
 
     kind: Literal["seq2seq", "lm"]
@@ -152,6 +156,8 @@ class ModelInputs:
     target_tokens: tuple[str, ...]
     output: str
     token_scores: tuple[TokenScore, ...] = ()
+    bidirectional: bool = False
+    special_positions: tuple[int, ...] = ()
 
     @property
     def decoder_input_ids(self) -> tuple[int, ...]:
