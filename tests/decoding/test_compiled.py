@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 
 import attnlab as al
 from attnlab.decoding.compiled import CompiledStepper, static_capacity, static_unsupported
+from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper
 from attnlab.nn.kinds import BigBirdSpec, PerformerSpec, SlidingSpec
 from attnlab.nn.multihead import MultiHeadAttention
@@ -88,7 +89,13 @@ def test_static_path_equals_the_growing_cache_in_float64(name: str, padded: bool
 @pytest.fixture(scope="module")
 def models() -> dict[str, al.GPT]:
     torch._dynamo.reset()  # other modules' graphs count towards dynamo's recompile limit
-    return {name: tiny_gpt(dtype=torch.float64, **cfg) for name, cfg in TRACED.items()}
+    # laid out for decoding as generate lays them out on its first call: the graph guards the
+    # weights' strides, so a CompiledStepper run before generate shares generate's graph rather
+    # than compiling one for the other layout (an inductor compile is tens of seconds)
+    return {
+        name: lay_out_for_decoding(tiny_gpt(dtype=torch.float64, **cfg))
+        for name, cfg in TRACED.items()
+    }
 
 
 @pytest.fixture
