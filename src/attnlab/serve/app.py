@@ -13,6 +13,9 @@ Endpoints (``POST`` takes and answers JSON; each request names its tokens by ``t
 ``POST /api/view``     the viewer page (``attnlab view``'s HTML) for the iframe, with the tokens
 ``POST /api/share``    the same page as a download (``attnlab-view.html``)
 ``POST /api/steps``    one head step by step, ``layer``, ``head``, ``query`` (``plot steps``)
+``POST /api/card``     the head's card, ``layer``, ``head``, ``query``: role scores, entropy and
+                       sink share, QK/OV spectra, context mixing, logit lens
+                       (:mod:`attnlab.serve.card`)
 ``POST /api/next``     the next token's distribution under ``temperature``, ``top_k``, ``top_p``
 ``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``)
 =====================  ==========================================================================
@@ -42,6 +45,7 @@ from torch import nn
 
 from attnlab._checks import check_seed
 from attnlab.errors import AttnlabError
+from attnlab.serve.card import head_card
 from attnlab.serve.requests import (
     FieldError,
     check_count,
@@ -143,6 +147,7 @@ def create_app(
         Route("/api/view", api(_view), methods=["POST"]),
         Route("/api/share", api(_share), methods=["POST"]),
         Route("/api/steps", api(_steps), methods=["POST"]),
+        Route("/api/card", api(_card), methods=["POST"]),
         Route("/api/next", api(_next), methods=["POST"]),
         Route("/api/generate", api(_generate), methods=["POST"]),
     ]
@@ -249,6 +254,13 @@ def _steps(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(figure, bool):
         raise FieldError("figure", f"figure must be true or false, got {figure!r}")
     return session.steps(ids, layer, head, query, figure=figure)
+
+
+def _card(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    ids, _ = _ids(session, body)
+    layer, head = _keep(session, {"layer": 0, "head": 0, **body}) or (0, 0)
+    query = check_index(body, "query", len(ids), len(ids) - 1)
+    return head_card(session, ids, layer, head, query)
 
 
 def _next(session: Session, body: dict[str, Any]) -> dict[str, Any]:

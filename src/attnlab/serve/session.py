@@ -10,7 +10,10 @@ library's own functions (the page adds no numerics of its own).
   seed gives the same tokens as ``attnlab generate --seed``.
 
 A :class:`Session` holds one lock: calls that run the model are serialised (several tabs queue,
-never interleave on one model).
+never interleave on one model). What one text's forward gives (its capture, its last logits, the
+head card's mixing and lens) is kept in a bounded cache keyed by the token ids
+(:meth:`Session.remember`, the :data:`CACHE_SIZE` latest), so the page's view, next-token bars and
+card of one text, and every slider move, do not run the model again.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import base64
 import io
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -30,7 +34,7 @@ from torch import nn
 
 from attnlab._budget import format_bytes
 from attnlab.decoding.strategies import sampling_distribution
-from attnlab.inspect.capture import attention_modules
+from attnlab.inspect.capture import ActivationCache, attention_modules
 from attnlab.models.config import GPTConfig
 from attnlab.serve.requests import FieldError, Sampling
 from attnlab.tasks.base import ModelInputs, token_labels
@@ -40,7 +44,9 @@ from attnlab.viz.steps import step_data_from_model, step_panel_from_model
 from attnlab.viz.viewer import ViewerData
 from attnlab.viz.viewer_start import ViewerStart
 
-__all__ = ["DEFAULT_MAX_TOKENS", "MAX_PAGE_BYTES", "Session"]
+__all__ = ["CACHE_SIZE", "DEFAULT_MAX_TOKENS", "MAX_PAGE_BYTES", "Session"]
+
+T = TypeVar("T")
 
 #: the longest sequence (prompt and generated tokens) the server runs by default: its page holds
 #: ``layers · heads · T²`` weights (SmolLM2-135M, 270 heads, 128 tokens: about 24 MB of base64)
@@ -48,6 +54,8 @@ DEFAULT_MAX_TOKENS = 128
 #: the largest viewer page a request may ask for (``attnlab view``'s bound: a browser does not
 #: open much more), as base64 float32 weights: 16/3 bytes each
 MAX_PAGE_BYTES = 200 * 10**6
+#: the results of one text's forward kept (capture, logits, mixing, lens: one entry each)
+CACHE_SIZE = 16
 
 
 @dataclass
@@ -69,8 +77,10 @@ class Session:
     def __post_init__(self) -> None:
         self.model.eval()
         self.max_tokens = min(self.max_tokens, self.io.n_positions)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by a cached result computed from another
         self.layers = list(attention_modules(self.model))
+        self._cache: OrderedDict[Hashable, Any] = OrderedDict()
+        self._model_facts: dict[Hashable, Any] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -83,6 +93,46 @@ class Session:
         """Hold the model: one request at a time runs it."""
         with self.lock, torch.no_grad():
             yield
+
+    def remember(self, key: tuple[Hashable, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, run once per ``key`` while the model is held, then kept.
+
+        A key of one element (``("roles",)``) names what depends on the model alone: kept for the
+        session's life. A longer one (``("capture", ids)``) depends on a text's tokens: the
+        :data:`CACHE_SIZE` latest are kept.
+
+        Args:
+            key: what the result depends on, besides the model.
+            compute: makes it.
+
+        Returns:
+            The result.
+        """
+        with self.running():
+            if len(key) == 1:
+                if key not in self._model_facts:
+                    self._model_facts[key] = compute()
+                return self._model_facts[key]  # type: ignore[no-any-return]
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]  # type: ignore[no-any-return]
+            value = compute()
+            self._cache[key] = value
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return value
+
+    def captured(self, ids: Sequence[int]) -> ActivationCache:
+        """The attention of every layer on ``ids`` (``attnlab view``'s capture), cached.
+
+        Args:
+            ids: the tokens.
+
+        Returns:
+            The :class:`~attnlab.inspect.ActivationCache`.
+        """
+        inputs = self.inputs(ids)
+        return self.remember(("capture", tuple(ids)), lambda: capture_inputs(self.model, inputs))
 
     def info(self) -> dict[str, Any]:
         """What the page needs to know of the model.
@@ -212,9 +262,7 @@ class Session:
                 413,
             )
         inputs = self.inputs(ids, prompt_length)
-        with self.running():
-            cache = capture_inputs(self.model, inputs)
-        data = viewer_for(inputs, cache, self.title)
+        data = viewer_for(inputs, self.captured(ids), self.title)
         if keep is not None:
             layer, head = keep
             layers = data.groups[0].layers
@@ -293,8 +341,7 @@ class Session:
             ``entropy``: of ``π`` in nats.
         """
         x = torch.tensor([list(ids)], dtype=torch.long, device=_device(self.model))
-        with self.running():
-            logits = self.model(x).logits[:, -1]
+        logits = self.remember(("logits", tuple(ids)), lambda: self.model(x).logits[:, -1])
         probs = self.distribution(logits, sampling)[0].double().cpu()
         raw = logits.double().softmax(-1)[0].cpu()
         order = torch.argsort(probs, descending=True, stable=True)[:top].tolist()

@@ -7,8 +7,8 @@
   const gridFrame = $("grid-frame"), matrixFrame = $("matrix-frame");
   // the sequence shown: the text's tokens, or ids with the generated ones after prompt
   const state = { ids: null, prompt: null, tokens: [], layer: null, head: null, query: null, queryChosen: false, info: null };
-  let viewSeq = 0, nextSeq = 0, stepsSeq = 0, typing = null;
-  const stats = { views: 0, nexts: 0, steps: 0, generated: 0 };
+  let viewSeq = 0, nextSeq = 0, stepsSeq = 0, cardSeq = 0, typing = null;
+  const stats = { views: 0, nexts: 0, steps: 0, cards: 0, generated: 0 };
 
   async function call(path, body) {
     const r = await fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
@@ -52,7 +52,7 @@
     showSequence(v);
     stats.views++;
     status(v.tokens.length + " tokens · " + (state.info ? state.info.layers.length + " layers" : ""));
-    nextToken(); steps();
+    nextToken(); steps(); card();
   }
   function fillQueries(tokens) {
     // the last token until a query is chosen (then it is kept while it exists)
@@ -94,7 +94,7 @@
     state.layer = layer; state.head = head;
     const m = viewer(matrixFrame);
     if (m && (m.chosen.layer !== layer || m.chosen.head !== head)) m.select({ layer, head, view: m.chosen.view === "grid" ? "matrix" : m.chosen.view });
-    steps();
+    steps(); card();
   }
 
   // ------------------------------------------------------------------ step by step
@@ -117,7 +117,7 @@
     $("steps-image").hidden = true; $("steps-draw").disabled = false;
     stats.steps++;
   }
-  $("query").addEventListener("change", (e) => { state.query = Number(e.target.value); state.queryChosen = true; steps(); });
+  $("query").addEventListener("change", (e) => { state.query = Number(e.target.value); state.queryChosen = true; steps(); card(); });
   // the seven panels of `attnlab plot steps`, drawn by the server on demand (seconds of CPU)
   $("steps-draw").addEventListener("click", async () => {
     if (state.layer === null) return;
@@ -129,6 +129,67 @@
     if (seq !== stepsSeq) return;
     $("steps-image").src = s.image; $("steps-image").hidden = false; $("steps-image").title = s.title;
   });
+
+  // ------------------------------------------------------------------ the head's card
+  // every number is the server's (role scores, diagnose, qk_spectrum, the viewer's mixing and
+  // lens); the page only lays them out
+  function num(v, digits) { return v === null || v === undefined ? "—" : v.toFixed(digits); }
+  function table(id, header, rows) {
+    const t = $(id); t.textContent = "";
+    if (header) { const h = t.insertRow(); header.forEach((c, i) => { const th = document.createElement("th"); th.textContent = c; if (i === 0) th.className = "tok"; h.appendChild(th); }); }
+    for (const cells of rows) {
+      const r = t.insertRow();
+      cells.forEach((c, i) => {
+        const td = r.insertCell();
+        if (c instanceof Node) td.appendChild(c); else td.textContent = c;
+        if (i === 0) td.className = "tok";
+      });
+    }
+  }
+  function bar(value, scale) {
+    const b = document.createElement("div"); b.className = "bar";
+    b.style.width = Math.max(0, Math.round(80 * (scale > 0 && value ? value / scale : 0))) + "px"; return b;
+  }
+  function spectrum(values) {
+    const box = document.createElement("div"), top = values[0] || 1; box.className = "spectrum";
+    box.title = values.map((v) => num(v, 3)).join(" ");
+    for (const v of values) { const d = document.createElement("div"); d.style.height = Math.max(1, Math.round(40 * (v || 0) / top)) + "px"; box.appendChild(d); }
+    return box;
+  }
+  async function card() {
+    if (state.layer === null) return;
+    const seq = ++cardSeq;
+    let c;
+    try { c = await call("/api/card", { ...sequence(), layer: state.layer, head: state.head, query: state.query }); } catch (e) { if (seq === cardSeq) showError(e); return; }
+    if (seq !== cardSeq) return;
+    $("card-where").textContent = "— " + c.layer + " · head " + c.head + " · query " + c.query + " " + JSON.stringify(c.tokens[c.query]);
+    if (c.roles) {
+      $("roles-note").textContent = "(inspect --roles: " + c.roles.batch + " × " + c.roles.seq_len + " random tokens repeated once, " + c.roles.convention + ")";
+      table("card-roles", null, ["previous", "duplicate", "induction", "copying"].map((r) => [r, num(c.roles[r], 3), bar(c.roles[r], 1)]));
+    } else { $("roles-note").textContent = "(measured on decoder-only models)"; table("card-roles", null, []); }
+    const h = c.health;
+    table("card-health", null, [
+      ["entropy (nats)", num(h.entropy_mean, 3) + "  [" + num(h.entropy_min, 2) + ", " + num(h.entropy_max, 2) + "]"],
+      ["sink share (weight on token 0)", num(h.first_token_share, 3)],
+      ["largest weight, mean", num(h.max_weight_mean, 3)],
+      ["status", h.status],
+    ]);
+    const sp = c.spectrum;
+    table("card-spectrum", ["circuit", "eff. rank", "rank", "σ"], [
+      ["QK", num(sp.qk_effective_rank, 2), sp.qk_rank + "/" + sp.d_head, spectrum(sp.qk)],
+      ["OV", num(sp.ov_effective_rank, 2), sp.ov_rank + "/" + sp.d_head, spectrum(sp.ov)],
+    ]);
+    const methods = c.mixing, scale = methods.map((m) => Math.max(...m.row.map((v) => Math.abs(v || 0))));
+    table("card-mixing", ["key", ...methods.map((m) => m.label)], c.tokens.map((t, j) => [j + " " + visible(t), ...methods.map((m, i) => { const d = document.createElement("span"); d.append(num(m.row[j], 3), " ", bar(Math.abs(m.row[j] || 0), scale[i])); return d; })]));
+    $("card-mixing").title = methods.map((m) => m.label + ": " + m.meaning + " — " + m.note).join("\n");
+    table("card-lens", ["layer", "top token", "p", "KL (bits)"], c.lens.rows.slice().reverse().map((r) => {
+      const best = r.top[0], tok = document.createElement("span");
+      tok.textContent = JSON.stringify(best.token); tok.title = r.top.map((t) => JSON.stringify(t.token) + " " + (100 * t.probability).toFixed(1) + "%").join("\n");
+      return [r.layer, tok, (100 * best.probability).toFixed(1) + "%", num(r.kl_bits, 2)];
+    }));
+    $("card-lens").title = c.lens.meaning;
+    stats.cards++;
+  }
 
   // ------------------------------------------------------------------ next token
   async function nextToken() {
