@@ -134,6 +134,9 @@ BAD = [
     ("/api/view", {"text": "abc", "layer": 0, "head": 4}, 422, "head"),
     ("/api/steps", {"text": "abc", "query": 3}, 422, "query"),
     ("/api/steps", {"text": "abc", "figure": "yes"}, 422, "figure"),
+    ("/api/card", {"text": "abc", "parts": ["lens", "weights"]}, 422, "parts"),
+    ("/api/card", {"text": "abc", "parts": "lens"}, 422, "parts"),
+    ("/api/card", {"text": "abc", "layer": 0, "head": 9}, 422, "head"),
     ("/api/next", {"text": "abc", "temperature": 0}, 422, "temperature"),
     ("/api/next", {"text": "abc", "temperature": -1}, 422, "temperature"),
     ("/api/next", {"text": "abc", "temperature": "hot"}, 422, "temperature"),
@@ -274,6 +277,10 @@ def test_the_head_card_is_what_the_library_measures(client) -> None:
         r[5] for r in view.top_probs
     ]
     assert [row["kl_bits"] for row in rows] == [r[5] for r in view.kl_bits]
+    # a card of some parts: the others are not computed
+    some = client.post("/api/card", json={"text": TEXT, "layer": 1, "head": 2, "parts": ["health"]})
+    assert some.json()["health"] == card["health"]
+    assert some.json()["lens"] is None and some.json()["mixing"] is None
     # another head or query of the same text runs nothing again (the text's results are kept)
     text = "hh fed"  # not asked before
     assert client.post("/api/card", json={"text": text, "layer": 1, "head": 2}).status_code == 200

@@ -98,6 +98,11 @@ def test_type_slide_generate_and_choose_a_head(server, browser) -> None:  # noqa
         " return !!v && v.chosen.view === 'grid' && v.chosen.rows === 15; }"
     )
     page.wait_for_function(f"() => {stats}.steps >= 3")  # the view's own step panel is back
+    # the card's mixing and lens are asked for when ticked (seconds on a pretrained model)
+    assert page.eval_on_selector("#card-lens", "t => t.rows.length") == 0
+    page.check("#card-mixing-on")
+    page.check("#card-lens-on")
+    page.wait_for_function("() => document.getElementById('card-lens').rows.length > 0")
     steps = page.evaluate(f"() => {stats}.steps")
     cards = page.evaluate(f"() => {stats}.cards")
     head = 2 if page.evaluate("() => window.attnlabServe.state.head") != 2 else 1

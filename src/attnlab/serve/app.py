@@ -14,8 +14,8 @@ Endpoints (``POST`` takes and answers JSON; each request names its tokens by ``t
 ``POST /api/share``    the same page as a download (``attnlab-view.html``)
 ``POST /api/steps``    one head step by step, ``layer``, ``head``, ``query`` (``plot steps``)
 ``POST /api/card``     the head's card, ``layer``, ``head``, ``query``: role scores, entropy and
-                       sink share, QK/OV spectra, context mixing, logit lens
-                       (:mod:`attnlab.serve.card`)
+                       sink share, QK/OV spectra, context mixing, logit lens (``parts``: some of
+                       them; :mod:`attnlab.serve.card`)
 ``POST /api/next``     the next token's distribution under ``temperature``, ``top_k``, ``top_p``
 ``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``)
 =====================  ==========================================================================
@@ -45,7 +45,7 @@ from torch import nn
 
 from attnlab._checks import check_seed
 from attnlab.errors import AttnlabError
-from attnlab.serve.card import head_card
+from attnlab.serve.card import CARD_PARTS, head_card
 from attnlab.serve.requests import (
     FieldError,
     check_count,
@@ -260,7 +260,12 @@ def _card(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     ids, _ = _ids(session, body)
     layer, head = _keep(session, {"layer": 0, "head": 0, **body}) or (0, 0)
     query = check_index(body, "query", len(ids), len(ids) - 1)
-    return head_card(session, ids, layer, head, query)
+    parts = body.get("parts", list(CARD_PARTS))
+    if not isinstance(parts, list) or not all(p in CARD_PARTS for p in parts):
+        raise FieldError(
+            "parts", f"parts must be a list of {', '.join(CARD_PARTS)}, got {str(parts)[:40]}"
+        )
+    return head_card(session, ids, layer, head, query, parts)
 
 
 def _next(session: Session, body: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,10 @@ same library calls as the command line (the page adds no numerics of its own).
   output.
 
 What depends on the text alone (capture, mixing, lens) is kept in the session's bounded cache,
-keyed by the token ids: choosing another head or query of the same text runs nothing again.
+keyed by the token ids: choosing another head or query of the same text runs nothing again. The
+mixing and the lens cost seconds on a new text of a pretrained model (SmolLM2-135M, 14 tokens:
+about 3 s and 5 s of CPU — the lens is every layer's logits over the vocabulary): the page asks
+for them (``parts``) only when their box is ticked.
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ if TYPE_CHECKING:
 
     from attnlab.serve.session import Session
 
-__all__ = ["CARD_METHODS", "LENS_TOP_K", "ROLES_BATCH", "ROLES_SEQ_LEN", "head_card", "roles_of"]
+__all__ = [
+    "CARD_METHODS",
+    "CARD_PARTS",
+    "LENS_TOP_K",
+    "ROLES_BATCH",
+    "ROLES_SEQ_LEN",
+    "head_card",
+    "roles_of",
+]
 
 #: ``attnlab inspect --roles``' defaults: random tokens a copy, sequences averaged over
 ROLES_SEQ_LEN = 50
@@ -52,6 +63,8 @@ ROLES_BATCH = 8
 CARD_METHODS = ("norm", "alti")
 #: the lens's alternatives per layer on the card
 LENS_TOP_K = 5
+#: what a card holds; a request may ask for some of them
+CARD_PARTS = ("roles", "health", "spectrum", "mixing", "lens")
 
 
 def roles_of(model: torch.nn.Module, tokenizer: Any) -> HeadRoles | None:
@@ -89,7 +102,12 @@ def _row(a: np.ndarray | torch.Tensor) -> list[float | None]:
 
 
 def head_card(
-    session: Session, ids: Sequence[int], layer: int, head: int, query: int
+    session: Session,
+    ids: Sequence[int],
+    layer: int,
+    head: int,
+    query: int,
+    parts: Sequence[str] = CARD_PARTS,
 ) -> dict[str, Any]:
     """Everything the card shows of one head (see the module docstring).
 
@@ -99,6 +117,7 @@ def head_card(
         layer: index into the session's attention layers.
         head: the query head.
         query: the position whose mixing row and lens column are shown.
+        parts: which of :data:`CARD_PARTS` to compute (the others are ``null``).
 
     Returns:
         ``layer`` (its path), ``head``, ``query``, ``tokens``; ``roles`` (``{role: score}``,
@@ -110,31 +129,35 @@ def head_card(
         ``[{id, token, probability}]``, ``kl_bits``), ``null`` for values JSON has not.
     """
     path = session.layers[layer]
-    roles = session.remember(("roles",), lambda: roles_of(session.model, session.io.tokenizer))
-    spectrum: CircuitSpectrum = session.remember(("spectrum",), lambda: qk_spectrum(session.model))
-    report = session.remember(("health", tuple(ids)), lambda: diagnose(session.captured(ids)))
+    key = tuple(ids)
     x = torch.tensor([list(ids)], dtype=torch.long, device=next(session.model.parameters()).device)
-    views, values = session.remember(
-        ("mixing", tuple(ids)), lambda: mixing_views(session.model, x, CARD_METHODS)
-    )
-    lens: LensView = session.remember(
-        ("lens", tuple(ids)),
-        lambda: lens_view(
-            logit_lens(session.model, x), session.labels(ids),
-            lambda i: session.labels([i])[0], k=LENS_TOP_K,
-        ),
-    )  # fmt: skip
-    return {
-        "layer": path,
-        "head": head,
-        "query": query,
-        "tokens": session.labels(ids),
-        "roles": _roles(roles, path, head),
-        "health": report.for_layer(path)[head].to_dict(),
-        "spectrum": _spectrum(spectrum, layer, head),
-        "mixing": [_mixing(v, values[path][v.name], head, query) for v in views],
-        "lens": _lens(lens, query),
-    }
+    card: dict[str, Any] = {"layer": path, "head": head, "query": query,
+                            "tokens": session.labels(ids)}  # fmt: skip
+    card.update(dict.fromkeys(CARD_PARTS))
+    if "roles" in parts:
+        roles = session.remember(("roles",), lambda: roles_of(session.model, session.io.tokenizer))
+        card["roles"] = _roles(roles, path, head)
+    if "health" in parts:
+        report = session.remember(("health", key), lambda: diagnose(session.captured(ids)))
+        card["health"] = report.for_layer(path)[head].to_dict()
+    if "spectrum" in parts:
+        spectrum = session.remember(("spectrum",), lambda: qk_spectrum(session.model))
+        card["spectrum"] = _spectrum(spectrum, layer, head)
+    if "mixing" in parts:
+        views, values = session.remember(
+            ("mixing", key), lambda: mixing_views(session.model, x, CARD_METHODS)
+        )
+        card["mixing"] = [_mixing(v, values[path][v.name], head, query) for v in views]
+    if "lens" in parts:
+        lens: LensView = session.remember(
+            ("lens", key),
+            lambda: lens_view(
+                logit_lens(session.model, x), session.labels(ids),
+                lambda i: session.labels([i])[0], k=LENS_TOP_K,
+            ),
+        )  # fmt: skip
+        card["lens"] = _lens(lens, query)
+    return card
 
 
 def _roles(roles: HeadRoles | None, path: str, head: int) -> dict[str, Any] | None:

@@ -160,7 +160,11 @@
     if (state.layer === null) return;
     const seq = ++cardSeq;
     let c;
-    try { c = await call("/api/card", { ...sequence(), layer: state.layer, head: state.head, query: state.query }); } catch (e) { if (seq === cardSeq) showError(e); return; }
+    // the mixing and the lens run the model again (seconds on a pretrained model): asked for when ticked
+    const parts = ["roles", "health", "spectrum"];
+    if ($("card-mixing-on").checked) parts.push("mixing");
+    if ($("card-lens-on").checked) parts.push("lens");
+    try { c = await call("/api/card", { ...sequence(), layer: state.layer, head: state.head, query: state.query, parts }); } catch (e) { if (seq === cardSeq) showError(e); return; }
     if (seq !== cardSeq) return;
     $("card-where").textContent = "— " + c.layer + " · head " + c.head + " · query " + c.query + " " + JSON.stringify(c.tokens[c.query]);
     if (c.roles) {
@@ -179,17 +183,25 @@
       ["QK", num(sp.qk_effective_rank, 2), sp.qk_rank + "/" + sp.d_head, spectrum(sp.qk)],
       ["OV", num(sp.ov_effective_rank, 2), sp.ov_rank + "/" + sp.d_head, spectrum(sp.ov)],
     ]);
+    table("card-mixing", null, []); table("card-lens", null, []);
+    if (c.mixing) mixingTable(c);
+    if (c.lens) lensTable(c);
+    stats.cards++;
+  }
+  function mixingTable(c) {
     const methods = c.mixing, scale = methods.map((m) => Math.max(...m.row.map((v) => Math.abs(v || 0))));
     table("card-mixing", ["key", ...methods.map((m) => m.label)], c.tokens.map((t, j) => [j + " " + visible(t), ...methods.map((m, i) => { const d = document.createElement("span"); d.append(num(m.row[j], 3), " ", bar(Math.abs(m.row[j] || 0), scale[i])); return d; })]));
     $("card-mixing").title = methods.map((m) => m.label + ": " + m.meaning + " — " + m.note).join("\n");
+  }
+  function lensTable(c) {
     table("card-lens", ["layer", "top token", "p", "KL (bits)"], c.lens.rows.slice().reverse().map((r) => {
       const best = r.top[0], tok = document.createElement("span");
       tok.textContent = JSON.stringify(best.token); tok.title = r.top.map((t) => JSON.stringify(t.token) + " " + (100 * t.probability).toFixed(1) + "%").join("\n");
       return [r.layer, tok, (100 * best.probability).toFixed(1) + "%", num(r.kl_bits, 2)];
     }));
     $("card-lens").title = c.lens.meaning;
-    stats.cards++;
   }
+  for (const id of ["card-mixing-on", "card-lens-on"]) $(id).addEventListener("change", () => card());
 
   // ------------------------------------------------------------------ next token
   async function nextToken() {
