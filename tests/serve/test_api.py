@@ -102,6 +102,25 @@ def test_generate_n_is_generate_with_the_same_seed(client) -> None:
     # the generated tokens go back as ids with the prompt's length: marked on the page
     view = client.post("/api/view", json={"ids": body["ids"], "prompt_length": 12}).json()
     assert '"prompt_length":12' in view["html"]
+    # with the probabilities they were drawn with (the viewer's p% labels, view --generate's)
+    scored = generate(client.model, _ids(), max_new_tokens=6, strategy="sample",
+                      generator=torch.Generator().manual_seed(11), return_scores=True,
+                      **options)  # fmt: skip
+    want_p = scored.token_probs[0].tolist()
+    assert [s["probability"] for s in body["scores"]] == want_p
+    assert [s["position"] for s in body["scores"]] == list(range(12, 18))
+    payload = client.post("/api/attention", json={"ids": body["ids"], "prompt_length": 12}).json()
+    assert [s["probability"] for s in payload["viewer"]["token_scores"]] == want_p
+    # one more token: the view holds the probabilities of all seven, in order
+    more = client.post("/api/generate", json={"ids": body["ids"], "prompt_length": 12, "n": 1,
+                                              "seed": 3, **options}).json()  # fmt: skip
+    assert [s["position"] for s in more["scores"]] == list(range(12, 19))
+    assert [s["probability"] for s in more["scores"]][:6] == want_p
+    # typed ids were drawn by no one here: no labels (not a stale or a made-up number)
+    other = 5 if body["ids"][-1] != 5 else 6
+    typed = client.post("/api/attention", json={"ids": body["ids"][:-1] + [other],
+                                                "prompt_length": 12}).json()  # fmt: skip
+    assert typed["viewer"].get("token_scores") is None
 
 
 def test_steps_are_the_plot_steps_panel_of_the_chosen_head(client) -> None:

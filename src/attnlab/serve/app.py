@@ -17,7 +17,8 @@ Endpoints (``POST`` takes and answers JSON; each request names its tokens by ``t
                        sink share, QK/OV spectra, context mixing, logit lens (``parts``: some of
                        them; :mod:`attnlab.serve.card`)
 ``POST /api/next``     the next token's distribution under ``temperature``, ``top_k``, ``top_p``
-``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``)
+``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``) and
+                       their probabilities (``scores``; the view labels them p%)
 =====================  ==========================================================================
 
 A bad request gets a 4xx JSON answer ``{"error": message, "field": name}`` — never a 500 with a
@@ -285,8 +286,10 @@ def _generate(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     except AttnlabError as exc:
         raise FieldError("seed", str(exc)) from None
     out = session.generate(ids, n, seed, chosen)
-    return {**_tokens(session, out, len(ids) if prompt is None else prompt), "new": out[len(ids) :],
-            "text": session.io.decode(out)}  # fmt: skip
+    start = len(ids) if prompt is None else prompt
+    scores = [s.to_json() for s in session.scores_of(out, start)]
+    return {**_tokens(session, out, start), "new": out[len(ids) :],
+            "text": session.io.decode(out), "scores": scores}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the page

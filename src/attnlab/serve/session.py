@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from attnlab._budget import format_bytes
+from attnlab.decoding.scores import Generation
 from attnlab.decoding.strategies import sampling_distribution
 from attnlab.inspect.capture import ActivationCache, attention_modules
 from attnlab.models.config import GPTConfig
@@ -40,6 +41,7 @@ from attnlab.serve.requests import FieldError, Sampling
 from attnlab.tasks.base import ModelInputs, token_labels
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.lm import LMIO
+from attnlab.tasks.token_scores import TokenScore, token_scores
 from attnlab.viz.steps import step_data_from_model, step_panel_from_model
 from attnlab.viz.viewer import ViewerData
 from attnlab.viz.viewer_start import ViewerStart
@@ -117,10 +119,17 @@ class Session:
                 self._cache.move_to_end(key)
                 return self._cache[key]  # type: ignore[no-any-return]
             value = compute()
+            self._store(key, value)
+            return value
+
+    def _store(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` under ``key`` (replacing one kept before), the latest
+        :data:`CACHE_SIZE`."""
+        with self.lock:
             self._cache[key] = value
+            self._cache.move_to_end(key)
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-            return value
 
     def captured(self, ids: Sequence[int]) -> ActivationCache:
         """The attention of every layer on ``ids`` (``attnlab view``'s capture), cached.
@@ -227,7 +236,27 @@ class Session:
             source_tokens=tuple(self.labels(prompt)),
             target_tokens=tuple(self.labels(new)),
             output=self.io.decode(list(ids)),
+            token_scores=self.scores_of(ids, n),
         )
+
+    def scores_of(self, ids: Sequence[int], start: int) -> tuple[TokenScore, ...]:
+        """The probabilities this server drew the tokens ``ids[start:]`` with, as
+        :meth:`generate` recorded them (the viewer's p% labels), or ``()`` when it did not
+        generate all of them (typed ids, or forgotten by the bounded cache).
+
+        Args:
+            ids: the tokens.
+            start: where the generated ones start.
+
+        Returns:
+            One :class:`~attnlab.tasks.token_scores.TokenScore` per generated token, or ``()``.
+        """
+        with self.lock:
+            kept = self._cache.get(("scores", tuple(ids)))
+        if kept is None or start >= len(ids):
+            return ()
+        tail = tuple(s for s in kept if s.position >= start)
+        return tail if [s.position for s in tail] == list(range(start, len(ids))) else ()
 
     # ------------------------------------------------------------------ attention
     def viewer(
@@ -378,6 +407,8 @@ class Session:
     def generate(self, ids: Sequence[int], n: int, seed: int, sampling: Sampling) -> list[int]:
         """``ids`` followed by ``n`` sampled tokens, as ``attnlab generate --seed`` draws them
         (:meth:`~attnlab.tasks.lm.LMIO.generate`, strategy ``sample``; stops at the end token).
+        Their probabilities are kept with the sequence (:meth:`scores_of`): the viewer labels
+        the generated tokens with them, as ``attnlab view --generate`` does.
 
         Args:
             ids: the tokens so far.
@@ -392,12 +423,19 @@ class Session:
             FieldError: ``ids`` and ``n`` together past :attr:`max_tokens`.
         """
         self.check_length(ids, "n", n)
+        scores: list[Generation] = []
         with self.running():
-            return self.io.generate(
+            out = self.io.generate(
                 self.model, None, max_new_tokens=n, strategy="sample", seed=seed,
                 source_ids=list(ids), temperature=sampling.temperature, top_k=sampling.top_k,
-                top_p=sampling.top_p,
+                top_p=sampling.top_p, scores=scores,
             )  # fmt: skip
+            # the drawn tokens' probabilities, after those of the tokens drawn before them
+            before = self._cache.get(("scores", tuple(ids)), ())
+            new = token_scores(self.io.tokenizer, scores[0]) if scores else []
+            # (replacing any kept: the same tokens drawn again under other numbers)
+            self._store(("scores", tuple(out)), (*before, *new))
+        return out
 
 
 def _device(model: nn.Module) -> torch.device:
