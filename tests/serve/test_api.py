@@ -118,7 +118,7 @@ def test_generate_n_is_generate_with_the_same_seed(client) -> None:
     assert [s["probability"] for s in more["scores"]][:6] == want_p
     # typed ids were drawn by no one here: no labels (not a stale or a made-up number)
     other = 5 if body["ids"][-1] != 5 else 6
-    typed = client.post("/api/attention", json={"ids": body["ids"][:-1] + [other],
+    typed = client.post("/api/attention", json={"ids": [*body["ids"][:-1], other],
                                                 "prompt_length": 12}).json()  # fmt: skip
     assert typed["viewer"].get("token_scores") is None
 
