@@ -78,11 +78,16 @@ class Session:
 
     def __post_init__(self) -> None:
         self.model.eval()
-        self.max_tokens = min(self.max_tokens, self.io.n_positions)
+        self.max_tokens = min(self.max_tokens, self.context)
         self.lock = threading.RLock()  # re-entered by a cached result computed from another
         self.layers = list(attention_modules(self.model))
         self._cache: OrderedDict[Hashable, Any] = OrderedDict()
         self._model_facts: dict[Hashable, Any] = {}
+
+    @property
+    def context(self) -> int:
+        """The longest sequence the model takes (its positions)."""
+        return int(self.io.n_positions)
 
     @property
     def vocab_size(self) -> int:
@@ -155,7 +160,7 @@ class Session:
             "title": self.title,
             "layers": self.layers,
             "heads": heads,
-            "n_positions": self.io.n_positions,
+            "n_positions": self.context,
             "max_tokens": self.max_tokens,
             "vocab_size": self.vocab_size,
         }
@@ -201,7 +206,7 @@ class Session:
                 field,
                 f"{field}: {len(ids)} tokens{more} is more than the {self.max_tokens} this server "
                 "runs (attnlab serve --max-tokens; the model's context is "
-                f"{self.io.n_positions})",
+                f"{self.context})",
                 413,
             )
 
@@ -371,6 +376,22 @@ class Session:
         """
         x = torch.tensor([list(ids)], dtype=torch.long, device=_device(self.model))
         logits = self.remember(("logits", tuple(ids)), lambda: self.model(x).logits[:, -1])
+        return self.ranked(logits, sampling, top)
+
+    def ranked(self, logits: torch.Tensor, sampling: Sampling, top: int) -> dict[str, Any]:
+        """The ``top`` likeliest tokens of ``π = softmax(filter(z / τ))`` (see :meth:`next_token`).
+
+        Args:
+            logits: ``z``, ``(1, V)``.
+            sampling: temperature, top-k, top-p.
+            top: how many tokens to list.
+
+        Returns:
+            As :meth:`next_token`.
+
+        Shape:
+            logits ``(1, V)``.
+        """
         probs = self.distribution(logits, sampling)[0].double().cpu()
         raw = logits.double().softmax(-1)[0].cpu()
         order = torch.argsort(probs, descending=True, stable=True)[:top].tolist()

@@ -25,8 +25,13 @@
 
   // the request's tokens: the text typed, or the ids with their generated tail
   function sequence() {
+    if (seq2seq()) {  // the source text, and the target: ids decoded here, typed text, or the model's own
+      const target = $("target").value;
+      return state.ids ? { text: $("text").value, target_ids: state.ids } : target ? { text: $("text").value, target } : { text: $("text").value };
+    }
     return state.ids ? { ids: state.ids, prompt_length: state.prompt } : { text: $("text").value };
   }
+  function seq2seq() { return !!state.info && state.info.kind === "seq2seq"; }
   function chosen() { return state.layer === null ? {} : { layer: state.layer, head: state.head }; }
   function sampling() {
     const t = Number($("temperature").value), k = Number($("top-k").value), p = Number($("top-p").value);
@@ -45,6 +50,15 @@
     try { v = await call("/api/view", { ...sequence(), ...chosen() }); } catch (e) { if (seq === viewSeq) { showError(e); status(""); } return; }
     if (seq !== viewSeq) return;
     showError(null);
+    if (seq2seq()) {  // the encoder-decoder: its viewer shows the encoder, decoder and cross-attention
+      state.tokens = v.target_tokens; state.ids = state.ids ? v.target_ids : null;
+      gridFrame.srcdoc = v.html; matrixFrame.srcdoc = v.html;
+      showSequence({ tokens: v.target_tokens, prompt_length: state.ids ? state.prompt : null });
+      stats.views++;
+      status(v.source_tokens.length + " source tokens · " + v.target_tokens.length + " target tokens · output " + JSON.stringify(v.output));
+      nextToken();
+      return;
+    }
     state.tokens = v.tokens; state.ids = state.ids ? v.ids : null;
     state.layer = v.start.layer; state.head = v.start.head;
     gridFrame.srcdoc = v.html; matrixFrame.srcdoc = v.html;
@@ -93,6 +107,7 @@
     if (head < 0 || (layer === state.layer && head === state.head)) return;
     state.layer = layer; state.head = head;
     const m = viewer(matrixFrame);
+    if (seq2seq()) { if (m) m.select({ layer, head, view: "matrix" }); return; }
     if (m && (m.chosen.layer !== layer || m.chosen.head !== head)) m.select({ layer, head, view: m.chosen.view === "grid" ? "matrix" : m.chosen.view });
     steps(); card();
   }
@@ -227,6 +242,13 @@
   async function generate(n) {
     const seed = Number($("seed").value);
     let g;
+    if (seq2seq()) {  // greedy decoding, as attnlab translate decodes
+      const before = state.ids ? state.prompt : null;
+      try { g = await call("/api/generate", { ...sequence(), n }); } catch (e) { showError(e); return; }
+      state.ids = g.target_ids; state.prompt = before === null ? g.target_ids.length - g.new.length : before;
+      stats.generated += g.new.length;
+      refresh(); return;
+    }
     try { g = await call("/api/generate", { ...sequence(), ...sampling(), n, seed }); } catch (e) { showError(e); return; }
     state.ids = g.ids; state.prompt = g.prompt_length;
     if (n === 1) $("seed").value = String(seed + 1); // the next draw, deterministic too
@@ -242,6 +264,10 @@
     const a = document.createElement("a"); a.href = URL.createObjectURL(blob); a.download = "attnlab-view.html";
     document.body.appendChild(a); a.click(); a.remove();
   });
+  $("target").addEventListener("input", () => {
+    state.ids = null; state.prompt = null;
+    clearTimeout(typing); typing = setTimeout(refresh, 300);
+  });
   $("text").addEventListener("input", () => {
     state.ids = null; state.prompt = null;
     clearTimeout(typing); typing = setTimeout(refresh, 300);
@@ -253,6 +279,13 @@
   fetch("/api/info").then((r) => r.json()).then((info) => {
     state.info = info; $("title").textContent = "attnlab serve · " + info.title;
     document.title = "attnlab serve · " + info.title;
+    if (seq2seq()) {  // source and target boxes; no step panel or card (a GPT's), greedy decoding
+      $("target-row").hidden = false; $("steps-pane").hidden = true; $("card-pane").hidden = true;
+      for (const id of ["temperature", "top-k", "top-p"]) $(id).closest(".row").hidden = false;
+      $("seed").closest("label").hidden = true; $("share").hidden = true;
+      $("text").value = ""; status("type a source text");
+      return;
+    }
+    refresh();
   }).catch(showError);
-  refresh();
 })();
