@@ -321,4 +321,17 @@ def test_the_head_card_is_what_the_library_measures(client) -> None:
         assert client.post("/api/view", json={"text": text}).status_code == 200
     finally:
         del client.model.forward
-    assert calls[0] == 1  # the last logits, once for both temperatures
+    assert calls[0] == 0  # the capture's forward kept the last logits too
+    # a new text's view and bars: one forward, and its logits are the model's, bit for bit
+    calls[0] = 0
+    client.model.forward = counted
+    try:
+        assert client.post("/api/view", json={"text": "gg fed"}).status_code == 200
+        bars = client.post("/api/next", json={"text": "gg fed", "top": 3}).json()
+    finally:
+        del client.model.forward
+    assert calls[0] == 1
+    with torch.no_grad():
+        z = client.model(torch.tensor([TOKENIZER.encode("gg fed")])).logits[0, -1]
+    assert [t["raw"] for t in bars["tokens"]] == [float(z.double().softmax(-1)[t["id"]])
+                                                  for t in bars["tokens"]]  # fmt: skip

@@ -137,7 +137,9 @@ class Session:
                 self._cache.popitem(last=False)
 
     def captured(self, ids: Sequence[int]) -> ActivationCache:
-        """The attention of every layer on ``ids`` (``attnlab view``'s capture), cached.
+        """The attention of every layer on ``ids`` (``attnlab view``'s capture), cached; the
+        same forward's last logits are kept too, so the next-token bars of the text run nothing
+        again.
 
         Args:
             ids: the tokens.
@@ -146,7 +148,23 @@ class Session:
             The :class:`~attnlab.inspect.ActivationCache`.
         """
         inputs = self.inputs(ids)
-        return self.remember(("capture", tuple(ids)), lambda: capture_inputs(self.model, inputs))
+
+        def run() -> ActivationCache:
+            kept: dict[str, torch.Tensor] = {}
+
+            def keep(_m: nn.Module, _a: Any, out: Any) -> None:
+                kept["logits"] = out.logits[:, -1]
+
+            handle = self.model.register_forward_hook(keep)
+            try:
+                cache = capture_inputs(self.model, inputs)
+            finally:
+                handle.remove()
+            if "logits" in kept:
+                self._store(("logits", tuple(ids)), kept["logits"])
+            return cache
+
+        return self.remember(("capture", tuple(ids)), run)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to know of the model.
