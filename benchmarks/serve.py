@@ -2,7 +2,8 @@
 
 Starts ``attnlab serve MODEL`` in a process of its own (loading the model is part of the time to
 first view), waits until it answers, asks what the page asks for a first view (``/api/view``,
-``/api/next``, ``/api/steps``), then ``/api/generate`` of 1 and of 33 tokens (3 times each): the
+``/api/next``, ``/api/steps``), the head's card (``/api/card``: its cheap parts, then its mixing
+and lens), then ``/api/generate`` of 1 and of 33 tokens (3 times each): the
 per-token latency is their difference over 32 tokens. The server's CPU seconds are read from
 ``/proc`` (user + system), so a busy machine shows in the wall times, not in the CPU ones.
 
@@ -67,6 +68,13 @@ def main() -> None:
         print(f"server answers: {up:.1f} s wall, {up_cpu:.1f} s CPU (loading the model)")
         print(f"first view (view + next + steps): {first:.2f} s wall, {first_cpu:.2f} s CPU")
         print(f"time to first view: {up + first:.1f} s wall, {up_cpu + first_cpu:.1f} s CPU")
+        head = {"text": args.text, "layer": 0, "head": 0}
+        for what, parts in (("first card (role scores and spectra: once per model)",
+                             ["roles", "health", "spectrum"]),
+                            ("its mixing and lens (once per text)", ["mixing", "lens"])):  # fmt: skip
+            t, c = time.perf_counter(), cpu()
+            post("/api/card", {**head, "parts": parts})
+            print(f"{what}: {time.perf_counter() - t:.2f} s wall, {cpu() - c:.2f} s CPU")
         took = {}
         for n in (1, 33):
             t, c = time.perf_counter(), cpu()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab import Transformer, TransformerConfig
+from attnlab import Transformer
 from attnlab.cli import main
 from tests.cli.test_view_generate import TOKENIZER, _save, gpt_run  # noqa: F401 (a fixture)
 
@@ -39,6 +39,25 @@ def test_serve_runs_the_run_behind_the_app_on_loopback(
         assert r.status_code == 422 and r.json()["field"] == "temperature"
 
 
+def test_serve_takes_an_encoder_decoder_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from starlette.testclient import TestClient
+
+    served = {}
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: served.update(app=self.config.app))  # fmt: skip
+    from tests.serve.test_seq2seq import tiny_config
+
+    run = _save(tmp_path / "s2s", Transformer(tiny_config(1)))
+    assert main(["serve", str(run), "--port", "0"]) == 0
+    assert "up to 32 tokens" in capsys.readouterr().err  # the model's max_len
+    with TestClient(served["app"], base_url="http://127.0.0.1:8000") as client:
+        assert client.get("/api/info").json()["kind"] == "seq2seq"
+        r = client.post("/api/view", json={"text": "abc", "target": "cab"})
+        assert r.status_code == 200 and r.json()["target_tokens"] == ["c", "a", "b"]
+
+
 def test_serve_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -47,15 +66,7 @@ def test_serve_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert main(["serve", "smollm2-135m", "--port", str(port)]) == 2  # before any loading
     err = capsys.readouterr().err.strip()
     assert f"--port {port}: cannot listen there" in err and "\n" not in err
-    cfg = TransformerConfig(
-        src_vocab_size=TOKENIZER.vocab_size, tgt_vocab_size=TOKENIZER.vocab_size, d_model=16,
-        num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=32,
-        bos_id=TOKENIZER.bos_id, eos_id=TOKENIZER.eos_id,
-    )  # fmt: skip
-    run = _save(tmp_path / "s2s", Transformer(cfg))
-    assert main(["serve", str(run), "--port", "0"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "encoder-decoder" in err and "\n" not in err
+    run = tmp_path / "nothing"
     with pytest.raises(SystemExit) as exc:
         main(["serve", str(run), "--port", "70000"])
     assert exc.value.code == 2

@@ -102,6 +102,25 @@ def test_generate_n_is_generate_with_the_same_seed(client) -> None:
     # the generated tokens go back as ids with the prompt's length: marked on the page
     view = client.post("/api/view", json={"ids": body["ids"], "prompt_length": 12}).json()
     assert '"prompt_length":12' in view["html"]
+    # with the probabilities they were drawn with (the viewer's p% labels, view --generate's)
+    scored = generate(client.model, _ids(), max_new_tokens=6, strategy="sample",
+                      generator=torch.Generator().manual_seed(11), return_scores=True,
+                      **options)  # fmt: skip
+    want_p = scored.token_probs[0].tolist()
+    assert [s["probability"] for s in body["scores"]] == want_p
+    assert [s["position"] for s in body["scores"]] == list(range(12, 18))
+    payload = client.post("/api/attention", json={"ids": body["ids"], "prompt_length": 12}).json()
+    assert [s["probability"] for s in payload["viewer"]["token_scores"]] == want_p
+    # one more token: the view holds the probabilities of all seven, in order
+    more = client.post("/api/generate", json={"ids": body["ids"], "prompt_length": 12, "n": 1,
+                                              "seed": 3, **options}).json()  # fmt: skip
+    assert [s["position"] for s in more["scores"]] == list(range(12, 19))
+    assert [s["probability"] for s in more["scores"]][:6] == want_p
+    # typed ids were drawn by no one here: no labels (not a stale or a made-up number)
+    other = 5 if body["ids"][-1] != 5 else 6
+    typed = client.post("/api/attention", json={"ids": [*body["ids"][:-1], other],
+                                                "prompt_length": 12}).json()  # fmt: skip
+    assert typed["viewer"].get("token_scores") is None
 
 
 def test_steps_are_the_plot_steps_panel_of_the_chosen_head(client) -> None:
@@ -134,6 +153,9 @@ BAD = [
     ("/api/view", {"text": "abc", "layer": 0, "head": 4}, 422, "head"),
     ("/api/steps", {"text": "abc", "query": 3}, 422, "query"),
     ("/api/steps", {"text": "abc", "figure": "yes"}, 422, "figure"),
+    ("/api/card", {"text": "abc", "parts": ["lens", "weights"]}, 422, "parts"),
+    ("/api/card", {"text": "abc", "parts": "lens"}, 422, "parts"),
+    ("/api/card", {"text": "abc", "layer": 0, "head": 9}, 422, "head"),
     ("/api/next", {"text": "abc", "temperature": 0}, 422, "temperature"),
     ("/api/next", {"text": "abc", "temperature": -1}, 422, "temperature"),
     ("/api/next", {"text": "abc", "temperature": "hot"}, 422, "temperature"),
@@ -195,15 +217,17 @@ def test_requests_are_serialised_on_the_one_model(client) -> None:
 
     session.model.forward = watched
     try:
+        # texts not asked before: the session keeps each text's logits
         threads = [threading.Thread(target=client.post, args=("/api/next",),
-                                    kwargs={"json": {"text": TEXT}}) for _ in range(3)]  # fmt: skip
+                                    kwargs={"json": {"text": "hg " + "e" * i}})
+                   for i in range(1, 4)]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
         del session.model.forward
-    assert most[0] == 1
+    assert most[0] == 1 and inside[0] == 0
 
 
 def test_info_names_the_layers_and_the_limits(client) -> None:
@@ -231,3 +255,83 @@ def test_a_page_too_large_for_a_browser_is_refused(client, monkeypatch) -> None:
     assert r.status_code == 200
     r = client.post("/api/view", json={"text": "abcdefghabc"})
     assert r.status_code == 413 and "at most 10 tokens" in r.json()["error"]
+
+
+def test_the_head_card_is_what_the_library_measures(client) -> None:
+    from attnlab.inspect import diagnose, logit_lens
+    from attnlab.inspect.qk_circuits import qk_spectrum
+    from attnlab.inspect.roles import head_roles
+    from attnlab.viz.viewer_lens import lens_view
+    from attnlab.viz.viewer_mixing import mixing_views
+
+    r = client.post("/api/card", json={"text": TEXT, "layer": 1, "head": 2, "query": 5})
+    assert r.status_code == 200, r.text
+    card = r.json()
+    path = "transformer.h.1.attn"
+    assert (card["layer"], card["head"], card["query"]) == (path, 2, 5)
+    # role scores: inspect --roles' call (its defaults, cut to the 9 ordinary ids of the vocabulary)
+    roles = head_roles(client.model, seq_len=9, batch=8, seed=0, token_range=(4, 13))
+    for name in ("previous", "duplicate", "induction", "copying"):
+        assert card["roles"][name] == float(roles.score(name)[1, 2])
+    # entropy and sink share: inspect --text's diagnose of the same capture
+    with capture(client.model) as cache, torch.no_grad():
+        client.model(_ids())
+    assert card["health"] == json.loads(json.dumps(diagnose(cache).for_layer(path)[2].to_dict()))
+    assert card["health"]["first_token_share"] > 0
+    # QK and OV spectra: inspect --qk-spectrum's
+    spec = qk_spectrum(client.model)
+    assert card["spectrum"]["qk"] == spec.values("qk")[1, 2].tolist()
+    assert card["spectrum"]["ov_effective_rank"] == float(spec.effective_rank("ov")[1, 2])
+    # context mixing: view --mixing's matrices, the query's row (per head for norm)
+    with torch.no_grad():
+        _, values = mixing_views(client.model, _ids(), ["norm", "alti"])
+    assert card["mixing"][0]["row"] == values[path]["norm"][2, 5].tolist()
+    assert card["mixing"][1]["row"] == values[path]["alti"][0, 5].tolist()
+    # the lens: view --lens logit's panel, the query's column
+    view = lens_view(logit_lens(client.model, _ids()), card["tokens"], str, k=5)
+    rows = card["lens"]["rows"]
+    assert [row["layer"] for row in rows] == view.layers
+    assert [[t["id"] for t in row["top"]] for row in rows] == [r[5] for r in view.top_ids]
+    assert [[t["probability"] for t in row["top"]] for row in rows] == [
+        r[5] for r in view.top_probs
+    ]
+    assert [row["kl_bits"] for row in rows] == [r[5] for r in view.kl_bits]
+    # a card of some parts: the others are not computed
+    some = client.post("/api/card", json={"text": TEXT, "layer": 1, "head": 2, "parts": ["health"]})
+    assert some.json()["health"] == card["health"]
+    assert some.json()["lens"] is None and some.json()["mixing"] is None
+    # another head or query of the same text runs nothing again (the text's results are kept)
+    text = "hh fed"  # not asked before
+    assert client.post("/api/card", json={"text": text, "layer": 1, "head": 2}).status_code == 200
+    calls = [0]
+    original = client.model.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    client.model.forward = counted
+    try:
+        again = client.post("/api/card", json={"text": text, "layer": 0, "head": 1, "query": 2})
+        assert again.status_code == 200 and again.json()["lens"]["position"] == 2
+        for t in (0.5, 1.5):
+            assert (
+                client.post("/api/next", json={"text": text, "temperature": t}).status_code == 200
+            )
+        assert client.post("/api/view", json={"text": text}).status_code == 200
+    finally:
+        del client.model.forward
+    assert calls[0] == 0  # the capture's forward kept the last logits too
+    # a new text's view and bars: one forward, and its logits are the model's, bit for bit
+    calls[0] = 0
+    client.model.forward = counted
+    try:
+        assert client.post("/api/view", json={"text": "gg fed"}).status_code == 200
+        bars = client.post("/api/next", json={"text": "gg fed", "top": 3}).json()
+    finally:
+        del client.model.forward
+    assert calls[0] == 1
+    with torch.no_grad():
+        z = client.model(torch.tensor([TOKENIZER.encode("gg fed")])).logits[0, -1]
+    assert [t["raw"] for t in bars["tokens"]] == [float(z.double().softmax(-1)[t["id"]])
+                                                  for t in bars["tokens"]]  # fmt: skip

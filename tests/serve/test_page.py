@@ -1,6 +1,6 @@
 """The page of ``attnlab serve`` in Debian's Chromium (Playwright), against a real uvicorn on a
 free port of 127.0.0.1 serving a tiny model: type, see the grid change, move a slider, generate,
-click a head — one page load."""
+click a head and see its card — one page load."""
 
 from __future__ import annotations
 
@@ -98,7 +98,13 @@ def test_type_slide_generate_and_choose_a_head(server, browser) -> None:  # noqa
         " return !!v && v.chosen.view === 'grid' && v.chosen.rows === 15; }"
     )
     page.wait_for_function(f"() => {stats}.steps >= 3")  # the view's own step panel is back
+    # the card's mixing and lens are asked for when ticked (seconds on a pretrained model)
+    assert page.eval_on_selector("#card-lens", "t => t.rows.length") == 0
+    page.check("#card-mixing-on")
+    page.check("#card-lens-on")
+    page.wait_for_function("() => document.getElementById('card-lens').rows.length > 0")
     steps = page.evaluate(f"() => {stats}.steps")
+    cards = page.evaluate(f"() => {stats}.cards")
     head = 2 if page.evaluate("() => window.attnlabServe.state.head") != 2 else 1
     tile = frame.content_frame().evaluate(f"() => attnlabViewer.tileCenter(1, {head})")
     box = frame.bounding_box()
@@ -108,6 +114,17 @@ def test_type_slide_generate_and_choose_a_head(server, browser) -> None:  # noqa
     chosen = "() => [attnlabViewer.chosen.layer, attnlabViewer.chosen.head]"
     assert matrix.evaluate(chosen) == [1, head]
     assert f"transformer.h.1.attn · head {head}" in page.inner_text("#steps-where")
+    # its card follows: role scores, entropy and sink share, spectra, mixing row, lens column
+    page.wait_for_function(f"() => {stats}.cards > {cards}")
+    assert f"transformer.h.1.attn · head {head}" in page.inner_text("#card-where")
+    assert page.eval_on_selector("#card-roles", "t => t.rows.length") == 4
+    assert "sink share" in page.inner_text("#card-health")
+    assert (
+        page.eval_on_selector("#card-spectrum", "t => t.querySelectorAll('.spectrum div').length")
+        == 16
+    )
+    assert page.eval_on_selector("#card-mixing", "t => t.rows.length") == 1 + 15  # a row a key
+    assert page.eval_on_selector("#card-lens", "t => t.rows.length") == 1 + 3  # embed, 0, 1
     # the plot steps figure is drawn only on demand: no broken image before
     assert page.is_hidden("#steps-image")
     # text is shown as text: the typed markup is a token label, not an element

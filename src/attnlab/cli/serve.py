@@ -12,8 +12,11 @@ Nothing is loaded from the network. Requests are served one at a time on the one
 
 A sequence (the text and the tokens generated after it) longer than ``--max-tokens`` (default
 128; at most the model's context) is refused with a message in the page: the page holds
-``layers · heads · T²`` weights (SmolLM2-135M at 128 tokens: about 24 MB). Encoder-decoder runs
-are not served yet (``attnlab view`` draws them). Ctrl-C stops the server.
+``layers · heads · T²`` weights (SmolLM2-135M at 128 tokens: about 24 MB). An encoder-decoder
+run (``attnlab train translate``, copy, reverse, sort) gets a source and a target box: its encoder
+self-, decoder self- and cross-attention, the next target token's probabilities, and "generate N"
+decoding greedily as ``attnlab translate`` does (an empty target: the model's own output); the
+step panel and the head's card are a language model's. Ctrl-C stops the server.
 """
 
 from __future__ import annotations
@@ -112,17 +115,16 @@ def run(args: argparse.Namespace) -> int:
     sock = _listen(args.host, args.port)
     try:
         loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
-        if loaded.is_seq2seq:
-            raise CLIError(
-                "attnlab serve shows language models; this run is an encoder-decoder (attnlab "
-                "view draws its attention)"
-            )
         io = loaded.io
         hosts = LOOPBACK if args.host in LOOPBACK else (*LOOPBACK, args.host)
-        app = create_app(
-            loaded.model, getattr(io, "tokenizer", None), title=Path(args.model).name,
-            max_tokens=args.max_tokens, eos_id=getattr(io, "eos_id", None), hosts=hosts,
-        )  # fmt: skip
+        if loaded.is_seq2seq:  # source and target boxes, greedy decoding as translate's
+            app = create_app(loaded.model, io=io, title=Path(args.model).name,  # type: ignore[arg-type]
+                             max_tokens=args.max_tokens, hosts=hosts)  # fmt: skip
+        else:
+            app = create_app(
+                loaded.model, getattr(io, "tokenizer", None), title=Path(args.model).name,
+                max_tokens=args.max_tokens, eos_id=getattr(io, "eos_id", None), hosts=hosts,
+            )  # fmt: skip
         session = app.state.session
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

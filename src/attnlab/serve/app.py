@@ -13,8 +13,12 @@ Endpoints (``POST`` takes and answers JSON; each request names its tokens by ``t
 ``POST /api/view``     the viewer page (``attnlab view``'s HTML) for the iframe, with the tokens
 ``POST /api/share``    the same page as a download (``attnlab-view.html``)
 ``POST /api/steps``    one head step by step, ``layer``, ``head``, ``query`` (``plot steps``)
+``POST /api/card``     the head's card, ``layer``, ``head``, ``query``: role scores, entropy and
+                       sink share, QK/OV spectra, context mixing, logit lens (``parts``: some of
+                       them; :mod:`attnlab.serve.card`)
 ``POST /api/next``     the next token's distribution under ``temperature``, ``top_k``, ``top_p``
-``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``)
+``POST /api/generate`` ``n`` sampled tokens with ``seed`` (as ``attnlab generate --seed``) and
+                       their probabilities (``scores``; the view labels them p%)
 =====================  ==========================================================================
 
 A bad request gets a 4xx JSON answer ``{"error": message, "field": name}`` — never a 500 with a
@@ -42,6 +46,8 @@ from torch import nn
 
 from attnlab._checks import check_seed
 from attnlab.errors import AttnlabError
+from attnlab.models.transformer import Transformer
+from attnlab.serve.card import CARD_PARTS, head_card
 from attnlab.serve.requests import (
     FieldError,
     check_count,
@@ -50,8 +56,11 @@ from attnlab.serve.requests import (
     check_text,
     sampling,
 )
+from attnlab.serve.seq2seq import Seq2SeqSession, Target
 from attnlab.serve.session import DEFAULT_MAX_TOKENS, Session
+from attnlab.tasks.figures import viewer_for
 from attnlab.tasks.lm import LMIO
+from attnlab.tasks.seq2seq import Seq2SeqIO
 from attnlab.viz.viewer import render_viewer
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
@@ -77,18 +86,23 @@ Handler = Callable[[Session, dict[str, Any]], Any]
 
 def create_app(
     model: nn.Module,
-    tokenizer: Any,
+    tokenizer: Any = None,
     *,
+    io: Seq2SeqIO | None = None,
     title: str = "attnlab",
     max_tokens: int = DEFAULT_MAX_TOKENS,
     eos_id: int | None = None,
     hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1", "[::1]"),
 ) -> Starlette:
-    """The ``attnlab serve`` app for one loaded language model.
+    """The ``attnlab serve`` app for one loaded language model or encoder-decoder.
 
     Args:
-        model: an :class:`attnlab.GPT` (put in eval mode).
-        tokenizer: its tokenizer (``encode``, ``decode``; ``None``: ids only).
+        model: an :class:`attnlab.GPT`, or an :class:`attnlab.Transformer` with ``io`` (put in
+            eval mode).
+        tokenizer: a GPT's tokenizer (``encode``, ``decode``; ``None``: ids only).
+        io: an encoder-decoder's text path (the run's :class:`~attnlab.tasks.seq2seq.Seq2SeqIO`,
+            ``load_run(...).io``): its requests are served by
+            :mod:`attnlab.serve.seq2seq`.
         title: the page's title.
         max_tokens: the longest sequence (prompt and generated tokens) a request may run;
             at most the model's context. Default :data:`~attnlab.serve.session.DEFAULT_MAX_TOKENS`.
@@ -99,19 +113,27 @@ def create_app(
         A Starlette app (serve it with uvicorn, or test it with ``TestClient``).
 
     Raises:
-        TypeError: ``model`` is not a language model with a ``config.n_positions``.
+        TypeError: ``model`` is neither a language model with a ``config.n_positions`` nor
+            an encoder-decoder with its ``io``.
         ValueError: ``max_tokens`` is not a positive int.
     """
     from attnlab.errors import ArgumentError, ArgumentTypeError
 
-    n_positions = getattr(getattr(model, "config", None), "n_positions", None)
-    if not isinstance(model, nn.Module) or not isinstance(n_positions, int):
-        raise ArgumentTypeError(
-            f"model must be a language model (attnlab.GPT), got {type(model).__name__}"
-        )
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    session = Session(model, LMIO(tokenizer, n_positions, eos_id=eos_id), title, max_tokens)
+    session: Session
+    n_positions = getattr(getattr(model, "config", None), "n_positions", None)
+    if isinstance(io, Seq2SeqIO) and isinstance(model, Transformer):
+        session = Seq2SeqSession(model, io, title, max_tokens)  # type: ignore[arg-type]
+    elif isinstance(model, nn.Module) and isinstance(n_positions, int) and io is None:
+        session = Session(model, LMIO(tokenizer, n_positions, eos_id=eos_id), title, max_tokens)
+    else:
+        raise ArgumentTypeError(
+            "model must be a language model (attnlab.GPT), or an encoder-decoder "
+            f"(attnlab.Transformer) with its io (a Seq2SeqIO), got {type(model).__name__} and "
+            f"io {type(io).__name__}"
+        )
+    seq2seq = isinstance(session, Seq2SeqSession)
 
     def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -134,17 +156,17 @@ def create_app(
     async def info(request: Request) -> Response:
         return JSONResponse(session.info())
 
+    handlers: dict[str, Handler] = {
+        "tokenize": _tokenize, "attention": _attention, "view": _view, "share": _share,
+        "steps": _steps, "card": _card, "next": _next, "generate": _generate,
+    }  # fmt: skip
+    if seq2seq:  # the encoder-decoder's own; the step panel and the card are a GPT's
+        handlers = {**dict.fromkeys(handlers, _lm_only), **SEQ2SEQ_HANDLERS}
     routes = [
         Route("/", _index),
         Route("/static/{name}", _static),
         Route("/api/info", info),
-        Route("/api/tokenize", api(_tokenize), methods=["POST"]),
-        Route("/api/attention", api(_attention), methods=["POST"]),
-        Route("/api/view", api(_view), methods=["POST"]),
-        Route("/api/share", api(_share), methods=["POST"]),
-        Route("/api/steps", api(_steps), methods=["POST"]),
-        Route("/api/next", api(_next), methods=["POST"]),
-        Route("/api/generate", api(_generate), methods=["POST"]),
+        *(Route(f"/api/{name}", api(h), methods=["POST"]) for name, h in handlers.items()),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))]
     app = Starlette(routes=routes, middleware=middleware)
@@ -251,6 +273,18 @@ def _steps(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     return session.steps(ids, layer, head, query, figure=figure)
 
 
+def _card(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    ids, _ = _ids(session, body)
+    layer, head = _keep(session, {"layer": 0, "head": 0, **body}) or (0, 0)
+    query = check_index(body, "query", len(ids), len(ids) - 1)
+    parts = body.get("parts", list(CARD_PARTS))
+    if not isinstance(parts, list) or not all(p in CARD_PARTS for p in parts):
+        raise FieldError(
+            "parts", f"parts must be a list of {', '.join(CARD_PARTS)}, got {str(parts)[:40]}"
+        )
+    return head_card(session, ids, layer, head, query, parts)
+
+
 def _next(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     ids, _ = _ids(session, body)
     chosen = sampling(body, session.vocab_size)
@@ -268,8 +302,56 @@ def _generate(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     except AttnlabError as exc:
         raise FieldError("seed", str(exc)) from None
     out = session.generate(ids, n, seed, chosen)
-    return {**_tokens(session, out, len(ids) if prompt is None else prompt), "new": out[len(ids) :],
-            "text": session.io.decode(out)}  # fmt: skip
+    start = len(ids) if prompt is None else prompt
+    scores = [s.to_json() for s in session.scores_of(out, start)]
+    return {**_tokens(session, out, start), "new": out[len(ids) :],
+            "text": session.io.decode(out), "scores": scores}  # fmt: skip
+
+
+def _lm_only(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    raise FieldError("text", "this endpoint shows a language model's heads; this server runs "
+                     "an encoder-decoder (its attention, next token and decoding are served)")  # fmt: skip
+
+
+def _target(session: Session, body: dict[str, Any]) -> Target:
+    if not isinstance(session, Seq2SeqSession):  # pragma: no cover - routed by kind
+        raise FieldError("text", "not an encoder-decoder")
+    return session.read(body, check_text(body.get("text")))
+
+
+def _s2s_view(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    assert isinstance(session, Seq2SeqSession)
+    t = _target(session, body)
+    inputs = session.model_inputs(t)
+    data = viewer_for(inputs, session.attention(t), session.title)  # its most informative head
+    payload = data.to_json()
+    return {**session.tokens(t), "start": payload["start"], "html": render_viewer(data),
+            "viewer": payload}  # fmt: skip
+
+
+def _s2s_next(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    assert isinstance(session, Seq2SeqSession)
+    t = _target(session, body)
+    chosen = sampling(body, session.vocab_size)
+    return session.next_target(t, chosen, check_count(body, "top", 1, MAX_TOP, 10))
+
+
+def _s2s_generate(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    assert isinstance(session, Seq2SeqSession)
+    t = _target(session, body)
+    n = check_count(body, "n", 1, MAX_GENERATE, 1)
+    out = session.decode(t, n)
+    return {**session.tokens(out), "new": list(out.target[len(t.target) :])}
+
+
+def _s2s_tokenize(session: Session, body: dict[str, Any]) -> dict[str, Any]:
+    assert isinstance(session, Seq2SeqSession)
+    return session.tokens(_target(session, body))
+
+
+SEQ2SEQ_HANDLERS: dict[str, Handler] = {
+    "tokenize": _s2s_tokenize, "view": _s2s_view, "next": _s2s_next, "generate": _s2s_generate,
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the page

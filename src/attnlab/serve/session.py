@@ -10,7 +10,10 @@ library's own functions (the page adds no numerics of its own).
   seed gives the same tokens as ``attnlab generate --seed``.
 
 A :class:`Session` holds one lock: calls that run the model are serialised (several tabs queue,
-never interleave on one model).
+never interleave on one model). What one text's forward gives (its capture, its last logits, the
+head card's mixing and lens) is kept in a bounded cache keyed by the token ids
+(:meth:`Session.remember`, the :data:`CACHE_SIZE` latest), so the page's view, next-token bars and
+card of one text, and every slider move, do not run the model again.
 """
 
 from __future__ import annotations
@@ -19,28 +22,33 @@ import base64
 import io
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnlab._budget import format_bytes
+from attnlab.decoding.scores import Generation
 from attnlab.decoding.strategies import sampling_distribution
-from attnlab.inspect.capture import attention_modules
+from attnlab.inspect.capture import ActivationCache, attention_modules
 from attnlab.models.config import GPTConfig
 from attnlab.serve.requests import FieldError, Sampling
 from attnlab.tasks.base import ModelInputs, token_labels
 from attnlab.tasks.figures import capture_inputs, viewer_for
 from attnlab.tasks.lm import LMIO
+from attnlab.tasks.token_scores import TokenScore, token_scores
 from attnlab.viz.steps import step_data_from_model, step_panel_from_model
 from attnlab.viz.viewer import ViewerData
 from attnlab.viz.viewer_start import ViewerStart
 
-__all__ = ["DEFAULT_MAX_TOKENS", "MAX_PAGE_BYTES", "Session"]
+__all__ = ["CACHE_SIZE", "DEFAULT_MAX_TOKENS", "MAX_PAGE_BYTES", "Session"]
+
+T = TypeVar("T")
 
 #: the longest sequence (prompt and generated tokens) the server runs by default: its page holds
 #: ``layers · heads · T²`` weights (SmolLM2-135M, 270 heads, 128 tokens: about 24 MB of base64)
@@ -48,6 +56,8 @@ DEFAULT_MAX_TOKENS = 128
 #: the largest viewer page a request may ask for (``attnlab view``'s bound: a browser does not
 #: open much more), as base64 float32 weights: 16/3 bytes each
 MAX_PAGE_BYTES = 200 * 10**6
+#: the results of one text's forward kept (capture, logits, mixing, lens: one entry each)
+CACHE_SIZE = 16
 
 
 @dataclass
@@ -68,9 +78,16 @@ class Session:
 
     def __post_init__(self) -> None:
         self.model.eval()
-        self.max_tokens = min(self.max_tokens, self.io.n_positions)
-        self.lock = threading.Lock()
+        self.max_tokens = min(self.max_tokens, self.context)
+        self.lock = threading.RLock()  # re-entered by a cached result computed from another
         self.layers = list(attention_modules(self.model))
+        self._cache: OrderedDict[Hashable, Any] = OrderedDict()
+        self._model_facts: dict[Hashable, Any] = {}
+
+    @property
+    def context(self) -> int:
+        """The longest sequence the model takes (its positions)."""
+        return int(self.io.n_positions)
 
     @property
     def vocab_size(self) -> int:
@@ -84,6 +101,71 @@ class Session:
         with self.lock, torch.no_grad():
             yield
 
+    def remember(self, key: tuple[Hashable, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, run once per ``key`` while the model is held, then kept.
+
+        A key of one element (``("roles",)``) names what depends on the model alone: kept for the
+        session's life. A longer one (``("capture", ids)``) depends on a text's tokens: the
+        :data:`CACHE_SIZE` latest are kept.
+
+        Args:
+            key: what the result depends on, besides the model.
+            compute: makes it.
+
+        Returns:
+            The result.
+        """
+        with self.running():
+            if len(key) == 1:
+                if key not in self._model_facts:
+                    self._model_facts[key] = compute()
+                return self._model_facts[key]  # type: ignore[no-any-return]
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]  # type: ignore[no-any-return]
+            value = compute()
+            self._store(key, value)
+            return value
+
+    def _store(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` under ``key`` (replacing one kept before), the latest
+        :data:`CACHE_SIZE`."""
+        with self.lock:
+            self._cache[key] = value
+            self._cache.move_to_end(key)
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+
+    def captured(self, ids: Sequence[int]) -> ActivationCache:
+        """The attention of every layer on ``ids`` (``attnlab view``'s capture), cached; the
+        same forward's last logits are kept too, so the next-token bars of the text run nothing
+        again.
+
+        Args:
+            ids: the tokens.
+
+        Returns:
+            The :class:`~attnlab.inspect.ActivationCache`.
+        """
+        inputs = self.inputs(ids)
+
+        def run() -> ActivationCache:
+            kept: dict[str, torch.Tensor] = {}
+
+            def keep(_m: nn.Module, _a: Any, out: Any) -> None:
+                kept["logits"] = out.logits[:, -1]
+
+            handle = self.model.register_forward_hook(keep)
+            try:
+                cache = capture_inputs(self.model, inputs)
+            finally:
+                handle.remove()
+            if "logits" in kept:
+                self._store(("logits", tuple(ids)), kept["logits"])
+            return cache
+
+        return self.remember(("capture", tuple(ids)), run)
+
     def info(self) -> dict[str, Any]:
         """What the page needs to know of the model.
 
@@ -96,7 +178,7 @@ class Session:
             "title": self.title,
             "layers": self.layers,
             "heads": heads,
-            "n_positions": self.io.n_positions,
+            "n_positions": self.context,
             "max_tokens": self.max_tokens,
             "vocab_size": self.vocab_size,
         }
@@ -142,7 +224,7 @@ class Session:
                 field,
                 f"{field}: {len(ids)} tokens{more} is more than the {self.max_tokens} this server "
                 "runs (attnlab serve --max-tokens; the model's context is "
-                f"{self.io.n_positions})",
+                f"{self.context})",
                 413,
             )
 
@@ -177,7 +259,27 @@ class Session:
             source_tokens=tuple(self.labels(prompt)),
             target_tokens=tuple(self.labels(new)),
             output=self.io.decode(list(ids)),
+            token_scores=self.scores_of(ids, n),
         )
+
+    def scores_of(self, ids: Sequence[int], start: int) -> tuple[TokenScore, ...]:
+        """The probabilities this server drew the tokens ``ids[start:]`` with, as
+        :meth:`generate` recorded them (the viewer's p% labels), or ``()`` when it did not
+        generate all of them (typed ids, or forgotten by the bounded cache).
+
+        Args:
+            ids: the tokens.
+            start: where the generated ones start.
+
+        Returns:
+            One :class:`~attnlab.tasks.token_scores.TokenScore` per generated token, or ``()``.
+        """
+        with self.lock:
+            kept = self._cache.get(("scores", tuple(ids)))
+        if kept is None or start >= len(ids):
+            return ()
+        tail = tuple(s for s in kept if s.position >= start)
+        return tail if [s.position for s in tail] == list(range(start, len(ids))) else ()
 
     # ------------------------------------------------------------------ attention
     def viewer(
@@ -212,9 +314,7 @@ class Session:
                 413,
             )
         inputs = self.inputs(ids, prompt_length)
-        with self.running():
-            cache = capture_inputs(self.model, inputs)
-        data = viewer_for(inputs, cache, self.title)
+        data = viewer_for(inputs, self.captured(ids), self.title)
         if keep is not None:
             layer, head = keep
             layers = data.groups[0].layers
@@ -293,8 +393,23 @@ class Session:
             ``entropy``: of ``π`` in nats.
         """
         x = torch.tensor([list(ids)], dtype=torch.long, device=_device(self.model))
-        with self.running():
-            logits = self.model(x).logits[:, -1]
+        logits = self.remember(("logits", tuple(ids)), lambda: self.model(x).logits[:, -1])
+        return self.ranked(logits, sampling, top)
+
+    def ranked(self, logits: torch.Tensor, sampling: Sampling, top: int) -> dict[str, Any]:
+        """The ``top`` likeliest tokens of ``π = softmax(filter(z / τ))`` (see :meth:`next_token`).
+
+        Args:
+            logits: ``z``, ``(1, V)``.
+            sampling: temperature, top-k, top-p.
+            top: how many tokens to list.
+
+        Returns:
+            As :meth:`next_token`.
+
+        Shape:
+            logits ``(1, V)``.
+        """
         probs = self.distribution(logits, sampling)[0].double().cpu()
         raw = logits.double().softmax(-1)[0].cpu()
         order = torch.argsort(probs, descending=True, stable=True)[:top].tolist()
@@ -331,6 +446,8 @@ class Session:
     def generate(self, ids: Sequence[int], n: int, seed: int, sampling: Sampling) -> list[int]:
         """``ids`` followed by ``n`` sampled tokens, as ``attnlab generate --seed`` draws them
         (:meth:`~attnlab.tasks.lm.LMIO.generate`, strategy ``sample``; stops at the end token).
+        Their probabilities are kept with the sequence (:meth:`scores_of`): the viewer labels
+        the generated tokens with them, as ``attnlab view --generate`` does.
 
         Args:
             ids: the tokens so far.
@@ -345,12 +462,19 @@ class Session:
             FieldError: ``ids`` and ``n`` together past :attr:`max_tokens`.
         """
         self.check_length(ids, "n", n)
+        scores: list[Generation] = []
         with self.running():
-            return self.io.generate(
+            out = self.io.generate(
                 self.model, None, max_new_tokens=n, strategy="sample", seed=seed,
                 source_ids=list(ids), temperature=sampling.temperature, top_k=sampling.top_k,
-                top_p=sampling.top_p,
+                top_p=sampling.top_p, scores=scores,
             )  # fmt: skip
+            # the drawn tokens' probabilities, after those of the tokens drawn before them
+            before = self._cache.get(("scores", tuple(ids)), ())
+            new = token_scores(self.io.tokenizer, scores[0]) if scores else []
+            # (replacing any kept: the same tokens drawn again under other numbers)
+            self._store(("scores", tuple(out)), (*before, *new))
+        return out
 
 
 def _device(model: nn.Module) -> torch.device:

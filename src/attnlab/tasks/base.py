@@ -60,6 +60,7 @@ __all__ = [
     "TaskIO",
     "TaskSetup",
     "check_finite_weights",
+    "special_ids",
     "token_labels",
 ]
 
@@ -116,6 +117,25 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
         return [str(int(i)) for i in ids]
     label = getattr(tokenizer, "token_label", tokenizer.id_to_token)
     return [str(label(int(i))) for i in ids]
+
+
+def special_ids(tokenizer: Any) -> list[int]:
+    """The ids of a tokenizer's special tokens: bos/eos/pad/unk and added special tokens.
+
+    Args:
+        tokenizer: the run's tokenizer, or ``None`` (no special token).
+
+    Returns:
+        The ids, sorted, each once.
+    """
+    if tokenizer is None:
+        return []
+    ids = [getattr(tokenizer, name, None) for name in ("bos_id", "eos_id", "pad_id", "unk_id")]
+    backend = getattr(tokenizer, "tokenizer", None)
+    added = getattr(backend, "get_added_tokens_decoder", None)
+    if callable(added):
+        ids += [i for i, token in added().items() if getattr(token, "special", True)]
+    return sorted({int(i) for i in ids if isinstance(i, int)})
 
 
 @dataclass(frozen=True)
