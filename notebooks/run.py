@@ -40,11 +40,12 @@ REPO = HERE.parent
 SOURCE = REPO / "src" / "attnlab"
 BUILD = REPO / "build" / "notebooks"
 SWITCH = re.compile(r"^FULL = False\b", re.MULTILINE)
-# what every notebook imports (and the kernel itself), and what constructing an optimizer imports
-# (torch._dynamo, 2 CPU-s): the kernel server imports them once
+# what every notebook imports (and the kernel itself), what constructing an optimizer imports
+# (torch._dynamo, 2 CPU-s) and what the eight notebooks that train through attnlab.tasks import
+# (0.4 CPU-s): the kernel server imports them once
 PRELOAD = [
     "torch", "numpy", "matplotlib", "matplotlib.figure", "attnlab", "attnlab.inspect", "attnlab.viz",
-    "torch._dynamo", "ipykernel.kernelapp", "ipykernel.ipkernel",
+    "torch._dynamo", "attnlab.tasks", "ipykernel.kernelapp", "ipykernel.ipkernel",
 ]  # fmt: skip
 
 

@@ -27,6 +27,14 @@ DEVICES = [pytest.param("cpu", id="cpu")] + (
     [pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)] if CUDA else []
 )
 
+# inductor's first compile in a process with an empty cache folder (a fresh clone, CI) checks
+# that the compiler builds and loads AVX2/AVX-512 code: a g++ build of ATen's vector headers and a
+# child Python per instruction set, ~11 s of CPU before the first kernel. The suite tells inductor
+# that this machine's instruction set works (as TORCHINDUCTOR_VEC_ISA_OK=1 does; it still picks
+# the set by what the CPU reports), so the same kernels compile without the probe. Set before
+# torch._inductor is first imported (lazily, by the first compile); the environment's own value wins.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
 # `make test` runs two pytest workers on a 2-core machine: one thread each avoids oversubscription
 # (a tiny op can take 1000x longer when OpenMP threads of two processes fight for the cores).
 torch.set_num_threads(1)

@@ -25,7 +25,7 @@ DESIGN = ROOT / "docs" / "design.md"
 # one of them exists, so that its entry goes too.
 
 REPO_DIRS = ("src", "tests", "benchmarks", "notebooks", "docs")
-PACKAGES = ("nn", "models", "decoding", "training", "distributed", "data", "tasks", "inspect", "viz", "cli")  # fmt: skip
+PACKAGES = ("nn", "models", "decoding", "training", "distributed", "data", "tasks", "inspect", "viz", "serve", "cli")  # fmt: skip
 # a path of the repository, or one under src/attnlab written from its package (`nn/masks.py`)
 REPO_PATH = re.compile(rf"(?<![\w/.-])((?:{'|'.join(REPO_DIRS)})/[\w./-]*[\w/])")
 PACKAGE_PATH = re.compile(rf"(?<![\w/.-])((?:{'|'.join(PACKAGES)})/[\w./-]*[\w/])")

@@ -2,7 +2,7 @@
 
 The package reads bottom-up:
 
-    nn  ←  models  ←  decoding, training  ←  inspect  ←  viz  ←  tasks  ←  cli
+    nn  ←  models  ←  decoding, training  ←  inspect  ←  viz  ←  tasks  ←  serve  ←  cli
 
 A package may import the ones below it (and ``attnlab._checks``, ``attnlab._budget``,
 ``attnlab._files`` and ``attnlab.errors``), never one above or beside it;
@@ -31,7 +31,8 @@ RANK = {
     "inspect": 4,
     "viz": 5,
     "tasks": 6,
-    "cli": 7,
+    "serve": 7,
+    "cli": 8,
 }
 EVERYONE_MAY_IMPORT = {"_checks", "_budget", "_files", "errors", "data"}
 # the root re-exports the public API and __main__ starts the CLI: they sit above everything

@@ -27,6 +27,8 @@ def test_contract_names_exist() -> None:
     for name in ("padding_mask", "causal_mask", "combine", "to_additive", "from_key_padding_mask"):
         assert callable(getattr(al.masks, name)), name
     assert callable(al.GPT.from_hf) and callable(al.GPT.to_hf)
+    assert callable(al.Encoder.from_hf) and callable(al.Encoder.embed) and callable(al.embed)
+    assert al.EncoderConfig(vocab_size=8, d_model=8, n_head=2).family == "bert"
     assert callable(al.MultiHeadAttention.from_torch)
     assert callable(al.inspect.attention_stats) and callable(al.inspect.flops)
 

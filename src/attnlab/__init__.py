@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from attnlab import errors, inspect, training
     from attnlab.decoding.generate import generate
     from attnlab.models.config import GPTConfig, TransformerConfig
+    from attnlab.models.embedding import embed
+    from attnlab.models.encoder import Encoder, EncoderConfig
     from attnlab.models.gpt import GPT
     from attnlab.models.pretrained import load_pretrained
     from attnlab.models.transformer import Transformer
@@ -50,6 +52,8 @@ __all__ = [
     "AttentionSpec",
     "BigBirdSpec",
     "CrossKVCache",
+    "Encoder",
+    "EncoderConfig",
     "FullSpec",
     "GPTConfig",
     "KVCache",
@@ -69,6 +73,7 @@ __all__ = [
     "__version__",
     "alibi_bias",
     "alibi_slopes",
+    "embed",
     "errors",
     "generate",
     "inspect",
@@ -88,6 +93,9 @@ _PUBLIC = {
     "GPTConfig": "attnlab.models.config",
     "TransformerConfig": "attnlab.models.config",
     "GPT": "attnlab.models.gpt",
+    "Encoder": "attnlab.models.encoder",
+    "EncoderConfig": "attnlab.models.encoder",
+    "embed": "attnlab.models.embedding",
     "load_pretrained": "attnlab.models.pretrained",
     "Transformer": "attnlab.models.transformer",
     "scaled_dot_product_attention": "attnlab.nn.attention",

@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 
 import attnlab as al
 from attnlab.decoding.compiled import CompiledStepper, static_capacity, static_unsupported
+from attnlab.decoding.layout import lay_out_for_decoding
 from attnlab.decoding.steppers import CausalStepper
 from attnlab.nn.kinds import BigBirdSpec, PerformerSpec, SlidingSpec
 from attnlab.nn.multihead import MultiHeadAttention
@@ -88,7 +89,13 @@ def test_static_path_equals_the_growing_cache_in_float64(name: str, padded: bool
 @pytest.fixture(scope="module")
 def models() -> dict[str, al.GPT]:
     torch._dynamo.reset()  # other modules' graphs count towards dynamo's recompile limit
-    return {name: tiny_gpt(dtype=torch.float64, **cfg) for name, cfg in TRACED.items()}
+    # laid out for decoding as generate lays them out on its first call: the graph guards the
+    # weights' strides, so a CompiledStepper run before generate shares generate's graph rather
+    # than compiling one for the other layout (an inductor compile is tens of seconds)
+    return {
+        name: lay_out_for_decoding(tiny_gpt(dtype=torch.float64, **cfg))
+        for name, cfg in TRACED.items()
+    }
 
 
 @pytest.fixture
@@ -170,6 +177,27 @@ def test_steps_and_later_calls_do_not_recompile(models: dict[str, al.GPT], trace
     assert torch.equal(first, again)
     assert torch.equal(longer[:, :15], first)
     assert set(model.__dict__) == before_dict  # nothing kept on the model
+
+
+def test_a_step_compiles_one_graph_whatever_the_grad_mode(
+    models: dict[str, al.GPT], traced: None
+) -> None:
+    """A stepper run with gradients on (outside generate's no_grad) and fed columns of a token
+    matrix, and one under no_grad fed contiguous tokens, share one graph: prefill and steps run
+    under no_grad and the tokens are made contiguous, so neither dynamo's grad-mode guard, nor the
+    cache's requires_grad, nor the tokens' strides compiles a second one."""
+    model = models["gpt2-parallel"]
+    ids, feed = torch.randint(0, 61, (2, 3, 4), generator=torch.Generator().manual_seed(4))
+    before = counters["stats"]["unique_graphs"]
+    runs = []
+    for grad, tokens in ((True, feed.unbind(1)), (False, feed.T.contiguous().unbind(0))):
+        with torch.set_grad_enabled(grad):
+            stepper = CompiledStepper(model, ids, None, 12)
+            logits = [stepper.prefill()] + [stepper.step(t) for t in tokens]
+        runs.append(torch.stack(logits))
+    assert not runs[0].requires_grad
+    assert torch.equal(runs[0], runs[1])
+    assert counters["stats"]["unique_graphs"] == before + 1
 
 
 def test_seeded_sampling_equals_eager(models: dict[str, al.GPT], traced: None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import attnlab as al
 from attnlab.nn.backends import choose_backend, flex
@@ -185,14 +186,17 @@ def test_a_model_runs_on_flex() -> None:
 def test_padding_reuses_the_structure_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """A padding mask over several tiles: exact, and no ``BlockMask`` is built per call.
 
-    T = 300 spans three 128-tiles; the window hides the far tiles, the padding hides keys inside
-    the visited ones (a whole tile for the first sequence). The structure's mask is built on
+    T = 520 spans five 128-tiles; the window hides the far tiles, the padding hides keys inside
+    the visited ones (whole tiles for the first sequence). The structure's mask is built on
     the first call only; later calls with other padding (every layer of a model, every batch)
     reuse its tiles, and padding alone (no structure) builds none at all.
     """
-    t = 300
-    q, k, v = (torch.randn(2, 2, t, 16) for _ in range(3))
-    pad = torch.ones(2, 1, 1, t, dtype=torch.bool)
+    # the shapes of test_padding_skips_the_tiles_it_hides (any several tiles show the reuse): the
+    # padded calls under a window leave rows without keys there and here, so they are the same
+    # kernel (compiled once per shape and mask form, seconds each on the CPU)
+    t = 520
+    q, k, v = (torch.randn(3, 2, t, 16) for _ in range(3))
+    pad = torch.ones(3, 1, 1, t, dtype=torch.bool)
     pad[0, ..., 128:] = False
     pad[1, ..., 290:] = False
     built: list[int] = []
@@ -204,11 +208,14 @@ def test_padding_reuses_the_structure_tiles(monkeypatch: pytest.MonkeyPatch) -> 
         out = al.scaled_dot_product_attention(q, k, v, mask=padding, window=40, backend="flex")
         ref_out, _ = attention_ref(q, k, v, padding & window)
         base_out, _ = attention_ref(q, k, v, padding & window, upcast=False)
-        assert_close_rule(out, ref_out, base_out, "window + padding over three tiles")
+        assert_close_rule(out, ref_out, base_out, "window + padding over five tiles")
     assert len(built) == 1
-    out = al.scaled_dot_product_attention(q, k, v, mask=pad, backend="flex")
-    ref_out, _ = attention_ref(q, k, v, pad)
-    assert_close_rule(out, ref_out, attention_ref(q, k, v, pad, upcast=False)[0], "padding")
+    # padding alone, at any length: the inputs of the "padding_causal" case, whose kernel it is
+    # (the open bounds are read as the causal rule's are)
+    q, k, v = _qkv(T, torch.float32)
+    out = al.scaled_dot_product_attention(q, k, v, mask=_PAD, backend="flex")
+    ref_out, _ = attention_ref(q, k, v, _PAD)
+    assert_close_rule(out, ref_out, attention_ref(q, k, v, _PAD, upcast=False)[0], "padding")
     assert len(built) == 1
 
 
@@ -246,6 +253,7 @@ def test_padding_skips_the_tiles_it_hides() -> None:
             assert listed == [[], [], [2], [2, 3], [2, 3, 4]]
         assert counts[2, 0].tolist() == ([1, 2, 3, 4, 5] if window is None else [1, 2, 2, 2, 2])
     k, v = torch.randn(3, 2, t, 16), torch.randn(3, 2, t, 16)
+    graphs = counters["stats"]["unique_graphs"]
     for window in (None, 100):
         band = sliding_window_mask(t, t, (window if window else t, 0))
         out = al.scaled_dot_product_attention(
@@ -254,6 +262,8 @@ def test_padding_skips_the_tiles_it_hides() -> None:
         ref_out, _ = attention_ref(q, k, v, pad & band)
         base_out, _ = attention_ref(q, k, v, pad & band, upcast=False)
         assert_close_rule(out, ref_out, base_out, f"padding skipped, window {window}")
+    # the bounds are read by the kernel, not compiled into it: one kernel with or without a window
+    assert counters["stats"]["unique_graphs"] - graphs <= 1
 
 
 def test_a_mask_per_row_skips_the_tiles_it_hides() -> None:

@@ -80,8 +80,12 @@ def model_inputs(run: Run, args: argparse.Namespace) -> ModelInputs:
                 "as its task does (use --beams or --target)"
             )
         return run.inputs(args.text, target=args.target, beams=args.beams, source_ids=source_ids)
+    kind = "an encoder" if run.is_encoder else "a language model"
     if args.target is not None or args.beams is not None:
+        raise CLIError(f"--target and --beams are for encoder-decoders; this run is {kind}")
+    if run.is_encoder and args.max_new_tokens:
         raise CLIError(
-            "--target and --beams are for encoder-decoders; this run is a language model"
+            "--generate/--max-new-tokens is for language models; an encoder reads the text in "
+            "both directions and generates nothing"
         )
     return run.inputs(args.text, max_new_tokens=args.max_new_tokens, source_ids=source_ids)

@@ -179,9 +179,10 @@ def run_mixing(loaded: Run, inputs: ModelInputs, args: argparse.Namespace) -> in
 
 
 def _faithfulness(loaded: Run, ids: torch.Tensor, inputs: ModelInputs, args: Any) -> int:
-    if inputs.kind == "seq2seq":
-        raise CLIError("--faithfulness explains a language model's next token; this run is an "
-                       "encoder-decoder (use --mixing)")  # fmt: skip
+    if inputs.kind == "seq2seq" or loaded.is_encoder:
+        kind = "an encoder" if loaded.is_encoder else "an encoder-decoder"
+        raise CLIError(f"--faithfulness explains a language model's next token; this run is "
+                       f"{kind} (use --mixing)")  # fmt: skip
     blank = _blank(loaded, args)
     rows = faithfulness_table(
         loaded.model, ids, args.methods or FAITHFULNESS_METHODS, blank_id=blank, steps=args.ig_steps

@@ -13,6 +13,7 @@ from attnlab.cli.errors import CLIError
 from attnlab.cli.options import positive_int, seed
 from attnlab.inspect.roles import MAX_BATCH, HeadRoles, head_roles, ordinary_token_range
 from attnlab.models.gpt import GPT
+from attnlab.tasks.base import special_ids
 from attnlab.tasks.run import Run
 
 __all__ = ["add_roles_arguments", "measure_roles", "read_roles", "roles_bos", "special_ids"]
@@ -73,24 +74,11 @@ def roles_bos(text: str) -> str | int:
     return value
 
 
-def special_ids(tokenizer: Any) -> list[int]:
-    """The ids of a tokenizer's special tokens: bos/eos/pad/unk and added special tokens."""
-    if tokenizer is None:
-        return []
-    ids = [getattr(tokenizer, name, None) for name in ("bos_id", "eos_id", "pad_id", "unk_id")]
-    backend = getattr(tokenizer, "tokenizer", None)
-    added = getattr(backend, "get_added_tokens_decoder", None)
-    if callable(added):
-        ids += [i for i, token in added().items() if getattr(token, "special", True)]
-    return sorted({int(i) for i in ids if isinstance(i, int)})
-
-
 def measure_roles(loaded: Run, args: argparse.Namespace) -> HeadRoles:
     """:func:`~attnlab.inspect.roles.head_roles` of a loaded run with the command's options."""
     if not isinstance(loaded.model, GPT):
-        raise CLIError(
-            f"role scores need a decoder-only language model; {loaded.path} is an encoder-decoder"
-        )
+        kind = "an encoder" if loaded.is_encoder else "an encoder-decoder"
+        raise CLIError(f"role scores need a decoder-only language model; {loaded.path} is {kind}")
     check_at_most("--roles-batch", args.roles_batch, MAX_BATCH, "the scores settle long before")
     tokenizer = getattr(loaded.io, "tokenizer", None)
     vocab = loaded.model.config.vocab_size

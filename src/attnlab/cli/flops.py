@@ -34,6 +34,7 @@ from attnlab.cli import CLIError
 from attnlab.cli.options import add_attention_arguments, attention_spec, positive_int
 from attnlab.inspect.flops import FlopReport, flops
 from attnlab.models.config import GPTConfig, TransformerConfig
+from attnlab.models.encoder import EncoderConfig
 from attnlab.models.families import PRESETS as FAMILIES
 from attnlab.models.families import preset
 from attnlab.tasks.run import load_run
@@ -169,7 +170,10 @@ def _model_config(model: str) -> GPTConfig | TransformerConfig:
 
     if is_pretrained_source(model):
         return pretrained_config(model)
-    return load_run(model).config
+    config = load_run(model).config
+    if isinstance(config, EncoderConfig):  # never: a run folder holds no pretrained encoder
+        raise CLIError(f"flops reads decoders and encoder-decoders; {model} is an encoder")
+    return config
 
 
 def _g(x: int) -> str:

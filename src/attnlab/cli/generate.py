@@ -98,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--top needs --show-probs")
     loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     console = TextConsole(raw=args.raw)
+    if loaded.is_encoder:
+        raise CLIError(
+            f"{loaded.path} is an encoder: it reads a text in both directions and generates "
+            "nothing; use view or inspect (attnlab.embed for sentence embeddings)"
+        )
     if not isinstance(loaded.io, LMIO):
         if args.show_probs or args.json:
             raise CLIError("--show-probs and --json are for language models; this run is an "

@@ -189,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--position is for --by heads (--by positions patches every position)")
     _check_method(args)
     loaded = load_run(args.model, device=args.device, cache=not args.no_cache)
-    if loaded.is_seq2seq:
-        raise CLIError("patch is for language models; this run is an encoder-decoder")
+    if loaded.is_seq2seq or loaded.is_encoder:
+        kind = "an encoder" if loaded.is_encoder else "an encoder-decoder"
+        raise CLIError(f"patch is for language models; this run is {kind}")
     clean = _tokens(loaded, args.clean, "--clean")
     corrupted = _tokens(loaded, args.corrupted, "--corrupted")
     if len(clean) != len(corrupted):

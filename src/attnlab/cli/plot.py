@@ -484,7 +484,7 @@ def _mixing(args: argparse.Namespace) -> Plot:
     else:
         ids = torch.tensor([inputs.source_ids + inputs.target_ids], device=device)
         mix = mixing(loaded.model, ids, args.method)
-        tokens, causal = list(inputs.tokens), True
+        tokens, causal = list(inputs.tokens), not inputs.bidirectional
     return mixing_figure(
         mix, tokens, causal=causal,
         title=f"{_literal(repr(inputs.output))}: {mix.method} — {mix.meaning}",

@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     )
     loaded = load_run(args.run, device=args.device, cache=not args.no_cache)
     if not isinstance(loaded.io, Seq2SeqIO):
-        raise CLIError(
-            f"{loaded.path} holds a language model, not an encoder-decoder; use generate"
-        )
+        what = "an encoder" if loaded.is_encoder else "a language model"
+        other = "view or inspect" if loaded.is_encoder else "generate"
+        raise CLIError(f"{loaded.path} holds {what}, not an encoder-decoder; use {other}")
     console = TextConsole(raw=args.raw)
     code = 0
     with warnings.catch_warnings():  # printed below, one line each, in the sentences' order

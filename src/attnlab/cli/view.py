@@ -132,15 +132,24 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_run(args.path, device=args.device, cache=not args.no_cache)
     inputs = model_inputs(loaded, args)
     if args.lens is not None:
+        if loaded.is_encoder:
+            raise CLIError(
+                "--lens shows the token each layer would predict; an encoder predicts none"
+            )
         _check_lens_size(inputs)
     names = None
     if args.layer:
         names = lambda path: any(s in path for s in args.layer)  # noqa: E731
-    if inputs.kind == "seq2seq" and "grad_weights" in methods:
+    if (inputs.kind == "seq2seq" or loaded.is_encoder) and "grad_weights" in methods:
         if args.mixing.strip() != "all":
+            why = (
+                "an encoder predicts no token"
+                if loaded.is_encoder
+                else "an encoder-decoder's methods read its encoder"
+            )
             raise CLIError(
                 "--mixing grad_weights explains output positions through layers over the same "
-                "tokens; an encoder-decoder's methods read its encoder: choose others"
+                f"tokens; {why}: choose others"
             )
         methods.remove("grad_weights")
     _check_page_size(loaded, inputs, names, args.device, methods)

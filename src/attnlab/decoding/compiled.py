@@ -120,6 +120,20 @@ class CompiledStepper(CausalStepper):
             _decode, backend=self.backend, fullgraph=True, dynamic=False, mode=mode
         )
 
+    def prefill(self) -> torch.Tensor:
+        """Run the prompt through ``model.forward`` (eagerly), filling the static cache, under
+        ``no_grad`` as every step is (:meth:`step`): the cache holds no autograd history, which
+        the compiled step would otherwise guard on (``requires_grad``) and compile again for.
+
+        Returns:
+            The logits of the token after the prompt.
+
+        Shape:
+            ``(N, V)``.
+        """
+        with torch.no_grad():
+            return super().prefill()
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row through the compiled step.
 
@@ -135,15 +149,20 @@ class CompiledStepper(CausalStepper):
         self.length += 1
         cast(StaticModelCache, self.cache).begin(1)  # host side, before the graph
         # self.mask: the padding of every slot (True beyond the prompt), one shape every step
-        args = (self.model, tokens[:, None], self.cache, self.mask)
-        if self.length > self.input_ids.shape[1] + 1:
-            logits = self.step_fn(*args)
-        else:  # the first step may compile: room for a graph per shape under fullgraph=True
-            limit = torch._dynamo.config.recompile_limit
-            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-            try:
+        # contiguous: dynamo guards strides, and a column of a token matrix is another graph
+        args = (self.model, tokens[:, None].contiguous(), self.cache, self.mask)
+        # a decoding step never differentiates: under no_grad whatever the caller's mode, so that
+        # a caller with gradients on neither compiles a second graph (dynamo guards the grad mode)
+        # nor has autograd trace a backward of the step and its writes into the cache
+        with torch.no_grad():
+            if self.length > self.input_ids.shape[1] + 1:
                 logits = self.step_fn(*args)
-            finally:
-                torch._dynamo.config.recompile_limit = limit
+            else:  # the first step may compile: room for a graph per shape under fullgraph=True
+                limit = torch._dynamo.config.recompile_limit
+                torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+                try:
+                    logits = self.step_fn(*args)
+                finally:
+                    torch._dynamo.config.recompile_limit = limit
         # a CUDA graph's output buffer is overwritten by its next replay
         return cast(torch.Tensor, logits.clone() if self.graphs else logits)

@@ -91,7 +91,14 @@ def run(
             f"positions, got {len(idx)} (choose some with rows=)"
         )
     with torch.no_grad():
-        targets = model(input_ids, **forward_kwargs).logits.argmax(-1)  # (B, T)
+        logits = getattr(model(input_ids, **forward_kwargs), "logits", None)
+    if logits is None:
+        raise ArgumentError(
+            f"method {method} explains the token each position predicts, and this "
+            f"{type(model).__name__} predicts none (no logits): choose a method that reads the "
+            "layers (weights, rollout, flow, norm, norm_residual, alti, value_zeroing)"
+        )
+    targets = logits.argmax(-1)  # (B, T)
     out_rows = None if rows is None else idx
     if method == "grad_weights":
         runs, out = record_layers(model, lambda: model(input_ids, **forward_kwargs), grad=True)

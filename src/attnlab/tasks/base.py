@@ -60,6 +60,7 @@ __all__ = [
     "TaskIO",
     "TaskSetup",
     "check_finite_weights",
+    "special_ids",
     "token_labels",
 ]
 
@@ -118,6 +119,25 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [str(label(int(i))) for i in ids]
 
 
+def special_ids(tokenizer: Any) -> list[int]:
+    """The ids of a tokenizer's special tokens: bos/eos/pad/unk and added special tokens.
+
+    Args:
+        tokenizer: the run's tokenizer, or ``None`` (no special token).
+
+    Returns:
+        The ids, sorted, each once.
+    """
+    if tokenizer is None:
+        return []
+    ids = [getattr(tokenizer, name, None) for name in ("bos_id", "eos_id", "pad_id", "unk_id")]
+    backend = getattr(tokenizer, "tokenizer", None)
+    added = getattr(backend, "get_added_tokens_decoder", None)
+    if callable(added):
+        ids += [i for i, token in added().items() if getattr(token, "special", True)]
+    return sorted({int(i) for i in ids if isinstance(i, int)})
+
+
 @dataclass(frozen=True)
 class ModelInputs:
     """Exactly what a model read for one text, and what it wrote.
@@ -143,6 +163,10 @@ class ModelInputs:
         token_scores: a language model's generated tokens with their probabilities,
             alternatives and entropies (:class:`~attnlab.tasks.token_scores.TokenScore`);
             empty when nothing was generated.
+        bidirectional: the model is an encoder (BERT): every token sees every token, no
+            look-ahead mask (``kind`` is ``"lm"``: one sequence).
+        special_positions: the positions of ``source_ids`` holding special tokens
+            (``[CLS]``, ``[SEP]``), which figures and the viewer mark.
     """
 
     kind: Literal["seq2seq", "lm"]
@@ -152,6 +176,8 @@ class ModelInputs:
     target_tokens: tuple[str, ...]
     output: str
     token_scores: tuple[TokenScore, ...] = ()
+    bidirectional: bool = False
+    special_positions: tuple[int, ...] = ()
 
     @property
     def decoder_input_ids(self) -> tuple[int, ...]:

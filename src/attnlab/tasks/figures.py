@@ -177,6 +177,10 @@ def viewer_for(inputs: ModelInputs, cache: ActivationCache, title: str) -> Viewe
             title=title,
             prompt_length=len(inputs.source_tokens) if inputs.target_tokens else None,
             token_scores=[t.to_json() for t in inputs.token_scores] or None,
+            bidirectional=inputs.bidirectional,
+            special={"tokens": list(inputs.special_positions)}
+            if inputs.special_positions
+            else None,
         )
     return viewer_data(
         cache.attentions,

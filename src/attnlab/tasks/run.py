@@ -9,7 +9,9 @@ Accepted paths:
 * a pretrained model (:func:`attnlab.models.pretrained.load_pretrained`): a Hugging Face folder
   (``config.json`` of a supported ``model_type``: GPT-2, Llama, Mistral, Qwen2, GPT-NeoX), a
   ``.gguf`` file, the bundled name ``smollm2-135m``, or a Hub id when the network allows; its
-  tokenizer read when there is one, and generation stopping at its end token.
+  tokenizer read when there is one, and generation stopping at its end token; an encoder
+  (BERT, RoBERTa, DistilBERT, ELECTRA, the bundled ``minilm-l6``) reads the text with its special tokens
+  (:class:`~attnlab.tasks.encoder.EncoderIO`).
 
 A checkpoint without a task (saved by hand) or a pretrained model gets the plain path of its model
 family: a language model reads the text's tokens; an encoder-decoder reads the text's tokens and
@@ -43,10 +45,12 @@ from attnlab._checks import check_device
 from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
+from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.pretrained import is_pretrained_source, load_pretrained
 from attnlab.models.transformer import Transformer
 from attnlab.tasks.base import ModelInputs, TaskIO
+from attnlab.tasks.encoder import EncoderIO
 from attnlab.tasks.lm import LMIO
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.seq2seq import Seq2SeqIO
@@ -80,7 +84,7 @@ class Run:
     """
 
     model: nn.Module
-    config: GPTConfig | TransformerConfig
+    config: GPTConfig | TransformerConfig | EncoderConfig
     io: TaskIO
     task: str | None
     args: dict[str, Any]
@@ -90,6 +94,11 @@ class Run:
     def is_seq2seq(self) -> bool:
         """Whether the model is the encoder-decoder."""
         return isinstance(self.config, TransformerConfig)
+
+    @property
+    def is_encoder(self) -> bool:
+        """Whether the model is a pretrained encoder (BERT, RoBERTa, DistilBERT, ELECTRA)."""
+        return isinstance(self.config, EncoderConfig)
 
     def inputs(self, text: str, **options: Any) -> ModelInputs:
         """What the model reads for ``text`` and what it writes (see ``TaskIO.inputs``).
@@ -126,6 +135,9 @@ def load_run(
     device = check_device("device", device)
     if is_pretrained_source(path):  # a bundled name, a .gguf, a Hugging Face folder, a Hub id
         model, tokenizer = load_pretrained(str(path), device=device, cache=cache)
+        if isinstance(model, Encoder):
+            limit = model.config.n_positions - (model.config.position_offset or 0)
+            return Run(model, model.config, EncoderIO(tokenizer, limit), None, {}, Path(path))
         eos = getattr(tokenizer, "eos_id", None)
         io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)
         return Run(model, model.config, io, None, {}, Path(path))

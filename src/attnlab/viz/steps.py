@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from attnlab.nn.multihead import MultiHeadAttention
     from attnlab.nn.resolved_call import ResolvedCall
 
-__all__ = ["step_panel", "step_panel_from_model", "step_panel_from_module"]
+__all__ = ["step_data_from_model", "step_panel", "step_panel_from_model", "step_panel_from_module"]
 
 
 def _split_mask(
@@ -568,6 +568,29 @@ def step_panel_from_model(
         >>> plot = step_panel_from_model(model, lambda: model(ids), head=1, query_tokens=words)
         >>> plot.save("steps.png")
     """
+    drawn = _drawn_from_model(model, run, layer, head, batch_index)
+    q_src, k_src = drawn.sources.get("query"), drawn.sources.get("key")
+    origin = f"x = output of {q_src}" if q_src else "x = the layer's input"
+    if drawn.cross:
+        origin += f"; keys/values from {k_src}" if k_src else "; keys/values from the memory"
+    return _panel(
+        drawn,
+        head=head,
+        tokens=query_tokens,
+        key_tokens=key_tokens,
+        title=f"{drawn.name} · head {head}   ({origin})",
+        x_title="x (layer input)",
+    )
+
+
+def _drawn_from_model(
+    model: torch.nn.Module,
+    run: Callable[[], object],
+    layer: str | None,
+    head: int,
+    batch_index: int,
+) -> _Drawn:
+    """The resolved call of ``layer`` (default: the first to run) when ``run()`` runs, one head."""
     from attnlab.inspect.capture import attention_modules
 
     if not callable(run):
@@ -586,15 +609,37 @@ def step_panel_from_model(
         raise ArgumentError(
             f"run() did not call layer {layer!r}" if layer else "run() called no attention layer"
         )
-    q_src, k_src = drawn.sources.get("query"), drawn.sources.get("key")
-    origin = f"x = output of {q_src}" if q_src else "x = the layer's input"
-    if drawn.cross:
-        origin += f"; keys/values from {k_src}" if k_src else "; keys/values from the memory"
-    return _panel(
-        drawn,
-        head=head,
-        tokens=query_tokens,
-        key_tokens=key_tokens,
-        title=f"{drawn.name} · head {head}   ({origin})",
-        x_title="x (layer input)",
-    )
+    return drawn
+
+
+def step_data_from_model(
+    model: torch.nn.Module,
+    run: Callable[[], object],
+    *,
+    layer: str | None = None,
+    head: int = 0,
+    batch_index: int = 0,
+) -> dict[str, np.ndarray]:
+    """What :func:`step_panel_from_model` draws, without drawing it (``attnlab serve``'s live
+    step panel): the layer's resolved call, one head, in float64.
+
+    Args:
+        model: a module containing :class:`~attnlab.nn.multihead.MultiHeadAttention` layers.
+        run: a zero-argument callable that runs the model once (called under ``no_grad``).
+        layer: the attention module's path; default the first attention layer to run.
+        head: the query head. Default 0.
+        batch_index: which sequence of the batch. Default 0.
+
+    Returns:
+        ``x``, ``q``, ``k``, ``v`` (as scored: rotated, a grouped head's shared key/value head),
+        ``scores`` (``-inf`` where hidden), ``weights``, ``output``, ``mask`` (True = may
+        attend) and, for an additive bias, ``bias`` — the arrays of the panel's ``Plot.data``.
+
+    Raises:
+        ValueError: as :func:`step_panel_from_model`.
+
+    Shape:
+        ``x`` ``(T_q, d_model)``, ``q`` ``(T_q, d_head)``, ``k``/``v`` ``(T_k, d_head)``,
+        ``scores``/``weights``/``mask`` ``(T_q, T_k)``, ``output`` ``(T_q, d_head)``.
+    """
+    return dict(_drawn_from_model(model, run, layer, head, batch_index).data)

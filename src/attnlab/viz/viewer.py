@@ -154,6 +154,8 @@ class ViewerData:
             (the cross-attention of an encoder-decoder, the lowest-entropy head that is no sink).
         methods: the context-mixing methods of the page's method switch (their matrices are
             the layers' :attr:`AttentionLayer.mixing`); ``None`` (default): weights only.
+        special: the positions of special tokens (``[CLS]``, ``[SEP]``, ``<s>``) by sequence
+            name: the page marks their labels; ``None`` (default): none marked.
         lenses: the lens panel's lenses (:func:`~attnlab.viz.viewer_lens.add_lens`: what each
             layer would predict at each position, top ``k`` and KL to the output); ``None``
             (default): no lens panel.
@@ -167,6 +169,7 @@ class ViewerData:
     start: ViewerStart | None = None
     methods: list[MixingView] | None = None
     token_scores: list[dict[str, Any]] | None = None
+    special: dict[str, list[int]] | None = None
     lenses: list[LensView] | None = None
 
     def __post_init__(self) -> None:
@@ -192,6 +195,13 @@ class ViewerData:
                 )
         if self.token_scores is not None:
             self._check_token_scores(self.token_scores)
+        for name, positions in (self.special or {}).items():
+            n = len(self.sequences.get(name, ()))
+            if name not in self.sequences or any(not 0 <= int(i) < n for i in positions):
+                raise ArgumentError(
+                    f"special must give positions of the sequences {list(self.sequences)}, got "
+                    f"{name!r}: {list(positions)[:8]}"
+                )
         if self.start is not None:
             self._check_start(self.start)
         if self.lenses is not None:
@@ -293,6 +303,7 @@ class ViewerData:
             "steps": None if self.steps is None else [int(s) for s in self.steps],
             "prompt_length": None if self.prompt_length is None else int(self.prompt_length),
             "token_scores": self.token_scores,
+            "special": {k: [int(i) for i in v] for k, v in (self.special or {}).items()},
             "start": (self.start or most_informative_head(self)).to_json(),
             "sequences": self.sequences,
             "methods": [v.to_json() for v in self.methods or []],
@@ -349,6 +360,8 @@ def viewer_data(
     title: str = "attnlab attention viewer",
     prompt_length: int | None = None,
     token_scores: list[dict[str, Any]] | None = None,
+    bidirectional: bool = False,
+    special: dict[str, list[int]] | None = None,
 ) -> ViewerData:
     """Build :class:`ViewerData` from captured weights (``cache.attentions``).
 
@@ -377,6 +390,9 @@ def viewer_data(
             :attr:`ViewerData.prompt_length`); default ``None``.
         token_scores: the generated tokens' probabilities (see
             :attr:`ViewerData.token_scores`); default ``None``.
+        bidirectional: ``tokens`` are an encoder's (BERT): its layers form the group "encoder
+            self-attention", with no look-ahead mask; default ``False`` (a GPT's, causal).
+        special: the positions of special tokens by sequence (:attr:`ViewerData.special`).
 
     Returns:
         :class:`ViewerData`.
@@ -402,7 +418,8 @@ def viewer_data(
     seqs: dict[str, list[str]]
     if tokens is not None:
         seqs = {"tokens": [str(t) for t in tokens]}
-        groups = {"self-attention": AttentionGroup("self-attention", "tokens", "tokens")}
+        own = "encoder self-attention" if bidirectional else "self-attention"
+        groups = {own: AttentionGroup(own, "tokens", "tokens")}
     else:
         seqs = {"source": [str(t) for t in source], "target": [str(t) for t in target]}  # type: ignore[union-attr]
         groups = {
@@ -427,7 +444,7 @@ def viewer_data(
             )
         cross = kinds.get(name) == "cross" or bool(re.search(r"cross|src_attn|enc_dec", name))
         if tokens is not None:
-            group = groups["self-attention"]
+            group = groups[own]
         elif cross:
             group = groups["decoder cross-attention"]
         elif name.startswith("encoder") or ".encoder." in name:
@@ -468,7 +485,7 @@ def viewer_data(
     )
     return ViewerData(
         title=title, sequences=seqs, groups=kept, prompt_length=prompt_length,
-        token_scores=token_scores,
+        token_scores=token_scores, special=special,
     )  # fmt: skip
 
 

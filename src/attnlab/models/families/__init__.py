@@ -18,24 +18,43 @@ calculator, ``torchrun`` training) works on every family with the same hook name
 | neox | `gpt_neox` | parallel residual, partial rotary, exact GELU |
 | phi3 | `phi3` | Llama with fused `qkv_proj`/`gate_up_proj`, partial rotary, a sliding window |
 | gemma2 | `gemma2` | (1 + g) RMSNorms, sandwich norms, √d embedding scale, GELU gate, soft-capped scores and logits, local/global layers |
+
+Encoders follow the same rule with an :class:`EncoderFamily`: ``config.json`` ⇄
+:class:`~attnlab.models.encoder.EncoderConfig` and the weights ⇄ attnlab's
+:class:`~attnlab.models.encoder.Encoder`, registered by the same :func:`register_family`:
+
+| family | Hugging Face `model_type` | what differs from BERT |
+|---|---|---|
+| bert | `bert` | — (post-norm, exact GELU, token types, learned positions, pooler) |
+| roberta | `roberta` | positions counted from `pad_token_id + 1` over the tokens that are not padding |
+| distilbert | `distilbert` | its own weight names, no token types, no pooler |
+| electra | `electra` | no pooler; embeddings of `embedding_size` projected to the width |
+
+Adding a family is one module and one :func:`register_family` call; nothing outside this
+package asks a ``model_type`` (:func:`is_encoder` tells which registry a config belongs to).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import torch
 
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.models.config import GPTConfig
+from attnlab.models.encoder import EncoderConfig
 
 __all__ = [
     "PRESETS",
+    "EncoderFamily",
     "Family",
+    "encoder_family_named",
+    "encoder_family_of",
     "family_named",
     "family_of",
+    "is_encoder",
     "llama_ff_width",
     "preset",
     "register_family",
@@ -75,20 +94,120 @@ class Family:
     state_to_hf: Callable[[Mapping[str, torch.Tensor], GPTConfig], State]
 
 
+@dataclass(frozen=True)
+class EncoderFamily:
+    """One encoder family's conversions: :class:`Family`'s fields for an
+    :class:`~attnlab.models.encoder.Encoder`.
+
+    Attributes:
+        name: attnlab's name (``EncoderConfig.family``).
+        model_type: Hugging Face's ``model_type``.
+        hf_class: the ``transformers`` class of the bare encoder (``BertModel``).
+        config_from_hf: ``config.json`` dict → :class:`~attnlab.models.encoder.EncoderConfig`.
+        config_to_hf: config → ``config.json`` dict (refuses what the family cannot hold).
+        state_from_hf: Hugging Face state dict → attnlab's (a task head left out).
+        state_to_hf: attnlab's state dict → Hugging Face's.
+        hf_init: the keyword arguments of ``hf_class`` beside its config for a config
+            (BERT's ``add_pooling_layer``); default none.
+
+    Shape:
+        the state dicts' tensors keep their shapes but for the attention's query, key and value
+        ``(d_model, d_model)`` ×3, stacked into ``in_proj_weight`` ``(3 · d_model, d_model)``.
+    """
+
+    name: str
+    model_type: str
+    hf_class: str
+    config_from_hf: Callable[[Mapping[str, Any]], EncoderConfig]
+    config_to_hf: Callable[[EncoderConfig], dict[str, Any]]
+    state_from_hf: Callable[[Mapping[str, torch.Tensor], EncoderConfig], State]
+    state_to_hf: Callable[[Mapping[str, torch.Tensor], EncoderConfig], State]
+    hf_init: Callable[[EncoderConfig], dict[str, Any]] = lambda config: {}
+
+
 _FAMILIES: dict[str, Family] = {}
+_ENCODERS: dict[str, EncoderFamily] = {}
 
 
-def register_family(family: Family) -> Family:
-    """Add a family (by its ``name``; its ``model_type`` is looked up too).
+@overload
+def register_family(family: Family) -> Family: ...
+@overload
+def register_family(family: EncoderFamily) -> EncoderFamily: ...
+
+
+def register_family(family: Family | EncoderFamily) -> Family | EncoderFamily:
+    """Add a family (by its ``name``; its ``model_type`` is looked up too): a decoder's
+    :class:`Family` or an encoder's :class:`EncoderFamily`.
 
     Args:
-        family: the :class:`Family`.
+        family: the family.
 
     Returns:
         ``family``.
     """
-    _FAMILIES[family.name] = family
+    if isinstance(family, EncoderFamily):
+        _ENCODERS[family.name] = family
+    elif isinstance(family, Family):
+        _FAMILIES[family.name] = family
+    else:
+        raise ArgumentTypeError(
+            f"family must be a Family or an EncoderFamily, got {type(family).__name__}"
+        )
     return family
+
+
+def is_encoder(config: Mapping[str, Any]) -> bool:
+    """Whether a Hugging Face ``config.json`` is of an encoder family (its ``model_type``).
+
+    Args:
+        config: the config as a dict.
+
+    Returns:
+        ``True`` for a registered :class:`EncoderFamily`'s ``model_type``.
+    """
+    return _encoder_of(config) is not None
+
+
+def _encoder_of(config: Mapping[str, Any]) -> EncoderFamily | None:
+    """The registered encoder family of a ``config.json``'s ``model_type``, or ``None``."""
+    _load()
+    if not isinstance(config, Mapping):
+        raise ArgumentTypeError(f"config must be a dict, got {type(config).__name__}")
+    found = [f for f in _ENCODERS.values() if f.model_type == config.get("model_type")]
+    return found[0] if found else None
+
+
+def encoder_family_of(config: Mapping[str, Any]) -> EncoderFamily:
+    """The encoder family of a Hugging Face ``config.json`` (its ``model_type``).
+
+    Args:
+        config: the config as a dict.
+
+    Returns:
+        The :class:`EncoderFamily`.
+    """
+    family = _encoder_of(config)
+    if family is not None:
+        return family
+    known = ", ".join(sorted(f.model_type for f in _ENCODERS.values()))
+    raise ArgumentError(
+        f"model_type must be an encoder's ({known}), got {config.get('model_type')!r}"
+    )
+
+
+def encoder_family_named(name: str) -> EncoderFamily:
+    """The family of an :class:`~attnlab.models.encoder.EncoderConfig`'s ``family`` field.
+
+    Args:
+        name: ``"bert"``, ``"roberta"`` or ``"distilbert"``.
+
+    Returns:
+        The :class:`EncoderFamily`.
+    """
+    _load()
+    if name not in _ENCODERS:
+        raise ArgumentError(f"family must be one of {sorted(_ENCODERS)}, got {name!r}")
+    return _ENCODERS[name]
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -98,7 +217,8 @@ def supported_model_types() -> tuple[str, ...]:
         Sorted model types.
     """
     _load()
-    return tuple(sorted(f.model_type for f in _FAMILIES.values()))
+    families: list[Family | EncoderFamily] = [*_FAMILIES.values(), *_ENCODERS.values()]
+    return tuple(sorted(f.model_type for f in families))
 
 
 def family_named(name: str) -> Family:
@@ -136,6 +256,11 @@ def family_of(config: Mapping[str, Any]) -> Family:
     for family in _FAMILIES.values():
         if family.model_type == model_type:
             return family
+    if is_encoder(config):
+        raise ArgumentError(
+            f"model_type {model_type!r} is an encoder, not a decoder: load it with "
+            "attnlab.load_pretrained or attnlab.Encoder.from_hf"
+        )
     raise ArgumentError(
         f"model_type must be one of {', '.join(supported_model_types())}, got {model_type!r}"
     )
@@ -208,5 +333,5 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
-    if not _FAMILIES:
-        from attnlab.models.families import gemma2, gpt2, llama, neox, phi3  # noqa: F401
+    if not _FAMILIES or not _ENCODERS:
+        from attnlab.models.families import bert, gemma2, gpt2, llama, neox, phi3  # noqa: F401

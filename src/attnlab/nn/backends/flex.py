@@ -24,7 +24,9 @@ through — ``allowed`` reduced over each tile, ``O(B · T_k)`` for padding — 
 so that the kernel evaluates the ``mask_mod`` (which reads ``allowed``) on every entry of them,
 and ``BlockMask.from_kv_blocks`` lists them on the device. Tiles hidden by padding are skipped;
 nothing is read back to the host.
-FlexAttention is compiled with static shapes, a kernel per shape, mask and dtype; past
+FlexAttention is compiled with static shapes, a kernel per shape, mask form and dtype (the
+bounds ``lo``, ``hi`` are a tensor the kernel reads: the causal rule and every window share one
+kernel, and under an ``allowed`` mask so does no window); past
 ``torch._dynamo.config.recompile_limit`` of them (8 by default) in one process PyTorch runs it
 eagerly (exact, but it forms the ``T_q × T_k`` scores): raise the limit for many shapes
 (:func:`allow_recompiles`).
@@ -80,6 +82,8 @@ class _Structure:
         block_mask: their ``BlockMask`` (tiles empty, partial or full), or ``None`` likewise.
         visited: ``True`` for each tile the structure does not hide entirely (partial or full):
             what a call that also reads an ``allowed`` mask may visit.
+        rule: what a call that also reads an ``allowed`` mask evaluates next to it: ``mod``, or
+            when that is ``None`` the bounds mod with both sides open (the kernel of any window).
 
     Shape:
         ``visited`` ``(1, 1, n_q, n_k)`` boolean, with ``n = ⌈T / 128⌉`` tiles.
@@ -88,6 +92,7 @@ class _Structure:
     mod: MaskMod | None
     block_mask: Any | None
     visited: torch.Tensor
+    rule: MaskMod
 
 
 _STRUCTURES: OrderedDict[tuple[Any, ...], _Structure] = OrderedDict()
@@ -239,11 +244,12 @@ def _build_structure(masking: Masking, t_q: int, t_k: int, device: torch.device)
     mod = _structure_mod(masking, t_q, t_k, device)
     if mod is None:
         n_q, n_k = -(-t_q // FLEX_BLOCK), -(-t_k // FLEX_BLOCK)
-        return _Structure(None, None, torch.ones(1, 1, n_q, n_k, dtype=torch.bool, device=device))
+        visited = torch.ones(1, 1, n_q, n_k, dtype=torch.bool, device=device)
+        return _Structure(None, None, visited, _bounds_mod(None, None, None, t_q, t_k, device))
     block_mask = _from_layout(masking, mod, t_q, t_k, device)
     if block_mask is None:
         block_mask = _create(mod, None, None, t_q, t_k, device)
-    return _Structure(mod, block_mask, block_mask.to_dense() > 0)  # partial or full
+    return _Structure(mod, block_mask, block_mask.to_dense() > 0, mod)  # partial or full
 
 
 def _from_layout(
@@ -345,17 +351,29 @@ def _structure_mod(masking: Masking, t_q: int, t_k: int, device: torch.device) -
     layout = masking.blocks
     if lo is None and hi is None and layout is None:
         return None
+    return _bounds_mod(lo, hi, layout, t_q, t_k, device)
+
+
+def _bounds_mod(
+    lo: int | None, hi: int | None, layout: Any | None, t_q: int, t_k: int, device: torch.device
+) -> MaskMod:
+    """``i + lo <= j <= i + hi`` and ``blocks[(i + T_k − T_q) // b, j // b]`` as a ``mask_mod``.
+
+    The bounds are a tensor the kernel reads, not constants compiled into it, and an open side is
+    a bound that keeps every key (``lo = −T_q``, ``hi = T_k``): one compiled kernel per shape
+    serves the causal rule, every window and neither (the layers of a model with windows of other
+    widths, a padded call with or without a window), where constants would compile one each.
+    """
     # the layout's block matrix is small and kept on the CPU: one copy per call that builds a mask
     blocks = None if layout is None else layout.blocks.to(device)
     size = 0 if layout is None else layout.block_size
     offset = t_k - t_q
+    bounds = torch.tensor(
+        [-t_q if lo is None else lo, t_k if hi is None else hi], dtype=torch.int32, device=device
+    )
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
-        ok = j >= 0
-        if lo is not None:
-            ok = ok & (j >= i + lo)
-        if hi is not None:
-            ok = ok & (j <= i + hi)
+        ok = (j >= i + bounds[0]) & (j <= i + bounds[1])
         if blocks is not None:
             ok = ok & blocks[(i + offset) // size, j // size]
         return ok
@@ -379,11 +397,10 @@ def _block_mask(
     if masking.allowed is None:
         return structure.block_mask
     allowed = _as_mask_4d(masking.allowed, lead)
-    rule = structure.mod
+    rule = structure.rule  # never None: with or without a window, one kernel per shape
 
     def mod(b: Any, h: Any, i: Any, j: Any) -> torch.Tensor:
-        ok = _index(allowed, b, h, i, j)
-        return ok if rule is None else ok & rule(b, h, i, j)
+        return _index(allowed, b, h, i, j) & rule(b, h, i, j)
 
     # the kept tiles of each row first, in column order (a stable sort of the flags)
     visited = structure.visited & _tiles_allowed(allowed, t_q, t_k)  # (B | 1, H | 1, n_q, n_k)

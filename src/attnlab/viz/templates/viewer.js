@@ -79,7 +79,11 @@
   // generated tokens (after the prompt) of a sequence, and the position where they start
   function generated(name, i) { return PROMPT !== null && name === "tokens" && i >= PROMPT; }
   function boundary(name, n) { return PROMPT !== null && name === "tokens" && PROMPT > 0 && PROMPT < n ? PROMPT : -1; }
-  function labelColor(name, i) { return generated(name, i) ? GEN_COLOR : TEXT_COLOR; }
+  // special tokens ([CLS], [SEP], <s>): their labels in another colour, named on hover
+  const SPECIAL = DATA.special || {};
+  const SPECIAL_COLOR = "#0550ae";
+  function special(name, i) { return Array.isArray(SPECIAL[name]) && SPECIAL[name].includes(i); }
+  function labelColor(name, i) { return generated(name, i) ? GEN_COLOR : special(name, i) ? SPECIAL_COLOR : TEXT_COLOR; }
   function scoreOf(name, i) { return SCORES && generated(name, i) ? SCORES[i - PROMPT] || null : null; }
   function percent(p) { return p >= 0.995 ? "100%" : p < 0.01 ? "<1%" : Math.round(p * 100) + "%"; }
   function label(name, t, i, n) {
@@ -89,7 +93,7 @@
   // a generated token's line on hover: its probability, the entropy and the alternatives
   function scoreText(name, i) {
     const s = scoreOf(name, i);
-    if (!s) return "";
+    if (!s) return special(name, i) ? " · special token" : "";
     const alts = s.alternatives.map((a) => JSON.stringify(a.token) + " " + a.probability.toFixed(4)).join(", ");
     return "\ngenerated with p = " + s.probability.toFixed(4) + " · entropy " + s.entropy.toFixed(3) + " nats" +
       (s.cumulative_logprob !== null && s.cumulative_logprob !== undefined ? " · beam log p " + s.cumulative_logprob.toFixed(3) : "") +
@@ -178,7 +182,8 @@
     } else if (m) note = m.label + ": " + m.note;
     document.getElementById("method-note").textContent = note;
   }
-  function update() { controls(); draw(); }
+  // each redraw is announced, so a page framing this one (attnlab serve) follows the head chosen
+  function update() { controls(); draw(); window.dispatchEvent(new CustomEvent("attnlab:update")); }
 
   function setSize(w, h) {
     const dpr = window.devicePixelRatio || 1;
@@ -595,6 +600,16 @@
       const p = geom.panels.find((q) => head === undefined || q.h === head) || geom.panels[0];
       const r = canvas.getBoundingClientRect();
       return { x: r.left + p.x0 + (j + 0.5) * geom.cell, y: r.top + p.y0 + (i + 0.5) * geom.cell };
+    },
+    // choose the layer, head and view from a script (attnlab serve's page drives its frames so);
+    // a layer or head that does not exist is left as it was
+    select(sel) {
+      const g = DATA.groups[state.group];
+      if (Number.isInteger(sel.layer) && sel.layer >= 0 && sel.layer < g.layers.length) state.layer = sel.layer;
+      if (Number.isInteger(sel.head) && sel.head >= -1 && sel.head < g.layers[state.layer].heads) state.head = sel.head;
+      if (["matrix", "lines", "grid"].includes(sel.view)) state.view = sel.view;
+      state.focus = -1; tip.hidden = true;
+      update();
     },
     // the centre of one tile of the layers × heads grid
     tileCenter(layer, head) {
