@@ -202,12 +202,12 @@ class GGUFMetadata:
         return self._plain(key, default, lambda v: isinstance(v, bool), "a bool")
 
     def array(self, key: str, of: str, default: Any = _ABSENT) -> Any:
-        """An array whose items are all strings or all integers (``tokenizer.ggml.tokens``,
-        ``tokenizer.ggml.token_type``).
+        """An array whose items are all strings, all integers or all numbers
+        (``tokenizer.ggml.tokens``, ``tokenizer.ggml.token_type``, ``tokenizer.ggml.scores``).
 
         Args:
             key: the metadata key.
-            of: the items' kind: ``"string"`` or ``"integer"``.
+            of: the items' kind: ``"string"``, ``"integer"`` or ``"number"`` (finite or not).
             default: returned when the key is absent (else it is an error).
 
         Returns:
@@ -217,7 +217,8 @@ class GGUFMetadata:
             ArgumentTypeError: not a list of such items.
             ArgumentError: absent without a default.
         """
-        item = _is_int if of == "integer" else (lambda v: isinstance(v, str))
+        kinds = {"integer": _is_int, "number": _is_int_or_float}
+        item = kinds.get(of, lambda v: isinstance(v, str))
         fits = _list_of(item)
         return self._plain(key, default, fits, f"an array of {of}s")
 

@@ -6,7 +6,8 @@ Two sources give the same :class:`PretrainedTokenizer`:
   (``tokenizer.ggml.model == "gpt2"``) as its token list, its merges, a type per token
   (1 normal, 3 control, 4 user-defined), the special ids and the chat template. The
   ``tokenizer.tokenizers.Tokenizer`` is rebuilt exactly as ``transformers`` rebuilds it
-  (``AutoTokenizer.from_pretrained(folder, gguf_file=...)``), so the ids are the same;
+  (``AutoTokenizer.from_pretrained(folder, gguf_file=...)``), so the ids are the same; a
+  SentencePiece BPE (``"llama"``) likewise, from its pieces and their scores;
 - a Hugging Face folder (:func:`tokenizer_from_folder`): ``tokenizer.json`` as it is, the chat
   template and the special tokens from ``tokenizer_config.json`` (or ``chat_template.jinja``).
 
@@ -194,10 +195,62 @@ def _byte_alphabet() -> dict[int, str]:
     return spelling
 
 
+def _spelled(token: str, spelling: dict[int, str]) -> str:
+    """A token's UTF-8 bytes in GPT-2's byte alphabet."""
+    return "".join(spelling[b] for b in token.encode("utf-8"))
+
+
+def _merges_from_scores(tokens: list[str], vocab: dict[str, int], meta: GGUFMetadata) -> list[str]:
+    """The merges a SentencePiece vocabulary implies, as ``transformers`` derives them
+    (``generate_merges``): every split of a token into two tokens, ranked by the token's score
+    (``tokenizer.ggml.scores``), best first; ties by the pieces' lengths, then by their ids.
+
+    Returns:
+        The merges, ``"left right"``.
+    """
+    scores = meta.array("tokenizer.ggml.scores", "number", None)
+    if scores is None or len(scores) != len(tokens):
+        got = "none" if scores is None else len(scores)
+        raise ArgumentError(
+            f"GGUF key 'tokenizer.ggml.scores' must hold one score per token ({len(tokens)}) "
+            f"when the file holds no tokenizer.ggml.merges, got {got}"
+        )
+    ranked: list[tuple[str, str, float]] = []
+    for token, score in dict(zip(tokens, scores)).items():  # a repeated token: its last score
+        pairs = [(token[:i], token[i:]) for i in range(1, len(token))]
+        pairs = sorted(
+            (p for p in pairs if p[0] in vocab and p[1] in vocab),
+            key=lambda p: (vocab[p[0]], vocab[p[1]]),
+        )
+        ranked += [(left, right, score) for left, right in pairs]
+    ranked.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [f"{left} {right}" for left, right, _ in ranked]
+
+
+def _sentencepiece_parts(backend: Any, prefix_space: bool) -> None:
+    """A SentencePiece BPE's text handling, as ``transformers``' ``LlamaTokenizer`` sets it: no
+    normaliser; spaces become ``▁`` and one is put before the text (``Metaspace``, the first
+    piece only) unless ``tokenizer.ggml.add_space_prefix`` is false; decoding turns ``▁`` back
+    into spaces, joins the bytes of ``<0x..>`` pieces and drops the space put first."""
+    tk = _hf()
+    scheme = "first" if prefix_space else "never"
+    backend.normalizer = None
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme=scheme, split=False
+    )
+    steps = [tk.decoders.Replace("\u2581", " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
+    if prefix_space:
+        steps.append(tk.decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = tk.decoders.Sequence(steps)
+
+
 def tokenizer_from_gguf(
     metadata: Mapping[str, Any], *, source: str | None = None
 ) -> PretrainedTokenizer:
-    """The tokenizer a GGUF file's metadata describes (byte-level BPE, ``"gpt2"``).
+    """The tokenizer a GGUF file's metadata describes: byte-level BPE (``"gpt2"``) or
+    SentencePiece BPE (``"llama"``: its pieces, and its merges stored or implied by
+    ``tokenizer.ggml.scores``, built with the ``tokenizers`` library as ``transformers``
+    builds them).
 
     Args:
         metadata: the file's key/value metadata as Python values (``tokenizer.ggml.tokens`` a
@@ -210,19 +263,20 @@ def tokenizer_from_gguf(
 
     Raises:
         ArgumentError: the metadata holds no tokenizer, or one of another kind than byte-level
-            BPE (``tokenizer.ggml.model`` ``"llama"`` SentencePiece files are not read yet), or
-            merges the ``tokenizers`` library refuses.
+            or SentencePiece BPE (``"bert"``, ``"t5"``, …), a SentencePiece file without merges
+            and without one score per token, or merges the ``tokenizers`` library refuses.
         ArgumentTypeError: a key of the wrong type (a ``bos_token_id`` that is a string, …).
     """
     meta = GGUFMetadata(metadata)
     model = meta.string("tokenizer.ggml.model", None)
     if model is None or "tokenizer.ggml.tokens" not in meta:
         raise ArgumentError("the GGUF metadata holds no tokenizer (no tokenizer.ggml.model/tokens)")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise ArgumentError(
-            f"tokenizer.ggml.model is {model!r}; attnlab reads byte-level BPE ('gpt2') tokenizers"
+            f"tokenizer.ggml.model is {model!r}; attnlab reads byte-level BPE ('gpt2') and "
+            "SentencePiece BPE ('llama') tokenizers"
         )
-    if "tokenizer.ggml.merges" not in meta:
+    if model == "gpt2" and "tokenizer.ggml.merges" not in meta:
         raise ArgumentError("the GGUF tokenizer is BPE but holds no tokenizer.ggml.merges")
     tk = _hf()
     tokens = meta.array("tokenizer.ggml.tokens", "string")
@@ -233,10 +287,12 @@ def tokenizer_from_gguf(
             f"({len(tokens)}), got {len(types)}"
         )
     spelling = _byte_alphabet()
-    alphabet = set(spelling.values())
-    # a token outside the byte alphabet (a file that stores raw text) is spelled in bytes
+    # SentencePiece spells its pieces as text ("▁" for a space, "<0x0A>" for a byte it falls
+    # back to): every token as it is; byte-level BPE's are in the byte alphabet, and a token
+    # outside it (a file that stores raw text) is spelled in bytes
+    alphabet = set(spelling.values()) if model == "gpt2" else None
     vocab = {
-        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
+        t if alphabet is None or set(t) <= alphabet else _spelled(t, spelling): i
         for i, t in enumerate(tokens)
     }
     if len(vocab) != len(tokens):  # one text, two ids: the tokenizers library panics on it
@@ -251,7 +307,10 @@ def tokenizer_from_gguf(
             "GGUF key 'tokenizer.ggml.tokens' holds two tokens that spell the same bytes"
         )
     merges = []
-    for i, merge in enumerate(meta.array("tokenizer.ggml.merges", "string")):
+    stored = meta.array("tokenizer.ggml.merges", "string", None)
+    if stored is None:  # SentencePiece files: the merges the scores imply
+        stored = _merges_from_scores(tokens, vocab, meta)
+    for i, merge in enumerate(stored):
         left, space, right = merge.partition(" ")
         if not (left and space and right):
             raise ArgumentError(
@@ -259,8 +318,10 @@ def tokenizer_from_gguf(
                 f"(merge {i})"
             )
         merges.append((left, right))
+    # SentencePiece: unknown text falls back to its bytes (<0x..>), as LlamaTokenizer's BPE
+    options = {"fuse_unk": True, "byte_fallback": True} if alphabet is None else {}
     try:
-        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges))
+        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, **options))
     except BaseException as exc:  # tokenizers raises Exception, or a PanicException
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
             raise  # KeyboardInterrupt, SystemExit
@@ -270,7 +331,9 @@ def tokenizer_from_gguf(
         ) from None
     pre = meta.string("tokenizer.ggml.pre", "default")
     split = PRE_TOKENIZER_SPLITS.get(pre)
-    if split is None:
+    if alphabet is None:
+        _sentencepiece_parts(backend, meta.flag("tokenizer.ggml.add_space_prefix", True))
+    elif split is None:
         if pre not in _GPT2_SPLIT_NAMES:
             log.warning("GGUF pre-tokenizer %r is not known; using GPT-2's split", pre)
         backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -281,14 +344,15 @@ def tokenizer_from_gguf(
                 tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    backend.decoder = tk.decoders.ByteLevel()
+    if alphabet is not None:
+        backend.decoder = tk.decoders.ByteLevel()
     # control tokens (<|im_start|>, …) are matched whole and are special; user-defined ones
     # (<think>, …) are matched whole and are text. A "control" token spelled outside the byte
     # alphabet is a mislabel of llama.cpp's and stays a plain token (as in transformers).
     control = [
         tk.AddedToken(t, normalized=False, special=True)
         for t, kind in zip(tokens, types)
-        if kind == _CONTROL and set(t) <= alphabet
+        if kind == _CONTROL and (alphabet is None or set(t) <= alphabet)
     ]
     if control:
         backend.add_special_tokens(control)
@@ -311,7 +375,8 @@ def tokenizer_from_gguf(
         pad_id=special("padding_token_id"),
         unk_id=special("unknown_token_id"),
         chat_template=meta.string("tokenizer.chat_template", None),
-        add_bos=meta.flag("tokenizer.ggml.add_bos_token", False),
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+        add_bos=meta.flag("tokenizer.ggml.add_bos_token", model == "llama"),
         chat_template_source=f"{where}chat template (tokenizer.chat_template)",
     )
 

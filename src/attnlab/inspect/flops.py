@@ -274,7 +274,7 @@ def kv_cache_bytes(
     For the encoder-decoder each decoder layer holds its self-attention cache (``seq_len`` target
     tokens) and its cross-attention keys/values (``src_len`` source tokens, default ``seq_len``).
     With ``config.attention == "sliding"`` the self-attention cache is a rolling one of
-    ``min(seq_len, window)`` positions; with ``"performer"`` each layer keeps its running sums
+    ``min(seq_len, window)`` positions (but in a GPT's ``full_layers``, which keep every one); with ``"performer"`` each layer keeps its running sums
     (:class:`~attnlab.nn.kv_cache.PerformerState`: ``H_kv · (m · (d_h + 1) + 1)`` numbers per
     sequence in at least float32), the same for any ``seq_len``; ``"bigbird"`` keeps every
     position.
@@ -299,6 +299,10 @@ def kv_cache_bytes(
     spec, _ = _patterns(config)["decoder"]  # the causal self-attention's cache (GPT: the same)
     layers = geo["layers_dec"]
     own = spec.cache_bytes(seq_len, batch=batch, kv_heads=h_kv, d_head=d_h, dtype=dtype)
+    full = len(getattr(config, "full_layers", ()))  # full layers among windowed ones (Qwen2)
+    if full:
+        whole = _FULL.cache_bytes(seq_len, batch=batch, kv_heads=h_kv, d_head=d_h, dtype=dtype)
+        return (layers - full) * own + full * whole
     cross = 0
     if geo["kind"] == "transformer":
         s = seq_len if src_len is None else _check_length(geo, "src_len", src_len)
@@ -363,11 +367,16 @@ def flops(
     t = seq_len
     if geo["kind"] == "gpt":
         cfg: Any = config
-        layers = cfg.n_layer
+        layers, full = cfg.n_layer, len(cfg.full_layers)  # full layers beside windowed ones
         _add(
             fwd,
-            _scaled(_attention_terms("attention", t, t, d, h, h_kv, pattern=pats["gpt"]), layers),
+            _scaled(
+                _attention_terms("attention", t, t, d, h, h_kv, pattern=pats["gpt"]), layers - full
+            ),
         )
+        if full:
+            whole = (_FULL, pats["gpt"][1])
+            _add(fwd, _scaled(_attention_terms("attention", t, t, d, h, h_kv, pattern=whole), full))
         gated = cfg.mlp == "gated"
         if cfg.mlp != "none":  # an attention-only model has no MLP
             _add(fwd, _scaled(_ffn_terms("mlp", t, d, d_ff, gated), layers))

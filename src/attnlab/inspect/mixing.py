@@ -455,6 +455,15 @@ def mixing(
             need,
             what=f"{method} ({FORMULA[method_kind(method)]}; rows= computes fewer query rows)",
         )
+    linear = ("norm", "norm_residual", "alti")  # a head's output decomposed through W_O
+    if method in linear and any(
+        getattr(m, "ln_attn_out", None) is not None for m in model.modules()
+    ):
+        raise ArgumentError(
+            f"method {method!r} decomposes each head's output through W_O, but the model "
+            "normalises what attention adds (a sandwich norm, ln_attn_out: Gemma 2); use one of "
+            f"{', '.join(m for m in METHODS if m not in linear)}"
+        )
     if method in ("value_zeroing", "grad_weights", "integrated_gradients"):
         from attnlab.inspect import mixing_causal
 

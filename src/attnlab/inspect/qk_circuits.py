@@ -165,8 +165,9 @@ class CircuitSpectrum:
     Attributes:
         layers: the attention layers' module paths, one per row.
         indices: their positions in the model's list of attention layers.
-        qk: singular values of ``M_QK^h = W_Q^hᵀ W_K^g / √d_head``, descending (the 1/√d_head
-            of the scores included), float64.
+        qk: singular values of ``M_QK^h = W_Q^hᵀ W_K^g / √d_head``, descending (the
+            1/√d_head of the scores included: the layer's ``score_scale``, Gemma 2's own),
+            float64.
         ov: singular values of ``M_OV^h = W_V^gᵀ W_O^hᵀ``, descending, float64.
         d_model: the width of the residual stream (each matrix is ``d_model × d_model``).
         d_head: the width of a head, the largest rank a head's circuit can have.
@@ -382,8 +383,10 @@ def qk_spectrum(model: nn.Module, layer: int | Sequence[int] | None = None) -> C
     for i, attn in zip(indices, chosen, strict=True):
         w = head_weights(attn)
         _check_finite_heads(w, f"layer {i} ({paths[i]})")
-        # M_QK^h = W_Q^hᵀ W_K^g / √d_head: factors A = W_Q^hᵀ, B = W_K^gᵀ, scale 1/√d_head
-        qk.append(_low_rank_singular_values(w.query.mT, w.key.mT, d_head**-0.5))
+        # M_QK^h = W_Q^hᵀ W_K^g · scale: factors A = W_Q^hᵀ, B = W_K^gᵀ, the layer's score
+        # scale (1/√d_head, or its own: Gemma 2's query_pre_attn_scalar^(−1/2))
+        scale = getattr(attn, "score_scale", None) or d_head**-0.5
+        qk.append(_low_rank_singular_values(w.query.mT, w.key.mT, scale))
         # M_OV^h = W_V^gᵀ W_O^hᵀ: factors A = W_V^gᵀ, B = W_O^h                          (H, d, e)
         ov.append(_low_rank_singular_values(w.value.mT, w.output))
     dtype = chosen[0].qkv_parameters()[0].dtype

@@ -18,7 +18,8 @@ keys as values. Everything is accumulated over key blocks with the online-softma
 
 and at the end ``LSE = m + log l``, ``max weight = e^{m − LSE} = 1 / l``,
 ``entropy = log l − (scale · q·u / l + Σ p_j b_j − m)`` (taken relative to ``m``, which keeps
-the cancellation small) and the weight on the first key ``p_0 = e^{s_0 − LSE}`` (``s_0`` is kept
+the cancellation small; ``b_j`` is the bias plus what a soft-cap ``c · tanh(s / c)`` changes,
+the parts of the score not linear in ``k_j``) and the weight on the first key ``p_0 = e^{s_0 − LSE}`` (``s_0`` is kept
 from the first key block; the attention sink of Xiao et al. 2024).
 
 The causal rule, a sliding window and a block-sparse layout are applied per tile from their
@@ -32,7 +33,7 @@ Only a ``query chunk × key block`` tile of scores exists at any time, so memory
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -250,7 +251,9 @@ def _blockwise(
     m = torch.full(shape, float("-inf"), dtype=acc, device=query.device)
     u = torch.zeros((*shape, d + 1), dtype=acc, device=query.device)  # [Σ e k_j, l]
     s0 = torch.full(shape, float("-inf"), dtype=acc, device=query.device)  # s_0 − (its shift)
-    eb = torch.zeros(shape, dtype=acc, device=query.device) if bias is not None else None
+    # Σ e^{s−m'} b_j of what is not linear in k: the bias, and what a soft-cap changes
+    extra = bias is not None or masking.softcap is not None
+    eb = torch.zeros(shape, dtype=acc, device=query.device) if extra else None
     for i0 in range(0, t_q, q_chunk):
         i1 = min(t_q, i0 + q_chunk)
         q_c = q[..., i0:i1, :]
@@ -261,6 +264,10 @@ def _blockwise(
             j1 = min(k_end, j0 + block_size)
             # S_b = (scale · Q_c) K_bᵀ + B_b, hidden entries at −∞     (..., H_kv, G, rows, keys)
             s = torch.matmul(q_c, k_acc[..., j0:j1, :].transpose(-2, -1))
+            capped = None
+            if masking.softcap is not None:  # c · tanh(s / c), before the bias (Gemma 2)
+                capped = torch.tanh(s / masking.softcap) * masking.softcap
+                s, capped = capped, capped - s  # the scores, and what the cap changed
             if bias is not None:
                 s = s + bias[..., i0:i1, j0:j1]
             vis = None if allowed is None else allowed[..., i0:i1, j0:j1]
@@ -277,8 +284,10 @@ def _blockwise(
             alpha = torch.exp(m_old - m_safe).unsqueeze(-1)  # e^{m − m'}
             e = s.sub_(m_safe.unsqueeze(-1)).exp_()  # e^{s_j − m'}, 0 where hidden
             u[..., i0:i1, :] = alpha * u[..., i0:i1, :] + torch.matmul(e, k_aug[..., j0:j1, :])
-            if eb is not None and bias is not None:
-                b = bias[..., i0:i1, j0:j1].to(acc).masked_fill(e == 0, 0.0)  # no 0 · (−big)
+            if eb is not None:
+                parts = [bias[..., i0:i1, j0:j1].to(acc) if bias is not None else None, capped]
+                b = sum(t for t in parts if t is not None)  # the bias, what the cap changed
+                b = cast(torch.Tensor, b).masked_fill(e == 0, 0.0)  # no 0 · (−big)
                 eb[..., i0:i1] = alpha[..., 0] * eb[..., i0:i1] + (e * b).sum(dim=-1)
             m[..., i0:i1] = m_new
 
@@ -405,7 +414,7 @@ def call_weights(
         call,
         q=call.q[..., rows, :],
         q_features=None if qf is None else qf[..., rows, :],
-        masking=Masking(None, at_rows(masking.bias), None),
+        masking=Masking(None, at_rows(masking.bias), None, softcap=masking.softcap),
     )
     s = part.scores(dtype)  # (B, H, R, T_k), the structure not yet applied
     allowed = at_rows(masking.allowed)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from attnlab._checks import check_choice, check_positive_int, check_probability
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.backends import check_backend
+from attnlab.nn.backends import SOFTCAP_BACKENDS, check_backend
 from attnlab.nn.block_layout import BlockLayout
 from attnlab.nn.kinds import AttentionSpec, BigBirdSpec, FullSpec, spec_from_dict, spec_from_legacy
 from attnlab.nn.kinds.base import legacy_field_names
@@ -26,9 +26,9 @@ __all__ = [
 C = TypeVar("C")
 
 #: the normalisations, MLP activations and model families a :class:`GPTConfig` can name
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "neox", "phi3", "gemma2")
 
 
 def _accepts_legacy_attention(cls: type[C]) -> type[C]:
@@ -349,6 +349,22 @@ class GPTConfig:
             ``False`` gives ``lm_head`` its own weight (Llama 2, NeoX).
         parallel_residual: ``x + Attention(LN_1(x)) + MLP(LN_2(x))`` (GPT-J, GPT-NeoX) instead
             of the sequential ``x + Attention(LN_1(x))`` then ``+ MLP(LN_2(·))``.
+        full_layers: the layers (indices, ascending) that attend fully although ``attention``
+            is a sliding window: Qwen2's ``layer_types`` / ``max_window_layers`` mixing
+            windowed and full layers, Gemma 2's global layers. Default ``()``: every layer is
+            ``attention``.
+        sandwich_norm: a norm on what the attention and the MLP add to the stream as well
+            (``ln_attn_out``, ``ln_mlp_out``: Gemma 2's post-attention and post-feed-forward
+            norms), ``x + LN(Attention(LN_1(x)))``. Default False.
+        embedding_scale: the token embedding times ``√n_embd`` (rounded to float32, then to
+            the embedding's dtype, as transformers' Gemma 2 computes it).
+        attn_scale: the score scale; ``None`` means ``1 / √d_head`` (Gemma 2:
+            ``query_pre_attn_scalar^(−1/2)``).
+        attn_softcap: ``c`` of the attention scores' soft-capping ``c · tanh(s / c)`` before
+            the mask (Gemma 2's ``attn_logit_softcapping``), or ``None``; the ``math`` backend
+            applies it (``auto`` picks it), the others refuse the call in one line.
+        logit_softcap: ``c`` of the logits' soft-capping ``c · tanh(z / c)`` (Gemma 2's
+            ``final_logit_softcapping``), or ``None``.
         family: the model family the config follows, ``"gpt2"``, ``"llama"``, ``"mistral"``,
             ``"qwen2"`` or ``"neox"``: the Hugging Face class it exports to.
     """
@@ -379,6 +395,12 @@ class GPTConfig:
     mlp_bias: bool | None = None
     tie_embeddings: bool = True
     parallel_residual: bool = False
+    full_layers: tuple[int, ...] = ()
+    sandwich_norm: bool = False
+    embedding_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
     family: str = "gpt2"
 
     def __post_init__(self) -> None:
@@ -423,7 +445,8 @@ class GPTConfig:
         check_choice("family", self.family, FAMILIES)
         if self.d_ff is not None:
             check_positive_int("d_ff", self.d_ff)
-        for name in ("qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual"):
+        for name in ("qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual",
+                     "sandwich_norm", "embedding_scale"):  # fmt: skip
             value = getattr(self, name)
             if not (isinstance(value, bool) or (value is None and name.endswith("_bias"))):
                 raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -441,12 +464,59 @@ class GPTConfig:
                     f"rotary_dim must be even and at most d_head = {self.d_head}, got "
                     f"{self.rotary_dim}"
                 )
+        self._check_full_layers()
+        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < 1e308
+            ):
+                raise ArgumentError(f"{name} must be a positive float or None, got {value!r}")
+        if self.attn_softcap is not None and self.backend not in ("auto", *SOFTCAP_BACKENDS):
+            raise ArgumentError(
+                f"backend must be one of auto, {', '.join(sorted(SOFTCAP_BACKENDS))} with "
+                f"attn_softcap (the others cannot soft-cap scores), got {self.backend!r}"
+            )
         if self.positions != "rope":
             for name, default in (("rotary_dim", None), ("rope_scaling", None)):
                 if getattr(self, name) != default:
                     raise ArgumentError(
                         f"{name} is for positions='rope', got it with positions={self.positions!r}"
                     )
+
+    def _check_full_layers(self) -> None:
+        """``full_layers``: a list or tuple of distinct ascending layer indices, only beside a
+        sliding window (stored as a tuple)."""
+        layers = self.full_layers
+        if not isinstance(layers, (list, tuple)) or any(
+            isinstance(i, bool) or not isinstance(i, int) for i in layers
+        ):
+            raise ArgumentTypeError(f"full_layers must be a tuple of ints, got {layers!r}")
+        object.__setattr__(self, "full_layers", tuple(layers))
+        if list(layers) != sorted(set(layers)) or (
+            layers and not 0 <= layers[0] <= layers[-1] < self.n_layer
+        ):
+            raise ArgumentError(
+                f"full_layers must be distinct ascending indices in [0, n_layer = "
+                f"{self.n_layer}), got {tuple(layers)}"
+            )
+        if layers and self.attention.name != "sliding":
+            raise ArgumentError(
+                f"full_layers is for attention='sliding' (full layers among windowed ones), "
+                f"got it with attention={self.attention.name!r}"
+            )
+
+    def attention_of(self, layer: int) -> AttentionSpec:
+        """The attention of one layer: full for a layer of ``full_layers``, else ``attention``.
+
+        Args:
+            layer: the layer's index.
+
+        Returns:
+            The :class:`~attnlab.nn.kinds.AttentionSpec` its block is built with.
+        """
+        return FullSpec() if layer in self.full_layers else self.attention
 
     @property
     def d_head(self) -> int:
@@ -487,5 +557,6 @@ class GPTConfig:
 #: the fields that choose a GPT's parts (left out of a saved config when they are GPT-2's)
 _PART_FIELDS = frozenset(
     ("norm", "activation", "mlp", "d_ff", "rotary_dim", "rope_pairing", "rope_scaling",
-     "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "family")
+     "qkv_bias", "proj_bias", "mlp_bias", "tie_embeddings", "parallel_residual", "full_layers",
+     "sandwich_norm", "embedding_scale", "attn_scale", "attn_softcap", "logit_softcap", "family")
 )  # fmt: skip

@@ -32,6 +32,7 @@ from attnlab.models.gpt_layers import (
     GPTBlock,
     GPTPerformerAttention,
     GPTSelfAttention,
+    LMHead,
     RecomputeCache,
     attention_site,
     block_parts,
@@ -79,9 +80,10 @@ class GPTTrunk(nn.Module):
             else None
         )
         self.drop = nn.Dropout(config.dropout)
-        parts = block_parts(config, rotary)
-        self.h = nn.ModuleList(GPTBlock(parts) for _ in range(config.n_layer))
-        self.ln_f = parts.norm()
+        self.h = nn.ModuleList(
+            GPTBlock(block_parts(config, rotary, i)) for i in range(config.n_layer)
+        )
+        self.ln_f = block_parts(config, rotary).norm()
 
 
 class GPT(nn.Module):
@@ -136,7 +138,7 @@ class GPT(nn.Module):
                 scaling=config.rope_scaling,
             )
         self.transformer = GPTTrunk(config, rotary)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.n_embd, config.vocab_size, softcap=config.logit_softcap)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # tied (Press & Wolf 2017)
         if self.lm_head.weight.is_meta:  # built to receive weights (model_from_state): a meta
@@ -327,6 +329,8 @@ class GPT(nn.Module):
 
         # h_0 = W_e[x_t] + W_p[pos_t]   (token embedding plus, for learned positions, position embedding)
         x = self.transformer.wte(input_ids)  # (B, T, n_embd)
+        if cfg.embedding_scale:  # h_0 = √d · W_e[x_t], √d in float32 then x's dtype (Gemma 2)
+            x = x * torch.tensor(cfg.n_embd**0.5, dtype=torch.float32).to(x.dtype)
         if self.transformer.wpe is not None and positions is not None:
             # (B, T, n_embd) or (T, n_embd), broadcast; in range: checked, or derived from the mask
             x = x + self.transformer.wpe(positions, check=False)
@@ -349,7 +353,7 @@ class GPT(nn.Module):
                     x = block(x, mask, layer_cache, rope_positions, head_masks[i], block_mask)
         x = self.transformer.ln_f(x)
         # logits = LN_f(h_L) W_eᵀ   (the output projection is the token embedding, tied)
-        return self.lm_head(x)  # (B, T, vocab_size)
+        return self.lm_head(x)  # (B, T, vocab_size); soft-capped with logit_softcap (Gemma 2)
 
     def _inputs(
         self,

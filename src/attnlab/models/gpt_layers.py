@@ -34,6 +34,7 @@ __all__ = [
     "GPTPerformerAttention",
     "GPTProjections",
     "GPTSelfAttention",
+    "LMHead",
     "RecomputeCache",
     "attention_site",
     "block_parts",
@@ -51,6 +52,8 @@ class GPTProjections:
         resid_dropout: dropout on what the layer adds to the residual stream. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` (default) means the layer's ``bias`` (which
             ``c_attn`` has): Qwen2 has query/key/value biases and none on the output.
+        score_scale: the score scale (``None``: ``1 / √d_head``).
+        softcap: soft-capping of the scores, ``c · tanh(s / c)``, or ``None``.
         **kwargs: the base class's keyword arguments.
     """
 
@@ -62,11 +65,28 @@ class GPTProjections:
     resid_dropout: nn.Dropout
 
     def __init__(
-        self, *args: Any, resid_dropout: float = 0.0, proj_bias: bool | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        resid_dropout: float = 0.0,
+        proj_bias: bool | None = None,
+        score_scale: float | None = None,
+        softcap: float | None = None,
+        **kwargs: Any,
     ) -> None:
         object.__setattr__(self, "_proj_bias", proj_bias)  # read by _build_projections
         super().__init__(*args, **kwargs)
         self.resid_dropout = nn.Dropout(resid_dropout)
+        if score_scale is not None or softcap is not None:
+            # the scale and the cap act in MultiHeadAttention's softmax call: a kind that
+            # attends otherwise (its own attend_heads: FAVOR+) would ignore them
+            if getattr(type(self), "attend_heads", None) is not MultiHeadAttention.attend_heads:
+                raise ArgumentError(
+                    f"attn_scale and attn_softcap need softmax attention (full, sliding, a "
+                    f"block layout), got the layer {type(self).__name__}"
+                )
+            self.softcap = softcap
+            if score_scale is not None:
+                self.score_scale = score_scale
 
     def _build_projections(self, bias: bool, device: object, dtype: torch.dtype | None) -> None:
         kv = self.num_kv_heads * self.d_head
@@ -133,6 +153,8 @@ class GPTSelfAttention(GPTProjections, MultiHeadAttention):
         *args: as :class:`~attnlab.nn.multihead.MultiHeadAttention` (``d_model``, ``num_heads``).
         resid_dropout: dropout on the output. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` means the layer's ``bias``.
+        score_scale: the score scale (``None``: ``1 / √d_head``).
+        softcap: soft-capping of the scores, ``c · tanh(s / c)``, or ``None``.
         **kwargs: as :class:`~attnlab.nn.multihead.MultiHeadAttention`.
 
     Shape:
@@ -155,6 +177,8 @@ class GPTPerformerAttention(GPTProjections, PerformerAttention):
         *args: as :class:`~attnlab.nn.performer.PerformerAttention`.
         resid_dropout: dropout on the output. Default 0.
         proj_bias: a bias on ``c_proj``; ``None`` means the layer's ``bias``.
+        score_scale: refused (FAVOR+ has no score matrix to scale); ``None``.
+        softcap: refused likewise; ``None``.
         **kwargs: as :class:`~attnlab.nn.performer.PerformerAttention`.
 
     Shape:
@@ -212,7 +236,12 @@ def attention_site(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> 
         positions=config.positions,
         rotary=rotary,
         layer_class=gpt_layer_class,
-        layer_kwargs={"resid_dropout": config.dropout, "proj_bias": config.bias_of("proj")},
+        layer_kwargs={
+            "resid_dropout": config.dropout,
+            "proj_bias": config.bias_of("proj"),
+            "score_scale": config.attn_scale,
+            "softcap": config.attn_softcap,
+        },
     )
 
 
@@ -379,6 +408,42 @@ class GPTMLP(nn.Module):
         return _dropout(self.dropout, self.c_proj(h))
 
 
+class LMHead(nn.Linear):
+    """The output projection ``z = h W_Uᵀ`` (no bias), soft-capped when the config says so
+    (Gemma 2's ``final_logit_softcapping``): ``z = c · tanh(h W_Uᵀ / c)``. The cap is part of the
+    head, so whatever reads the model's ``lm_head`` (the logit lens) gives the model's logits.
+
+    Args:
+        d_model: the model width.
+        vocab_size: the vocabulary.
+        softcap: ``c``, or ``None`` for none.
+
+    Shape:
+        ``(..., d_model)`` → ``(..., vocab_size)``.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, softcap: float | None = None) -> None:
+        super().__init__(d_model, vocab_size, bias=False)
+        self.softcap = softcap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits.
+
+        Args:
+            x: the final hidden states (after ``ln_f``).
+
+        Returns:
+            ``x W_Uᵀ``, soft-capped.
+
+        Shape:
+            ``(..., d_model)`` → ``(..., vocab_size)``.
+        """
+        z = super().forward(x)
+        if self.softcap is None:
+            return z
+        return torch.tanh(z / self.softcap) * self.softcap  # z = c · tanh(z / c)
+
+
 @dataclass(frozen=True)
 class BlockParts:
     """What a decoder block is made of: one factory per part. The model-family dimension lives
@@ -394,22 +459,28 @@ class BlockParts:
             block (no MLP, no ``ln_2``; ``hook_mlp_out`` never fires).
         parallel_residual: the attention and the MLP read the same residual stream and both
             add to it (GPT-NeoX), instead of one after the other.
+        sandwich_norm: what the attention and the MLP add is normalised too (Gemma 2).
     """
 
     norm: Callable[[], nn.Module]
     attention: Callable[[], MultiHeadAttention]
     mlp: Callable[[], nn.Module] | None
     parallel_residual: bool = False
+    sandwich_norm: bool = False
 
 
-def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> BlockParts:
+def block_parts(
+    config: GPTConfig, rotary: RotaryEmbedding | None = None, layer: int = 0
+) -> BlockParts:
     """The parts the config chooses: LayerNorm (biases as ``bias``) or
-    :class:`~attnlab.nn.norms.RMSNorm`, with ``layer_norm_epsilon``; the config's attention at
-    :func:`attention_site`; and :class:`GPTMLP`. GPT-2's by default.
+    :class:`~attnlab.nn.norms.RMSNorm`, with ``layer_norm_epsilon``; the layer's attention
+    (:meth:`~attnlab.models.config.GPTConfig.attention_of`) at :func:`attention_site`; and
+    :class:`GPTMLP`. GPT-2's by default.
 
     Args:
         config: the model's :class:`~attnlab.models.config.GPTConfig`.
         rotary: the shared :class:`~attnlab.nn.positional.RotaryEmbedding`, or ``None``.
+        layer: the block's index (a layer of ``full_layers`` attends fully). Default 0.
 
     Returns:
         The :class:`BlockParts`.
@@ -418,15 +489,16 @@ def block_parts(config: GPTConfig, rotary: RotaryEmbedding | None = None) -> Blo
     eps = config.layer_norm_epsilon
 
     def norm() -> nn.Module:
-        if config.norm == "rmsnorm":
-            return RMSNorm(config.n_embd, eps=eps)
+        if config.norm in ("rmsnorm", "rmsnorm_offset"):  # Gemma's gain is 1 + g
+            return RMSNorm(config.n_embd, eps=eps, offset=float(config.norm == "rmsnorm_offset"))
         return nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias_of("norm"))
 
     return BlockParts(
         norm=norm,
-        attention=lambda: config.attention.build(site),
+        attention=lambda: config.attention_of(layer).build(site),
         mlp=None if config.mlp == "none" else lambda: GPTMLP(config),
         parallel_residual=config.parallel_residual,
+        sandwich_norm=config.sandwich_norm,
     )
 
 
@@ -456,6 +528,9 @@ class GPTBlock(nn.Module):
         self.ln_2 = None if parts.mlp is None else parts.norm()
         self.mlp = None if parts.mlp is None else parts.mlp()
         self.parallel_residual = parts.parallel_residual
+        # Gemma 2's sandwich: what the attention and the MLP add is normalised too
+        self.ln_attn_out = parts.norm() if parts.sandwich_norm else None
+        self.ln_mlp_out = parts.norm() if parts.sandwich_norm and parts.mlp else None
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()
@@ -523,10 +598,21 @@ class GPTBlock(nn.Module):
         Shape:
             x, a ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
         """
+        if self.ln_attn_out is not None:  # sandwich: x + LN(Attention(LN_1(x)))
+            a = self.ln_attn_out(a)
         if self.mlp is None or self.ln_2 is None:  # attention-only
             return x + self.hook_attn_out(a)
         if self.parallel_residual:  # x + Attention(LN_1(x)) + MLP(LN_2(x))
-            m = self.hook_mlp_out(self.mlp(self.ln_2(x)))
+            m = self.hook_mlp_out(self._mlp(self.ln_2(x)))
             return x + self.hook_attn_out(a) + m
         x = x + self.hook_attn_out(a)
-        return x + self.hook_mlp_out(self.mlp(self.ln_2(x)))
+        return x + self.hook_mlp_out(self._mlp(self.ln_2(x)))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP, and with a sandwich norm its norm (``ln_mlp_out``).
+
+        Shape:
+            ``(B, T, n_embd)`` → ``(B, T, n_embd)``.
+        """
+        m = cast(nn.Module, self.mlp)(x)
+        return m if self.ln_mlp_out is None else self.ln_mlp_out(m)

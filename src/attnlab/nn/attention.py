@@ -50,7 +50,13 @@ import torch
 
 from attnlab._checks import check_floating, check_probability, check_tensor, shape_str
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.nn.backends import ATTENTION_BACKENDS, check_backend, choose_backend, get_backend
+from attnlab.nn.backends import (
+    ATTENTION_BACKENDS,
+    check_backend,
+    check_softcap,
+    choose_backend,
+    get_backend,
+)
 from attnlab.nn.mask_spec import Masking, empty_rows, hide_unseen_keys, normalize_mask
 from attnlab.nn.masks import BlockLayout, Window
 from attnlab.nn.nonfinite import guard_nonfinite, poison_rows
@@ -247,6 +253,7 @@ def attend(
     backend = choose_backend(
         backend, need_weights, masking, query.shape[-2], key.shape[-2], query.device
     )
+    check_softcap(backend, masking)
     if _empty(query, key, value):
         # empty in, empty out (PyTorch's rule); the explicit equation handles every empty case
         # (no key at all: every row fully masked, zeros; D = 0: the mean of the values)

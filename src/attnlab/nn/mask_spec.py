@@ -10,6 +10,7 @@ skip the tiles they hide; so is a block-sparse layout (``blocks``, a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ class Masking:
             query ``i`` at position ``p_i = i + T_k - T_q`` sees key ``j`` only where
             ``blocks.blocks[p_i // b, j // b]``; ``None`` when there is none. It applies on top
             of ``allowed``, the causal rule and the window.
+        softcap: soft-capping of the scores (Gemma 2's ``attn_logit_softcapping``): the scaled
+            scores become ``c · tanh(s / c)`` before the bias is added, or ``None``. A score
+            modification, not a mask: only the backends that apply it exactly take it
+            (:data:`~attnlab.nn.backends.SOFTCAP_BACKENDS`); the others refuse the call.
 
     Shape:
         ``allowed`` and ``bias`` broadcastable to ``(..., H, T_q, T_k)``, e.g. ``(B, 1, 1, T_k)``
@@ -60,6 +65,7 @@ class Masking:
     shift: torch.Tensor | None = None
     window: tuple[int | None, int | None] | None = None
     blocks: BlockLayout | None = None
+    softcap: float | None = None
 
     def bounds(self, t_q: int, t_k: int) -> tuple[int | None, int | None]:
         """The causal rule and the window as the keys each row may see: ``i + lo <= j <= i + hi``.
@@ -135,23 +141,14 @@ class Masking:
             if self.allowed is not None and _layout_leaves_every_row_a_key(
                 self.blocks, self.bounds(t_q, t_k), t_q, t_k
             ):
-                return Masking(
-                    self.allowed | rows,
-                    self.bias,
-                    self.causal_offset,
-                    self.shift,
-                    self.window,
-                    self.blocks,
-                )
+                return dataclasses.replace(self, allowed=self.allowed | rows)
         elif self.window is not None and self.allowed is not None:
             if _band_leaves_every_row_a_key(self.bounds(t_q, t_k), t_q, t_k):
-                return Masking(
-                    self.allowed | rows, self.bias, self.causal_offset, self.shift, self.window
-                )
+                return dataclasses.replace(self, allowed=self.allowed | rows, blocks=None)
         vis = self.visible(t_q, t_k, device)
         if vis is None:  # nothing is hidden, so no row needs opening
             return self
-        return Masking(vis | rows, self.bias, None, self.shift)
+        return Masking(vis | rows, self.bias, None, self.shift, softcap=self.softcap)
 
 
 def normalize_mask(

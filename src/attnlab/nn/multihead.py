@@ -28,10 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab._checks import (
-    check_positive_int,
-    check_probability,
-)
+from attnlab._checks import check_positive_int, check_probability
 from attnlab.errors import ArgumentError, ArgumentTypeError
 from attnlab.nn.attention import Backend, attend
 from attnlab.nn.backends import check_backend, choose_backend
@@ -104,6 +101,7 @@ class MultiHeadAttention(nn.Module):
     #: not given
     block_mask: BlockLayout | None = None
     head_ablations: tuple[torch.Tensor, ...] = ()  #: ξ ``(H,)`` of ``inspect.masked_heads``
+    softcap: float | None = None  #: ``c`` of ``c · tanh(s / c)`` on the scores (``Masking``)
 
     def __init__(
         self,
@@ -136,6 +134,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
+        self.score_scale = self.d_head**-0.5  # the scores' scale (Gemma 2 sets its own)
         self.dropout = check_probability("dropout", dropout)
         self.backend: Backend = check_backend(backend)
         self.rotary = rotary
@@ -457,13 +456,14 @@ class MultiHeadAttention(nn.Module):
         # q, k, v are built here, consistent by construction: only the mask needs checking
         window = None if view.window_in_mask else call.window  # a static cache's own mask
         masking = normalize_mask(q, k, view.mask, view.is_causal, window, layout)
+        masking = dataclasses.replace(masking, softcap=self.softcap)  # applied or refused
         # an observer (a hook on hook_weights) must not change what forward computes: the kernel
         # is the one "auto" picks when no weights are wanted; it returns exact weights as well
         backend = choose_backend(
             self.backend, call.need_weights, masking, q.shape[-2], k.shape[-2], q.device
         )
         dropout_p = self.dropout if self.training else 0.0
-        result = attend(q, k, v, masking, self.d_head**-0.5, dropout_p, backend, want_weights)
+        result = attend(q, k, v, masking, self.score_scale, dropout_p, backend, want_weights)
         if self.hook_call.active:
             self.emit_call(call, q, k, v, masking, result)
         return result

@@ -15,20 +15,24 @@ class RMSNorm(nn.Module):
 
     The normalisation is computed in float32 (float64 for a float64 input) and cast back to the
     input's dtype before the gain, in the order Hugging Face's ``LlamaRMSNorm`` computes it, so a
-    converted model gives the same numbers in fp32 and bf16.
+    converted model gives the same numbers in fp32 and bf16. With an ``offset`` the gain is
+    ``offset + g`` and the cast comes after it, as Gemma's ``(1 + g)`` norm computes it.
 
     Args:
         d_model: the normalised width.
         eps: ``ε``. Default 1e-6.
+        offset: added to the gain (Gemma: 1; ``g`` then starts at ``1 − offset``). Default 0.
 
     Shape:
         ``(..., d_model)`` → ``(..., d_model)``.
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+    def __init__(self, d_model: int, eps: float = 1e-6, offset: float = 0.0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(check_positive_int("d_model", d_model)))
+        d = check_positive_int("d_model", d_model)
+        self.weight = nn.Parameter(torch.full((d,), 1.0 - offset))
         self.eps = float(eps)
+        self.offset = float(offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension.
@@ -51,6 +55,8 @@ class RMSNorm(nn.Module):
             else x.to(torch.float32 if half else torch.promote_types(x.dtype, torch.float32))
         )
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:  # y = (offset + g) ⊙ x̂, cast after the gain (Gemma)
+            return (h * (self.weight.to(h.dtype) + self.offset)).to(x.dtype)
         return self.weight * (h if wide else h.to(x.dtype))
 
     def extra_repr(self) -> str:
@@ -59,4 +65,5 @@ class RMSNorm(nn.Module):
         Returns:
             ``"(d_model,), eps=…"``.
         """
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+        offset = f", offset={self.offset}" if self.offset else ""
+        return f"{tuple(self.weight.shape)}, eps={self.eps}{offset}"

@@ -25,6 +25,7 @@ Kinds that are not softmax over the keys say what their fields mean (``method``)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -146,7 +147,7 @@ class ResolvedCall:
             k=k,
             v=v,
             masking=masking,
-            scale=layer.d_head**-0.5,
+            scale=layer.score_scale,
             num_heads=layer.num_heads,
             num_kv_heads=layer.num_kv_heads,
             cross=call.cross,
@@ -221,13 +222,7 @@ class ResolvedCall:
             return kernel.log().masked_fill(~self.visible(), float("-inf"))
         masking = self.masking
         if masking.bias is not None and masking.shift is not None:
-            masking = Masking(
-                masking.allowed,
-                masking.bias.to(dtype) + masking.shift.to(dtype),
-                masking.causal_offset,
-                None,
-                masking.window,
-                masking.blocks,
-            )
+            bias = masking.bias.to(dtype) + masking.shift.to(dtype)
+            masking = dataclasses.replace(masking, bias=bias, shift=None)
         s = attention_scores(self.q, self.k, masking, self.scale, dtype=dtype)
         return s.expand(self.visible().shape)

@@ -16,6 +16,8 @@ calculator, ``torchrun`` training) works on every family with the same hook name
 | mistral | `mistral` | Llama + a sliding window |
 | qwen2 | `qwen2` | Llama + query/key/value biases |
 | neox | `gpt_neox` | parallel residual, partial rotary, exact GELU |
+| phi3 | `phi3` | Llama with fused `qkv_proj`/`gate_up_proj`, partial rotary, a sliding window |
+| gemma2 | `gemma2` | (1 + g) RMSNorms, sandwich norms, √d embedding scale, GELU gate, soft-capped scores and logits, local/global layers |
 
 Encoders follow the same rule with an :class:`EncoderFamily`: ``config.json`` ⇄
 :class:`~attnlab.models.encoder.EncoderConfig` and the weights ⇄ attnlab's
@@ -223,7 +225,8 @@ def family_named(name: str) -> Family:
     """The family of a :class:`~attnlab.models.config.GPTConfig`'s ``family`` field.
 
     Args:
-        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"neox"``.
+        name: ``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"neox"``, ``"phi3"`` or
+            ``"gemma2"``.
 
     Returns:
         The :class:`Family`.
@@ -331,4 +334,4 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
     if not _FAMILIES or not _ENCODERS:
-        from attnlab.models.families import bert, gpt2, llama, neox  # noqa: F401
+        from attnlab.models.families import bert, gemma2, gpt2, llama, neox, phi3  # noqa: F401

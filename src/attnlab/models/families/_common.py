@@ -19,10 +19,15 @@ __all__ = [
     "TensorTaker",
     "activation_of",
     "build_config",
+    "ends_from_hf",
+    "ends_to_hf",
+    "head_sizes",
     "hf_activation",
     "json_bool",
     "json_float",
     "json_optional_int",
+    "qkv_from_hf",
+    "qkv_to_hf",
     "rope_fields",
     "size",
     "tied_head",
@@ -271,3 +276,124 @@ def tied_head(head: torch.Tensor | None, embedding: torch.Tensor, head_name: str
             "config.json's tie_word_embeddings is true (the head is the embedding), so the "
             "stored head would be dropped"
         )
+
+
+def ends_from_hf(src: TensorTaker, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """A Llama-layout file's ends, taken from ``src``: ``model.embed_tokens``, ``model.norm``
+    and, untied, ``lm_head`` (a tied config's stored head checked by :func:`tied_head`).
+
+    Args:
+        src: the file's tensors.
+        config: the model's config (``tie_embeddings``).
+
+    Returns:
+        attnlab's ``transformer.wte.weight``, ``transformer.ln_f.weight`` (and ``lm_head.weight``).
+
+    Shape:
+        the embedding and the head ``(vocab_size, n_embd)``, the norm ``(n_embd,)``.
+    """
+    out = {
+        "transformer.wte.weight": src.take("model.embed_tokens.weight"),
+        "transformer.ln_f.weight": src.take("model.norm.weight"),
+    }
+    head = src.maybe("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = src.take("lm_head.weight") if head is None else head
+    else:
+        tied_head(head, out["transformer.wte.weight"], "lm_head.weight")
+    return out
+
+
+def ends_to_hf(src: TensorTaker, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`ends_from_hf`: attnlab's embedding, final norm and head under
+    Llama's names (a tied head left out, as ``save_pretrained`` writes it).
+
+    Args:
+        src: the model's tensors.
+        config: the model's config (``tie_embeddings``).
+
+    Returns:
+        ``model.embed_tokens.weight``, ``model.norm.weight`` (and ``lm_head.weight``).
+
+    Shape:
+        as :func:`ends_from_hf`.
+    """
+    out = {
+        "model.embed_tokens.weight": src.take("transformer.wte.weight"),
+        "model.norm.weight": src.take("transformer.ln_f.weight"),
+    }
+    head = src.take("lm_head.weight")
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = head
+    return out
+
+
+def qkv_from_hf(src: TensorTaker, out: dict[str, torch.Tensor], hf: str, at: str) -> None:
+    """Stack a layer's ``q_proj``, ``k_proj``, ``v_proj`` (weights, and biases when all three
+    have one) into attnlab's ``c_attn``: rows ``[q; k; v]``.
+
+    Args:
+        src: the file's tensors.
+        out: the state dict being built.
+        hf: the layer's prefix in the file (``model.layers.i.``).
+        at: its prefix here (``transformer.h.i.``).
+
+    Shape:
+        ``(H · d_head, d)``, ``(H_kv · d_head, d)`` ×2 → ``((H + 2 · H_kv) · d_head, d)``.
+    """
+    for kind in ("weight", "bias"):
+        parts = [src.maybe(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
+        if all(t is not None for t in parts):
+            out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
+        elif any(t is not None for t in parts) or kind == "weight":
+            raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
+
+
+def qkv_to_hf(
+    src: TensorTaker, out: dict[str, torch.Tensor], hf: str, at: str, config: GPTConfig
+) -> None:
+    """The inverse of :func:`qkv_from_hf`: ``c_attn`` split into ``q_proj``, ``k_proj``,
+    ``v_proj``.
+
+    Args:
+        src: the model's tensors.
+        out: the state dict being built.
+        hf: the layer's prefix there.
+        at: its prefix here.
+        config: the model's config (the heads' sizes).
+
+    Shape:
+        as :func:`qkv_from_hf`, the other way.
+    """
+    kv = config.kv_heads * config.d_head
+    for kind in ("weight", "bias"):
+        fused = src.maybe(f"{at}attn.c_attn.{kind}")
+        if fused is not None:
+            for p, t in zip("qkv", fused.split([config.n_embd, kv, kv])):
+                out[f"{hf}self_attn.{p}_proj.{kind}"] = t
+
+
+def head_sizes(config: Mapping[str, Any], head_dim: int | None = None) -> tuple[int, int, int]:
+    """The width, the query heads and the key/value heads of a ``config.json``
+    (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``), refused in one line
+    when its ``head_dim`` times the heads is not the width: attnlab's heads split the model
+    width.
+
+    Args:
+        config: the config dict.
+        head_dim: the family's default ``head_dim`` when the file has none (``None``: the
+            width over the heads; Gemma 2's is 256).
+
+    Returns:
+        ``(d, heads, kv_heads)``.
+    """
+    d = size(config, "hidden_size", "width")
+    heads = size(config, "num_attention_heads", "heads")
+    kv = size(config, "num_key_value_heads", "heads", heads)
+    head = json_optional_int(config, "head_dim") or head_dim or d // heads
+    if head * heads != d:
+        raise ArgumentError(
+            f"config.json's head_dim = {head} times num_attention_heads = {heads} must be "
+            f"hidden_size = {d} (attnlab's heads split the model width)"
+        )
+    return d, heads, kv

@@ -18,7 +18,10 @@ Hugging Face names → attnlab's (``i`` a layer):
 
 Mistral's ``sliding_window = w`` lets a token see the ``w`` positions ending at itself
 (``i − j < w``): attnlab's :class:`~attnlab.nn.kinds.SlidingSpec` of ``window = w − 1`` (itself
-and the ``w − 1`` before it). Qwen2 has biases on ``q_proj``, ``k_proj`` and ``v_proj`` only.
+and the ``w − 1`` before it). Qwen2 has biases on ``q_proj``, ``k_proj`` and ``v_proj`` only;
+with ``use_sliding_window`` its ``layer_types`` (by default: the layers from
+``max_window_layers`` on) are windowed as Mistral's and the others full
+(``GPTConfig.full_layers``).
 """
 
 from __future__ import annotations
@@ -35,14 +38,18 @@ from attnlab.models.families._common import (
     TensorTaker,
     activation_of,
     build_config,
+    ends_from_hf,
+    ends_to_hf,
+    head_sizes,
     hf_activation,
     hf_rope,
     json_bool,
     json_float,
     json_optional_int,
+    qkv_from_hf,
+    qkv_to_hf,
     rope_fields,
     size,
-    tied_head,
 )
 from attnlab.nn.kinds import FullSpec, SlidingSpec
 
@@ -52,25 +59,15 @@ _IGNORED = (".rotary_emb.inv_freq",)
 
 
 def _config_from_hf(config: Mapping[str, Any], family: str) -> GPTConfig:
-    d = size(config, "hidden_size", "width")
-    heads = size(config, "num_attention_heads", "heads")
-    kv = size(config, "num_key_value_heads", "heads", heads)
-    head_dim = json_optional_int(config, "head_dim") or d // heads
-    if head_dim * heads != d:
-        raise ArgumentError(
-            f"config.json's head_dim = {head_dim} times num_attention_heads = {heads} must be "
-            f"hidden_size = {d} (attnlab's heads split the model width)"
-        )
+    d, heads, kv = head_sizes(config)
     attention: Any = FullSpec()
     if family == "mistral":
         w = json_optional_int(config, "sliding_window", minimum=2)
         if w is not None:
             attention = SlidingSpec(w - 1)  # i − j < w: itself and w − 1 before it
-    if family == "qwen2" and json_bool(config, "use_sliding_window", False):
-        raise ArgumentError(
-            "use_sliding_window must be False for Qwen2 (attnlab does not mix full and "
-            "windowed layers), got True"
-        )
+    full_layers: tuple[int, ...] = ()
+    if family == "qwen2":
+        attention, full_layers = _qwen2_layers(config, size(config, "num_hidden_layers", "layers"))
     bias = json_bool(config, "attention_bias", False)
     return build_config(
         config,
@@ -93,9 +90,38 @@ def _config_from_hf(config: Mapping[str, Any], family: str) -> GPTConfig:
         proj_bias=False if family == "qwen2" else bias,
         mlp_bias=json_bool(config, "mlp_bias", False),
         tie_embeddings=json_bool(config, "tie_word_embeddings", False),
+        full_layers=full_layers,
         family=family,
         **rope_fields(config, d // heads, partial=False),
     )
+
+
+def _qwen2_layers(config: Mapping[str, Any], n_layer: int) -> tuple[Any, tuple[int, ...]]:
+    """Qwen2's attention per layer, as ``Qwen2Config`` reads it: with ``use_sliding_window``,
+    the layers ``layer_types`` names ``"sliding_attention"`` (by default those from
+    ``max_window_layers`` on) see the ``sliding_window`` positions ending at themselves, the
+    others all; without it, every layer attends fully.
+
+    Returns:
+        The windowed layers' spec (full attention when none is windowed) and the full layers.
+    """
+    if not json_bool(config, "use_sliding_window", False):
+        return FullSpec(), ()
+    w = json_optional_int(config, "sliding_window", minimum=2)
+    types = config.get("layer_types")
+    if types is None:
+        first = size(config, "max_window_layers", "layers", 28) if n_layer else 0
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
+    kinds = ("sliding_attention", "full_attention")
+    if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
+        raise ArgumentError(
+            f"config.json's layer_types must be a list of num_hidden_layers = {n_layer} of "
+            f"{' or '.join(map(repr, kinds))}, got {types!r}"
+        )
+    if w is None or "sliding_attention" not in types:
+        return FullSpec(), ()
+    full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    return SlidingSpec(w - 1), full  # i − j < w: itself and w − 1 before it
 
 
 def _config_to_hf(config: GPTConfig, family: str, hf_class: str) -> dict[str, Any]:
@@ -124,7 +150,17 @@ def _config_to_hf(config: GPTConfig, family: str, hf_class: str) -> dict[str, An
         spec = config.attention
         out["sliding_window"] = spec.window + 1 if isinstance(spec, SlidingSpec) else None
     if family == "qwen2":
-        out["use_sliding_window"] = False
+        spec = config.attention
+        out["use_sliding_window"] = isinstance(spec, SlidingSpec)
+        if isinstance(spec, SlidingSpec):
+            full = set(config.full_layers)
+            out["sliding_window"] = spec.window + 1
+            # the leading full layers (layer_types, written too, is what transformers reads)
+            out["max_window_layers"] = next(i for i in range(config.n_layer + 1) if i not in full)
+            out["layer_types"] = [
+                "full_attention" if i in full else "sliding_attention"
+                for i in range(config.n_layer)
+            ]
     return out
 
 
@@ -152,11 +188,16 @@ def _check_exportable(config: GPTConfig, family: str) -> None:
         raise ArgumentError(
             f"(qkv_bias, proj_bias, mlp_bias) must be {want} for {family}, got {got}"
         )
-    allowed = (FullSpec, SlidingSpec) if family == "mistral" else (FullSpec,)
+    allowed = (FullSpec,) if family == "llama" else (FullSpec, SlidingSpec)
     if not isinstance(config.attention, allowed):
         raise ArgumentError(
             f"attention must be {' or '.join(c.name for c in allowed)} for {family}, got "
             f"{config.attention.name!r}"
+        )
+    if config.full_layers and family != "qwen2":
+        raise ArgumentError(
+            f"full_layers must be () for {family} (its config.json has no per-layer "
+            f"attention), got {config.full_layers}"
         )
 
 
@@ -173,26 +214,14 @@ _BACK = tuple((ours, theirs) for theirs, ours in _RENAMED)
 
 def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
     src = TensorTaker(state, "the weights", ignore=_IGNORED)
-    out = {
-        "transformer.wte.weight": src.take("model.embed_tokens.weight"),
-        "transformer.ln_f.weight": src.take("model.norm.weight"),
-    }
-    head = src.maybe("lm_head.weight")
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = src.take("lm_head.weight") if head is None else head
-    else:
-        tied_head(head, out["transformer.wte.weight"], "lm_head.weight")
+    out = ends_from_hf(src, config)
     for i in range(config.n_layer):
         hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
         for theirs, ours in _NORMS:
             out[f"{at}{ours}.weight"] = src.take(f"{hf}{theirs}.weight")
-        # c_attn = [q_proj; k_proj; v_proj]: (H + 2 · H_kv) · d_head rows
-        for kind in ("weight", "bias"):
-            parts = [src.maybe(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
-            if all(t is not None for t in parts):
-                out[f"{at}attn.c_attn.{kind}"] = torch.cat(parts)  # type: ignore[arg-type]
-            elif any(t is not None for t in parts) or kind == "weight":
-                raise ArgumentError(f"the weights lack some of {hf}self_attn.q/k/v_proj.{kind}")
+        qkv_from_hf(
+            src, out, hf, at
+        )  # c_attn = [q_proj; k_proj; v_proj]: (H + 2 · H_kv) · d_head rows
         src.move(out, _RENAMED, hf, at)
     src.done()
     return out
@@ -200,23 +229,12 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> Stat
 
 def _state_to_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> State:
     src = TensorTaker(state, "the model")
-    out = {
-        "model.embed_tokens.weight": src.take("transformer.wte.weight"),
-        "model.norm.weight": src.take("transformer.ln_f.weight"),
-    }
-    head = src.take("lm_head.weight")
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = head
-    sizes = [config.n_embd, config.kv_heads * config.d_head, config.kv_heads * config.d_head]
+    out = ends_to_hf(src, config)
     for i in range(config.n_layer):
         hf, at = f"model.layers.{i}.", f"transformer.h.{i}."
         for theirs, ours in _NORMS:
             out[f"{hf}{theirs}.weight"] = src.take(f"{at}{ours}.weight")
-        for kind in ("weight", "bias"):
-            fused = src.maybe(f"{at}attn.c_attn.{kind}")
-            if fused is not None:
-                for p, t in zip("qkv", fused.split(sizes)):
-                    out[f"{hf}self_attn.{p}_proj.{kind}"] = t
+        qkv_to_hf(src, out, hf, at, config)
         src.move(out, _BACK, at, hf)
     src.done()
     return out

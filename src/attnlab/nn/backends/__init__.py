@@ -25,10 +25,12 @@ from attnlab.nn.mask_spec import Masking
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "SOFTCAP_BACKENDS",
     "AttentionBackend",
     "backend_names",
     "blockwise_attention",
     "check_backend",
+    "check_softcap",
     "choose_backend",
     "flex_attention",
     "get_backend",
@@ -87,7 +89,8 @@ def choose_backend(
 
     ``"auto"`` picks, in this order:
 
-    * ``"math"`` when the weights are asked for (it forms them anyway);
+    * ``"math"`` when the weights are asked for (it forms them anyway), or the scores are
+      soft-capped (the one backend of :data:`SOFTCAP_BACKENDS` built in);
     * ``"flex"`` (PyTorch's FlexAttention, compiled) on CUDA under a block layout or a window
       that hides some key, for at least ``FLEX_BLOCK`` queries (a decoding step keeps the rules
       below: its one query row would compile a kernel per cache length);
@@ -113,7 +116,7 @@ def choose_backend(
     """
     if backend != "auto":
         return backend
-    if need_weights:
+    if need_weights or masking.softcap is not None:
         return "math"
     structured = masking.blocks is not None or masking.window is not None
     if structured and device is not None and device.type == "cuda" and (t_q or 0) >= FLEX_BLOCK:
@@ -125,6 +128,30 @@ def choose_backend(
         if lo is not None and hi is not None and (hi - lo + 1) + QUERY_BLOCK <= t_k // 2:
             return "blockwise"
     return "sdpa"
+
+
+#: the backends that apply a soft-capping of the scores (``Masking.softcap``) exactly; a
+#: backend registered later that does adds its name here. The fused kernels (``sdpa``), the
+#: tiles with their hand-written backward (``blockwise``) and FlexAttention (``flex``, whose
+#: CPU and float64 calls fall back to ``blockwise``) refuse it.
+SOFTCAP_BACKENDS: set[str] = {"math"}
+
+
+def check_softcap(backend: str, masking: Masking) -> None:
+    """Refuse soft-capped scores on a backend that would ignore the cap.
+
+    Args:
+        backend: the resolved backend's name.
+        masking: the call's normalised mask (``softcap``).
+
+    Raises:
+        ArgumentError: one line naming the backend and those that soft-cap.
+    """
+    if masking.softcap is not None and backend not in SOFTCAP_BACKENDS:
+        raise ArgumentError(
+            f"backend must be one of {', '.join(sorted(SOFTCAP_BACKENDS))} or 'auto' for "
+            f"soft-capped attention scores (softcap = {masking.softcap}), got {backend!r}"
+        )
 
 
 def get_backend(name: str) -> AttentionBackend:

@@ -58,7 +58,9 @@ def attention_scores(
     *,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``S = Q Kᵀ · scale + bias``, hidden entries ``−∞``: the scores whose softmax is attention.
+    """``S = Q Kᵀ · scale + bias``, hidden entries ``−∞``: the scores whose softmax is attention;
+    with ``masking.softcap = c`` the scaled product is soft-capped first,
+    ``S = c · tanh(Q Kᵀ · scale / c) + bias`` (Gemma 2).
 
     The one place the score equation is written out: the math backend and
     :meth:`attnlab.nn.resolved_call.ResolvedCall.scores` (what inspection draws) both call it.
@@ -83,6 +85,9 @@ def attention_scores(
     # do: a half-precision Q Kᵀ overflows (fp16) or rounds (bf16) before it is scaled
     acc = compute_dtype(query.dtype) if dtype is None else dtype
     scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
+    if masking.softcap is not None:
+        # S = c · tanh(S / c): every score in (−c, c), smoothly (Gemma 2's attention soft-cap)
+        scores = torch.tanh(scores / masking.softcap) * masking.softcap
     if masking.bias is not None:
         scores = scores + masking.bias.to(acc)
     visible = masking.visible(t_q, t_k, query.device)
