@@ -177,6 +177,15 @@ class TransformerConfig:
         gradient_checkpointing: recompute each encoder and decoder layer's activations in the
             backward pass while training (less memory, about one more forward of compute), as
             :class:`GPTConfig` does. Default False.
+        family: ``"attnlab"`` (a model of its own) or the family it was read from and
+            exports to (``"marian"``, :mod:`attnlab.models.families`).
+        scale_embedding: multiply the embeddings by ``√d_model`` (§3.4). Default True.
+        sinusoid_layout: the sinusoidal table's columns, ``"interleaved"`` (§3.5: sin, cos, sin,
+            …) or ``"halves"`` (all sines, then all cosines: Marian's).
+        final_logits_bias: a bias added to the logits (a buffer, Marian's and BART's
+            ``final_logits_bias``). Default False.
+        mask_target_padding: hide ``pad_id`` target keys from the decoder (default True);
+            False when the decoder starts from ``pad_id`` (Marian: ``bos_id == pad_id``).
         attention: the self-attention kind, an :class:`~attnlab.nn.kinds.AttentionSpec`
             (default :class:`~attnlab.nn.kinds.FullSpec`); cross-attention is always full.
             Encoder self-attention is the kind's bidirectional form, decoder self-attention its
@@ -216,6 +225,11 @@ class TransformerConfig:
     eos_id: int = 2
     backend: str = "auto"
     gradient_checkpointing: bool = False
+    family: str = "attnlab"
+    scale_embedding: bool = True
+    sinusoid_layout: str = "interleaved"
+    final_logits_bias: bool = False
+    mask_target_padding: bool = True
     attention: AttentionSpec = dataclasses.field(default_factory=FullSpec)
 
     def __post_init__(self) -> None:
@@ -238,9 +252,15 @@ class TransformerConfig:
         check_probability("dropout", self.dropout)
         check_probability("attention_dropout", self.attention_dropout)
         check_probability("label_smoothing", self.label_smoothing)
-        check_choice("activation", self.activation, ("relu", "gelu"))
+        check_choice("activation", self.activation, ("relu", "gelu", "silu"))
+        check_choice("sinusoid_layout", self.sinusoid_layout, ("interleaved", "halves"))
+        if not isinstance(self.family, str):
+            raise ArgumentTypeError(f"family must be a str, got {type(self.family).__name__}")
         check_backend(self.backend)
-        for name in ("norm_first", "share_embeddings", "tie_output", "gradient_checkpointing"):
+        for name in (
+            "norm_first", "share_embeddings", "tie_output", "gradient_checkpointing",
+            "scale_embedding", "final_logits_bias", "mask_target_padding",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(
                     f"{name} must be a bool, got {type(getattr(self, name)).__name__}"
@@ -260,7 +280,7 @@ class TransformerConfig:
             raise ArgumentError(
                 f"pad_id must lie in [0, src_vocab_size = {self.src_vocab_size}), got {self.pad_id}"
             )
-        for name in ("bos_id", "eos_id"):
+        for name in ("bos_id", "eos_id")[not self.mask_target_padding :]:
             if getattr(self, name) == self.pad_id:
                 raise ArgumentError(
                     f"{name} must differ from pad_id (padding is masked and ignored by the loss), "
