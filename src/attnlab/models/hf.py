@@ -39,6 +39,7 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "from_hf",
+    "hf_model_of",
     "model_from_state",
     "model_parts",
     "read_directory",
@@ -469,3 +470,55 @@ def read_weights(path: str | Path, *, dtype: torch.dtype | None = None) -> dict[
                 t = st.get_tensor(k)
                 state[k] = t if dtype is None else t.to(dtype)
     return state
+
+
+def hf_model_of(
+    class_name: str,
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    *,
+    like: torch.Tensor,
+    training: bool,
+    attn_implementation: str = "eager",
+    init: Mapping[str, Any] | None = None,
+    tied: tuple[str, ...] = (),
+) -> PreTrainedModel:
+    """A ``transformers`` model of a ``config.json`` dict given a state dict: what the encoders'
+    and the encoder-decoders' exports build.
+
+    Args:
+        class_name: the ``transformers`` class (``"BertModel"``).
+        config: the ``config.json`` dict (with its ``model_type``).
+        state: the weights under Hugging Face's names.
+        like: a tensor of the model's device and dtype.
+        training: the mode to return it in.
+        attn_implementation: Hugging Face's attention (``"eager"`` returns attention weights).
+        init: keyword arguments of the class beside its config.
+        tied: names the model ties, not missing when ``state`` leaves them out.
+
+    Returns:
+        The model.
+
+    Raises:
+        ArgumentError: the weights do not map onto the class (what is missing, what is left).
+
+    Shape:
+        ``state[name]``: as the class holds it.
+    """
+    import transformers
+
+    data = dict(config)
+    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    hf_config._attn_implementation = attn_implementation
+    cls = getattr(transformers, class_name)
+    hf = cls(hf_config, **(init or {})).to(device=like.device, dtype=like.dtype)
+    with torch.no_grad():
+        missing, unexpected = hf.load_state_dict(
+            {n: t.contiguous() for n, t in state.items()}, strict=False
+        )
+    missing = [n for n in missing if n not in tied]
+    if missing or unexpected:
+        raise ArgumentError(
+            f"weights do not map onto {class_name}: missing {missing}, unexpected {unexpected}"
+        )
+    return hf.train(training)  # type: ignore[no-any-return]

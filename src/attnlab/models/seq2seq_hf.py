@@ -23,6 +23,7 @@ from attnlab.models.hf import (
     _read_config,
     _stored_shapes,
     _weight_files,
+    hf_model_of,
     model_parts,
     read_weights,
     write_folder,
@@ -166,24 +167,16 @@ def transformer_to_hf(model: Transformer, *, attn_implementation: str = "eager")
     Returns:
         The Hugging Face model (``MarianMTModel``) on the same device and dtype, same mode.
     """
-    import transformers
-
     family, data = _hf_parts(model)
-    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    hf_config._attn_implementation = attn_implementation
-    ref = model.lm_head.weight
-    hf = getattr(transformers, family.hf_class)(hf_config).to(device=ref.device, dtype=ref.dtype)
-    with torch.no_grad():
-        state = family.state_to_hf(model.state_dict(), model.config)
-        missing, unexpected = hf.load_state_dict(
-            {n: t.contiguous() for n, t in state.items()}, strict=False
-        )
-    missing = [n for n in missing if n not in family.tied]
-    if missing or unexpected:
-        raise ArgumentError(
-            f"weights do not map onto {family.hf_class}: missing {missing}, unexpected {unexpected}"
-        )
-    return hf.train(model.training)  # type: ignore[no-any-return]
+    return hf_model_of(
+        family.hf_class,
+        data,
+        family.state_to_hf(model.state_dict(), model.config),
+        like=model.lm_head.weight,
+        training=model.training,
+        attn_implementation=attn_implementation,
+        tied=family.tied,
+    )
 
 
 def save_transformer_hf(model: Transformer, directory: str | Path) -> Path:
