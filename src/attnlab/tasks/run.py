@@ -138,6 +138,11 @@ def load_run(
         if isinstance(model, Encoder):
             limit = model.config.n_positions - (model.config.position_offset or 0)
             return Run(model, model.config, EncoderIO(tokenizer, limit), None, {}, Path(path))
+        if isinstance(model, Transformer):  # an encoder-decoder family (Marian)
+            if tokenizer is None:
+                raise ArgumentError(f"{path} holds no tokenizer.json, so a text cannot be encoded")
+            pair = _seq2seq_io(model.config, tokenizer, tokenizer, suffix=(model.config.eos_id,))
+            return Run(model, model.config, pair, None, {}, Path(path))
         eos = getattr(tokenizer, "eos_id", None)
         io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)
         return Run(model, model.config, io, None, {}, Path(path))
@@ -229,9 +234,17 @@ def _plain_io(config: GPTConfig | TransformerConfig, files: dict[str, str], wher
     if tok is None:
         raise ArgumentError(f"{where} holds no tokenizer.json, so a text cannot be encoded")
     tgt = tokenizer_from_json(files["tgt_tokenizer.json"]) if "tgt_tokenizer.json" in files else tok
+    return _seq2seq_io(config, tok, tgt, suffix=())
+
+
+def _seq2seq_io(
+    config: TransformerConfig, src: Any, tgt: Any, *, suffix: tuple[int, ...]
+) -> Seq2SeqIO:
+    """An encoder-decoder's text path: its ids from the config, ``suffix`` after each source
+    (a pretrained family's encoder reads ``</s>`` last, as its tokenizer writes it)."""
     return Seq2SeqIO(
-        src_tok=tok, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,
-        pad_id=config.pad_id, source_suffix=(), max_source_len=config.max_len,
+        src_tok=src, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,
+        pad_id=config.pad_id, source_suffix=suffix, max_source_len=config.max_len,
         max_new_tokens=lambda n: min(config.max_len - 1, 2 * n + 10),
     )  # fmt: skip
 

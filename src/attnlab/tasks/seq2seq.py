@@ -58,13 +58,14 @@ def strip_special(ids: Sequence[int], *, bos_id: int, eos_id: int, pad_id: int) 
 
 
 def _trim(row: Sequence[int], eos_id: int, pad_id: int) -> list[int]:
-    """A decoded row up to and including its first ``<eos>``, without the padding after it."""
+    """A decoded row up to and including its first ``<eos>``, without the padding after it; its
+    first token kept, the decoder's start even where that is ``pad_id`` (Marian's)."""
     out = []
-    for t in (int(x) for x in row):
+    for i, t in enumerate(int(x) for x in row):
         if t == eos_id:
             out.append(t)
             break
-        if t != pad_id:
+        if t != pad_id or i == 0:
             out.append(t)
     return out
 
