@@ -182,6 +182,11 @@ class TransformerConfig:
         scale_embedding: multiply the embeddings by ``√d_model`` (§3.4). Default True.
         sinusoid_layout: the sinusoidal table's columns, ``"interleaved"`` (§3.5: sin, cos, sin,
             …) or ``"halves"`` (all sines, then all cosines: Marian's).
+        positions: ``"sinusoidal"`` (§3.5) or ``"learned"``: one learned table each for the
+            source and the target (BART's), of ``max_len + position_offset`` rows.
+        position_offset: added to every position id of a learned table (BART's 2). Default 0.
+        norm_embeddings: a LayerNorm over embeddings + positions, before dropout (BART's
+            ``layernorm_embedding``). Default False.
         final_logits_bias: a bias added to the logits (a buffer, Marian's and BART's
             ``final_logits_bias``). Default False.
         mask_target_padding: hide ``pad_id`` target keys from the decoder (default True);
@@ -230,6 +235,9 @@ class TransformerConfig:
     sinusoid_layout: str = "interleaved"
     final_logits_bias: bool = False
     mask_target_padding: bool = True
+    positions: str = "sinusoidal"
+    position_offset: int = 0
+    norm_embeddings: bool = False
     attention: AttentionSpec = dataclasses.field(default_factory=FullSpec)
 
     def __post_init__(self) -> None:
@@ -254,12 +262,16 @@ class TransformerConfig:
         check_probability("label_smoothing", self.label_smoothing)
         check_choice("activation", self.activation, ("relu", "gelu", "silu"))
         check_choice("sinusoid_layout", self.sinusoid_layout, ("interleaved", "halves"))
+        check_choice("positions", self.positions, ("sinusoidal", "learned"))
+        offset = self.position_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ArgumentError(f"position_offset must be an int ≥ 0, got {offset!r}")
         if not isinstance(self.family, str):
             raise ArgumentTypeError(f"family must be a str, got {type(self.family).__name__}")
         check_backend(self.backend)
         for name in (
             "norm_first", "share_embeddings", "tie_output", "gradient_checkpointing",
-            "scale_embedding", "final_logits_bias", "mask_target_padding",
+            "scale_embedding", "final_logits_bias", "mask_target_padding", "norm_embeddings",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(

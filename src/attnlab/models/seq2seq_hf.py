@@ -123,7 +123,8 @@ def transformer_from_state(
     model.load_state_dict(ours, strict=True, assign=True)
     if config.tie_output:  # assign gave each name a Parameter of its own: one again
         model.lm_head.weight = model.tgt_embed.weight
-    model.positions = position_encoding(config).to(shared.device)
+    if config.positions == "sinusoidal":
+        model.positions = position_encoding(config).to(shared.device)
     return model.eval()
 
 

@@ -38,7 +38,7 @@ from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
-from attnlab.nn.positional import SinusoidalPositionalEncoding
+from attnlab.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 __all__ = [
     "Seq2SeqCache",
@@ -375,7 +375,15 @@ class Transformer(nn.Module):
         self.tgt_embed = (
             self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model)
         )
-        self.positions = position_encoding(c)
+        if c.positions == "learned":  # BART: a table each, position ids + position_offset
+            rows = c.max_len + c.position_offset
+            self.src_positions = LearnedPositionalEmbedding(rows, c.d_model)
+            self.tgt_positions = LearnedPositionalEmbedding(rows, c.d_model)
+        else:
+            self.positions = position_encoding(c)
+        if c.norm_embeddings:  # BART's layernorm_embedding, one for each side
+            self.src_embed_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+            self.tgt_embed_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = TransformerEncoder(c)
         self.decoder = TransformerDecoder(c)
@@ -409,12 +417,20 @@ class Transformer(nn.Module):
 
     # -- embeddings --
 
-    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, offset: int) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, side: str, offset: int) -> torch.Tensor:
         # §3.4, §3.5: x = Dropout(Embedding(tokens) · √d_model + PE(offset + t))
-        x = table(tokens)  # (B, T, d_model)
-        if self.config.scale_embedding:
-            x = x * math.sqrt(self.config.d_model)
-        return self.dropout(self.positions(x, offset=offset))
+        c = self.config
+        x = getattr(self, f"{side}_embed")(tokens)  # (B, T, d_model)
+        if c.scale_embedding:
+            x = x * math.sqrt(c.d_model)
+        if c.positions == "learned":  # x + P[offset + t + position_offset]
+            t = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
+            x = x + getattr(self, f"{side}_positions")(t + c.position_offset)
+        else:
+            x = self.positions(x, offset=offset)
+        if c.norm_embeddings:
+            x = getattr(self, f"{side}_embed_norm")(x)
+        return self.dropout(x)
 
     # -- encoder --
 
@@ -446,7 +462,7 @@ class Transformer(nn.Module):
         _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
         if src_mask is None:
             src_mask = masks.padding_mask(src, self.config.pad_id)
-        x = self.hook_src_embed(self._embed(src, self.src_embed, 0))
+        x = self.hook_src_embed(self._embed(src, "src", 0))
         return self.hook_memory(self.encoder(x, src_mask, head_mask))
 
     # -- decoder --
@@ -535,7 +551,7 @@ class Transformer(nn.Module):
             and (cache is None or isinstance(cache, Seq2SeqCache))
         ):
             tgt_mask = masks.padding_mask(key_tokens, c.pad_id)  # (B, 1, 1, T_past + T)
-        x = self.hook_tgt_embed(self._embed(tgt, self.tgt_embed, past))
+        x = self.hook_tgt_embed(self._embed(tgt, "tgt", past))
         x = self.decoder(
             x,
             memory,

@@ -33,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
 from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.models.families import seq2seq_family_named
 from attnlab.models.gpt import GPT
 from attnlab.models.pretrained import is_pretrained_source, load_pretrained
 from attnlab.models.transformer import Transformer
@@ -141,7 +143,13 @@ def load_run(
         if isinstance(model, Transformer):  # an encoder-decoder family (Marian)
             if tokenizer is None:
                 raise ArgumentError(f"{path} holds no tokenizer.json, so a text cannot be encoded")
+            bos: int | None = getattr(
+                tokenizer, "bos_id", None
+            )  # <s> … </s> for BART, … </s> for Marian
+            framed = seq2seq_family_named(model.config.family).source_bos
+            prefix = (bos,) if framed and bos is not None else ()
             pair = _seq2seq_io(model.config, tokenizer, tokenizer, suffix=(model.config.eos_id,))
+            pair = dataclasses.replace(pair, source_prefix=prefix)
             return Run(model, model.config, pair, None, {}, Path(path))
         eos = getattr(tokenizer, "eos_id", None)
         io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)

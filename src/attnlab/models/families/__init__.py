@@ -149,6 +149,8 @@ class Seq2SeqFamily:
         state_to_hf: attnlab's state dict → Hugging Face's (a tied matrix once, as
             ``save_pretrained`` writes it).
         tied: the names ``state_to_hf`` leaves out because the model ties them.
+        source_bos: the encoder reads the tokenizer's ``bos`` before a text (BART's ``<s>``);
+            every family reads ``</s>`` after it.
 
     Shape:
         the state dicts' tensors keep their shapes but for the attentions' query, key and value
@@ -164,6 +166,7 @@ class Seq2SeqFamily:
     state_from_hf: Callable[[Mapping[str, torch.Tensor], TransformerConfig], State]
     state_to_hf: Callable[[Mapping[str, torch.Tensor], TransformerConfig], State]
     tied: tuple[str, ...] = ()
+    source_bos: bool = False
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -347,6 +350,11 @@ def family_of(config: Mapping[str, Any]) -> Family:
             f"model_type {model_type!r} is an encoder, not a decoder: load it with "
             "attnlab.load_pretrained or attnlab.Encoder.from_hf"
         )
+    if seq2seq_family_of(config) is not None:
+        raise ArgumentError(
+            f"model_type {model_type!r} is an encoder-decoder, not a decoder: load it with "
+            "attnlab.load_pretrained or attnlab.models.seq2seq_hf.transformer_from_hf"
+        )
     raise ArgumentError(
         f"model_type must be one of {', '.join(supported_model_types())}, got {model_type!r}"
     )
@@ -420,4 +428,4 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
     if not _FAMILIES or not _ENCODERS or not _SEQ2SEQ:
-        from attnlab.models.families import bert, gpt2, llama, marian, neox  # noqa: F401
+        from attnlab.models.families import bart, bert, gpt2, llama, marian, neox  # noqa: F401

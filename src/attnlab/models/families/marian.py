@@ -39,7 +39,15 @@ from attnlab.models.families._common import (
     tied_head,
 )
 
-__all__ = ["MARIAN"]
+__all__ = [
+    "MARIAN",
+    "TIED",
+    "config_from_hf_like",
+    "config_to_hf_like",
+    "embeddings_from_hf",
+    "layers_from_hf",
+    "state_to_hf",
+]
 
 _ENCODER_LAYER = (
     ("self_attn.out_proj", "self_attn.out_proj"),
@@ -79,8 +87,24 @@ def _token(config: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _config_from_hf(config: Mapping[str, Any]) -> TransformerConfig:
-    """``MarianConfig`` → :class:`~attnlab.models.config.TransformerConfig`."""
+def config_from_hf_like(
+    config: Mapping[str, Any], family: str, *, pad: int, eos: int, start: int | None, **fields: Any
+) -> TransformerConfig:
+    """A BART-like ``config.json`` (BART's keys, which Marian shares) →
+    :class:`~attnlab.models.config.TransformerConfig`: post-norm, one shared vocabulary, a logits
+    bias, target padding never masked; ``fields`` the family's own.
+
+    Args:
+        config: the ``config.json`` dict.
+        family: attnlab's name of the family.
+        pad: the default ``pad_token_id``.
+        eos: the default ``eos_token_id``.
+        start: the default ``decoder_start_token_id`` (``None``: ``pad``).
+        **fields: the family's :class:`~attnlab.models.config.TransformerConfig` fields.
+
+    Returns:
+        The config.
+    """
     vocab = size(config, "vocab_size", "vocab")
     decoder_vocab = config.get("decoder_vocab_size")
     if decoder_vocab not in (None, vocab):
@@ -91,14 +115,11 @@ def _config_from_hf(config: Mapping[str, Any]) -> TransformerConfig:
     for key in ("share_encoder_decoder_embeddings", "tie_word_embeddings"):
         if not json_bool(config, key, True):
             raise ArgumentError(f"{key} must be true (one embedding for source, target, output)")
-    d = size(config, "d_model", "width")
-    if d % 2:
-        raise ArgumentError(f"d_model must be even for Marian's sinusoids in halves, got {d}")
-    pad = _token(config, "pad_token_id", 58100)
+    pad = _token(config, "pad_token_id", pad)
     return TransformerConfig(
         src_vocab_size=vocab,
         tgt_vocab_size=vocab,
-        d_model=d,
+        d_model=size(config, "d_model", "width"),
         num_heads=_same(config, "encoder_attention_heads", "decoder_attention_heads", "heads"),
         num_encoder_layers=size(config, "encoder_layers", "layers"),
         num_decoder_layers=size(config, "decoder_layers", "layers"),
@@ -106,39 +127,51 @@ def _config_from_hf(config: Mapping[str, Any]) -> TransformerConfig:
         dropout=json_float(config, "dropout", 0.1, positive=False),
         attention_dropout=json_float(config, "attention_dropout", 0.0, positive=False),
         activation=activation_of(config.get("activation_function", "gelu")),
-        layer_norm_eps=1e-5,  # nn.LayerNorm's default, fixed in Marian
+        layer_norm_eps=1e-5,  # nn.LayerNorm's default, fixed in BART and Marian
         share_embeddings=True,
         tie_output=True,
         max_len=size(config, "max_position_embeddings", "positions", 1024),
         pad_id=pad,
-        bos_id=_token(config, "decoder_start_token_id", pad),
-        eos_id=_token(config, "eos_token_id", 0),
-        family="marian",
+        bos_id=_token(config, "decoder_start_token_id", pad if start is None else start),
+        eos_id=_token(config, "eos_token_id", eos),
+        family=family,
         scale_embedding=json_bool(config, "scale_embedding", False),
-        sinusoid_layout="halves",
         final_logits_bias=True,
         mask_target_padding=False,
+        **fields,
     )
 
 
-def _config_to_hf(config: TransformerConfig) -> dict[str, Any]:
-    """:class:`~attnlab.models.config.TransformerConfig` → ``MarianConfig``'s dict."""
+def config_to_hf_like(
+    config: TransformerConfig, family: str, architecture: str, **want: Any
+) -> dict[str, Any]:
+    """:class:`~attnlab.models.config.TransformerConfig` → a BART-like ``config.json`` dict;
+    refused (one line naming each field) where the config is not the family's: ``want`` its
+    own fields' values.
+
+    Args:
+        config: the config.
+        family: the ``model_type``.
+        architecture: the ``transformers`` class.
+        **want: the family's own field values.
+
+    Returns:
+        The dict.
+    """
+    want = {"norm_first": False, "share_embeddings": True, "tie_output": True,
+            "final_logits_bias": True, "mask_target_padding": False, "layer_norm_eps": 1e-5,
+            "num_kv_heads": None, **want}  # fmt: skip
     wrong = [
-        f"{name} = {getattr(config, name)!r} (Marian's is {want!r})"
-        for name, want in (
-            ("norm_first", False), ("share_embeddings", True), ("tie_output", True),
-            ("sinusoid_layout", "halves"), ("final_logits_bias", True),
-            ("mask_target_padding", False), ("layer_norm_eps", 1e-5), ("num_kv_heads", None),
-        )
-        if getattr(config, name) != want
-    ]  # fmt: skip
+        f"{name} = {getattr(config, name)!r} ({family}'s is {value!r})"
+        for name, value in want.items()
+        if getattr(config, name) != value
+    ]
     if wrong:
-        raise ArgumentError(f"config cannot be written as Marian: {', '.join(wrong)}")
+        raise ArgumentError(f"config cannot be written as {family}: {', '.join(wrong)}")
     return {
-        "model_type": "marian",
-        "architectures": ["MarianMTModel"],
+        "model_type": family,
+        "architectures": [architecture],
         "vocab_size": config.src_vocab_size,
-        "decoder_vocab_size": config.tgt_vocab_size,
         "d_model": config.d_model,
         "encoder_layers": config.num_encoder_layers,
         "decoder_layers": config.num_decoder_layers,
@@ -156,16 +189,33 @@ def _config_to_hf(config: TransformerConfig) -> dict[str, Any]:
         "decoder_start_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
         "forced_eos_token_id": config.eos_id,
-        "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True,
         "is_encoder_decoder": True,
     }
 
 
-def _state_from_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -> State:
-    """``MarianMTModel``'s (or ``MarianModel``'s) state dict → attnlab's."""
-    bare = {n.removeprefix("model."): t for n, t in state.items()}
-    take = TensorTaker(bare, "the weights", ignore=_TABLES)
+def _config_from_hf(config: Mapping[str, Any]) -> TransformerConfig:
+    """``MarianConfig`` → :class:`~attnlab.models.config.TransformerConfig`."""
+    d = size(config, "d_model", "width")
+    if d % 2:
+        raise ArgumentError(f"d_model must be even for Marian's sinusoids in halves, got {d}")
+    return config_from_hf_like(
+        config, "marian", pad=58100, eos=0, start=None, sinusoid_layout="halves"
+    )
+
+
+def _config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """:class:`~attnlab.models.config.TransformerConfig` → ``MarianConfig``'s dict."""
+    data = config_to_hf_like(
+        config, "marian", "MarianMTModel", sinusoid_layout="halves", positions="sinusoidal"
+    )
+    return {**data, "decoder_vocab_size": config.tgt_vocab_size,
+            "share_encoder_decoder_embeddings": True}  # fmt: skip
+
+
+def embeddings_from_hf(take: TensorTaker, config: TransformerConfig) -> State:
+    """The shared embedding (its tied copies checked and dropped) and the logits bias of a
+    ``MarianMTModel``/``BartForConditionalGeneration`` state dict, ``model.`` taken off."""
     shared = take.take("shared.weight")
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
         tied_head(take.maybe(name), shared, name)
@@ -176,27 +226,40 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig)
         if bias is None
         else bias.reshape(-1)
     )
+    return out
+
+
+def layers_from_hf(take: TensorTaker, config: TransformerConfig, out: State) -> None:
+    """The encoder's and the decoder's layers (BART's names, which Marian shares) into ``out``."""
     for stack, n, pairs in (
         ("encoder", config.num_encoder_layers, _ENCODER_LAYER),
         ("decoder", config.num_decoder_layers, _DECODER_LAYER),
     ):
         for i in range(n):
-            src, dst = f"{stack}.layers.{i}.", f"{stack}.layers.{i}."
+            at = f"{stack}.layers.{i}."
             for theirs, ours in _QKV[stack]:
                 for kind, name in (("weight", "in_proj_weight"), ("bias", "in_proj_bias")):
-                    out[f"{dst}{ours}.{name}"] = torch.cat(
-                        [take.take(f"{src}{theirs}.{p}_proj.{kind}") for p in "qkv"]
+                    out[f"{at}{ours}.{name}"] = torch.cat(
+                        [take.take(f"{at}{theirs}.{p}_proj.{kind}") for p in "qkv"]
                     )
-            take.move(out, pairs, src, dst)
+            take.move(out, pairs, at, at)
+
+
+def _state_from_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -> State:
+    """``MarianMTModel``'s (or ``MarianModel``'s) state dict → attnlab's."""
+    take = TensorTaker({n.removeprefix("model."): t for n, t in state.items()}, "the weights",
+                       ignore=_TABLES)  # fmt: skip
+    out = embeddings_from_hf(take, config)
+    layers_from_hf(take, config, out)
     take.done()
     return out
 
 
-def _state_to_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -> State:
-    """attnlab's state dict → ``MarianMTModel``'s (the shared embedding once)."""
-    shared = state["src_embed.weight"]
+def state_to_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -> State:
+    """attnlab's state dict → ``MarianMTModel``'s or ``BartForConditionalGeneration``'s layers,
+    the shared embedding (once) and the logits bias."""
     out: State = {
-        "model.shared.weight": shared,  # the tied names are left out, as save_pretrained does
+        "model.shared.weight": state["src_embed.weight"],  # the tied names left out
         "final_logits_bias": state["final_logits_bias"].reshape(1, -1),
     }
     for stack, n, pairs in (
@@ -216,6 +279,10 @@ def _state_to_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -
     return out
 
 
+#: the names BART and Marian tie to the shared embedding (not written, not missing)
+TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
 MARIAN = register_family(
     Seq2SeqFamily(
         name="marian",
@@ -224,11 +291,9 @@ MARIAN = register_family(
         config_from_hf=_config_from_hf,
         config_to_hf=_config_to_hf,
         state_from_hf=_state_from_hf,
-        state_to_hf=_state_to_hf,
+        state_to_hf=state_to_hf,
         tied=(
-            "model.encoder.embed_tokens.weight",
-            "model.decoder.embed_tokens.weight",
-            "lm_head.weight",
+            *TIED,
             "model.encoder.embed_positions.weight",
             "model.decoder.embed_positions.weight",
         ),
