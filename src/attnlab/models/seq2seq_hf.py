@@ -1,4 +1,4 @@
-"""Hugging Face interop for the encoder-decoder families (Marian): weights in and out of
+"""Hugging Face interop for the encoder-decoder families (Marian, BART): weights in and out of
 ``transformers`` models and Hugging Face folders, as :mod:`attnlab.models.encoder_hf` does for
 the encoders. The family of a ``config.json``
 (:func:`attnlab.models.families.seq2seq_family_of`) converts the config and the weight names;
@@ -50,7 +50,7 @@ def is_seq2seq(config: Mapping[str, Any]) -> bool:
         config: the config as a dict.
 
     Returns:
-        ``True`` for a registered encoder-decoder ``model_type`` (``marian``).
+        ``True`` for a registered encoder-decoder ``model_type`` (``marian``, ``bart``).
     """
     return seq2seq_family_of(config) is not None
 
@@ -59,7 +59,7 @@ def _family(config: Mapping[str, Any]) -> Seq2SeqFamily:
     family = seq2seq_family_of(config)
     if family is None:
         raise ArgumentError(
-            f"model_type must be an encoder-decoder's (marian), got {config.get('model_type')!r}"
+            f"model_type must be an encoder-decoder's (marian, bart), got {config.get('model_type')!r}"
         )
     return family
 
@@ -134,7 +134,8 @@ def transformer_from_hf(
     """An :class:`~attnlab.Transformer` with the weights of a Hugging Face encoder-decoder.
 
     Args:
-        model_or_directory: a ``MarianMTModel`` (or ``MarianModel``), or a local folder as
+        model_or_directory: a ``MarianMTModel`` or ``BartForConditionalGeneration`` (or their
+            bare ``MarianModel``/``BartModel``), or a local folder as
             ``save_pretrained`` writes it.
         dtype: convert the weights; default: keep theirs.
 
@@ -145,7 +146,7 @@ def transformer_from_hf(
         check_seq2seq_directory(model_or_directory)  # before anything is allocated
         path = Path(model_or_directory)
         return transformer_from_state(_read_config(path), read_weights(path, dtype=dtype))
-    config, state = model_parts(model_or_directory, "MarianMTModel")
+    config, state = model_parts(model_or_directory, "MarianMTModel, BartForConditionalGeneration")
     model = transformer_from_state(config, state, dtype=dtype)
     return model.train(bool(getattr(model_or_directory, "training", False)))
 

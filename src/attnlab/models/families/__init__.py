@@ -35,6 +35,7 @@ Encoder-decoders too, with a :class:`Seq2SeqFamily`: ``config.json`` ⇄
 | family | Hugging Face `model_type` | what differs from Vaswani et al. 2017 |
 |---|---|---|
 | marian | `marian` | sinusoids in halves (sines, then cosines), SiLU, one shared vocabulary, a logits bias |
+| bart | `bart` | Marian's names; learned positions from 2, a LayerNorm over the embeddings, GELU |
 
 Adding a family is one module and one :func:`register_family` call; nothing outside this
 package asks a ``model_type`` (:func:`is_encoder` tells which registry a config belongs to).

@@ -215,7 +215,19 @@ def _config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 def embeddings_from_hf(take: TensorTaker, config: TransformerConfig) -> State:
     """The shared embedding (its tied copies checked and dropped) and the logits bias of a
-    ``MarianMTModel``/``BartForConditionalGeneration`` state dict, ``model.`` taken off."""
+    ``MarianMTModel``/``BartForConditionalGeneration`` state dict, ``model.`` taken off.
+
+    Args:
+        take: the state dict's tensors not yet read.
+        config: the model's config.
+
+    Returns:
+        attnlab's embeddings (source, target, output: one tensor) and ``final_logits_bias``
+        (zeros where the weights hold none: a bare ``MarianModel``).
+
+    Shape:
+        ``shared.weight`` ``(V, d_model)``; ``final_logits_bias`` ``(1, V)`` → ``(V,)``.
+    """
     shared = take.take("shared.weight")
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
         tied_head(take.maybe(name), shared, name)
@@ -230,7 +242,17 @@ def embeddings_from_hf(take: TensorTaker, config: TransformerConfig) -> State:
 
 
 def layers_from_hf(take: TensorTaker, config: TransformerConfig, out: State) -> None:
-    """The encoder's and the decoder's layers (BART's names, which Marian shares) into ``out``."""
+    """The encoder's and the decoder's layers (BART's names, which Marian shares) into ``out``.
+
+    Args:
+        take: the state dict's tensors not yet read.
+        config: the model's config (its layer counts).
+        out: attnlab's state dict being built.
+
+    Shape:
+        each attention's ``{q,k,v}_proj`` ``(d_model, d_model)`` ×3 → ``in_proj_weight``
+        ``(3 · d_model, d_model)``; the rest as it is.
+    """
     for stack, n, pairs in (
         ("encoder", config.num_encoder_layers, _ENCODER_LAYER),
         ("decoder", config.num_decoder_layers, _DECODER_LAYER),
@@ -257,7 +279,19 @@ def _state_from_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig)
 
 def state_to_hf(state: Mapping[str, torch.Tensor], config: TransformerConfig) -> State:
     """attnlab's state dict → ``MarianMTModel``'s or ``BartForConditionalGeneration``'s layers,
-    the shared embedding (once) and the logits bias."""
+    the shared embedding (once) and the logits bias.
+
+    Args:
+        state: attnlab's state dict.
+        config: the model's config (its layer counts).
+
+    Returns:
+        The tensors under Hugging Face's names (a family adds its own: BART's positions).
+
+    Shape:
+        ``in_proj_weight`` ``(3 · d_model, d_model)`` → ``{q,k,v}_proj`` ×3;
+        ``final_logits_bias`` ``(V,)`` → ``(1, V)``.
+    """
     out: State = {
         "model.shared.weight": state["src_embed.weight"],  # the tied names left out
         "final_logits_bias": state["final_logits_bias"].reshape(1, -1),
