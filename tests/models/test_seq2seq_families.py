@@ -178,5 +178,13 @@ def test_bad_input_is_a_typed_error_naming_the_argument(tmp_path: Path) -> None:
         save_transformer_hf(own, tmp_path)
     with pytest.raises(ArgumentError, match="'bart' is an encoder-decoder, not a decoder"):
         al.GPT.from_hf(tmp_path / "bart")
+    small = {"src_vocab_size": 8, "tgt_vocab_size": 8, "d_model": 8, "num_heads": 2, "d_ff": 8}
+    for field, value, error in (
+        ("positions", "rope", ArgumentError), ("position_offset", -1, ArgumentError),
+        ("sinusoid_layout", "pairs", ArgumentError), ("family", 3, ArgumentTypeError),
+        ("norm_embeddings", 1, ArgumentTypeError), ("activation", "tanh", ArgumentError),
+    ):  # fmt: skip
+        with pytest.raises(error, match=field):
+            al.TransformerConfig(**small, **{field: value})
     with pytest.raises(ArgumentError, match="path must be a Hugging Face folder"):
         check_seq2seq_directory(tmp_path / "nowhere")
