@@ -21,8 +21,7 @@ from attnlab.models.families import encoder_family_named, encoder_family_of
 from attnlab.models.hf import (
     _as_dict,
     _read_config,
-    _stored_shapes,
-    _weight_files,
+    folder_headers,
     hf_model_of,
     model_parts,
     read_weights,
@@ -187,11 +186,7 @@ def check_encoder_directory(path: str | Path) -> EncoderConfig:
         ArgumentError: one line naming the file, the size and what the weights hold.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise ArgumentError(f"path must be a Hugging Face folder, got {str(path)!r} (no directory)")
-    files = _weight_files(path)
-    data = _read_config(path)
-    stored = {n: torch.empty(s, device="meta") for n, s in _stored_shapes(files).items()}
+    data, stored = folder_headers(path)
     try:
         config, ours = _converted(data, stored)
         with torch.device("meta"):

@@ -38,6 +38,7 @@ __all__ = [
     "check_directory",
     "config_from_hf",
     "config_to_hf",
+    "folder_headers",
     "from_hf",
     "hf_model_of",
     "model_from_state",
@@ -522,3 +523,27 @@ def hf_model_of(
             f"weights do not map onto {class_name}: missing {missing}, unexpected {unexpected}"
         )
     return hf.train(training)  # type: ignore[no-any-return]
+
+
+def folder_headers(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A Hugging Face folder's ``config.json`` and its weights as ``meta`` tensors of the shapes
+    their safetensors headers record (nothing allocated): what the encoders' and the
+    encoder-decoders' folder checks compare.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        ``(config dict, {name: meta tensor})``.
+
+    Raises:
+        ArgumentError: not a folder (named), or weights that are not safetensors.
+
+    Shape:
+        each tensor the shape its header records.
+    """
+    if not path.is_dir():
+        raise ArgumentError(f"path must be a Hugging Face folder, got {str(path)!r} (no directory)")
+    files = _weight_files(path)
+    data = _read_config(path)
+    return data, {n: torch.empty(s, device="meta") for n, s in _stored_shapes(files).items()}
