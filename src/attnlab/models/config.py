@@ -163,7 +163,7 @@ class TransformerConfig:
         d_ff: feed-forward inner width (§3.3). Default 2048.
         dropout: residual dropout, also on embeddings + positions (§5.4). Default 0.1.
         attention_dropout: dropout on attention weights. Default 0.0.
-        activation: feed-forward activation, ``"relu"`` (the paper) or ``"gelu"``.
+        activation: feed-forward activation, ``"relu"`` (the paper), ``"gelu"`` or ``"silu"``.
         norm_first: pre-norm residuals instead of the paper's post-norm. Default False.
         layer_norm_eps: LayerNorm ``eps``. Default 1e-5.
         label_smoothing: ``ε_ls`` of the training loss (§5.4). Default 0.1.

@@ -155,7 +155,7 @@ class EncoderLayer(nn.Module):
         num_kv_heads: key/value heads (grouped-query attention); default ``num_heads``.
         dropout: residual dropout (§5.4) and feed-forward dropout. Default ``0.0``.
         attention_dropout: dropout on attention weights. Default ``0.0``.
-        activation: ``"relu"`` or ``"gelu"``. Default ``"relu"``.
+        activation: ``"relu"``, ``"gelu"`` or ``"silu"``. Default ``"relu"``.
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.
@@ -264,7 +264,7 @@ class DecoderLayer(nn.Module):
         num_kv_heads: key/value heads (grouped-query attention); default ``num_heads``.
         dropout: residual dropout (§5.4) and feed-forward dropout. Default ``0.0``.
         attention_dropout: dropout on attention weights. Default ``0.0``.
-        activation: ``"relu"`` or ``"gelu"``. Default ``"relu"``.
+        activation: ``"relu"``, ``"gelu"`` or ``"silu"``. Default ``"relu"``.
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.
