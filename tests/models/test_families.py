@@ -213,7 +213,7 @@ def test_gpt2_checkpoints_write_no_family_fields() -> None:
         ({"hidden_act": "tanh"}, "hidden_act must be one of"),
         ({"head_dim": 4}, "head_dim = 4 times num_attention_heads = 6 must be hidden_size = 48"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_type must be one of"),
-        ({"model_type": "t5"}, "model_type must be one of bert, distilbert, electra, gemma2, gpt2"),
+        ({"model_type": "t5"}, "model_type must be one of bart, bert, distilbert, electra, gemma2"),
     ],
 )
 def test_unsupported_options_are_named(change: dict[str, Any], message: str) -> None:

@@ -163,7 +163,7 @@ class TransformerConfig:
         d_ff: feed-forward inner width (§3.3). Default 2048.
         dropout: residual dropout, also on embeddings + positions (§5.4). Default 0.1.
         attention_dropout: dropout on attention weights. Default 0.0.
-        activation: feed-forward activation, ``"relu"`` (the paper) or ``"gelu"``.
+        activation: feed-forward activation, ``"relu"`` (the paper), ``"gelu"`` or ``"silu"``.
         norm_first: pre-norm residuals instead of the paper's post-norm. Default False.
         layer_norm_eps: LayerNorm ``eps``. Default 1e-5.
         label_smoothing: ``ε_ls`` of the training loss (§5.4). Default 0.1.
@@ -177,6 +177,20 @@ class TransformerConfig:
         gradient_checkpointing: recompute each encoder and decoder layer's activations in the
             backward pass while training (less memory, about one more forward of compute), as
             :class:`GPTConfig` does. Default False.
+        family: ``"attnlab"`` (a model of its own) or the family it was read from and
+            exports to (``"marian"``, :mod:`attnlab.models.families`).
+        scale_embedding: multiply the embeddings by ``√d_model`` (§3.4). Default True.
+        sinusoid_layout: the sinusoidal table's columns, ``"interleaved"`` (§3.5: sin, cos, sin,
+            …) or ``"halves"`` (all sines, then all cosines: Marian's).
+        positions: ``"sinusoidal"`` (§3.5) or ``"learned"``: one learned table each for the
+            source and the target (BART's), of ``max_len + position_offset`` rows.
+        position_offset: added to every position id of a learned table (BART's 2). Default 0.
+        norm_embeddings: a LayerNorm over embeddings + positions, before dropout (BART's
+            ``layernorm_embedding``). Default False.
+        final_logits_bias: a bias added to the logits (a buffer, Marian's and BART's
+            ``final_logits_bias``). Default False.
+        mask_target_padding: hide ``pad_id`` target keys from the decoder (default True);
+            False when the decoder starts from ``pad_id`` (Marian: ``bos_id == pad_id``).
         attention: the self-attention kind, an :class:`~attnlab.nn.kinds.AttentionSpec`
             (default :class:`~attnlab.nn.kinds.FullSpec`); cross-attention is always full.
             Encoder self-attention is the kind's bidirectional form, decoder self-attention its
@@ -216,6 +230,14 @@ class TransformerConfig:
     eos_id: int = 2
     backend: str = "auto"
     gradient_checkpointing: bool = False
+    family: str = "attnlab"
+    scale_embedding: bool = True
+    sinusoid_layout: str = "interleaved"
+    final_logits_bias: bool = False
+    mask_target_padding: bool = True
+    positions: str = "sinusoidal"
+    position_offset: int = 0
+    norm_embeddings: bool = False
     attention: AttentionSpec = dataclasses.field(default_factory=FullSpec)
 
     def __post_init__(self) -> None:
@@ -238,9 +260,19 @@ class TransformerConfig:
         check_probability("dropout", self.dropout)
         check_probability("attention_dropout", self.attention_dropout)
         check_probability("label_smoothing", self.label_smoothing)
-        check_choice("activation", self.activation, ("relu", "gelu"))
+        check_choice("activation", self.activation, ("relu", "gelu", "silu"))
+        check_choice("sinusoid_layout", self.sinusoid_layout, ("interleaved", "halves"))
+        check_choice("positions", self.positions, ("sinusoidal", "learned"))
+        offset = self.position_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ArgumentError(f"position_offset must be an int ≥ 0, got {offset!r}")
+        if not isinstance(self.family, str):
+            raise ArgumentTypeError(f"family must be a str, got {type(self.family).__name__}")
         check_backend(self.backend)
-        for name in ("norm_first", "share_embeddings", "tie_output", "gradient_checkpointing"):
+        for name in (
+            "norm_first", "share_embeddings", "tie_output", "gradient_checkpointing",
+            "scale_embedding", "final_logits_bias", "mask_target_padding", "norm_embeddings",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(
                     f"{name} must be a bool, got {type(getattr(self, name)).__name__}"
@@ -260,7 +292,7 @@ class TransformerConfig:
             raise ArgumentError(
                 f"pad_id must lie in [0, src_vocab_size = {self.src_vocab_size}), got {self.pad_id}"
             )
-        for name in ("bos_id", "eos_id"):
+        for name in ("bos_id", "eos_id")[not self.mask_target_padding :]:
             if getattr(self, name) == self.pad_id:
                 raise ArgumentError(
                     f"{name} must differ from pad_id (padding is masked and ignored by the loss), "

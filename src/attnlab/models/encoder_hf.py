@@ -21,8 +21,8 @@ from attnlab.models.families import encoder_family_named, encoder_family_of
 from attnlab.models.hf import (
     _as_dict,
     _read_config,
-    _stored_shapes,
-    _weight_files,
+    folder_headers,
+    hf_model_of,
     model_parts,
     read_weights,
     write_folder,
@@ -139,27 +139,18 @@ def encoder_to_hf(model: Encoder, *, attn_implementation: str = "eager") -> PreT
     Returns:
         The Hugging Face model (``BertModel`` …) on the same device and dtype, same mode.
     """
-    import transformers
-
     if not isinstance(model, Encoder):
         raise ArgumentTypeError(f"model must be an attnlab Encoder, got {type(model).__name__}")
     family = encoder_family_named(model.config.family)
-    data = family.config_to_hf(model.config)
-    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    hf_config._attn_implementation = attn_implementation
-    ref = model.embeddings.word_embeddings.weight
-    cls = getattr(transformers, family.hf_class)
-    hf = cls(hf_config, **family.hf_init(model.config)).to(device=ref.device, dtype=ref.dtype)
-    with torch.no_grad():
-        state = family.state_to_hf(model.state_dict(), model.config)
-        missing, unexpected = hf.load_state_dict(
-            {n: t.contiguous() for n, t in state.items()}, strict=False
-        )
-    if missing or unexpected:
-        raise ArgumentError(
-            f"weights do not map onto {family.hf_class}: missing {missing}, unexpected {unexpected}"
-        )
-    return hf.train(model.training)  # type: ignore[no-any-return]
+    return hf_model_of(
+        family.hf_class,
+        family.config_to_hf(model.config),
+        family.state_to_hf(model.state_dict(), model.config),
+        like=model.embeddings.word_embeddings.weight,
+        training=model.training,
+        attn_implementation=attn_implementation,
+        init=family.hf_init(model.config),
+    )
 
 
 def save_encoder_hf(model: Encoder, directory: str | Path) -> Path:
@@ -195,11 +186,7 @@ def check_encoder_directory(path: str | Path) -> EncoderConfig:
         ArgumentError: one line naming the file, the size and what the weights hold.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise ArgumentError(f"path must be a Hugging Face folder, got {str(path)!r} (no directory)")
-    files = _weight_files(path)
-    data = _read_config(path)
-    stored = {n: torch.empty(s, device="meta") for n, s in _stored_shapes(files).items()}
+    data, stored = folder_headers(path)
     try:
         config, ours = _converted(data, stored)
         with torch.device("meta"):

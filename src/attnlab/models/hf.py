@@ -38,7 +38,9 @@ __all__ = [
     "check_directory",
     "config_from_hf",
     "config_to_hf",
+    "folder_headers",
     "from_hf",
+    "hf_model_of",
     "model_from_state",
     "model_parts",
     "read_directory",
@@ -469,3 +471,79 @@ def read_weights(path: str | Path, *, dtype: torch.dtype | None = None) -> dict[
                 t = st.get_tensor(k)
                 state[k] = t if dtype is None else t.to(dtype)
     return state
+
+
+def hf_model_of(
+    class_name: str,
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    *,
+    like: torch.Tensor,
+    training: bool,
+    attn_implementation: str = "eager",
+    init: Mapping[str, Any] | None = None,
+    tied: tuple[str, ...] = (),
+) -> PreTrainedModel:
+    """A ``transformers`` model of a ``config.json`` dict given a state dict: what the encoders'
+    and the encoder-decoders' exports build.
+
+    Args:
+        class_name: the ``transformers`` class (``"BertModel"``).
+        config: the ``config.json`` dict (with its ``model_type``).
+        state: the weights under Hugging Face's names.
+        like: a tensor of the model's device and dtype.
+        training: the mode to return it in.
+        attn_implementation: Hugging Face's attention (``"eager"`` returns attention weights).
+        init: keyword arguments of the class beside its config.
+        tied: names the model ties, not missing when ``state`` leaves them out.
+
+    Returns:
+        The model.
+
+    Raises:
+        ArgumentError: the weights do not map onto the class (what is missing, what is left).
+
+    Shape:
+        ``state[name]``: as the class holds it.
+    """
+    import transformers
+
+    data = dict(config)
+    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    hf_config._attn_implementation = attn_implementation
+    cls = getattr(transformers, class_name)
+    hf = cls(hf_config, **(init or {})).to(device=like.device, dtype=like.dtype)
+    with torch.no_grad():
+        missing, unexpected = hf.load_state_dict(
+            {n: t.contiguous() for n, t in state.items()}, strict=False
+        )
+    missing = [n for n in missing if n not in tied]
+    if missing or unexpected:
+        raise ArgumentError(
+            f"weights do not map onto {class_name}: missing {missing}, unexpected {unexpected}"
+        )
+    return hf.train(training)  # type: ignore[no-any-return]
+
+
+def folder_headers(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A Hugging Face folder's ``config.json`` and its weights as ``meta`` tensors of the shapes
+    their safetensors headers record (nothing allocated): what the encoders' and the
+    encoder-decoders' folder checks compare.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        ``(config dict, {name: meta tensor})``.
+
+    Raises:
+        ArgumentError: not a folder (named), or weights that are not safetensors.
+
+    Shape:
+        each tensor the shape its header records.
+    """
+    if not path.is_dir():
+        raise ArgumentError(f"path must be a Hugging Face folder, got {str(path)!r} (no directory)")
+    files = _weight_files(path)
+    data = _read_config(path)
+    return data, {n: torch.empty(s, device="meta") for n, s in _stored_shapes(files).items()}

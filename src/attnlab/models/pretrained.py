@@ -17,7 +17,9 @@ Sources, tried in this order:
 
 The model is attnlab's one decoder (:class:`~attnlab.GPT`) with the family's parts, or for an
 encoder family (BERT, RoBERTa, DistilBERT, ELECTRA: :func:`attnlab.models.families.is_encoder`) its
-:class:`~attnlab.models.encoder.Encoder`, equal to the ``transformers`` class of the same weights.
+:class:`~attnlab.models.encoder.Encoder`, for an encoder-decoder family (Marian:
+:func:`attnlab.models.seq2seq_hf.is_seq2seq`) attnlab's :class:`~attnlab.Transformer`, equal to
+the ``transformers`` class of the same weights.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from attnlab.errors import ArgumentError, ArgumentTypeError, AttnlabError
 from attnlab.models.config import GPTConfig
 from attnlab.models.encoder import Encoder
 from attnlab.models.gpt import GPT
+from attnlab.models.transformer import Transformer
 
 __all__ = ["Pretrained", "is_pretrained_source", "load_pretrained", "pretrained_config"]
 
@@ -45,13 +48,14 @@ class Pretrained(NamedTuple):
 
     Attributes:
         model: the :class:`~attnlab.GPT` (an encoder family:
-            :class:`~attnlab.models.encoder.Encoder`), in eval mode.
+            :class:`~attnlab.models.encoder.Encoder`; an encoder-decoder family:
+            :class:`~attnlab.Transformer`), in eval mode.
         tokenizer: its tokenizer (a :class:`~attnlab.data.pretrained_tokenizer.PretrainedTokenizer`
             with the chat template, when the source has one), or ``None`` (a ``transformers``
             model object, a folder without ``tokenizer.json``).
     """
 
-    model: GPT | Encoder
+    model: GPT | Encoder | Transformer
     tokenizer: Any
 
 
@@ -144,18 +148,23 @@ def load_pretrained(
     if not isinstance(source, (str, Path)):
         from attnlab.models.families import is_encoder
         from attnlab.models.hf import from_hf
+        from attnlab.models.seq2seq_hf import is_seq2seq, transformer_from_hf
 
         config = getattr(source, "config", None)
         if config is not None and hasattr(config, "to_dict") and is_encoder(config.to_dict()):
             from attnlab.models.encoder_hf import encoder_from_hf
 
             return Pretrained(encoder_from_hf(source, dtype=dtype).to(device).eval(), None)
+        if config is not None and hasattr(config, "to_dict") and is_seq2seq(config.to_dict()):
+            return Pretrained(transformer_from_hf(source, dtype=dtype).to(device).eval(), None)
         return Pretrained(from_hf(source, dtype=dtype).to(device).eval(), None)
     model, tokenizer = _from_path(str(source), dtype, cache)
     return Pretrained(model.to(device).eval(), tokenizer)
 
 
-def _from_path(text: str, dtype: torch.dtype, cache: bool) -> tuple[GPT | Encoder, Any]:
+def _from_path(
+    text: str, dtype: torch.dtype, cache: bool
+) -> tuple[GPT | Encoder | Transformer, Any]:
     from attnlab.models import gguf
     from attnlab.models.bundled import BUNDLED_ENCODERS, bundled_encoder_folder
 
@@ -222,17 +231,21 @@ def _from_gguf(path: Path, dtype: torch.dtype, cache: bool) -> tuple[GPT, Any]:
     return model_from_state(read.hf_config, read.state, dtype=dtype), read.tokenizer
 
 
-def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT | Encoder, Any]:
+def _from_folder(path: Path, dtype: torch.dtype) -> tuple[GPT | Encoder | Transformer, Any]:
     from attnlab._checks import read_small_json
     from attnlab.data.pretrained_tokenizer import tokenizer_from_folder
     from attnlab.models.families import is_encoder
     from attnlab.models.hf import model_from_state, read_directory
+    from attnlab.models.seq2seq_hf import is_seq2seq, transformer_from_hf
 
-    model: GPT | Encoder
-    if os.path.lexists(path / "config.json") and is_encoder(read_small_json(path / "config.json")):
+    model: GPT | Encoder | Transformer
+    data = read_small_json(path / "config.json") if os.path.lexists(path / "config.json") else {}
+    if is_encoder(data):
         from attnlab.models.encoder_hf import encoder_from_hf
 
         model = encoder_from_hf(path, dtype=dtype)
+    elif is_seq2seq(data):
+        model = transformer_from_hf(path, dtype=dtype)
     else:
         config, state = read_directory(path, dtype=dtype)
         model = model_from_state(config, state)

@@ -38,7 +38,7 @@ from attnlab.nn.hooks import HookPoint
 from attnlab.nn.kinds import AttentionSite
 from attnlab.nn.kv_cache import LayerCache, ModelCache
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
-from attnlab.nn.positional import SinusoidalPositionalEncoding
+from attnlab.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 __all__ = [
     "Seq2SeqCache",
@@ -47,6 +47,7 @@ __all__ = [
     "TransformerDecoder",
     "TransformerEncoder",
     "attention_site",
+    "position_encoding",
 ]
 
 
@@ -374,7 +375,15 @@ class Transformer(nn.Module):
         self.tgt_embed = (
             self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model)
         )
-        self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)
+        if c.positions == "learned":  # BART: a table each, position ids + position_offset
+            rows = c.max_len + c.position_offset
+            self.src_positions = LearnedPositionalEmbedding(rows, c.d_model)
+            self.tgt_positions = LearnedPositionalEmbedding(rows, c.d_model)
+        else:
+            self.positions = position_encoding(c)
+        if c.norm_embeddings:  # BART's layernorm_embedding, one for each side
+            self.src_embed_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+            self.tgt_embed_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = TransformerEncoder(c)
         self.decoder = TransformerDecoder(c)
@@ -382,6 +391,8 @@ class Transformer(nn.Module):
         self.hook_src_embed = HookPoint()
         self.hook_tgt_embed = HookPoint()
         self.hook_memory = HookPoint()
+        if c.final_logits_bias:  # logits = h W_out^T + b (a buffer: Marian and BART never train it)
+            self.register_buffer("final_logits_bias", torch.zeros(c.tgt_vocab_size))
         # Embeddings ~ N(0, 1/d_model), so that embed·√d_model has unit variance, like the PE.
         nn.init.normal_(self.src_embed.weight, std=c.d_model**-0.5)
         nn.init.normal_(self.tgt_embed.weight, std=c.d_model**-0.5)
@@ -406,10 +417,20 @@ class Transformer(nn.Module):
 
     # -- embeddings --
 
-    def _embed(self, tokens: torch.Tensor, table: nn.Embedding, offset: int) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, side: str, offset: int) -> torch.Tensor:
         # §3.4, §3.5: x = Dropout(Embedding(tokens) · √d_model + PE(offset + t))
-        x = table(tokens) * math.sqrt(self.config.d_model)  # (B, T, d_model)
-        return self.dropout(self.positions(x, offset=offset))
+        c = self.config
+        x = getattr(self, f"{side}_embed")(tokens)  # (B, T, d_model)
+        if c.scale_embedding:
+            x = x * math.sqrt(c.d_model)
+        if c.positions == "learned":  # x + P[offset + t + position_offset]
+            t = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
+            x = x + getattr(self, f"{side}_positions")(t + c.position_offset)
+        else:
+            x = self.positions(x, offset=offset)
+        if c.norm_embeddings:
+            x = getattr(self, f"{side}_embed_norm")(x)
+        return self.dropout(x)
 
     # -- encoder --
 
@@ -441,7 +462,7 @@ class Transformer(nn.Module):
         _check_tokens("src", src, self.config.src_vocab_size, "src_vocab_size")
         if src_mask is None:
             src_mask = masks.padding_mask(src, self.config.pad_id)
-        x = self.hook_src_embed(self._embed(src, self.src_embed, 0))
+        x = self.hook_src_embed(self._embed(src, "src", 0))
         return self.hook_memory(self.encoder(x, src_mask, head_mask))
 
     # -- decoder --
@@ -524,9 +545,13 @@ class Transformer(nn.Module):
                         cross_attn_head_mask=cross_attn_head_mask,
                     )  # fmt: skip
                     return Seq2SeqOutput(logits=out.logits[:, -t:], cache=cache)
-        if tgt_mask is None and (cache is None or isinstance(cache, Seq2SeqCache)):
+        if (
+            tgt_mask is None
+            and c.mask_target_padding
+            and (cache is None or isinstance(cache, Seq2SeqCache))
+        ):
             tgt_mask = masks.padding_mask(key_tokens, c.pad_id)  # (B, 1, 1, T_past + T)
-        x = self.hook_tgt_embed(self._embed(tgt, self.tgt_embed, past))
+        x = self.hook_tgt_embed(self._embed(tgt, "tgt", past))
         x = self.decoder(
             x,
             memory,
@@ -536,7 +561,10 @@ class Transformer(nn.Module):
             head_mask=decoder_head_mask,
             cross_attn_head_mask=cross_attn_head_mask,
         )
-        return Seq2SeqOutput(logits=self.lm_head(x), cache=cache)  # (B, T, tgt_vocab_size)
+        logits = self.lm_head(x)  # (B, T, tgt_vocab_size)
+        if c.final_logits_bias:
+            logits = logits + self.final_logits_bias
+        return Seq2SeqOutput(logits=logits, cache=cache)
 
     # -- training forward --
 
@@ -661,6 +689,27 @@ class Transformer(nn.Module):
             for layer in decoder
         ]
         return Seq2SeqCache(layers, cross, tokens)
+
+
+def position_encoding(config: TransformerConfig) -> SinusoidalPositionalEncoding:
+    """The sinusoidal positions of a config (§3.5), its columns in the config's
+    ``sinusoid_layout``: interleaved, or Marian's halves (``sin(pos·ω_i)`` for every ``i``, then
+    ``cos(pos·ω_i)``). A loader built on the ``meta`` device makes its table again with this.
+
+    Args:
+        config: the model's configuration.
+
+    Returns:
+        The module (no parameters; its table a buffer that is not saved).
+
+    Shape:
+        table ``(max_len, d_model)``.
+    """
+    positions = SinusoidalPositionalEncoding(config.d_model, config.max_len)
+    if config.sinusoid_layout == "halves":
+        table = positions.table
+        positions.table = torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
+    return positions
 
 
 def _check_tokens(name: str, tokens: object, vocab_size: int, vocab_name: str) -> None:

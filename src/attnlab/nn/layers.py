@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ACTIVATIONS", "DecoderLayer", "EncoderLayer", "FeedForward", "residual"]
 
-Activation = Literal["relu", "gelu"]
-ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
+Activation = Literal["relu", "gelu", "silu"]
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
 
 
 def _attention(
@@ -49,12 +49,13 @@ def _attention(
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (§3.3), applied to each position separately:
 
-        FFN(x) = act(x W_1 + b_1) W_2 + b_2,   act = max(0, ·) (ReLU, the paper) or GELU
+        FFN(x) = act(x W_1 + b_1) W_2 + b_2,   act = max(0, ·) (ReLU, the paper), GELU or SiLU
 
     Args:
         d_model: input and output width.
         d_ff: inner width (2048 in the base model).
-        activation: ``"relu"`` or ``"gelu"`` (exact, erf form). Default ``"relu"``.
+        activation: ``"relu"``, ``"gelu"`` (exact, erf form) or ``"silu"`` (``x·σ(x)``, Marian's
+            "swish"). Default ``"relu"``.
         dropout: dropout on the inner activations while training. Default ``0.0``.
 
     Shape:
@@ -100,7 +101,10 @@ class FeedForward(nn.Module):
         """
         # h = act(x W_1 + b_1)
         h = self.hook_pre(self.linear1(x))  # (..., d_ff)
-        h = self.hook_post(F.relu(h) if self.activation == "relu" else F.gelu(h))
+        act = (
+            F.relu if self.activation == "relu" else F.silu if self.activation == "silu" else F.gelu
+        )
+        h = self.hook_post(act(h))
         # FFN(x) = h W_2 + b_2
         return self.linear2(self.dropout(h))  # (..., d_model)
 
@@ -151,7 +155,7 @@ class EncoderLayer(nn.Module):
         num_kv_heads: key/value heads (grouped-query attention); default ``num_heads``.
         dropout: residual dropout (§5.4) and feed-forward dropout. Default ``0.0``.
         attention_dropout: dropout on attention weights. Default ``0.0``.
-        activation: ``"relu"`` or ``"gelu"``. Default ``"relu"``.
+        activation: ``"relu"``, ``"gelu"`` or ``"silu"``. Default ``"relu"``.
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.
@@ -260,7 +264,7 @@ class DecoderLayer(nn.Module):
         num_kv_heads: key/value heads (grouped-query attention); default ``num_heads``.
         dropout: residual dropout (§5.4) and feed-forward dropout. Default ``0.0``.
         attention_dropout: dropout on attention weights. Default ``0.0``.
-        activation: ``"relu"`` or ``"gelu"``. Default ``"relu"``.
+        activation: ``"relu"``, ``"gelu"`` or ``"silu"``. Default ``"relu"``.
         norm_first: pre-norm when true, post-norm (the paper) when false. Default ``False``.
         layer_norm_eps: LayerNorm epsilon. Default ``1e-5``.
         backend: attention backend. Default ``"auto"``.

@@ -33,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from attnlab.data.tokenizers import tokenizer_from_json
 from attnlab.errors import ArgumentError
 from attnlab.models.config import GPTConfig, TransformerConfig, config_from_dict
 from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.models.families import seq2seq_family_named
 from attnlab.models.gpt import GPT
 from attnlab.models.pretrained import is_pretrained_source, load_pretrained
 from attnlab.models.transformer import Transformer
@@ -138,6 +140,17 @@ def load_run(
         if isinstance(model, Encoder):
             limit = model.config.n_positions - (model.config.position_offset or 0)
             return Run(model, model.config, EncoderIO(tokenizer, limit), None, {}, Path(path))
+        if isinstance(model, Transformer):  # an encoder-decoder family (Marian)
+            if tokenizer is None:
+                raise ArgumentError(f"{path} holds no tokenizer.json, so a text cannot be encoded")
+            bos: int | None = getattr(
+                tokenizer, "bos_id", None
+            )  # <s> … </s> for BART, … </s> for Marian
+            framed = seq2seq_family_named(model.config.family).source_bos
+            prefix = (bos,) if framed and bos is not None else ()
+            pair = _seq2seq_io(model.config, tokenizer, tokenizer, suffix=(model.config.eos_id,))
+            pair = dataclasses.replace(pair, source_prefix=prefix)
+            return Run(model, model.config, pair, None, {}, Path(path))
         eos = getattr(tokenizer, "eos_id", None)
         io = LMIO(tokenizer, model.config.n_positions, eos_id=eos)
         return Run(model, model.config, io, None, {}, Path(path))
@@ -229,9 +242,17 @@ def _plain_io(config: GPTConfig | TransformerConfig, files: dict[str, str], wher
     if tok is None:
         raise ArgumentError(f"{where} holds no tokenizer.json, so a text cannot be encoded")
     tgt = tokenizer_from_json(files["tgt_tokenizer.json"]) if "tgt_tokenizer.json" in files else tok
+    return _seq2seq_io(config, tok, tgt, suffix=())
+
+
+def _seq2seq_io(
+    config: TransformerConfig, src: Any, tgt: Any, *, suffix: tuple[int, ...]
+) -> Seq2SeqIO:
+    """An encoder-decoder's text path: its ids from the config, ``suffix`` after each source
+    (a pretrained family's encoder reads ``</s>`` last, as its tokenizer writes it)."""
     return Seq2SeqIO(
-        src_tok=tok, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,
-        pad_id=config.pad_id, source_suffix=(), max_source_len=config.max_len,
+        src_tok=src, tgt_tok=tgt, bos_id=config.bos_id, eos_id=config.eos_id,
+        pad_id=config.pad_id, source_suffix=suffix, max_source_len=config.max_len,
         max_new_tokens=lambda n: min(config.max_len - 1, 2 * n + 10),
     )  # fmt: skip
 

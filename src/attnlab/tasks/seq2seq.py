@@ -49,18 +49,20 @@ def strip_special(ids: Sequence[int], *, bos_id: int, eos_id: int, pad_id: int) 
     """
     out = []
     for i, t in enumerate(int(x) for x in ids):
+        if (i == 0 and t == bos_id) or t == pad_id:  # the start first: BART's is </s>
+            continue
         if t == eos_id:
             break
-        if (i == 0 and t == bos_id) or t == pad_id:
-            continue
         out.append(t)
     return out
 
 
 def _trim(row: Sequence[int], eos_id: int, pad_id: int) -> list[int]:
-    """A decoded row up to and including its first ``<eos>``, without the padding after it."""
-    out = []
-    for t in (int(x) for x in row):
+    """A decoded row up to and including its first ``<eos>`` after the start, without the
+    padding after it; its first token, the decoder's start, kept even where that is ``pad_id``
+    (Marian's) or ``eos_id`` (BART's)."""
+    out = [int(row[0])] if len(row) else []
+    for t in (int(x) for x in row[1:]):
         if t == eos_id:
             out.append(t)
             break
@@ -334,6 +336,7 @@ class Seq2SeqIO:
         reject_unknown: refuse a text with tokens outside the vocabulary (a character-level
             task's alphabet) instead of reading them as ``<unk>``.
         beams: the beam size of the task's own evaluation (1: greedy), the default everywhere.
+        source_prefix: tokens the encoder reads before the text (a pretrained BART's ``<s>``).
         kind: always ``"seq2seq"`` (the :class:`~attnlab.tasks.base.TaskIO` family).
     """
 
@@ -350,6 +353,7 @@ class Seq2SeqIO:
     beams: int = 1
     trained_len: int | None = None
     longest_trained: int | None = None
+    source_prefix: tuple[int, ...] = ()
     kind: Literal["seq2seq"] = "seq2seq"
 
     def source_ids(self, ids: Sequence[int]) -> list[int]:
@@ -361,7 +365,7 @@ class Seq2SeqIO:
         Returns:
             ``ids`` then the suffix.
         """
-        return [*(int(i) for i in ids), *self.source_suffix]
+        return [*self.source_prefix, *(int(i) for i in ids), *self.source_suffix]
 
     def encode_source(self, text: str, *, lenient: bool = False) -> list[int]:
         """What the encoder reads for ``text``.
@@ -390,7 +394,7 @@ class Seq2SeqIO:
                 f"the alphabet is {self.src_tok.decode(range(self.src_tok.vocab_size))!r}"
             )
         if lenient:
-            body = body[: self.max_source_len - len(self.source_suffix)]
+            body = body[: self.max_source_len - len(self.source_suffix) - len(self.source_prefix)]
             body = body[: self.trained_len] if self.trained_len is not None else body
             body = body or [unk if unk is not None else self.pad_id + 1]
         ids = self.source_ids(body)
@@ -417,7 +421,7 @@ class Seq2SeqIO:
         Returns:
             The reason (its length and the longest trained one), or ``None`` when there is none.
         """
-        n = len(source) - len(self.source_suffix)
+        n = len(source) - len(self.source_suffix) - len(self.source_prefix)
         if self.longest_trained is None or n <= self.longest_trained:
             return None
         return (

@@ -30,6 +30,15 @@ Encoders follow the same rule with an :class:`EncoderFamily`: ``config.json`` �
 | distilbert | `distilbert` | its own weight names, no token types, no pooler |
 | electra | `electra` | no pooler; embeddings of `embedding_size` projected to the width |
 
+Encoder-decoders too, with a :class:`Seq2SeqFamily`: ``config.json`` ⇄
+:class:`~attnlab.models.config.TransformerConfig` and the weights ⇄ attnlab's
+:class:`~attnlab.Transformer` (:mod:`attnlab.models.seq2seq_hf`):
+
+| family | Hugging Face `model_type` | what differs from Vaswani et al. 2017 |
+|---|---|---|
+| marian | `marian` | sinusoids in halves (sines, then cosines), SiLU, one shared vocabulary, a logits bias |
+| bart | `bart` | Marian's names; learned positions from 2, a LayerNorm over the embeddings, GELU |
+
 Adding a family is one module and one :func:`register_family` call; nothing outside this
 package asks a ``model_type`` (:func:`is_encoder` tells which registry a config belongs to).
 """
@@ -43,13 +52,14 @@ from typing import Any, overload
 import torch
 
 from attnlab.errors import ArgumentError, ArgumentTypeError
-from attnlab.models.config import GPTConfig
+from attnlab.models.config import GPTConfig, TransformerConfig
 from attnlab.models.encoder import EncoderConfig
 
 __all__ = [
     "PRESETS",
     "EncoderFamily",
     "Family",
+    "Seq2SeqFamily",
     "encoder_family_named",
     "encoder_family_of",
     "family_named",
@@ -58,6 +68,8 @@ __all__ = [
     "llama_ff_width",
     "preset",
     "register_family",
+    "seq2seq_family_named",
+    "seq2seq_family_of",
     "supported_model_types",
 ]
 
@@ -125,17 +137,57 @@ class EncoderFamily:
     hf_init: Callable[[EncoderConfig], dict[str, Any]] = lambda config: {}
 
 
+@dataclass(frozen=True)
+class Seq2SeqFamily:
+    """One encoder-decoder family's conversions: :class:`Family`'s fields for an
+    :class:`~attnlab.Transformer`.
+
+    Attributes:
+        name: attnlab's name (``TransformerConfig.family``).
+        model_type: Hugging Face's ``model_type``.
+        hf_class: the ``transformers`` class of the translation model (``MarianMTModel``).
+        config_from_hf: ``config.json`` dict → :class:`~attnlab.models.config.TransformerConfig`.
+        config_to_hf: config → ``config.json`` dict.
+        state_from_hf: Hugging Face state dict → attnlab's.
+        state_to_hf: attnlab's state dict → Hugging Face's (a tied matrix once, as
+            ``save_pretrained`` writes it).
+        tied: the names ``state_to_hf`` leaves out because the model ties them.
+        source_bos: the encoder reads the tokenizer's ``bos`` before a text (BART's ``<s>``);
+            every family reads ``</s>`` after it.
+
+    Shape:
+        the state dicts' tensors keep their shapes but for the attentions' query, key and value
+        ``(d_model, d_model)`` ×3, stacked into ``in_proj_weight`` ``(3 · d_model, d_model)``,
+        and the logits bias, ``(1, V)`` in Hugging Face's, ``(V,)`` in attnlab's.
+    """
+
+    name: str
+    model_type: str
+    hf_class: str
+    config_from_hf: Callable[[Mapping[str, Any]], TransformerConfig]
+    config_to_hf: Callable[[TransformerConfig], dict[str, Any]]
+    state_from_hf: Callable[[Mapping[str, torch.Tensor], TransformerConfig], State]
+    state_to_hf: Callable[[Mapping[str, torch.Tensor], TransformerConfig], State]
+    tied: tuple[str, ...] = ()
+    source_bos: bool = False
+
+
 _FAMILIES: dict[str, Family] = {}
 _ENCODERS: dict[str, EncoderFamily] = {}
+_SEQ2SEQ: dict[str, Seq2SeqFamily] = {}
 
 
 @overload
 def register_family(family: Family) -> Family: ...
 @overload
 def register_family(family: EncoderFamily) -> EncoderFamily: ...
+@overload
+def register_family(family: Seq2SeqFamily) -> Seq2SeqFamily: ...
 
 
-def register_family(family: Family | EncoderFamily) -> Family | EncoderFamily:
+def register_family(
+    family: Family | EncoderFamily | Seq2SeqFamily,
+) -> Family | EncoderFamily | Seq2SeqFamily:
     """Add a family (by its ``name``; its ``model_type`` is looked up too): a decoder's
     :class:`Family` or an encoder's :class:`EncoderFamily`.
 
@@ -149,9 +201,12 @@ def register_family(family: Family | EncoderFamily) -> Family | EncoderFamily:
         _ENCODERS[family.name] = family
     elif isinstance(family, Family):
         _FAMILIES[family.name] = family
+    elif isinstance(family, Seq2SeqFamily):
+        _SEQ2SEQ[family.name] = family
     else:
         raise ArgumentTypeError(
-            f"family must be a Family or an EncoderFamily, got {type(family).__name__}"
+            "family must be a Family, an EncoderFamily or a Seq2SeqFamily, "
+            f"got {type(family).__name__}"
         )
     return family
 
@@ -210,6 +265,40 @@ def encoder_family_named(name: str) -> EncoderFamily:
     return _ENCODERS[name]
 
 
+def seq2seq_family_of(config: Mapping[str, Any]) -> Seq2SeqFamily | None:
+    """The encoder-decoder family of a Hugging Face ``config.json`` (its ``model_type``).
+
+    Args:
+        config: the config as a dict.
+
+    Returns:
+        The registered :class:`Seq2SeqFamily`, or ``None`` when it is not an encoder-decoder's.
+    """
+    _load()
+    if not isinstance(config, Mapping):
+        raise ArgumentTypeError(f"config must be a dict, got {type(config).__name__}")
+    found = [f for f in _SEQ2SEQ.values() if f.model_type == config.get("model_type")]
+    return found[0] if found else None
+
+
+def seq2seq_family_named(name: str) -> Seq2SeqFamily:
+    """The family of a :class:`~attnlab.models.config.TransformerConfig`'s ``family`` field.
+
+    Args:
+        name: ``"marian"``.
+
+    Returns:
+        The :class:`Seq2SeqFamily`.
+    """
+    _load()
+    if name not in _SEQ2SEQ:
+        raise ArgumentError(
+            f"family must be one of {sorted(_SEQ2SEQ)} to export, got {name!r} (a model of "
+            "attnlab's own exports with attnlab.save_run)"
+        )
+    return _SEQ2SEQ[name]
+
+
 def supported_model_types() -> tuple[str, ...]:
     """The Hugging Face ``model_type`` values attnlab reads.
 
@@ -217,7 +306,11 @@ def supported_model_types() -> tuple[str, ...]:
         Sorted model types.
     """
     _load()
-    families: list[Family | EncoderFamily] = [*_FAMILIES.values(), *_ENCODERS.values()]
+    families: list[Family | EncoderFamily | Seq2SeqFamily] = [
+        *_FAMILIES.values(),
+        *_ENCODERS.values(),
+        *_SEQ2SEQ.values(),
+    ]
     return tuple(sorted(f.model_type for f in families))
 
 
@@ -260,6 +353,11 @@ def family_of(config: Mapping[str, Any]) -> Family:
         raise ArgumentError(
             f"model_type {model_type!r} is an encoder, not a decoder: load it with "
             "attnlab.load_pretrained or attnlab.Encoder.from_hf"
+        )
+    if seq2seq_family_of(config) is not None:
+        raise ArgumentError(
+            f"model_type {model_type!r} is an encoder-decoder, not a decoder: load it with "
+            "attnlab.load_pretrained or attnlab.models.seq2seq_hf.transformer_from_hf"
         )
     raise ArgumentError(
         f"model_type must be one of {', '.join(supported_model_types())}, got {model_type!r}"
@@ -333,5 +431,14 @@ def preset(name: str, *, n_embd: int, n_head: int) -> dict[str, Any]:
 
 def _load() -> None:
     """Register the built-in families (their modules import this one)."""
-    if not _FAMILIES or not _ENCODERS:
-        from attnlab.models.families import bert, gemma2, gpt2, llama, neox, phi3  # noqa: F401
+    if not _FAMILIES or not _ENCODERS or not _SEQ2SEQ:
+        from attnlab.models.families import (  # noqa: F401
+            bart,
+            bert,
+            gemma2,
+            gpt2,
+            llama,
+            marian,
+            neox,
+            phi3,
+        )
