@@ -181,15 +181,20 @@ def measure_ranks(
     repeats: int = 3,
     timeout: float = 600.0,
 ) -> tuple[int, float] | str:
-    """One step measured on ``world`` fresh (spawned) processes of ``threads`` threads each,
-    joined in a gloo process group when ``world > 1``: each calls ``make_step(rank, world,
-    *args)`` (a module-level function that builds its inputs, warms up and returns the step),
-    then measures the step's peak-memory growth (first run) and median wall time
-    (``repeats`` runs, barrier to barrier). Returns the largest peak and wall time over the
-    ranks, or the first error text."""
-    ctx = mp.get_context("spawn")
+    """One step measured on ``world`` fresh processes of ``threads`` threads each, joined in a
+    gloo process group when ``world > 1``: each calls ``make_step(rank, world, *args)`` (a
+    module-level function that builds its inputs, warms up and returns the step), then measures
+    the step's peak-memory growth (first run) and median wall time (``repeats`` runs, barrier to
+    barrier). Returns the largest peak and wall time over the ranks, or the first error text.
+
+    The processes are forked from a ``forkserver`` that imported torch and attnlab once (a
+    spawned process pays ~2-3 CPU seconds of imports each, every run of every world): each is
+    still a process of its own, its memory measured from its own peak after the warm-up."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "attnlab"])  # read at its start
     queue = ctx.Queue()
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # the children read it at import
+    # read at torch's import (the fork server's, at its start); each process then sets its own
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     port = free_port()
     procs = [
         ctx.Process(

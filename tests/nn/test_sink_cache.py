@@ -169,6 +169,30 @@ def test_rows_with_their_own_sinks_stream_as_separate_caches(sizes: list[int]) -
     assert cache.layers[0].row_sinks.tolist() == [2, 0, 0]  # type: ignore[attr-defined]
 
 
+def test_the_layers_share_a_steps_places_and_stream_the_same_numbers() -> None:
+    # a model's sink caches compute a step's places (queries, keys, the rows' mask) once: every
+    # layer gets the same tensors, and the logits are bit for bit those of unshared caches
+    model = llama_like(n_layer=3)
+    ids = torch.randint(0, 53, (1, 14))
+    rows = (0, 3)
+    shared = model.new_cache(2, 64, sinks=rows, window=5)
+    own = ModelCache(
+        [SinkKVCache(2, 2, 64, 4, window=5, sinks=rows, dtype=torch.float64) for _ in range(3)]
+    )
+    with torch.no_grad():
+        for i in range(ids.shape[1]):
+            x = ids[:, i : i + 1].expand(2, -1)
+            assert torch.equal(model(x, cache=shared).logits, model(x, cache=own).logits), i
+    first, second = shared.layers[0], shared.layers[1]
+    assert isinstance(first, SinkKVCache) and isinstance(second, SinkKVCache)
+    assert first.row_sinks is second.row_sinks
+    assert first.query_places(1) is second.query_places(1)
+    assert first.key_places(1)[0] is second.key_places(1)[0]
+    index = torch.tensor([1, 1])
+    shared.reorder(index)  # beam search: one new tensor of the rows' sinks for every layer
+    assert first.row_sinks is second.row_sinks and first.row_sinks.tolist() == [3, 3]
+
+
 def test_sinks_per_row_are_checked() -> None:
     with pytest.raises(ValueError, match="or one per batch row"):
         SinkKVCache(2, 2, 8, 4, window=4, sinks=(0, 1, 2))

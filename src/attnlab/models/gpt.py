@@ -39,7 +39,7 @@ from attnlab.models.gpt_layers import (
 )
 from attnlab.models.outputs import CausalLMOutput
 from attnlab.nn import masks
-from attnlab.nn.cache_policies import SinkKVCache
+from attnlab.nn.cache_policies import SinkKVCache, SinkPlaces
 from attnlab.nn.head_mask import layer_head_masks
 from attnlab.nn.kv_cache import ModelCache
 from attnlab.nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, alibi_bias
@@ -567,12 +567,12 @@ class GPT(nn.Module):
                 f"sinks + window = {most + window} must leave room in the position table "
                 f"(n_positions = {self.config.n_positions}) for the new tokens"
             )
-        layers = []
+        layers, shared = [], SinkPlaces()  # a step's places: computed once, read by every layer
         for block in self.transformer.h:
             attn = cast(GPTBlock, block).attn
             cache = SinkKVCache(
                 batch, attn.num_kv_heads, capacity, attn.d_head, dtype=dtype, device=device,
-                window=window, sinks=sinks,
+                window=window, sinks=sinks, shared=shared,
             )  # fmt: skip
             attn.check_cache(cache)
             layers.append(cache)

@@ -15,7 +15,10 @@ are stored before the rotary embedding and turned at every step by their place i
 Each batch row may keep its own number of sinks (``sinks=(0, 4)``: a window cache and a sink
 cache streamed as one batch, the weights read once for both): the buffers keep the most sinks of
 any row, and a row does not see the sink slots it does not keep, its places counting only the
-keys it sees (rotary models).
+keys it sees (rotary models). The places depend only on the step (and the rows' sinks), not on
+the layer: the sink caches of one model share a :class:`SinkPlaces`, so the first layer of a step
+computes them and the others read the same tensors (and the rotary angles of those places, once
+per step inside the model's ``shared_angles``).
 
 A :class:`CrossKVCache` holds the keys and values of an encoder's memory: the first call fills
 it, every later one reads it (the layer projects no keys or values then).
@@ -23,8 +26,8 @@ it, every later one reads it (the layer projects no keys or values then).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -34,9 +37,48 @@ from attnlab.nn.cache_view import CacheView
 from attnlab.nn.kv_cache import KVBuffers
 from attnlab.nn.masks import combine
 
-__all__ = ["CrossKVCache", "RollingKVCache", "SinkKVCache", "last_keys"]
+__all__ = ["CrossKVCache", "RollingKVCache", "SinkKVCache", "SinkPlaces", "last_keys"]
 
 Window = tuple[int | None, int | None] | None
+_T = TypeVar("_T")
+
+
+class SinkPlaces:
+    """The places of a decoding step, shared by the sink caches of a model's layers: each
+    layer's cache asks for the same queries' places, keys' places and mask in a step, so the
+    first computes them and the others get the same tensors (the same numbers: a place is a
+    function of the cache's length, the tokens appended, its sizes and the rows' sinks, all in
+    the key). Nothing is shared while ``torch.compile`` traces.
+    """
+
+    # the entries of a few steps at most: a step's are looked up by every layer before the next
+    _KEEP: ClassVar[int] = 16
+
+    def __init__(self) -> None:
+        # key → (the tensors the key names by id, kept alive so no id is reused; the value)
+        self._memo: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
+
+    def get(self, key: tuple[Hashable, ...], alive: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+        """The value of ``key``, made by ``make()`` the first time.
+
+        Args:
+            key: everything the value depends on (tensors by ``id``, and given in ``alive``).
+            alive: the tensors named in ``key`` by ``id``.
+            make: computes the value.
+
+        Returns:
+            The value made for an equal key, or ``make()``.
+        """
+        if torch.compiler.is_compiling():
+            return make()
+        seen = self._memo.get(key)
+        if seen is not None and all(a is b for a, b in zip(seen[0], alive, strict=True)):
+            return seen[1]  # type: ignore[no-any-return]
+        if len(self._memo) >= self._KEEP:
+            self._memo.clear()
+        value = make()
+        self._memo[key] = (alive, value)
+        return value
 
 
 class _EvictingBuffers(KVBuffers):
@@ -205,6 +247,8 @@ class SinkKVCache(_EvictingBuffers):
             a row).
         dtype: dtype of the buffers; default ``torch.float32``.
         device: device of the buffers; default the current default device.
+        shared: a :class:`SinkPlaces` shared with the other layers' sink caches of the same
+            sizes (a model's), or ``None`` (the default): the places computed at every call.
 
     Raises:
         ValueError: a size that is not a positive int, sinks that are not non-negative ints
@@ -226,6 +270,7 @@ class SinkKVCache(_EvictingBuffers):
         sinks: int | Sequence[int],
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        shared: SinkPlaces | None = None,
     ) -> None:
         check_positive_int("batch", batch)
         check_positive_int("capacity", capacity)
@@ -237,8 +282,31 @@ class SinkKVCache(_EvictingBuffers):
         super().__init__(
             batch, num_kv_heads, capacity, d_head, d_head_v, dtype=dtype, device=device
         )
-        # (B,) when the rows keep different sinks
-        self.row_sinks = None if len(set(rows)) == 1 else torch.tensor(rows, device=self.k.device)
+        self.shared = shared
+        # (B,) when the rows keep different sinks: one tensor for the layers sharing ``shared``
+        self.row_sinks: torch.Tensor | None = None
+        if len(set(rows)) > 1:
+            dev = self.k.device
+            make = lambda: torch.tensor(rows, device=dev)  # noqa: E731
+            self.row_sinks = self._step("rows", 0, make, values=tuple(rows))
+
+    def _step(
+        self,
+        kind: str,
+        count: int,
+        make: Callable[[], _T],
+        *alive: Any,
+        values: tuple[Hashable, ...] = (),
+    ) -> _T:
+        """``make()``, or the value another layer's cache made for the same step (``shared``):
+        ``kind`` of the step of ``count`` tokens at this length, sizes and rows' sinks, of the
+        tensors ``alive`` (by identity) and of ``values``."""
+        if self.shared is None:
+            return make()
+        rows = self.row_sinks
+        key = (kind, self.length, count, self.sinks, self._recent, self.k.shape[2],
+               self.k.device, id(rows), *map(id, alive), *values)  # fmt: skip
+        return self.shared.get(key, (rows, *alive), make)
 
     def __repr__(self) -> str:
         sinks = self.sinks if self.row_sinks is None else tuple(self.row_sinks.tolist())
@@ -263,6 +331,9 @@ class SinkKVCache(_EvictingBuffers):
         Shape:
             ``(T_new,)``, or ``(B, T_new)`` with sinks per row.
         """
+        return self._step("query", count, lambda: self._query_places(count))
+
+    def _query_places(self, count: int) -> torch.Tensor:
         new = torch.arange(count, device=self.k.device)
         if self.row_sinks is None:
             return self.next_position + new
@@ -283,6 +354,9 @@ class SinkKVCache(_EvictingBuffers):
         Shape:
             places ``(K,)``, or ``(B, K)`` with sinks per row; visible ``(B, K)`` bool.
         """
+        return self._step("keys", count, lambda: self._key_places(count))
+
+    def _key_places(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         dev, before = self.k.device, self.length - count
         held = min(before, self.k.shape[2])
         if self.row_sinks is None:
@@ -380,8 +454,9 @@ class SinkKVCache(_EvictingBuffers):
         n = k.shape[-2]
         keys, values = self.append(k, v)  # unrotated: [sinks | last window | new]
         places, visible = self.key_places(n)  # 0 … K − 1 (sinks per row: its own)
-        if visible is not None:  # each row sees its own sinks only
-            mask = combine(mask, visible[:, None, None])
+        if visible is not None:  # each row sees its own sinks only (every layer: the same mask)
+            seen = visible
+            mask = self._step("mask", n, lambda: combine(mask, seen[:, None, None]), mask)
         return CacheView(keys, values, mask, is_causal, key_places=places)
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -395,8 +470,8 @@ class SinkKVCache(_EvictingBuffers):
             index ``(B_new,)``; the buffers become ``(B_new, H_kv, capacity, d_head)``.
         """
         super().reorder(index)
-        if self.row_sinks is not None:
-            self.row_sinks = self.row_sinks.index_select(0, index)
+        if (rows := self.row_sinks) is not None:  # the layers sharing places: one new tensor
+            self.row_sinks = self._step("reorder", 0, lambda: rows.index_select(0, index), index)
 
 
 class CrossKVCache(KVBuffers):
