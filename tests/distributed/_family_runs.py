@@ -3,7 +3,9 @@ with each family (llama, neox) and each way of spreading it over the processes (
 ``--tensor-parallel 2``), one after the other in one launch, so that six trainings cost one start
 of the processes. Each writes ``OUT/<family>-<strategy>``.
 
-Usage: ``torchrun --nproc_per_node 2 _family_runs.py DATA OUT``
+Usage: ``torchrun --nproc_per_node 2 _family_runs.py DATA OUT``; the test runs :func:`run` on
+ranks forked from the tests' fork server (:func:`tests.distributed._launch.command_line`), as
+``torchrun``'s workers, without their importing torch anew (seconds of CPU each).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def main(data: str, out: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run(argv: list[str]) -> int:
+    """:func:`main` as a command line's ``main(argv)``: ``argv`` is ``[DATA, OUT]``; returns 0."""
+    main(*argv)
+    return 0
 
 
 if __name__ == "__main__":

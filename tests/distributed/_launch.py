@@ -52,6 +52,13 @@ MAX_PROCESSES = 4
 # seconds of CPU a rank, once here)
 _PRELOAD = ["torch", "torch.distributed", "attnlab", "attnlab.distributed", "pytest"]
 _PRELOAD += ["attnlab.cli", *(f"attnlab.cli.{name}" for name in COMMANDS)]
+# and what the ranks import lazily (~600 modules, about a second of CPU a rank, once here): the
+# first ``torch.autograd.grad`` with ``grad_outputs`` imports the symbolic shapes (and sympy),
+# the tensor- and context-parallel models DTensor, a sharded optimizer FSDP
+_PRELOAD += ["torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor"]
+_PRELOAD += ["torch.distributed.tensor.parallel", "torch.distributed.fsdp"]
+_PRELOAD += [f"attnlab.distributed.{name}" for name in ("tensor_parallel", "context_parallel")]
+_PRELOAD += ["attnlab.distributed.mesh", "attnlab.tasks.algorithmic", "attnlab.tasks.translate"]
 _LOCK = Path(tempfile.gettempdir()) / "attnlab-tests-distributed.lock"
 
 

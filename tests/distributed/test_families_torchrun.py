@@ -2,7 +2,10 @@
 head) and a GPT-NeoX (parallel residual, partial rotary) with 2 processes under DDP, FSDP and
 ``--tensor-parallel 2`` follow the one-process loss curve and gradient norms on the same global
 batch (``rel=1e-5``, as ``test_fsdp.py`` and ``test_mesh.py``), and write the one-process
-weights. One ``torchrun`` launch trains all six (``tests/distributed/_family_runs.py``)."""
+weights. One launch of 2 processes trains all six (``tests/distributed/_family_runs.py``), run as
+``torchrun``'s workers are (:func:`tests.distributed._launch.command_line`: forked from the tests'
+fork server instead of an agent and 2 workers each importing torch anew, ~10 s of CPU; what
+``torchrun`` itself does is tested in ``test_multinode.py`` and ``test_peer_lost.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from safetensors.torch import load_file
 from attnlab.tasks import train
 from attnlab.training.checkpoint import resolve_checkpoint
 from tests.distributed import _family_runs
-from tests.distributed._torchrun import torchrun
+from tests.distributed._launch import command_line, launch
 
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 
@@ -31,8 +34,9 @@ def test_llama_and_neox_train_under_torchrun_like_one_process(tmp_path: Path) ->
     data = tmp_path / "input.txt"
     data.write_text(TEXT * 30)
     out = tmp_path / "two"
-    proc = torchrun([_family_runs.__file__, str(data), str(out)], nproc=2, timeout=180.0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs = launch(command_line, 2, _family_runs.run, [str(data), str(out)], timeout=180.0)
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     torch.set_num_threads(1)
     for family in _family_runs.FAMILIES:
         one = _family_runs.options(str(data), tmp_path / "one", family)

@@ -314,8 +314,14 @@ GRID_OF_FOUR = [
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _check_case(index: int, case: Case, rank: int, world: int) -> list[str]:
-    """One case on this rank: output and q/k/v gradients against single-process attention."""
+_Refs = tuple[list[torch.Tensor], ...]
+
+
+def _case_refs(index: int, case: Case, rank: int, world: int) -> _Refs:
+    """One case's inputs and this rank's share of what single-process attention computes:
+    ``(q, k, v, d_out)`` (whole) and the output and q/k/v gradients in float64 (``ref``), in the
+    case's dtype without upcasting (``base``) and by ``attnlab.scaled_dot_product_attention``
+    (``plain``), sharded as this rank holds them."""
     dtype = _DTYPES[case.dtype]
     t = case.t_local * world
     gen = torch.Generator().manual_seed(1000 + index)  # the same whole tensors on every rank
@@ -327,10 +333,6 @@ def _check_case(index: int, case: Case, rank: int, world: int) -> list[str]:
     def shard(x: torch.Tensor) -> torch.Tensor:
         return shard_sequence(x, 2, rank=rank, world_size=world, layout=case.layout)
 
-    mine = [shard(x).requires_grad_() for x in (q, k, v)]
-    out = ring_attention(*mine, is_causal=case.is_causal, layout=case.layout)
-    got = [out, *torch.autograd.grad(out, mine, shard(d_out))]
-
     def whole(fn: Any, cast: torch.dtype | None) -> list[torch.Tensor]:
         ins = [(x if cast is None else x.to(cast)).requires_grad_() for x in (q, k, v)]
         o = fn(*ins)
@@ -339,6 +341,21 @@ def _check_case(index: int, case: Case, rank: int, world: int) -> list[str]:
     ref = whole(lambda *a: attention_ref(*a, is_causal=case.is_causal)[0], torch.float64)
     base = whole(lambda *a: attention_ref(*a, is_causal=case.is_causal, upcast=False)[0], None)
     plain = whole(lambda *a: al.scaled_dot_product_attention(*a, is_causal=case.is_causal), None)
+    return [q, k, v, d_out], ref, base, plain
+
+
+def _check_case(case: Case, rank: int, world: int, refs: _Refs) -> list[str]:
+    """One case on this rank: output and q/k/v gradients against single-process attention
+    (``refs``: :func:`_case_refs`)."""
+    dtype = _DTYPES[case.dtype]
+    (q, k, v, d_out), ref, base, plain = refs
+
+    def shard(x: torch.Tensor) -> torch.Tensor:
+        return shard_sequence(x, 2, rank=rank, world_size=world, layout=case.layout)
+
+    mine = [shard(x).requires_grad_() for x in (q, k, v)]
+    out = ring_attention(*mine, is_causal=case.is_causal, layout=case.layout)
+    got = [out, *torch.autograd.grad(out, mine, shard(d_out))]
     problems = []
     for name, g, r, b, p in zip(("output", "dq", "dk", "dv"), got, ref, base, plain):
         if g.dtype != dtype or g.shape != r.shape or torch.isnan(g).any():
@@ -436,12 +453,15 @@ def ring_worker(
     seen = _bad_inputs(rank, world)
     problems: list[str] = []
     default = ring._SLICE
+    # the single-process references do not depend on the slices: computed once a case
+    refs = [_case_refs(i, case, rank, world) for i, case in enumerate(cases)]
     try:
         for slice_tokens in (default, 4):
             ring._SLICE = slice_tokens
-            for i, case in enumerate(cases):
+            for case, case_refs in zip(cases, refs, strict=True):
                 problems += [
-                    f"{p} (slices of {slice_tokens})" for p in _check_case(i, case, rank, world)
+                    f"{p} (slices of {slice_tokens})"
+                    for p in _check_case(case, rank, world, case_refs)
                 ]
     finally:
         ring._SLICE = default
