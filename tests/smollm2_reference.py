@@ -10,10 +10,12 @@ file lock; every later fixture, in any worker, loads those files: the same tenso
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -34,12 +36,24 @@ def reference_folder(factory: pytest.TempPathFactory) -> Path:
     folder = _run_folder(factory) / "smollm2-transformers"
     with FileLock(f"{folder}.lock"):
         if not (folder / "config.json").is_file():
+            import gguf
             from transformers import AutoModelForCausalLM
 
             path = bundled_model_path("smollm2-135m")
-            model = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32
-            )
+            # transformers parses the file's header (its 49k-token vocabulary, ~3.6 s) once for
+            # the config and again for the tensors, and builds gguf's tensor-name map (~18 ms)
+            # once per tensor: both are pure functions of their arguments (the reader is a
+            # read-only memory map), so this load asks gguf once for each; transformers' own
+            # code still reads, maps and dequantises every tensor
+            reader = functools.lru_cache(maxsize=None)(gguf.GGUFReader)
+            name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+            with (
+                mock.patch.object(gguf, "GGUFReader", reader),
+                mock.patch.object(gguf, "get_tensor_name_map", name_map),
+            ):
+                model = AutoModelForCausalLM.from_pretrained(
+                    path.parent, gguf_file=path.name, dtype=torch.float32
+                )
             partial = folder.with_name(folder.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()

@@ -4,9 +4,7 @@ positions, a sliding window, a block layout; and their memory, linear in ``T``."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import torch
 import attnlab as al
 from attnlab.inspect import attention_stats, capture, capture_attention, diagnose
 from attnlab.inspect.diagnostics import attention_entropy
+from tests.distributed._launch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
@@ -96,16 +95,22 @@ def test_stopping_after_the_last_attention_layer_skips_the_logits() -> None:
         capture_attention(model, "not callable", stats=True)  # type: ignore[arg-type]
 
 
+def _peak_rank(rank: int, world_size: int, t: int) -> int:
+    """benchmarks/head_stats.py's measured child at ``t`` tokens, run in a fresh fork of the fork
+    server of tests/distributed/_launch.py (one OpenMP thread, as the test workers run), which
+    imported torch and attnlab once: a new interpreter per size would import them again, ~3 s of
+    CPU each; the child resets the peak counter itself before the measured call."""
+    spec = importlib.util.spec_from_file_location(
+        "_head_stats_bench", ROOT / "benchmarks" / "head_stats.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return int(bench._child(t, 2)["peak_extra_bytes"])
+
+
 def _peak(t: int) -> int:
-    # one OpenMP thread, as the test workers run (tests/conftest.py): a second one would spin on
-    # the other core, doubling the CPU seconds, for no memory that the test is about
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "head_stats.py"), "--child", str(t),
-         "--layers", "2"],
-        capture_output=True, text=True, check=True, env=env,
-    )  # fmt: skip
-    return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
+    return int(launch(_peak_rank, 1, t)[0])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS from /proc (Linux)")

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from attnlab import scaled_dot_product_attention
 from attnlab.inspect import attention_stats
+from tests.distributed._launch import launch
 
 
 def _reference(q, k, mask=None, is_causal=False, scale=None):
@@ -134,25 +130,27 @@ def test_bad_input_names_the_argument() -> None:
         attention_stats(q, q, block_size=0)
 
 
-_MEMORY_SCRIPT = textwrap.dedent(
-    """
-    import json, resource, sys, torch
-    from attnlab.inspect import attention_stats
+def _memory_rank(rank: int, world_size: int, t: int) -> dict[str, object]:
+    """The peak resident memory beyond the inputs of ``attention_stats`` at ``t`` tokens, in a
+    process of its own: a fresh fork of the fork server of tests/distributed/_launch.py, which
+    imported torch and attnlab once (a new interpreter would import them again, ~3 s of CPU
+    each time); the peak counter is reset in that process before the measured call."""
+    import resource
 
-    def status(field):
+    def status(field: str) -> int | None:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith(field):
                     return int(line.split()[1]) * 1024
         return None
 
-    t = int(sys.argv[1])
     # one thread, as the test workers run (tests/conftest.py): a second OpenMP thread adds no
     # memory worth measuring here, but spins on the other core (twice the CPU seconds)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     q, k = torch.randn(1, 12, t, 64), torch.randn(1, 12, t, 64)
     attention_stats(q[..., :64, :], k[..., :64, :])  # warm up torch's lazily loaded kernels
+    peak: str | None
     try:  # reset the peak-RSS counter (Linux >= 4.0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -161,16 +159,12 @@ _MEMORY_SCRIPT = textwrap.dedent(
         base, peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None
     stats = attention_stats(q, k, is_causal=True)
     top = status(peak) if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"extra": top - base, "finite": bool(torch.isfinite(stats.entropy).all())}))
-    """
-)
+    assert top is not None and base is not None
+    return {"extra": top - base, "finite": bool(torch.isfinite(stats.entropy).all())}
 
 
 def _peak_extra_bytes(t: int) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT, str(t)], capture_output=True, text=True, check=True
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = launch(_memory_rank, 1, t)[0]
     assert result["finite"]
     return int(result["extra"])
 

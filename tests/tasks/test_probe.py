@@ -23,11 +23,12 @@ def _train(run: Path, steps: int, *extra: str) -> None:
     assert main(argv) == 0
 
 
-@pytest.fixture
-def probed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    run = tmp_path / "rev"
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # trained once for the module: the tests only read the run (their own runs and figures go
+    # to their own tmp_path), and training is seeded, so each test sees the same folder
+    run = tmp_path_factory.mktemp("probed") / "rev"
     _train(run, 6, "--probe", "abcd", "--probe-every", "2")
-    capsys.readouterr()
     return run
 
 
