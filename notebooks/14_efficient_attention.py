@@ -437,7 +437,7 @@ for t, n, block, what in ((COPY_T, COPY_SYMBOLS, 8, "live"), (128, 8, 16, "recor
 
 # %%
 args = Namespace(seed=0, length=COPY_T, steps=COPY_STEPS, copy_batch=32, lr=3e-3,
-                 symbols=COPY_SYMBOLS)  # fmt: skip
+                 symbols=COPY_SYMBOLS, held_out=512)  # fmt: skip
 live = {}
 for name, options in list(copy_attentions(8).items())[1:]:  # all but full
     row = long_quality.train_copy(name, options | {"backend": "sdpa"}, args)

