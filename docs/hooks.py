@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
 NOTEBOOKS = BUILD / "notebooks"
 PACKAGES = [
-    "nn", "models", "decoding", "training", "distributed", "data", "inspect", "viz", "tasks"
+    "nn", "models", "decoding", "training", "distributed", "data", "inspect", "viz", "tasks", "serve"
 ]  # fmt: skip
 # public modules at the top of the package that `import attnlab` gives (one page each)
 MODULES = ["errors"]
