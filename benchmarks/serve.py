@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 TEXT = "The cat sat on the mat because the cat"
@@ -47,8 +48,13 @@ def main() -> None:
             f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
             {"content-type": "application/json"},
         )  # fmt: skip
-        with urllib.request.urlopen(request, timeout=600) as r:
-            return json.loads(r.read())
+        try:
+            with urllib.request.urlopen(request, timeout=600) as r:
+                return json.loads(r.read())
+        # the server's refusal (e.g. past its context) in one line, not a traceback
+        except urllib.error.HTTPError as e:
+            message = json.loads(e.read() or b"{}").get("error", e.reason)
+            raise SystemExit(f"serve.py: {path} answered {e.code}: {message}") from None
 
     try:
         while True:
