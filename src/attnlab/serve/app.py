@@ -313,14 +313,18 @@ def _lm_only(session: Session, body: dict[str, Any]) -> dict[str, Any]:
                      "an encoder-decoder (its attention, next token and decoding are served)")  # fmt: skip
 
 
-def _target(session: Session, body: dict[str, Any]) -> Target:
+def _seq2seq(session: Session) -> Seq2SeqSession:
     if not isinstance(session, Seq2SeqSession):  # pragma: no cover - routed by kind
         raise FieldError("text", "not an encoder-decoder")
+    return session
+
+
+def _target(session: Seq2SeqSession, body: dict[str, Any]) -> Target:
     return session.read(body, check_text(body.get("text")))
 
 
 def _s2s_view(session: Session, body: dict[str, Any]) -> dict[str, Any]:
-    assert isinstance(session, Seq2SeqSession)
+    session = _seq2seq(session)
     t = _target(session, body)
     inputs = session.model_inputs(t)
     data = viewer_for(inputs, session.attention(t), session.title)  # its most informative head
@@ -330,14 +334,14 @@ def _s2s_view(session: Session, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _s2s_next(session: Session, body: dict[str, Any]) -> dict[str, Any]:
-    assert isinstance(session, Seq2SeqSession)
+    session = _seq2seq(session)
     t = _target(session, body)
     chosen = sampling(body, session.vocab_size)
     return session.next_target(t, chosen, check_count(body, "top", 1, MAX_TOP, 10))
 
 
 def _s2s_generate(session: Session, body: dict[str, Any]) -> dict[str, Any]:
-    assert isinstance(session, Seq2SeqSession)
+    session = _seq2seq(session)
     t = _target(session, body)
     n = check_count(body, "n", 1, MAX_GENERATE, 1)
     out = session.decode(t, n)
@@ -345,7 +349,7 @@ def _s2s_generate(session: Session, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _s2s_tokenize(session: Session, body: dict[str, Any]) -> dict[str, Any]:
-    assert isinstance(session, Seq2SeqSession)
+    session = _seq2seq(session)
     return session.tokens(_target(session, body))
 
 
